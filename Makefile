@@ -1,0 +1,57 @@
+# kubetrain — see README.md.
+#   make deps    install what is missing (Debian 12 packages; idempotent)
+#   make build   build everything; binaries land in bin/
+#   make demo    train examples/fashion-mnist-sync.yaml locally
+#   make test    unit tests (Bazel) + multi-process integration tests
+SHELL := /bin/bash
+BAZEL ?= bazel
+BAZEL_FLAGS ?=
+DEB_PACKAGES := bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev \
+  protobuf-compiler libcpprest-dev libeigen3-dev prometheus-cpp-dev libyaml-cpp-dev zlib1g-dev \
+  libgtest-dev nlohmann-json3-dev dataset-fashion-mnist prometheus python3 python3-pytest curl
+BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker
+
+.PHONY: all deps build demo demo-async demo-softmax test unit-test integration-test asan tsan clean
+
+all: build
+
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:" $$missing; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "deps: all $(words $(DEB_PACKAGES)) packages present"; fi
+
+build: deps
+	$(BAZEL) build $(BAZEL_FLAGS) //:binaries
+	@mkdir -p bin
+	@for b in $(BINARIES); do install -m 0755 bazel-bin/$$b bin/; done
+	@echo "built: $$(ls bin | tr '\n' ' ')"
+
+demo: build
+	bin/kubetrain run examples/fashion-mnist-sync.yaml --summary-json demo-summary.json
+
+demo-async: build
+	bin/kubetrain run examples/fashion-mnist-async.yaml --summary-json demo-async-summary.json
+
+demo-softmax: build
+	bin/kubetrain run examples/softmax-seed.yaml --summary-json demo-softmax-summary.json
+
+unit-test: deps
+	$(BAZEL) test $(BAZEL_FLAGS) //...
+
+integration-test: build
+	python3 -m pytest -q tests/integration
+
+test: unit-test integration-test
+
+asan: deps
+	$(BAZEL) test --config=asan //...
+
+tsan: deps
+	$(BAZEL) test --config=tsan //...
+
+clean:
+	$(BAZEL) clean
+	rm -rf bin

@@ -1,0 +1,93 @@
+// kubetrain: the user's command.
+//   kubetrain run FILE.yaml [--summary-json PATH] [--quiet] [--bin-dir DIR]
+//   kubetrain validate FILE.yaml
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/run.h"
+#include "core/flags.h"
+#include "core/job_spec.h"
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};  // set by SIGINT/SIGTERM, read by RunJob
+
+void OnSignal(int) { g_interrupted.store(true); }
+
+constexpr char kUsage[] =
+    "usage: kubetrain <command> [flags]\n\n"
+    "commands:\n"
+    "  run FILE.yaml       run a TrainingJob as local processes (PS and worker tasks)\n"
+    "  validate FILE.yaml  check a TrainingJob spec and print what it means\n\n"
+    "`kubetrain <command> --help` lists a command's flags.\n";
+
+std::string SelfDir() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+int Validate(const std::string& file) {
+  auto job = kubetrain::LoadTrainingJobFile(file);
+  if (!job.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(job.status().message()).c_str());
+    return 2;
+  }
+  std::printf("%s: valid TrainingJob \"%s\": %s mode, %s model, %d PS, %d workers, %lld global steps\n",
+              file.c_str(), job->name.c_str(), kubetrain::TrainingModeName(job->training.mode),
+              job->training.model.type.c_str(), job->num_ps(), job->num_workers(),
+              static_cast<long long>(job->TargetSteps(60000)));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
+      std::string(argv[1]) == "help") {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  if (command != "run" && command != "validate") {
+    std::fprintf(stderr, "error: unknown command \"%s\"\n\n%s", command.c_str(), kUsage);
+    return 2;
+  }
+  kubetrain::RunOptions options;
+  options.bin_dir = SelfDir();
+  kubetrain::FlagParser parser("kubetrain " + command + " FILE.yaml");
+  if (command == "run") {
+    parser.String("summary_json", &options.summary_json, "also write the job summary as JSON to this file");
+    parser.String("bin_dir", &options.bin_dir, "directory holding kubetrain-ps and kubetrain-worker");
+    parser.Bool("quiet", &options.quiet, "hide task logs; show only progress and the summary");
+  }
+  std::vector<std::string> files;
+  auto st = parser.Parse(argc, argv, 2, &files);
+  if (parser.help_requested()) {
+    std::fputs(parser.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (!st.ok() || files.size() != 1) {
+    std::fprintf(stderr, "error: %s\n\n%s", st.ok() ? "expected exactly one TrainingJob file" : std::string(st.message()).c_str(),
+                 parser.Usage().c_str());
+    return 2;
+  }
+  if (command == "validate") return Validate(files[0]);
+  options.job_file = files[0];
+  options.interrupted = &g_interrupted;
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  return kubetrain::RunJob(options);
+}

@@ -1,0 +1,28 @@
+// `kubetrain run FILE.yaml`: the local mode. Runs a TrainingJob's PS and
+// worker tasks as processes on this machine, with the same two inputs the
+// operator gives pods (the job file and TF_CONFIG), shows progress, and ends
+// with a summary.
+#ifndef KUBETRAIN_CLI_RUN_H_
+#define KUBETRAIN_CLI_RUN_H_
+
+#include <atomic>
+#include <string>
+
+namespace kubetrain {
+
+struct RunOptions {
+  std::string job_file;
+  std::string summary_json;  // write the summary here too
+  std::string bin_dir;       // where kubetrain-ps and kubetrain-worker live
+  bool quiet = false;        // no task logs, only progress and summary
+  // Set (by a signal handler) to stop the job: children get SIGTERM, then SIGKILL.
+  const std::atomic<bool>* interrupted = nullptr;
+};
+
+// Returns the process exit code: 0 success, 1 job failed, 2 bad input,
+// 130 interrupted.
+int RunJob(const RunOptions& options);
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_CLI_RUN_H_

@@ -1,0 +1,62 @@
+// Fashion-MNIST (or MNIST) in IDX format, gzip-compressed or raw, and the
+// per-worker sharded batch stream.
+#ifndef KUBETRAIN_CORE_DATASET_H_
+#define KUBETRAIN_CORE_DATASET_H_
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kubetrain {
+
+struct Dataset {
+  int64_t size = 0;
+  int rows = 28;
+  int cols = 28;
+  std::vector<float> images;  // size x (rows*cols), pixel/255 in [0, 1]
+  std::vector<int32_t> labels;  // size, in [0, 10)
+  int feature_dim() const { return rows * cols; }
+};
+
+// Reads an IDX3 image file and an IDX1 label file (".gz" is decompressed with
+// zlib; anything else is read raw). Errors name the file and what is wrong:
+// missing/unreadable, bad magic, truncated (fewer bytes than the header
+// promises), corrupt gzip, image/label count mismatch, label out of range.
+absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
+                                const std::string& labels_path);
+
+// `dir`/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz, as installed by
+// Debian's dataset-fashion-mnist in /usr/share/datasets/fashion-mnist.
+absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train);
+
+// Worker `shard` of `num_shards` sees a disjoint ~1/num_shards of the examples
+// (a fixed seed-determined permutation of all examples, strided by shard) and
+// reshuffles its shard at the start of every epoch (seed, epoch, shard).
+// Not thread-safe; one per training loop. `data` must outlive the batcher.
+class ShardedBatcher {
+ public:
+  ShardedBatcher(const Dataset& data, int shard, int num_shards, uint64_t seed);
+
+  // Copies the next `batch` examples into x (batch x feature_dim) and y,
+  // wrapping into a new epoch (reshuffled) when the shard is exhausted.
+  void Next(int batch, std::vector<float>* x, std::vector<int32_t>* y);
+
+  int64_t epoch() const { return epoch_; }
+  int64_t shard_size() const { return static_cast<int64_t>(indices_.size()); }
+
+ private:
+  void Reshuffle();
+  const Dataset& data_;
+  uint64_t seed_;
+  int shard_;
+  std::vector<int64_t> indices_;
+  size_t cursor_ = 0;
+  int64_t epoch_ = 0;
+};
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_CORE_DATASET_H_

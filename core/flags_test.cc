@@ -1,0 +1,41 @@
+#include "core/flags.h"
+
+#include <gtest/gtest.h>
+
+namespace kubetrain {
+namespace {
+
+absl::Status ParseArgs(FlagParser& p, std::vector<std::string> args,
+                       std::vector<std::string>* positional = nullptr) {
+  std::vector<char*> argv = {const_cast<char*>("prog")};
+  for (auto& a : args) argv.push_back(a.data());
+  return p.Parse(static_cast<int>(argv.size()), argv.data(), 1, positional);
+}
+
+TEST(FlagsTest, ParsesFormsAndRejectsBadInput) {
+  std::string s = "x";
+  int64_t n = 1;
+  double d = 0;
+  bool b = false;
+  FlagParser p("prog");
+  p.String("config", &s, "");
+  p.Int("metrics_port", &n, "");
+  p.Double("rate", &d, "");
+  p.Bool("verbose", &b, "");
+  ASSERT_TRUE(ParseArgs(p, {"--config=a.yaml", "--metrics-port", "9", "--rate=0.5", "--verbose"}).ok());
+  EXPECT_EQ(s, "a.yaml");
+  EXPECT_EQ(n, 9);
+  EXPECT_EQ(d, 0.5);
+  EXPECT_TRUE(b);
+  auto st = ParseArgs(p, {"--metrics_port=nine"});
+  EXPECT_NE(st.message().find("--metrics-port"), std::string::npos) << st;
+  EXPECT_NE(ParseArgs(p, {"--confgi=x"}).message().find("unknown flag --confgi"), std::string::npos);
+  EXPECT_FALSE(ParseArgs(p, {"--config"}).ok());
+  EXPECT_FALSE(ParseArgs(p, {"stray"}).ok());
+  std::vector<std::string> pos;
+  ASSERT_TRUE(ParseArgs(p, {"run", "job.yaml"}, &pos).ok());
+  EXPECT_EQ(pos, (std::vector<std::string>{"run", "job.yaml"}));
+}
+
+}  // namespace
+}  // namespace kubetrain

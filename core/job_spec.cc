@@ -1,0 +1,983 @@
+#include "core/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+
+namespace kubetrain {
+namespace {
+
+#define KT_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    absl::Status kt_status_ = (expr);        \
+    if (!kt_status_.ok()) return kt_status_; \
+  } while (0)
+
+constexpr char kApiVersion[] = "kubetrain.io/v1";
+constexpr char kKind[] = "TrainingJob";
+
+// Limits that are not a matter of taste: pod names are
+// "<job>-<type>-<index>" and must stay a DNS label (<= 63 characters).
+constexpr int kMaxNameLength = 48;
+constexpr int kMaxReplicas = 1000;
+constexpr int kMaxBatchSize = 65536;
+constexpr int kMaxHiddenUnits = 65536;
+constexpr int64_t kMinSplitThresholdBytes = 4096;
+constexpr int64_t kMinChunkBytes = 4096;
+constexpr int64_t kMaxChunkBytes = int64_t{64} << 20;
+
+absl::Status FieldError(absl::string_view path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+std::string Join(absl::string_view path, absl::string_view key) {
+  return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
+}
+
+std::string Quote(absl::string_view s) {
+  constexpr size_t kMax = 60;
+  if (s.size() > kMax)
+    return absl::StrCat("\"", absl::CEscape(s.substr(0, kMax)), "...\"");
+  return absl::StrCat("\"", absl::CEscape(s), "\"");
+}
+
+// What a node is, for "expected X, got Y" messages.
+std::string Describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Scalar:
+      return Quote(node.Scalar());
+    default:
+      return "null";
+  }
+}
+
+absl::Status TypeError(absl::string_view path, absl::string_view expected,
+                       const YAML::Node& got) {
+  return FieldError(
+      path, absl::StrCat("expected ", expected, ", got ", Describe(got)));
+}
+
+// Levenshtein distance, for "did you mean" hints on typos.
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      size_t cost =
+          absl::ascii_tolower(a[i - 1]) == absl::ascii_tolower(b[j - 1]) ? 0
+                                                                         : 1;
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + cost});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string Suggestion(absl::string_view got,
+                       const std::vector<std::string>& known) {
+  const std::string* best = nullptr;
+  // Only near misses: short words are all a couple of edits apart.
+  size_t best_distance =
+      std::min<size_t>(2, std::max<size_t>(1, got.size() / 4)) + 1;
+  for (const std::string& k : known) {
+    size_t d = EditDistance(got, k);
+    if (d < best_distance) {
+      best_distance = d;
+      best = &k;
+    }
+  }
+  return best == nullptr ? "" : absl::StrCat("; did you mean \"", *best, "\"?");
+}
+
+// The keys of one YAML mapping. Null values count as absent (Kubernetes
+// treats `key:` and `key: null` as unset).
+class Fields {
+ public:
+  // Fails if `node` is not a mapping, has a non-string or duplicate key, or
+  // (unless `known` is empty) a key outside `known`.
+  static absl::Status Read(const YAML::Node& node, const std::string& path,
+                           const std::vector<std::string>& known, Fields* out) {
+    out->path_ = path;
+    out->values_.clear();
+    if (!node.IsMap()) return TypeError(path, "a mapping", node);
+    std::set<std::string> seen;
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      if (!it->first.IsScalar()) {
+        return FieldError(path, absl::StrCat("keys must be strings, got ",
+                                             Describe(it->first)));
+      }
+      const std::string& key = it->first.Scalar();
+      if (!seen.insert(key).second)
+        return FieldError(Join(path, key), "duplicate key");
+      if (!known.empty() &&
+          std::find(known.begin(), known.end(), key) == known.end()) {
+        return FieldError(
+            Join(path, key),
+            absl::StrCat("unknown field (known: ", absl::StrJoin(known, ", "),
+                         ")", Suggestion(key, known)));
+      }
+      if (!it->second.IsNull()) out->values_.emplace(key, it->second);
+    }
+    return absl::OkStatus();
+  }
+
+  // nullptr if absent or null.
+  const YAML::Node* Get(const std::string& key) const {
+    auto it = values_.find(key);
+    return it == values_.end() ? nullptr : &it->second;
+  }
+  bool Has(const std::string& key) const { return values_.count(key) > 0; }
+  std::string PathOf(const std::string& key) const { return Join(path_, key); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::map<std::string, YAML::Node> values_;
+};
+
+// A quoted scalar ("2") or an explicit !!str is a string, as in Kubernetes:
+// numbers and booleans must be written plain.
+bool IsString(const YAML::Node& node) {
+  return node.Tag() == "!" || node.Tag() == "tag:yaml.org,2002:str";
+}
+
+bool IsDecimalInteger(absl::string_view s) {
+  if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
+  return !s.empty() && std::all_of(s.begin(), s.end(), absl::ascii_isdigit);
+}
+
+absl::Status ToInt64(const YAML::Node& node, const std::string& path,
+                     int64_t* out) {
+  if (!node.IsScalar() || IsString(node))
+    return TypeError(path, "an integer", node);
+  const std::string& text = node.Scalar();
+  if (!IsDecimalInteger(text)) return TypeError(path, "an integer", node);
+  if (!absl::SimpleAtoi(text, out))
+    return FieldError(path, absl::StrCat("out of range, got ", text));
+  return absl::OkStatus();
+}
+
+absl::Status ToInt32(const YAML::Node& node, const std::string& path,
+                     int* out) {
+  int64_t v;
+  KT_RETURN_IF_ERROR(ToInt64(node, path, &v));
+  if (v < std::numeric_limits<int>::min() ||
+      v > std::numeric_limits<int>::max()) {
+    return FieldError(path, absl::StrCat("out of range, got ", v));
+  }
+  *out = static_cast<int>(v);
+  return absl::OkStatus();
+}
+
+absl::Status ToUint64(const YAML::Node& node, const std::string& path,
+                      uint64_t* out) {
+  if (!node.IsScalar() || IsString(node))
+    return TypeError(path, "a non-negative integer", node);
+  const std::string& text = node.Scalar();
+  if (!IsDecimalInteger(text))
+    return TypeError(path, "a non-negative integer", node);
+  if (text[0] == '-')
+    return FieldError(path, absl::StrCat("must be >= 0, got ", text));
+  if (!absl::SimpleAtoi(text, out))
+    return FieldError(path, absl::StrCat("out of range, got ", text));
+  return absl::OkStatus();
+}
+
+absl::Status ToDouble(const YAML::Node& node, const std::string& path,
+                      double* out) {
+  if (!node.IsScalar() || IsString(node))
+    return TypeError(path, "a number", node);
+  std::string text = node.Scalar();
+  // YAML's spellings of infinity and NaN; validation decides whether they are
+  // allowed.
+  std::string lower = absl::AsciiStrToLower(text);
+  if (lower == ".inf" || lower == "+.inf") {
+    *out = std::numeric_limits<double>::infinity();
+    return absl::OkStatus();
+  }
+  if (lower == "-.inf") {
+    *out = -std::numeric_limits<double>::infinity();
+    return absl::OkStatus();
+  }
+  if (lower == ".nan") {
+    *out = std::numeric_limits<double>::quiet_NaN();
+    return absl::OkStatus();
+  }
+  // Only plain decimal notation: no "inf", "nan", hex or "1_000".
+  bool ok = std::any_of(text.begin(), text.end(), absl::ascii_isdigit) &&
+            std::all_of(text.begin(), text.end(), [](char c) {
+              return absl::ascii_isdigit(c) || c == '.' || c == 'e' ||
+                     c == 'E' || c == '+' || c == '-';
+            });
+  if (!ok || !absl::SimpleAtod(text, out))
+    return TypeError(path, "a number", node);
+  return absl::OkStatus();
+}
+
+absl::Status ToBool(const YAML::Node& node, const std::string& path,
+                    bool* out) {
+  if (node.IsScalar() && !IsString(node)) {
+    const std::string& t = node.Scalar();
+    if (t == "true" || t == "True" || t == "TRUE") {
+      *out = true;
+      return absl::OkStatus();
+    }
+    if (t == "false" || t == "False" || t == "FALSE") {
+      *out = false;
+      return absl::OkStatus();
+    }
+  }
+  return TypeError(path, "true or false", node);
+}
+
+absl::Status ToString(const YAML::Node& node, const std::string& path,
+                      std::string* out) {
+  if (!node.IsScalar()) return TypeError(path, "a string", node);
+  *out = node.Scalar();
+  return absl::OkStatus();
+}
+
+// Optional-field readers: leave *out (the default) untouched when absent.
+absl::Status ReadInt64(const Fields& f, const std::string& key, int64_t* out) {
+  const YAML::Node* n = f.Get(key);
+  return n == nullptr ? absl::OkStatus() : ToInt64(*n, f.PathOf(key), out);
+}
+
+absl::Status ReadInt64(const Fields& f, const std::string& key,
+                       std::optional<int64_t>* out) {
+  const YAML::Node* n = f.Get(key);
+  if (n == nullptr) return absl::OkStatus();
+  int64_t v;
+  KT_RETURN_IF_ERROR(ToInt64(*n, f.PathOf(key), &v));
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::Status ReadInt32(const Fields& f, const std::string& key, int* out) {
+  const YAML::Node* n = f.Get(key);
+  return n == nullptr ? absl::OkStatus() : ToInt32(*n, f.PathOf(key), out);
+}
+
+absl::Status ReadInt32(const Fields& f, const std::string& key,
+                       std::optional<int>* out) {
+  const YAML::Node* n = f.Get(key);
+  if (n == nullptr) return absl::OkStatus();
+  int v;
+  KT_RETURN_IF_ERROR(ToInt32(*n, f.PathOf(key), &v));
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::Status ReadDouble(const Fields& f, const std::string& key, double* out) {
+  const YAML::Node* n = f.Get(key);
+  return n == nullptr ? absl::OkStatus() : ToDouble(*n, f.PathOf(key), out);
+}
+
+absl::Status ReadBool(const Fields& f, const std::string& key, bool* out) {
+  const YAML::Node* n = f.Get(key);
+  return n == nullptr ? absl::OkStatus() : ToBool(*n, f.PathOf(key), out);
+}
+
+absl::Status ReadString(const Fields& f, const std::string& key,
+                        std::string* out) {
+  const YAML::Node* n = f.Get(key);
+  return n == nullptr ? absl::OkStatus() : ToString(*n, f.PathOf(key), out);
+}
+
+// Reads a nested mapping; `*present` tells whether it was there at all.
+absl::Status ReadSection(const Fields& parent, const std::string& key,
+                         const std::vector<std::string>& known, Fields* out,
+                         bool* present) {
+  const YAML::Node* n = parent.Get(key);
+  *present = n != nullptr;
+  if (n == nullptr) return absl::OkStatus();
+  return Fields::Read(*n, parent.PathOf(key), known, out);
+}
+
+std::string OneOf(const std::vector<std::string>& allowed) {
+  return absl::StrCat("must be one of ", absl::StrJoin(allowed, ", "));
+}
+
+absl::Status CheckOneOf(const std::string& path, const std::string& value,
+                        const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), value) != allowed.end())
+    return absl::OkStatus();
+  return FieldError(path, absl::StrCat(OneOf(allowed), ", got ", Quote(value),
+                                       Suggestion(value, allowed)));
+}
+
+absl::Status ParseRestartPolicy(const YAML::Node& node, const std::string& path,
+                                RestartPolicy* out) {
+  std::string s;
+  KT_RETURN_IF_ERROR(ToString(node, path, &s));
+  static const std::vector<std::pair<std::string, RestartPolicy>> kPolicies = {
+      {"Never", RestartPolicy::kNever},
+      {"OnFailure", RestartPolicy::kOnFailure},
+      {"Always", RestartPolicy::kAlways},
+      {"ExitCode", RestartPolicy::kExitCode}};
+  for (const auto& [name, policy] : kPolicies) {
+    if (s == name) {
+      *out = policy;
+      return absl::OkStatus();
+    }
+  }
+  return CheckOneOf(path, s, {"Never", "OnFailure", "Always", "ExitCode"});
+}
+
+// TFJob accepts replica types in any case and normalises them.
+std::string NormalizeReplicaType(const std::string& key) {
+  std::string lower = absl::AsciiStrToLower(key);
+  if (lower == "ps") return "PS";
+  if (lower == "worker") return "Worker";
+  if (lower == "chief") return "Chief";
+  if (lower == "evaluator") return "Evaluator";
+  return "";
+}
+
+absl::Status ParseReplicaSpecs(const YAML::Node& node, const std::string& path,
+                               std::map<std::string, ReplicaSpec>* out) {
+  if (!node.IsMap()) return TypeError(path, "a mapping", node);
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    if (!it->first.IsScalar()) {
+      return FieldError(path, absl::StrCat("keys must be strings, got ",
+                                           Describe(it->first)));
+    }
+    const std::string& key = it->first.Scalar();
+    std::string type = NormalizeReplicaType(key);
+    if (type.empty()) {
+      std::string hint =
+          absl::AsciiStrToLower(key) == "master" ? "; use Chief" : "";
+      return FieldError(
+          Join(path, key),
+          absl::StrCat(
+              "unknown replica type (known: PS, Worker, Chief, Evaluator)",
+              hint));
+    }
+    std::string rpath = Join(path, type);
+    if (out->count(type) > 0) {
+      return FieldError(rpath,
+                        "duplicate replica type (keys are case-insensitive)");
+    }
+    ReplicaSpec spec;
+    if (!it->second.IsNull()) {
+      Fields f;
+      KT_RETURN_IF_ERROR(Fields::Read(
+          it->second, rpath, {"replicas", "restartPolicy", "template"}, &f));
+      KT_RETURN_IF_ERROR(ReadInt32(f, "replicas", &spec.replicas));
+      if (const YAML::Node* n = f.Get("restartPolicy")) {
+        KT_RETURN_IF_ERROR(ParseRestartPolicy(*n, f.PathOf("restartPolicy"),
+                                              &spec.restart_policy));
+      }
+      if (const YAML::Node* n = f.Get("template")) {
+        if (!n->IsMap())
+          return TypeError(f.PathOf("template"), "a mapping", *n);
+        YAML::Emitter emitter;
+        emitter << *n;
+        if (!emitter.good()) {
+          return FieldError(
+              f.PathOf("template"),
+              absl::StrCat("cannot re-emit: ", emitter.GetLastError()));
+        }
+        spec.template_yaml = emitter.c_str();
+      }
+    }
+    out->emplace(type, std::move(spec));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseRunPolicy(const Fields& spec, RunPolicy* out) {
+  Fields f;
+  bool present;
+  KT_RETURN_IF_ERROR(
+      ReadSection(spec, "runPolicy",
+                  {"cleanPodPolicy", "ttlSecondsAfterFinished",
+                   "activeDeadlineSeconds", "backoffLimit", "suspend"},
+                  &f, &present));
+  if (!present) return absl::OkStatus();
+  KT_RETURN_IF_ERROR(ReadString(f, "cleanPodPolicy", &out->clean_pod_policy));
+  KT_RETURN_IF_ERROR(ReadInt64(f, "ttlSecondsAfterFinished",
+                               &out->ttl_seconds_after_finished));
+  KT_RETURN_IF_ERROR(
+      ReadInt64(f, "activeDeadlineSeconds", &out->active_deadline_seconds));
+  KT_RETURN_IF_ERROR(ReadInt32(f, "backoffLimit", &out->backoff_limit));
+  KT_RETURN_IF_ERROR(ReadBool(f, "suspend", &out->suspend));
+  return absl::OkStatus();
+}
+
+absl::Status ParseModel(const Fields& training, ModelSpec* out) {
+  Fields f;
+  bool present;
+  KT_RETURN_IF_ERROR(
+      ReadSection(training, "model", {"type", "hiddenUnits"}, &f, &present));
+  if (!present) return absl::OkStatus();
+  KT_RETURN_IF_ERROR(ReadString(f, "type", &out->type));
+  if (const YAML::Node* n = f.Get("hiddenUnits")) {
+    std::string path = f.PathOf("hiddenUnits");
+    if (!n->IsSequence()) return TypeError(path, "a list of integers", *n);
+    out->hidden_units.clear();
+    for (size_t i = 0; i < n->size(); ++i) {
+      int units;
+      KT_RETURN_IF_ERROR(
+          ToInt32((*n)[i], absl::StrCat(path, "[", i, "]"), &units));
+      out->hidden_units.push_back(units);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseDataset(const Fields& training, TrainingSpec* out) {
+  Fields f;
+  bool present;
+  KT_RETURN_IF_ERROR(
+      ReadSection(training, "dataset", {"name", "path"}, &f, &present));
+  if (!present) return absl::OkStatus();
+  KT_RETURN_IF_ERROR(ReadString(f, "name", &out->dataset_name));
+  KT_RETURN_IF_ERROR(ReadString(f, "path", &out->dataset_path));
+  // The default path holds Fashion-MNIST; another dataset must say where it is.
+  if (!f.Has("path") && out->dataset_name != "fashion-mnist") {
+    return FieldError(f.PathOf("path"), absl::StrCat("required for dataset ",
+                                                     Quote(out->dataset_name)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseOptimizer(const Fields& training, OptimizerSpec* out) {
+  Fields f;
+  bool present;
+  KT_RETURN_IF_ERROR(
+      ReadSection(training, "optimizer",
+                  {"type", "learningRate", "momentum", "nesterov", "beta1",
+                   "beta2", "epsilon", "initialAccumulator"},
+                  &f, &present));
+  if (!present) return absl::OkStatus();
+  KT_RETURN_IF_ERROR(ReadString(f, "type", &out->type));
+  KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("type"), out->type,
+                                {"sgd", "momentum", "adam", "adagrad"}));
+  // A hyperparameter of another optimizer is a mistake (e.g. `type: sgd` with
+  // `momentum: 0.9` would silently train without momentum).
+  static const std::vector<std::pair<std::string, std::vector<std::string>>>
+      kAppliesTo = {{"momentum", {"momentum"}},
+                    {"nesterov", {"momentum"}},
+                    {"beta1", {"adam"}},
+                    {"beta2", {"adam"}},
+                    {"epsilon", {"adam", "adagrad"}},
+                    {"initialAccumulator", {"adagrad"}}};
+  for (const auto& [key, types] : kAppliesTo) {
+    if (f.Has(key) &&
+        std::find(types.begin(), types.end(), out->type) == types.end()) {
+      return FieldError(
+          f.PathOf(key),
+          absl::StrCat("only applies to type ", absl::StrJoin(types, " or "),
+                       ", but type is ", out->type));
+    }
+  }
+  KT_RETURN_IF_ERROR(ReadDouble(f, "learningRate", &out->learning_rate));
+  KT_RETURN_IF_ERROR(ReadDouble(f, "momentum", &out->momentum));
+  KT_RETURN_IF_ERROR(ReadBool(f, "nesterov", &out->nesterov));
+  KT_RETURN_IF_ERROR(ReadDouble(f, "beta1", &out->beta1));
+  KT_RETURN_IF_ERROR(ReadDouble(f, "beta2", &out->beta2));
+  KT_RETURN_IF_ERROR(ReadDouble(f, "epsilon", &out->epsilon));
+  KT_RETURN_IF_ERROR(
+      ReadDouble(f, "initialAccumulator", &out->initial_accumulator));
+  return absl::OkStatus();
+}
+
+absl::Status ParseTraining(const Fields& spec, TrainingSpec* out) {
+  const YAML::Node* node = spec.Get("training");
+  if (node == nullptr) return FieldError(spec.PathOf("training"), "required");
+  Fields f;
+  KT_RETURN_IF_ERROR(Fields::Read(
+      *node, spec.PathOf("training"),
+      {"mode", "replicasToAggregate", "maxStaleness", "model", "dataset",
+       "optimizer", "batchSize", "steps", "epochs", "seed", "evaluation",
+       "checkpoint", "placement", "transport", "startupTimeoutSeconds",
+       "barrierTimeoutSeconds"},
+      &f));
+  if (const YAML::Node* n = f.Get("mode")) {
+    std::string mode;
+    KT_RETURN_IF_ERROR(ToString(*n, f.PathOf("mode"), &mode));
+    KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("mode"), mode, {"sync", "async"}));
+    out->mode = mode == "sync" ? TrainingMode::kSync : TrainingMode::kAsync;
+  }
+  if (const YAML::Node* n = f.Get("replicasToAggregate")) {
+    std::string path = f.PathOf("replicasToAggregate");
+    KT_RETURN_IF_ERROR(ToInt32(*n, path, &out->replicas_to_aggregate));
+    // 0 in the struct means "all workers"; written out it must be a real count.
+    if (out->replicas_to_aggregate < 1) {
+      return FieldError(
+          path, absl::StrCat("must be >= 1, got ", out->replicas_to_aggregate));
+    }
+  }
+  KT_RETURN_IF_ERROR(ReadInt64(f, "maxStaleness", &out->max_staleness));
+  KT_RETURN_IF_ERROR(ParseModel(f, &out->model));
+  KT_RETURN_IF_ERROR(ParseDataset(f, out));
+  KT_RETURN_IF_ERROR(ParseOptimizer(f, &out->optimizer));
+  KT_RETURN_IF_ERROR(ReadInt32(f, "batchSize", &out->batch_size));
+  KT_RETURN_IF_ERROR(ReadInt64(f, "steps", &out->steps));
+  if (const YAML::Node* n = f.Get("epochs")) {
+    double epochs;
+    KT_RETURN_IF_ERROR(ToDouble(*n, f.PathOf("epochs"), &epochs));
+    out->epochs = epochs;
+  }
+  if (const YAML::Node* n = f.Get("seed")) {
+    KT_RETURN_IF_ERROR(ToUint64(*n, f.PathOf("seed"), &out->seed));
+  }
+
+  Fields section;
+  bool present;
+  KT_RETURN_IF_ERROR(
+      ReadSection(f, "evaluation", {"everySteps"}, &section, &present));
+  if (present)
+    KT_RETURN_IF_ERROR(
+        ReadInt64(section, "everySteps", &out->eval_every_steps));
+  KT_RETURN_IF_ERROR(ReadSection(f, "checkpoint",
+                                 {"directory", "everySteps", "everySeconds"},
+                                 &section, &present));
+  if (present) {
+    KT_RETURN_IF_ERROR(ReadString(section, "directory", &out->checkpoint_dir));
+    KT_RETURN_IF_ERROR(
+        ReadInt64(section, "everySteps", &out->checkpoint_every_steps));
+    KT_RETURN_IF_ERROR(
+        ReadInt64(section, "everySeconds", &out->checkpoint_every_seconds));
+  }
+  KT_RETURN_IF_ERROR(
+      ReadSection(f, "placement", {"splitThresholdBytes"}, &section, &present));
+  if (present)
+    KT_RETURN_IF_ERROR(
+        ReadInt64(section, "splitThresholdBytes", &out->split_threshold_bytes));
+  KT_RETURN_IF_ERROR(
+      ReadSection(f, "transport", {"chunkBytes"}, &section, &present));
+  if (present)
+    KT_RETURN_IF_ERROR(ReadInt64(section, "chunkBytes", &out->chunk_bytes));
+  KT_RETURN_IF_ERROR(
+      ReadInt64(f, "startupTimeoutSeconds", &out->startup_timeout_seconds));
+  KT_RETURN_IF_ERROR(
+      ReadDouble(f, "barrierTimeoutSeconds", &out->barrier_timeout_seconds));
+  return absl::OkStatus();
+}
+
+absl::Status ParseDocument(const YAML::Node& root, TrainingJob* job) {
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a TrainingJob mapping at the top level, got ",
+                     Describe(root)));
+  }
+  Fields top;
+  KT_RETURN_IF_ERROR(Fields::Read(
+      root, "", {"apiVersion", "kind", "metadata", "spec", "status"}, &top));
+
+  std::string api_version, kind;
+  if (!top.Has("apiVersion")) return FieldError("apiVersion", "required");
+  KT_RETURN_IF_ERROR(ReadString(top, "apiVersion", &api_version));
+  if (api_version != kApiVersion) {
+    return FieldError("apiVersion",
+                      absl::StrCat("must be \"", kApiVersion, "\", got ",
+                                   Quote(api_version)));
+  }
+  if (!top.Has("kind")) return FieldError("kind", "required");
+  KT_RETURN_IF_ERROR(ReadString(top, "kind", &kind));
+  if (kind != kKind) {
+    return FieldError(
+        "kind", absl::StrCat("must be \"", kKind, "\", got ", Quote(kind)));
+  }
+
+  // metadata: only name and namespace matter; labels etc. are the operator's.
+  const YAML::Node* metadata_node = top.Get("metadata");
+  if (metadata_node == nullptr) return FieldError("metadata", "required");
+  Fields metadata;
+  KT_RETURN_IF_ERROR(Fields::Read(*metadata_node, "metadata", {}, &metadata));
+  if (!metadata.Has("name")) return FieldError("metadata.name", "required");
+  KT_RETURN_IF_ERROR(ReadString(metadata, "name", &job->name));
+  KT_RETURN_IF_ERROR(ReadString(metadata, "namespace", &job->namespace_));
+
+  const YAML::Node* spec_node = top.Get("spec");
+  if (spec_node == nullptr) return FieldError("spec", "required");
+  Fields spec;
+  KT_RETURN_IF_ERROR(Fields::Read(
+      *spec_node, "spec",
+      {"replicaSpecs", "runPolicy", "successPolicy", "training"}, &spec));
+  const YAML::Node* replicas = spec.Get("replicaSpecs");
+  if (replicas == nullptr) return FieldError("spec.replicaSpecs", "required");
+  KT_RETURN_IF_ERROR(
+      ParseReplicaSpecs(*replicas, "spec.replicaSpecs", &job->replica_specs));
+  KT_RETURN_IF_ERROR(ParseRunPolicy(spec, &job->run_policy));
+  KT_RETURN_IF_ERROR(ReadString(spec, "successPolicy", &job->success_policy));
+  KT_RETURN_IF_ERROR(ParseTraining(spec, &job->training));
+
+  return ValidateTrainingJob(*job);
+}
+
+// DNS-1035 label: [a-z]([-a-z0-9]*[a-z0-9])?
+bool IsDns1035Label(const std::string& s) {
+  if (s.empty() || s.size() > 63) return false;
+  if (!absl::ascii_islower(s.front())) return false;
+  if (s.back() == '-') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-';
+  });
+}
+
+// DNS-1123 label (namespaces): [a-z0-9]([-a-z0-9]*[a-z0-9])?
+bool IsDns1123Label(const std::string& s) {
+  if (s.empty() || s.size() > 63) return false;
+  if (s.front() == '-' || s.back() == '-') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-';
+  });
+}
+
+template <typename T>
+absl::Status CheckAtLeast(const std::string& path, T value, T min) {
+  if (value >= min) return absl::OkStatus();
+  return FieldError(path, absl::StrCat("must be >= ", min, ", got ", value));
+}
+
+template <typename T>
+absl::Status CheckRange(const std::string& path, T value, T min, T max) {
+  if (value >= min && value <= max) return absl::OkStatus();
+  return FieldError(
+      path, absl::StrCat("must be in [", min, ", ", max, "], got ", value));
+}
+
+absl::Status CheckFinite(const std::string& path, double value) {
+  if (std::isfinite(value)) return absl::OkStatus();
+  return FieldError(path, absl::StrCat("must be a finite number, got ", value));
+}
+
+absl::Status ValidateReplicas(const TrainingJob& job) {
+  static const std::vector<std::string> kTypes = {"PS", "Worker", "Chief",
+                                                  "Evaluator"};
+  for (const auto& [type, spec] : job.replica_specs) {
+    std::string path = Join("spec.replicaSpecs", type);
+    if (std::find(kTypes.begin(), kTypes.end(), type) == kTypes.end()) {
+      return FieldError(
+          path, "unknown replica type (known: PS, Worker, Chief, Evaluator)");
+    }
+    std::string rpath = Join(path, "replicas");
+    if (type == "PS" || type == "Worker") {
+      KT_RETURN_IF_ERROR(CheckRange(rpath, spec.replicas, 1, kMaxReplicas));
+    } else if (spec.replicas != 1) {
+      return FieldError(rpath, absl::StrCat("must be 1, got ", spec.replicas));
+    }
+  }
+  for (const char* required : {"PS", "Worker"}) {
+    if (job.replica_specs.count(required) == 0) {
+      return FieldError(Join("spec.replicaSpecs", required), "required");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateModel(const ModelSpec& model) {
+  const std::string path = "spec.training.model";
+  KT_RETURN_IF_ERROR(
+      CheckOneOf(path + ".type", model.type, {"softmax", "mlp"}));
+  const std::string units_path = path + ".hiddenUnits";
+  if (model.type == "softmax" && !model.hidden_units.empty()) {
+    return FieldError(
+        units_path,
+        "must be empty for type softmax (a single 784 -> 10 layer)");
+  }
+  if (model.type == "mlp" && model.hidden_units.empty()) {
+    return FieldError(units_path,
+                      "required for type mlp (at least one hidden layer)");
+  }
+  for (size_t i = 0; i < model.hidden_units.size(); ++i) {
+    KT_RETURN_IF_ERROR(CheckRange(absl::StrCat(units_path, "[", i, "]"),
+                                  model.hidden_units[i], 1, kMaxHiddenUnits));
+  }
+  // The model library is the authority on what it can build.
+  absl::StatusOr<Model> created = Model::Create(model);
+  if (!created.ok()) return FieldError(path, created.status().message());
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTraining(const TrainingJob& job) {
+  const TrainingSpec& t = job.training;
+  const std::string path = "spec.training";
+  const int workers = job.num_workers();
+  if (t.mode == TrainingMode::kSync) {
+    if (t.replicas_to_aggregate < 0 || t.replicas_to_aggregate > workers) {
+      return FieldError(path + ".replicasToAggregate",
+                        absl::StrCat("must be in [1, ", workers,
+                                     "] (the number of Worker replicas), got ",
+                                     t.replicas_to_aggregate));
+    }
+    if (t.max_staleness.has_value()) {
+      return FieldError(path + ".maxStaleness", "only applies to mode async");
+    }
+  } else {
+    if (t.replicas_to_aggregate != 0) {
+      return FieldError(path + ".replicasToAggregate",
+                        "only applies to mode sync");
+    }
+    if (t.max_staleness.has_value()) {
+      KT_RETURN_IF_ERROR(
+          CheckAtLeast<int64_t>(path + ".maxStaleness", *t.max_staleness, 0));
+    }
+    if (t.barrier_timeout_seconds != 0) {
+      return FieldError(path + ".barrierTimeoutSeconds",
+                        "only applies to mode sync");
+    }
+  }
+
+  KT_RETURN_IF_ERROR(ValidateModel(t.model));
+
+  KT_RETURN_IF_ERROR(CheckOneOf(path + ".dataset.name", t.dataset_name,
+                                {"fashion-mnist", "mnist"}));
+  if (t.dataset_path.empty())
+    return FieldError(path + ".dataset.path", "must not be empty");
+
+  const OptimizerSpec& o = t.optimizer;
+  const std::string opath = path + ".optimizer";
+  KT_RETURN_IF_ERROR(CheckOneOf(opath + ".type", o.type,
+                                {"sgd", "momentum", "adam", "adagrad"}));
+  KT_RETURN_IF_ERROR(CheckFinite(opath + ".learningRate", o.learning_rate));
+  if (!(o.learning_rate > 0)) {
+    return FieldError(opath + ".learningRate",
+                      absl::StrCat("must be > 0, got ", o.learning_rate));
+  }
+  for (const auto& [name, value] :
+       {std::pair<const char*, double>{"momentum", o.momentum},
+        {"beta1", o.beta1},
+        {"beta2", o.beta2}}) {
+    if (!(value >= 0 && value < 1)) {
+      return FieldError(opath + "." + name,
+                        absl::StrCat("must be in [0, 1), got ", value));
+    }
+  }
+  KT_RETURN_IF_ERROR(CheckFinite(opath + ".epsilon", o.epsilon));
+  if (!(o.epsilon > 0)) {
+    return FieldError(opath + ".epsilon",
+                      absl::StrCat("must be > 0, got ", o.epsilon));
+  }
+  KT_RETURN_IF_ERROR(
+      CheckFinite(opath + ".initialAccumulator", o.initial_accumulator));
+  KT_RETURN_IF_ERROR(
+      CheckAtLeast(opath + ".initialAccumulator", o.initial_accumulator, 0.0));
+
+  KT_RETURN_IF_ERROR(
+      CheckRange(path + ".batchSize", t.batch_size, 1, kMaxBatchSize));
+  if (t.steps.has_value() && t.epochs.has_value()) {
+    return FieldError(path + ".epochs",
+                      "cannot be set together with steps (set exactly one)");
+  }
+  if (!t.steps.has_value() && !t.epochs.has_value()) {
+    return FieldError(path, "one of steps or epochs is required");
+  }
+  if (t.steps.has_value())
+    KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>(path + ".steps", *t.steps, 1));
+  if (t.epochs.has_value()) {
+    KT_RETURN_IF_ERROR(CheckFinite(path + ".epochs", *t.epochs));
+    if (!(*t.epochs > 0)) {
+      return FieldError(path + ".epochs",
+                        absl::StrCat("must be > 0, got ", *t.epochs));
+    }
+  }
+
+  KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>(path + ".evaluation.everySteps",
+                                           t.eval_every_steps, 0));
+  KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>(path + ".checkpoint.everySteps",
+                                           t.checkpoint_every_steps, 0));
+  KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>(path + ".checkpoint.everySeconds",
+                                           t.checkpoint_every_seconds, 0));
+  if (t.checkpoint_dir.empty() &&
+      (t.checkpoint_every_steps > 0 || t.checkpoint_every_seconds > 0)) {
+    return FieldError(path + ".checkpoint.directory",
+                      "required when everySteps or everySeconds is set");
+  }
+  KT_RETURN_IF_ERROR(CheckAtLeast(path + ".placement.splitThresholdBytes",
+                                  t.split_threshold_bytes,
+                                  kMinSplitThresholdBytes));
+  KT_RETURN_IF_ERROR(CheckRange(path + ".transport.chunkBytes", t.chunk_bytes,
+                                kMinChunkBytes, kMaxChunkBytes));
+  KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>(path + ".startupTimeoutSeconds",
+                                           t.startup_timeout_seconds, 1));
+  KT_RETURN_IF_ERROR(
+      CheckFinite(path + ".barrierTimeoutSeconds", t.barrier_timeout_seconds));
+  KT_RETURN_IF_ERROR(CheckAtLeast(path + ".barrierTimeoutSeconds",
+                                  t.barrier_timeout_seconds, 0.0));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int TrainingJob::num_ps() const {
+  auto it = replica_specs.find("PS");
+  return it == replica_specs.end() ? 0 : it->second.replicas;
+}
+
+int TrainingJob::num_workers() const {
+  auto it = replica_specs.find("Worker");
+  return it == replica_specs.end() ? 0 : it->second.replicas;
+}
+
+int TrainingJob::effective_replicas_to_aggregate() const {
+  return training.replicas_to_aggregate > 0 ? training.replicas_to_aggregate
+                                            : num_workers();
+}
+
+int64_t TrainingJob::TargetSteps(int64_t train_examples) const {
+  if (training.steps.has_value()) return *training.steps;
+  if (!training.epochs.has_value() || train_examples <= 0) return 0;
+  const int64_t per_step = training.mode == TrainingMode::kSync
+                               ? std::max(1, effective_replicas_to_aggregate())
+                               : 1;
+  const long double examples_per_step =
+      static_cast<long double>(std::max(1, training.batch_size)) * per_step;
+  long double steps = static_cast<long double>(*training.epochs) *
+                      train_examples / examples_per_step;
+  // Decimal epochs are inexact in binary (0.1 * 60000 / 100 is 60.000...03);
+  // an exact quotient must not round up to one extra step.
+  const long double nearest = std::round(steps);
+  if (std::fabs(steps - nearest) <= 1e-9L * std::max(1.0L, nearest))
+    steps = nearest;
+  if (steps >= static_cast<long double>(std::numeric_limits<int64_t>::max())) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(steps)));
+}
+
+absl::StatusOr<TrainingJob> ParseTrainingJob(const std::string& yaml_text) {
+  TrainingJob job;
+  try {
+    std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
+    // A trailing "---" yields an empty document; ignore those.
+    docs.erase(std::remove_if(docs.begin(), docs.end(),
+                              [](const YAML::Node& n) { return n.IsNull(); }),
+               docs.end());
+    if (docs.empty())
+      return absl::InvalidArgumentError(
+          "empty document, expected a TrainingJob");
+    if (docs.size() > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expected one YAML document, got ", docs.size()));
+    }
+    absl::Status status = ParseDocument(docs[0], &job);
+    if (!status.ok()) return status;
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid YAML at line ", e.mark.line + 1, ", column ",
+                     e.mark.column + 1, ": ", e.msg));
+  } catch (const std::exception& e) {
+    // yaml-cpp may throw standard exceptions too; none may escape the API.
+    return absl::InvalidArgumentError(absl::StrCat("invalid YAML: ", e.what()));
+  }
+  return job;
+}
+
+absl::StatusOr<TrainingJob> LoadTrainingJobFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad())
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
+  absl::StatusOr<TrainingJob> job = ParseTrainingJob(text.str());
+  if (!job.ok()) {
+    return absl::Status(job.status().code(),
+                        absl::StrCat(path, ": ", job.status().message()));
+  }
+  return job;
+}
+
+absl::Status ValidateTrainingJob(const TrainingJob& job) {
+  if (job.name.empty()) return FieldError("metadata.name", "required");
+  if (!IsDns1035Label(job.name)) {
+    return FieldError(
+        "metadata.name",
+        absl::StrCat(
+            "must be a DNS-1035 label (lowercase letters, digits and '-', "
+            "starting with a letter and ending with a letter or digit), got ",
+            Quote(job.name)));
+  }
+  if (job.name.size() > kMaxNameLength) {
+    return FieldError(
+        "metadata.name",
+        absl::StrCat("must be at most ", kMaxNameLength,
+                     " characters (pod names append e.g. \"-worker-12\"), got ",
+                     job.name.size()));
+  }
+  if (!IsDns1123Label(job.namespace_)) {
+    return FieldError(
+        "metadata.namespace",
+        absl::StrCat("must be a DNS-1123 label, got ", Quote(job.namespace_)));
+  }
+  KT_RETURN_IF_ERROR(ValidateReplicas(job));
+
+  const RunPolicy& rp = job.run_policy;
+  KT_RETURN_IF_ERROR(CheckOneOf("spec.runPolicy.cleanPodPolicy",
+                                rp.clean_pod_policy,
+                                {"All", "Running", "None"}));
+  if (rp.ttl_seconds_after_finished.has_value()) {
+    KT_RETURN_IF_ERROR(
+        CheckAtLeast<int64_t>("spec.runPolicy.ttlSecondsAfterFinished",
+                              *rp.ttl_seconds_after_finished, 0));
+  }
+  if (rp.active_deadline_seconds.has_value()) {
+    KT_RETURN_IF_ERROR(
+        CheckAtLeast<int64_t>("spec.runPolicy.activeDeadlineSeconds",
+                              *rp.active_deadline_seconds, 1));
+  }
+  if (rp.backoff_limit.has_value()) {
+    KT_RETURN_IF_ERROR(
+        CheckAtLeast("spec.runPolicy.backoffLimit", *rp.backoff_limit, 0));
+  }
+  if (!job.success_policy.empty() && job.success_policy != "AllWorkers") {
+    return FieldError("spec.successPolicy",
+                      absl::StrCat("must be \"\" or \"AllWorkers\", got ",
+                                   Quote(job.success_policy)));
+  }
+  return ValidateTraining(job);
+}
+
+const char* TrainingModeName(TrainingMode mode) {
+  switch (mode) {
+    case TrainingMode::kSync:
+      return "sync";
+    case TrainingMode::kAsync:
+      return "async";
+  }
+  return "unknown";
+}
+
+const char* RestartPolicyName(RestartPolicy policy) {
+  switch (policy) {
+    case RestartPolicy::kNever:
+      return "Never";
+    case RestartPolicy::kOnFailure:
+      return "OnFailure";
+    case RestartPolicy::kAlways:
+      return "Always";
+    case RestartPolicy::kExitCode:
+      return "ExitCode";
+  }
+  return "unknown";
+}
+
+}  // namespace kubetrain

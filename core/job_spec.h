@@ -1,0 +1,112 @@
+// The TrainingJob resource (apiVersion kubetrain.io/v1, kind TrainingJob):
+// parsed and validated in one place, used by `kubetrain run`, the PS and worker
+// tasks, and the operator, so a spec means the same thing everywhere.
+// Every field is documented in docs/trainingjob.md.
+//
+// Parsing is strict: an unknown key anywhere under `spec` is an error that
+// names its path (typos must not be silently ignored). Errors are
+// absl::InvalidArgumentError with the message "<path>: <what is wrong>", e.g.
+// "spec.training.optimizer.learningRate: must be > 0, got -1".
+#ifndef KUBETRAIN_CORE_JOB_SPEC_H_
+#define KUBETRAIN_CORE_JOB_SPEC_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/model.h"
+
+namespace kubetrain {
+
+enum class TrainingMode { kSync, kAsync };
+
+// Per-replica restart policy (TFJob semantics).
+enum class RestartPolicy { kNever, kOnFailure, kAlways, kExitCode };
+
+struct ReplicaSpec {
+  int replicas = 1;
+  RestartPolicy restart_policy = RestartPolicy::kNever;
+  // The pod template, kept as YAML text; only the operator interprets it.
+  std::string template_yaml;
+};
+
+struct RunPolicy {
+  std::string clean_pod_policy = "Running";  // "All" | "Running" | "None"
+  std::optional<int64_t> ttl_seconds_after_finished;
+  std::optional<int64_t> active_deadline_seconds;
+  std::optional<int> backoff_limit;
+  bool suspend = false;
+};
+
+struct OptimizerSpec {
+  std::string type = "sgd";  // "sgd" | "momentum" | "adam" | "adagrad"
+  double learning_rate = 0.01;
+  double momentum = 0.9;               // momentum
+  bool nesterov = false;               // momentum
+  double beta1 = 0.9;                  // adam
+  double beta2 = 0.999;                // adam
+  double epsilon = 1e-7;               // adam, adagrad
+  double initial_accumulator = 0.1;    // adagrad
+};
+
+struct TrainingSpec {
+  TrainingMode mode = TrainingMode::kSync;
+  // Sync: gradients averaged per step; 0 means "all workers".
+  int replicas_to_aggregate = 0;
+  // Async: a worker more than this many steps ahead of the slowest live worker
+  // waits (bounded staleness). Unset = unbounded.
+  std::optional<int64_t> max_staleness;
+  ModelSpec model;
+  std::string dataset_name = "fashion-mnist";
+  std::string dataset_path = "/usr/share/datasets/fashion-mnist";
+  OptimizerSpec optimizer;
+  int batch_size = 100;  // per worker, per step
+  // Exactly one of steps / epochs (validation enforces it).
+  std::optional<int64_t> steps;
+  std::optional<double> epochs;
+  uint64_t seed = 1;
+  int64_t eval_every_steps = 0;  // 0: evaluate only at the end
+  std::string checkpoint_dir;    // empty: no checkpoints
+  int64_t checkpoint_every_steps = 0;
+  int64_t checkpoint_every_seconds = 0;
+  int64_t split_threshold_bytes = 4 << 20;  // variables above this are split by rows across PS tasks
+  int64_t chunk_bytes = 1 << 20;           // max tensor payload per message
+  int64_t startup_timeout_seconds = 300;   // how long a worker retries an unreachable PS
+  double barrier_timeout_seconds = 0;      // sync: proceed with what arrived after this; 0 = wait forever
+};
+
+struct TrainingJob {
+  std::string name;
+  std::string namespace_ = "default";
+  // Keys: "PS", "Worker", and optionally "Chief", "Evaluator".
+  std::map<std::string, ReplicaSpec> replica_specs;
+  RunPolicy run_policy;
+  std::string success_policy;  // "" (chief or worker 0) | "AllWorkers"
+  TrainingSpec training;
+
+  int num_ps() const;
+  int num_workers() const;
+  // replicas_to_aggregate with the default applied (all workers).
+  int effective_replicas_to_aggregate() const;
+  // Global steps to train: `steps`, or epochs converted with the dataset size:
+  // ceil(epochs * train_examples / (batch_size * examples per global step)),
+  // where a sync step consumes replicas_to_aggregate batches and an async step one.
+  int64_t TargetSteps(int64_t train_examples) const;
+};
+
+// Parses a YAML document holding one TrainingJob and validates it.
+absl::StatusOr<TrainingJob> ParseTrainingJob(const std::string& yaml_text);
+absl::StatusOr<TrainingJob> LoadTrainingJobFile(const std::string& path);
+
+// Cross-field validation (already applied by ParseTrainingJob).
+absl::Status ValidateTrainingJob(const TrainingJob& job);
+
+const char* TrainingModeName(TrainingMode mode);
+const char* RestartPolicyName(RestartPolicy policy);
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_CORE_JOB_SPEC_H_

@@ -1,0 +1,644 @@
+#include "core/job_spec.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gtest/gtest.h"
+
+namespace kubetrain {
+namespace {
+
+// gtest only (gmock is not among the system deps).
+#define EXPECT_STARTS_WITH(s, prefix)                    \
+  do {                                                   \
+    const std::string kt_s = (s);                        \
+    EXPECT_TRUE(absl::StartsWith(kt_s, prefix)) << kt_s; \
+  } while (0)
+#define EXPECT_CONTAINS(s, part)                        \
+  do {                                                  \
+    const std::string kt_s = (s);                       \
+    EXPECT_TRUE(absl::StrContains(kt_s, part)) << kt_s; \
+  } while (0)
+
+// Example specs are runfiles: relative to the cwd under `bazel test`, or
+// under $TEST_SRCDIR/$TEST_WORKSPACE otherwise.
+std::string ExamplePath(const std::string& name) {
+  std::string relative = "examples/" + name;
+  if (std::ifstream(relative).good()) return relative;
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir != nullptr) {
+    return absl::StrCat(srcdir, "/",
+                        workspace != nullptr ? workspace : "kubetrain", "/",
+                        relative);
+  }
+  return relative;
+}
+
+// A valid spec; the malformed cases below each change one thing.
+constexpr char kValid[] = R"(apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata:
+  name: test-job
+  labels: {team: ml}
+spec:
+  replicaSpecs:
+    PS:
+      replicas: 2
+      restartPolicy: OnFailure
+    Worker:
+      replicas: 3
+      restartPolicy: ExitCode
+      template:
+        spec:
+          containers:
+          - name: tensorflow
+            image: kubetrain:dev
+  runPolicy:
+    cleanPodPolicy: All
+    ttlSecondsAfterFinished: 600
+    activeDeadlineSeconds: 3600
+    backoffLimit: 3
+    suspend: false
+  successPolicy: AllWorkers
+  training:
+    mode: sync
+    replicasToAggregate: 2
+    model:
+      type: mlp
+      hiddenUnits: [64]
+    optimizer:
+      type: momentum
+      learningRate: 0.1
+      momentum: 0.5
+      nesterov: true
+    batchSize: 32
+    steps: 200
+    seed: 42
+    evaluation:
+      everySteps: 50
+    checkpoint:
+      directory: /tmp/ckpt
+      everySteps: 100
+      everySeconds: 60
+    placement:
+      splitThresholdBytes: 8192
+    transport:
+      chunkBytes: 65536
+    startupTimeoutSeconds: 30
+    barrierTimeoutSeconds: 2.5
+status:
+  anything: ignored
+)";
+
+std::string Replace(const std::string& from, const std::string& to) {
+  std::string s = kValid;
+  size_t pos = s.find(from);
+  EXPECT_NE(pos, std::string::npos) << "test bug: " << from;
+  if (pos != std::string::npos) s.replace(pos, from.size(), to);
+  return s;
+}
+
+// The error message for a spec that must be rejected.
+std::string ErrorOf(const std::string& yaml) {
+  absl::StatusOr<TrainingJob> job = ParseTrainingJob(yaml);
+  if (job.ok()) return "<parsed OK>";
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument)
+      << job.status();
+  return std::string(job.status().message());
+}
+
+TEST(JobSpecTest, SyncExample) {
+  absl::StatusOr<TrainingJob> job =
+      LoadTrainingJobFile(ExamplePath("fashion-mnist-sync.yaml"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->name, "fashion-mnist-sync");
+  EXPECT_EQ(job->namespace_, "default");
+  EXPECT_EQ(job->num_ps(), 2);
+  EXPECT_EQ(job->num_workers(), 2);
+  EXPECT_EQ(job->replica_specs.at("PS").restart_policy,
+            RestartPolicy::kOnFailure);
+  EXPECT_EQ(job->run_policy.active_deadline_seconds, 1800);
+  EXPECT_EQ(job->run_policy.backoff_limit, 3);
+  EXPECT_EQ(job->run_policy.clean_pod_policy, "Running");
+  EXPECT_EQ(job->training.mode, TrainingMode::kSync);
+  EXPECT_EQ(job->training.replicas_to_aggregate, 2);
+  EXPECT_EQ(job->effective_replicas_to_aggregate(), 2);
+  EXPECT_EQ(job->training.model.type, "mlp");
+  EXPECT_EQ(job->training.model.hidden_units, std::vector<int>({256, 128}));
+  EXPECT_EQ(job->training.dataset_name, "fashion-mnist");
+  EXPECT_EQ(job->training.dataset_path, "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(job->training.optimizer.type, "adam");
+  EXPECT_DOUBLE_EQ(job->training.optimizer.learning_rate, 0.001);
+  EXPECT_EQ(job->training.batch_size, 64);
+  EXPECT_FALSE(job->training.steps.has_value());
+  EXPECT_EQ(job->training.epochs, 8.0);
+  EXPECT_EQ(job->training.seed, 7u);
+  EXPECT_EQ(job->training.eval_every_steps, 500);
+  // ceil(8 * 60000 / (64 * 2))
+  EXPECT_EQ(job->TargetSteps(60000), 3750);
+}
+
+TEST(JobSpecTest, AsyncExample) {
+  absl::StatusOr<TrainingJob> job =
+      LoadTrainingJobFile(ExamplePath("fashion-mnist-async.yaml"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->name, "fashion-mnist-async");
+  EXPECT_EQ(job->training.mode, TrainingMode::kAsync);
+  EXPECT_EQ(job->training.max_staleness, 8);
+  EXPECT_EQ(job->training.replicas_to_aggregate, 0);
+  EXPECT_EQ(job->training.model.hidden_units, std::vector<int>({256, 128}));
+  EXPECT_DOUBLE_EQ(job->training.optimizer.learning_rate, 0.0005);
+  EXPECT_EQ(job->training.eval_every_steps, 1000);
+  // Async: one batch per global step, ceil(8 * 60000 / 64).
+  EXPECT_EQ(job->TargetSteps(60000), 7500);
+}
+
+TEST(JobSpecTest, SoftmaxSeedExample) {
+  absl::StatusOr<TrainingJob> job =
+      LoadTrainingJobFile(ExamplePath("softmax-seed.yaml"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->num_ps(), 1);
+  EXPECT_EQ(job->num_workers(), 1);
+  EXPECT_EQ(job->replica_specs.at("Worker").restart_policy,
+            RestartPolicy::kNever);
+  EXPECT_EQ(job->training.model.type, "softmax");
+  EXPECT_TRUE(job->training.model.hidden_units.empty());
+  EXPECT_EQ(job->training.optimizer.type, "sgd");
+  EXPECT_DOUBLE_EQ(job->training.optimizer.learning_rate, 0.5);
+  EXPECT_EQ(job->training.batch_size, 100);
+  EXPECT_EQ(job->training.steps, 1000);
+  EXPECT_EQ(job->TargetSteps(60000), 1000);
+  EXPECT_EQ(job->effective_replicas_to_aggregate(), 1);
+}
+
+TEST(JobSpecTest, FullSpecParses) {
+  absl::StatusOr<TrainingJob> job = ParseTrainingJob(kValid);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->num_workers(), 3);
+  EXPECT_EQ(job->replica_specs.at("Worker").restart_policy,
+            RestartPolicy::kExitCode);
+  EXPECT_CONTAINS(job->replica_specs.at("Worker").template_yaml,
+                  "image: kubetrain:dev");
+  EXPECT_TRUE(job->replica_specs.at("PS").template_yaml.empty());
+  EXPECT_EQ(job->run_policy.clean_pod_policy, "All");
+  EXPECT_EQ(job->run_policy.ttl_seconds_after_finished, 600);
+  EXPECT_FALSE(job->run_policy.suspend);
+  EXPECT_EQ(job->success_policy, "AllWorkers");
+  EXPECT_EQ(job->training.optimizer.type, "momentum");
+  EXPECT_DOUBLE_EQ(job->training.optimizer.momentum, 0.5);
+  EXPECT_TRUE(job->training.optimizer.nesterov);
+  EXPECT_EQ(job->training.checkpoint_dir, "/tmp/ckpt");
+  EXPECT_EQ(job->training.checkpoint_every_steps, 100);
+  EXPECT_EQ(job->training.checkpoint_every_seconds, 60);
+  EXPECT_EQ(job->training.split_threshold_bytes, 8192);
+  EXPECT_EQ(job->training.chunk_bytes, 65536);
+  EXPECT_EQ(job->training.startup_timeout_seconds, 30);
+  EXPECT_DOUBLE_EQ(job->training.barrier_timeout_seconds, 2.5);
+  EXPECT_EQ(job->training.seed, 42u);
+}
+
+TEST(JobSpecTest, ReplicaTypesAreCaseInsensitive) {
+  std::string yaml =
+      Replace("  runPolicy:",
+              "    evaluator:\n      replicas: 1\n    chief: {}\n  runPolicy:");
+  yaml = absl::StrReplaceAll(
+      yaml, {{"    PS:", "    ps:"}, {"    Worker:", "    worker:"}});
+  absl::StatusOr<TrainingJob> job = ParseTrainingJob(yaml);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->replica_specs.size(), 4u);
+  EXPECT_EQ(job->replica_specs.count("PS"), 1u);
+  EXPECT_EQ(job->replica_specs.count("Worker"), 1u);
+  EXPECT_EQ(job->replica_specs.count("Chief"), 1u);
+  EXPECT_EQ(job->replica_specs.count("Evaluator"), 1u);
+  EXPECT_EQ(job->num_ps(), 2);
+  EXPECT_EQ(job->num_workers(), 3);
+  EXPECT_EQ(job->replica_specs.at("Chief").replicas, 1);  // default
+}
+
+TEST(JobSpecTest, DuplicateReplicaTypeAfterNormalisation) {
+  EXPECT_EQ(ErrorOf(Replace("    Worker:\n", "    worker: {}\n    Worker:\n")),
+            "spec.replicaSpecs.Worker: duplicate replica type (keys are "
+            "case-insensitive)");
+}
+
+TEST(JobSpecTest, Defaults) {
+  absl::StatusOr<TrainingJob> job = ParseTrainingJob(R"(
+apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata: {name: minimal}
+spec:
+  replicaSpecs: {PS: {}, Worker: {replicas: 4}}
+  training: {steps: 10}
+)");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->num_ps(), 1);
+  EXPECT_EQ(job->replica_specs.at("PS").restart_policy, RestartPolicy::kNever);
+  EXPECT_EQ(job->training.mode, TrainingMode::kSync);
+  EXPECT_EQ(job->effective_replicas_to_aggregate(), 4);
+  EXPECT_EQ(job->training.model.type, "softmax");
+  EXPECT_EQ(job->training.optimizer.type, "sgd");
+  EXPECT_DOUBLE_EQ(job->training.optimizer.learning_rate, 0.01);
+  EXPECT_EQ(job->training.batch_size, 100);
+  EXPECT_EQ(job->training.seed, 1u);
+  EXPECT_FALSE(job->run_policy.backoff_limit.has_value());
+  EXPECT_FALSE(job->training.max_staleness.has_value());
+}
+
+TEST(JobSpecTest, TargetStepsFromEpochs) {
+  TrainingJob job;
+  job.replica_specs["PS"].replicas = 1;
+  job.replica_specs["Worker"].replicas = 4;
+  job.training.batch_size = 100;
+  job.training.epochs = 1;
+  EXPECT_EQ(job.TargetSteps(60000), 150);  // all 4 batches per step
+  job.training.replicas_to_aggregate = 3;  // backup worker: 3 batches per step
+  EXPECT_EQ(job.TargetSteps(60000), 200);
+  job.training.epochs = 0.1;  // inexact in binary; must not round up to 21
+  EXPECT_EQ(job.TargetSteps(60000), 20);
+  job.training.epochs = 0.0001;
+  EXPECT_EQ(job.TargetSteps(60000), 1);  // at least one step
+  job.training.mode = TrainingMode::kAsync;
+  job.training.replicas_to_aggregate = 0;
+  job.training.epochs = 2.5;
+  EXPECT_EQ(job.TargetSteps(60000), 1500);
+  job.training.steps = 77;
+  job.training.epochs.reset();
+  EXPECT_EQ(job.TargetSteps(60000), 77);
+}
+
+TEST(JobSpecTest, Names) {
+  EXPECT_STREQ(TrainingModeName(TrainingMode::kSync), "sync");
+  EXPECT_STREQ(TrainingModeName(TrainingMode::kAsync), "async");
+  EXPECT_STREQ(RestartPolicyName(RestartPolicy::kNever), "Never");
+  EXPECT_STREQ(RestartPolicyName(RestartPolicy::kOnFailure), "OnFailure");
+  EXPECT_STREQ(RestartPolicyName(RestartPolicy::kAlways), "Always");
+  EXPECT_STREQ(RestartPolicyName(RestartPolicy::kExitCode), "ExitCode");
+}
+
+TEST(JobSpecTest, MissingFileNamesIt) {
+  absl::StatusOr<TrainingJob> job =
+      LoadTrainingJobFile("no/such/trainingjob.yaml");
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().message(),
+            "cannot read no/such/trainingjob.yaml: No such file or directory");
+}
+
+TEST(JobSpecTest, FileParseErrorsArePrefixedWithTheFileName) {
+  std::string path = absl::StrCat(
+      std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp",
+      "/bad-trainingjob.yaml");
+  std::ofstream(path) << Replace("mode: sync", "mode: fast");
+  absl::StatusOr<TrainingJob> job = LoadTrainingJobFile(path);
+  ASSERT_FALSE(job.ok());
+  EXPECT_STARTS_WITH(
+      std::string(job.status().message()),
+      (path + ": spec.training.mode: must be one of sync, async"));
+}
+
+// ---- Malformed specs: each error names the offending field. ----
+
+TEST(JobSpecErrors, MissingWorker) {
+  std::string yaml = Replace(
+      "    Worker:\n      replicas: 3\n      restartPolicy: ExitCode\n", "");
+  yaml = absl::StrReplaceAll(
+      yaml,
+      {{"      template:\n        spec:\n          containers:\n"
+        "          - name: tensorflow\n            image: kubetrain:dev\n",
+        ""}});
+  EXPECT_EQ(ErrorOf(yaml), "spec.replicaSpecs.Worker: required");
+}
+
+TEST(JobSpecErrors, MissingReplicaSpecs) {
+  EXPECT_EQ(ErrorOf(R"(
+apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata: {name: x}
+spec: {training: {steps: 1}}
+)"),
+            "spec.replicaSpecs: required");
+}
+
+TEST(JobSpecErrors, NegativeReplicas) {
+  EXPECT_EQ(ErrorOf(Replace("replicas: 3", "replicas: -1")),
+            "spec.replicaSpecs.Worker.replicas: must be in [1, 1000], got -1");
+}
+
+TEST(JobSpecErrors, HugeReplicas) {
+  EXPECT_EQ(ErrorOf(Replace("replicas: 2", "replicas: 100000")),
+            "spec.replicaSpecs.PS.replicas: must be in [1, 1000], got 100000");
+  EXPECT_EQ(
+      ErrorOf(Replace("replicas: 2", "replicas: 99999999999999999999999")),
+      "spec.replicaSpecs.PS.replicas: out of range, got "
+      "99999999999999999999999");
+}
+
+TEST(JobSpecErrors, ReplicasNotAnInteger) {
+  EXPECT_EQ(
+      ErrorOf(Replace("replicas: 3", "replicas: two")),
+      "spec.replicaSpecs.Worker.replicas: expected an integer, got \"two\"");
+  EXPECT_EQ(
+      ErrorOf(Replace("replicas: 3", "replicas: 1.5")),
+      "spec.replicaSpecs.Worker.replicas: expected an integer, got \"1.5\"");
+  // Quoted numbers are strings, as in Kubernetes.
+  EXPECT_EQ(
+      ErrorOf(Replace("replicas: 3", "replicas: \"3\"")),
+      "spec.replicaSpecs.Worker.replicas: expected an integer, got \"3\"");
+  EXPECT_EQ(
+      ErrorOf(Replace("replicas: 3", "replicas: [3]")),
+      "spec.replicaSpecs.Worker.replicas: expected an integer, got a list");
+}
+
+TEST(JobSpecErrors, OtherTypeErrors) {
+  EXPECT_EQ(ErrorOf(Replace("hiddenUnits: [64]", "hiddenUnits: {a: 64}")),
+            "spec.training.model.hiddenUnits: expected a list of integers, got "
+            "a mapping");
+  EXPECT_EQ(
+      ErrorOf(Replace("hiddenUnits: [64]", "hiddenUnits: [64, x]")),
+      "spec.training.model.hiddenUnits[1]: expected an integer, got \"x\"");
+  EXPECT_EQ(ErrorOf(Replace("seed: 42", "seed: -3")),
+            "spec.training.seed: must be >= 0, got -3");
+  EXPECT_EQ(ErrorOf(Replace("suspend: false", "suspend: maybe")),
+            "spec.runPolicy.suspend: expected true or false, got \"maybe\"");
+  EXPECT_EQ(
+      ErrorOf(Replace("learningRate: 0.1", "learningRate: fast")),
+      "spec.training.optimizer.learningRate: expected a number, got \"fast\"");
+  EXPECT_EQ(ErrorOf(Replace("  successPolicy: AllWorkers",
+                            "  successPolicy: AllWorkers\n  unused: 1")),
+            "spec.unused: unknown field (known: replicaSpecs, runPolicy, "
+            "successPolicy, training)");
+}
+
+TEST(JobSpecErrors, UnknownMode) {
+  EXPECT_EQ(ErrorOf(Replace("mode: sync", "mode: hogwild")),
+            "spec.training.mode: must be one of sync, async, got \"hogwild\"");
+}
+
+TEST(JobSpecErrors, ReplicasToAggregateAboveWorkers) {
+  EXPECT_EQ(
+      ErrorOf(Replace("replicasToAggregate: 2", "replicasToAggregate: 4")),
+      "spec.training.replicasToAggregate: must be in [1, 3] (the number of "
+      "Worker replicas), "
+      "got 4");
+  EXPECT_EQ(
+      ErrorOf(Replace("replicasToAggregate: 2", "replicasToAggregate: 0")),
+      "spec.training.replicasToAggregate: must be >= 1, got 0");
+}
+
+TEST(JobSpecErrors, ReplicasToAggregateWithAsync) {
+  EXPECT_EQ(ErrorOf(Replace("mode: sync", "mode: async")),
+            "spec.training.replicasToAggregate: only applies to mode sync");
+}
+
+TEST(JobSpecErrors, MaxStalenessInSync) {
+  EXPECT_EQ(ErrorOf(Replace("mode: sync", "mode: sync\n    maxStaleness: 4")),
+            "spec.training.maxStaleness: only applies to mode async");
+  EXPECT_EQ(ErrorOf(Replace("    mode: sync\n    replicasToAggregate: 2\n",
+                            "    mode: async\n    maxStaleness: -1\n")),
+            "spec.training.maxStaleness: must be >= 0, got -1");
+}
+
+TEST(JobSpecErrors, StepsAndEpochs) {
+  EXPECT_EQ(ErrorOf(Replace("steps: 200", "steps: 200\n    epochs: 2")),
+            "spec.training.epochs: cannot be set together with steps (set "
+            "exactly one)");
+  EXPECT_EQ(ErrorOf(Replace("    steps: 200\n", "")),
+            "spec.training: one of steps or epochs is required");
+  EXPECT_EQ(ErrorOf(Replace("steps: 200", "steps: 0")),
+            "spec.training.steps: must be >= 1, got 0");
+  EXPECT_EQ(ErrorOf(Replace("steps: 200", "epochs: .inf")),
+            "spec.training.epochs: must be a finite number, got inf");
+}
+
+TEST(JobSpecErrors, UnknownFieldTypo) {
+  EXPECT_EQ(ErrorOf(Replace("    optimizer:", "    optimiser:")),
+            "spec.training.optimiser: unknown field (known: mode, "
+            "replicasToAggregate, maxStaleness, "
+            "model, dataset, optimizer, batchSize, steps, epochs, seed, "
+            "evaluation, checkpoint, "
+            "placement, transport, startupTimeoutSeconds, "
+            "barrierTimeoutSeconds); did you mean "
+            "\"optimizer\"?");
+  EXPECT_STARTS_WITH(
+      ErrorOf(Replace("learningRate: 0.1", "learning_rate: 0.1")),
+      ("spec.training.optimizer.learning_rate: unknown field"));
+  EXPECT_STARTS_WITH(
+      ErrorOf(Replace("replicas: 2", "replica: 2")),
+      ("spec.replicaSpecs.PS.replica: unknown field (known: replicas, "
+       "restartPolicy, template)"));
+  EXPECT_EQ(
+      ErrorOf(Replace("status:", "extra: 1\nstatus:")),
+      "extra: unknown field (known: apiVersion, kind, metadata, spec, status)");
+}
+
+TEST(JobSpecErrors, LearningRateNotPositive) {
+  EXPECT_EQ(ErrorOf(Replace("learningRate: 0.1", "learningRate: 0")),
+            "spec.training.optimizer.learningRate: must be > 0, got 0");
+  EXPECT_EQ(ErrorOf(Replace("learningRate: 0.1", "learningRate: -1")),
+            "spec.training.optimizer.learningRate: must be > 0, got -1");
+  EXPECT_EQ(
+      ErrorOf(Replace("learningRate: 0.1", "learningRate: .nan")),
+      "spec.training.optimizer.learningRate: must be a finite number, got nan");
+}
+
+TEST(JobSpecErrors, OptimizerFields) {
+  EXPECT_EQ(ErrorOf(Replace("momentum: 0.5", "momentum: 1")),
+            "spec.training.optimizer.momentum: must be in [0, 1), got 1");
+  EXPECT_EQ(ErrorOf(Replace("type: momentum", "type: sgd")),
+            "spec.training.optimizer.momentum: only applies to type momentum, "
+            "but type is sgd");
+  EXPECT_EQ(ErrorOf(Replace("type: momentum", "type: rmsprop")),
+            "spec.training.optimizer.type: must be one of sgd, momentum, adam, "
+            "adagrad, got "
+            "\"rmsprop\"");
+}
+
+TEST(JobSpecErrors, BadRestartPolicy) {
+  EXPECT_EQ(
+      ErrorOf(Replace("restartPolicy: OnFailure", "restartPolicy: Sometimes")),
+      "spec.replicaSpecs.PS.restartPolicy: must be one of Never, OnFailure, "
+      "Always, ExitCode, "
+      "got \"Sometimes\"");
+  EXPECT_EQ(
+      ErrorOf(Replace("restartPolicy: OnFailure", "restartPolicy: onfailure")),
+      "spec.replicaSpecs.PS.restartPolicy: must be one of Never, OnFailure, "
+      "Always, ExitCode, "
+      "got \"onfailure\"; did you mean \"OnFailure\"?");
+}
+
+TEST(JobSpecErrors, BadApiVersionAndKind) {
+  EXPECT_EQ(ErrorOf(Replace("kubetrain.io/v1", "kubeflow.org/v1")),
+            "apiVersion: must be \"kubetrain.io/v1\", got \"kubeflow.org/v1\"");
+  EXPECT_EQ(ErrorOf(Replace("kind: TrainingJob", "kind: TFJob")),
+            "kind: must be \"TrainingJob\", got \"TFJob\"");
+  EXPECT_EQ(ErrorOf(Replace("apiVersion: kubetrain.io/v1\n", "")),
+            "apiVersion: required");
+}
+
+TEST(JobSpecErrors, BadName) {
+  EXPECT_STARTS_WITH(ErrorOf(Replace("name: test-job", "name: Test-Job")),
+                     ("metadata.name: must be a DNS-1035 label"));
+  EXPECT_STARTS_WITH(ErrorOf(Replace("name: test-job", "name: 1job")),
+                     ("metadata.name: must be a DNS-1035 label"));
+  EXPECT_STARTS_WITH(ErrorOf(Replace("name: test-job", "name: job-")),
+                     ("metadata.name: must be a DNS-1035 label"));
+  EXPECT_STARTS_WITH(
+      ErrorOf(Replace("name: test-job", "name: " + std::string(49, 'a'))),
+      ("metadata.name: must be at most 48 characters"));
+  EXPECT_STARTS_WITH(
+      ErrorOf(Replace("name: test-job", "name: " + std::string(64, 'a'))),
+      ("metadata.name: must be a DNS-1035 label"));
+  EXPECT_TRUE(ParseTrainingJob(
+                  Replace("name: test-job", "name: " + std::string(48, 'a')))
+                  .ok());
+  EXPECT_EQ(ErrorOf(Replace("  name: test-job\n", "  generateName: x-\n")),
+            "metadata.name: required");
+  EXPECT_STARTS_WITH(
+      ErrorOf(Replace("name: test-job", "name: test-job\n  namespace: My_NS")),
+      ("metadata.namespace: must be a DNS-1123 label"));
+}
+
+TEST(JobSpecErrors, ChiefAndEvaluatorReplicas) {
+  EXPECT_EQ(ErrorOf(Replace("  runPolicy:",
+                            "    Chief:\n      replicas: 2\n  runPolicy:")),
+            "spec.replicaSpecs.Chief.replicas: must be 1, got 2");
+  EXPECT_EQ(ErrorOf(Replace("  runPolicy:",
+                            "    Evaluator:\n      replicas: 0\n  runPolicy:")),
+            "spec.replicaSpecs.Evaluator.replicas: must be 1, got 0");
+}
+
+TEST(JobSpecErrors, UnknownReplicaType) {
+  EXPECT_EQ(ErrorOf(Replace("  runPolicy:",
+                            "    Launcher:\n      replicas: 1\n  runPolicy:")),
+            "spec.replicaSpecs.Launcher: unknown replica type (known: PS, "
+            "Worker, Chief, Evaluator)");
+  EXPECT_EQ(ErrorOf(Replace("  runPolicy:", "    Master: {}\n  runPolicy:")),
+            "spec.replicaSpecs.Master: unknown replica type (known: PS, "
+            "Worker, Chief, Evaluator); "
+            "use Chief");
+}
+
+TEST(JobSpecErrors, YamlSyntaxError) {
+  std::string error = ErrorOf(Replace("hiddenUnits: [64]", "hiddenUnits: [64"));
+  EXPECT_STARTS_WITH(error, ("invalid YAML at line "));
+  EXPECT_CONTAINS(error, "column");
+  EXPECT_EQ(ErrorOf("a: b: c\n"),
+            "invalid YAML at line 1, column 5: illegal map value");
+}
+
+TEST(JobSpecErrors, NotATrainingJobDocument) {
+  EXPECT_EQ(ErrorOf(""), "empty document, expected a TrainingJob");
+  EXPECT_EQ(ErrorOf("# only a comment\n"),
+            "empty document, expected a TrainingJob");
+  EXPECT_EQ(ErrorOf("- a\n- b\n"),
+            "expected a TrainingJob mapping at the top level, got a list");
+  EXPECT_EQ(ErrorOf("hello\n"),
+            "expected a TrainingJob mapping at the top level, got \"hello\"");
+  EXPECT_EQ(ErrorOf(std::string(kValid) + "---\n" + kValid),
+            "expected one YAML document, got 2");
+  EXPECT_EQ(ErrorOf(Replace("  training:\n", "  training:\n  training:\n")),
+            "spec.training: duplicate key");
+}
+
+TEST(JobSpecErrors, HiddenUnitsForSoftmax) {
+  EXPECT_EQ(ErrorOf(Replace("type: mlp", "type: softmax")),
+            "spec.training.model.hiddenUnits: must be empty for type softmax "
+            "(a single 784 -> 10 "
+            "layer)");
+}
+
+TEST(JobSpecErrors, EmptyMlpHiddenUnits) {
+  EXPECT_EQ(ErrorOf(Replace("hiddenUnits: [64]", "hiddenUnits: []")),
+            "spec.training.model.hiddenUnits: required for type mlp (at least "
+            "one hidden layer)");
+  EXPECT_EQ(ErrorOf(Replace("hiddenUnits: [64]", "hiddenUnits: [64, 0]")),
+            "spec.training.model.hiddenUnits[1]: must be in [1, 65536], got 0");
+  EXPECT_EQ(
+      ErrorOf(Replace("hiddenUnits: [64]", "hiddenUnits: [100000]")),
+      "spec.training.model.hiddenUnits[0]: must be in [1, 65536], got 100000");
+  EXPECT_EQ(
+      ErrorOf(Replace("type: mlp", "type: cnn")),
+      "spec.training.model.type: must be one of softmax, mlp, got \"cnn\"");
+}
+
+TEST(JobSpecErrors, RangesOfOtherFields) {
+  EXPECT_EQ(ErrorOf(Replace("batchSize: 32", "batchSize: 0")),
+            "spec.training.batchSize: must be in [1, 65536], got 0");
+  EXPECT_EQ(ErrorOf(Replace("chunkBytes: 65536", "chunkBytes: 1024")),
+            "spec.training.transport.chunkBytes: must be in [4096, 67108864], "
+            "got 1024");
+  EXPECT_EQ(
+      ErrorOf(Replace("splitThresholdBytes: 8192", "splitThresholdBytes: 100")),
+      "spec.training.placement.splitThresholdBytes: must be >= 4096, got 100");
+  EXPECT_EQ(
+      ErrorOf(Replace("startupTimeoutSeconds: 30", "startupTimeoutSeconds: 0")),
+      "spec.training.startupTimeoutSeconds: must be >= 1, got 0");
+  EXPECT_EQ(ErrorOf(Replace("barrierTimeoutSeconds: 2.5",
+                            "barrierTimeoutSeconds: -1")),
+            "spec.training.barrierTimeoutSeconds: must be >= 0, got -1");
+  EXPECT_EQ(ErrorOf(Replace("activeDeadlineSeconds: 3600",
+                            "activeDeadlineSeconds: 0")),
+            "spec.runPolicy.activeDeadlineSeconds: must be >= 1, got 0");
+  EXPECT_EQ(ErrorOf(Replace("backoffLimit: 3", "backoffLimit: -1")),
+            "spec.runPolicy.backoffLimit: must be >= 0, got -1");
+  EXPECT_EQ(ErrorOf(Replace("cleanPodPolicy: All", "cleanPodPolicy: Some")),
+            "spec.runPolicy.cleanPodPolicy: must be one of All, Running, None, "
+            "got \"Some\"");
+  EXPECT_EQ(
+      ErrorOf(Replace("successPolicy: AllWorkers", "successPolicy: Chief")),
+      "spec.successPolicy: must be \"\" or \"AllWorkers\", got \"Chief\"");
+  EXPECT_EQ(ErrorOf(Replace("      directory: /tmp/ckpt\n", "")),
+            "spec.training.checkpoint.directory: required when everySteps or "
+            "everySeconds is set");
+  EXPECT_EQ(ErrorOf(Replace(
+                "    optimizer:",
+                "    dataset: {name: cifar10, path: /d}\n    optimizer:")),
+            "spec.training.dataset.name: must be one of fashion-mnist, mnist, "
+            "got \"cifar10\"");
+  EXPECT_EQ(ErrorOf(Replace("    optimizer:",
+                            "    dataset: {name: mnist}\n    optimizer:")),
+            "spec.training.dataset.path: required for dataset \"mnist\"");
+}
+
+TEST(JobSpecErrors, MissingSections) {
+  EXPECT_EQ(ErrorOf(R"(
+apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata: {name: x}
+spec:
+  replicaSpecs: {PS: {}, Worker: {}}
+)"),
+            "spec.training: required");
+  EXPECT_EQ(ErrorOf("apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: "
+                    "{name: x}\n"),
+            "spec: required");
+  EXPECT_EQ(
+      ErrorOf("apiVersion: kubetrain.io/v1\nkind: TrainingJob\nspec: {}\n"),
+      "metadata: required");
+}
+
+TEST(JobSpecErrors, ValidateCatchesProgrammaticJobs) {
+  TrainingJob job;
+  job.name = "built";
+  job.replica_specs["PS"].replicas = 1;
+  job.replica_specs["Worker"].replicas = 2;
+  job.training.steps = 10;
+  EXPECT_TRUE(ValidateTrainingJob(job).ok()) << ValidateTrainingJob(job);
+  job.replica_specs["Bogus"].replicas = 1;
+  EXPECT_EQ(ValidateTrainingJob(job).message(),
+            "spec.replicaSpecs.Bogus: unknown replica type (known: PS, Worker, "
+            "Chief, Evaluator)");
+  job.replica_specs.erase("Bogus");
+  job.training.mode = TrainingMode::kAsync;
+  job.training.barrier_timeout_seconds = 5;
+  EXPECT_EQ(ValidateTrainingJob(job).message(),
+            "spec.training.barrierTimeoutSeconds: only applies to mode sync");
+}
+
+}  // namespace
+}  // namespace kubetrain

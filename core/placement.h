@@ -1,0 +1,50 @@
+// Placement of model variables on PS tasks.
+//
+// Variables larger than `split_threshold_bytes` are split by rows into
+// min(num_shards, rows) near-equal parts named "<variable>/part<k>"; the units
+// (whole variables and parts) then go greedily to PS tasks by byte size:
+// largest first (ties by name), each onto the least-loaded task (ties by the
+// lower index). Deterministic: every task computes the same placement from
+// the same model and PS count, and the fingerprint lets them check it.
+#ifndef KUBETRAIN_CORE_PLACEMENT_H_
+#define KUBETRAIN_CORE_PLACEMENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/model.h"
+
+namespace kubetrain {
+
+struct PartPlacement {
+  std::string name;      // "dense0/kernel" or "dense0/kernel/part1"
+  int variable = 0;      // index into Model::variables()
+  int64_t row_begin = 0;  // rows [row_begin, row_end) of the variable
+  int64_t row_end = 0;
+  int64_t cols = 0;
+  int shard = 0;
+  int64_t num_elements() const { return (row_end - row_begin) * cols; }
+  int64_t num_bytes() const { return num_elements() * 4; }
+  // Element offset of this part within the variable's row-major buffer.
+  int64_t element_offset() const { return row_begin * cols; }
+};
+
+struct Placement {
+  int num_shards = 0;
+  std::vector<PartPlacement> parts;  // sorted by (shard, name)
+
+  std::vector<const PartPlacement*> PartsOfShard(int shard) const;
+  int64_t ShardBytes(int shard) const;
+  // A hash of model variables, part boundaries and assignment.
+  std::string Fingerprint() const;
+  // One line per shard, for the start-up log.
+  std::string Describe() const;
+};
+
+Placement PlaceVariables(const std::vector<VariableSpec>& variables, int num_shards,
+                         int64_t split_threshold_bytes);
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_CORE_PLACEMENT_H_

@@ -1,0 +1,43 @@
+#include "core/task_config.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kubetrain {
+
+absl::StatusOr<int64_t> TrainExamples(const std::string& dataset_name) {
+  if (dataset_name == "fashion-mnist" || dataset_name == "mnist") return 60000;
+  return absl::InvalidArgumentError(absl::StrCat("unknown dataset \"", dataset_name, "\""));
+}
+
+absl::StatusOr<TaskConfig> LoadTaskConfig(const std::string& job_file,
+                                          const std::string& tf_config_json) {
+  TaskConfig c;
+  auto job = LoadTrainingJobFile(job_file);
+  if (!job.ok()) return job.status();
+  c.job = std::move(*job);
+  if (tf_config_json.empty()) {
+    return absl::InvalidArgumentError("TF_CONFIG is not set (neither the environment variable nor --tf_config)");
+  }
+  auto tf = ParseTfConfig(tf_config_json);
+  if (!tf.ok()) return tf.status();
+  c.tf = std::move(*tf);
+  c.num_ps = static_cast<int>(c.tf.tasks("ps").size());
+  c.num_workers = static_cast<int>(c.tf.tasks("worker").size());
+  if (c.num_ps != c.job.num_ps() || c.num_workers != c.job.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TF_CONFIG has ", c.num_ps, " ps and ", c.num_workers, " worker tasks, but ", job_file,
+        " asks for ", c.job.num_ps(), " and ", c.job.num_workers()));
+  }
+  auto model = Model::Create(c.job.training.model);
+  if (!model.ok()) return model.status();
+  c.model = std::make_unique<Model>(std::move(*model));
+  c.placement = PlaceVariables(c.model->variables(), c.num_ps,
+                               c.job.training.split_threshold_bytes);
+  auto examples = TrainExamples(c.job.training.dataset_name);
+  if (!examples.ok()) return examples.status();
+  c.train_examples = *examples;
+  c.target_steps = c.job.TargetSteps(c.train_examples);
+  return c;
+}
+
+}  // namespace kubetrain

@@ -1,0 +1,40 @@
+// What a PS or worker task derives from its two inputs (the TrainingJob file
+// and TF_CONFIG): the model, the placement and the number of global steps.
+// Both kinds of task call this, so they cannot disagree.
+#ifndef KUBETRAIN_CORE_TASK_CONFIG_H_
+#define KUBETRAIN_CORE_TASK_CONFIG_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/cluster_spec.h"
+#include "core/job_spec.h"
+#include "core/model.h"
+#include "core/placement.h"
+
+namespace kubetrain {
+
+struct TaskConfig {
+  TrainingJob job;
+  TfConfig tf;
+  std::unique_ptr<Model> model;
+  Placement placement;
+  int num_ps = 0;
+  int num_workers = 0;
+  int64_t train_examples = 0;
+  int64_t target_steps = 0;
+};
+
+// Training-set size of a supported dataset (fashion-mnist and mnist: 60000).
+absl::StatusOr<int64_t> TrainExamples(const std::string& dataset_name);
+
+// Errors name the input at fault: the job file, or TF_CONFIG (e.g. its ps list
+// has 3 tasks but the job asks for 2).
+absl::StatusOr<TaskConfig> LoadTaskConfig(const std::string& job_file,
+                                          const std::string& tf_config_json);
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_CORE_TASK_CONFIG_H_

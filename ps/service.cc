@@ -1,0 +1,286 @@
+#include "ps/service.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace kubetrain {
+namespace {
+
+void FillStats(const ShardStatsSnapshot& s, v1::ShardStats* out) {
+  out->set_version(s.version);
+  out->set_gradients_applied(s.gradients_applied);
+  out->set_stale_gradients_dropped(s.stale_gradients_dropped);
+  out->set_pushes_rejected(s.pushes_rejected);
+}
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const grpc::Status& status) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
+// Holds a pull in the shard, then streams the header and the chunks.
+class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
+ public:
+  PullReactor(Shard* shard, const Clock* clock, const PsServiceOptions& options,
+              const PsServiceMetrics& metrics, const v1::PullRequest& req)
+      : shard_(shard), chunk_bytes_(options.max_chunk_bytes), metrics_(metrics), clock_(clock),
+        start_(clock->Now()) {
+    absl::Duration wait = req.wait_timeout_ms() > 0 ? absl::Milliseconds(req.wait_timeout_ms())
+                                                    : options.default_pull_wait;
+    uint64_t ticket = shard_->Pull({req.worker_index(), req.min_version(), req.worker_clock()},
+                                   start_ + wait,
+                                   [this](absl::StatusOr<Shard::Snapshot> s) { OnSnapshot(std::move(s)); });
+    absl::MutexLock l(&mu_);
+    ticket_ = ticket;
+  }
+
+  void OnCancel() override {
+    uint64_t ticket;
+    {
+      absl::MutexLock l(&mu_);
+      ticket = ticket_;
+    }
+    if (ticket != 0) shard_->CancelPull(ticket);  // OnSnapshot(CANCELLED) finishes the call
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      return;
+    }
+    NextWrite();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void OnSnapshot(absl::StatusOr<Shard::Snapshot> snap) {
+    if (!snap.ok()) {
+      Finish(ToGrpcStatus(snap.status()));
+      return;
+    }
+    snapshot_ = std::move(*snap);
+    auto* h = msg_.mutable_header();
+    h->set_version(snapshot_.version);
+    h->set_done(snapshot_.done);
+    h->set_waited_seconds(snapshot_.waited_seconds);
+    h->set_total_bytes(snapshot_.bytes->size());
+    StartWrite(&msg_);
+  }
+
+  // Next chunk of the current part, or of the next non-empty part, or finish.
+  void NextWrite() {
+    const auto& parts = shard_->parts();
+    while (part_ < parts.size()) {
+      uint64_t part_bytes = parts[part_].num_bytes();
+      if (part_offset_ < part_bytes) {
+        uint64_t n = std::min<uint64_t>(chunk_bytes_, part_bytes - part_offset_);
+        n -= n % 4;
+        msg_.Clear();
+        auto* c = msg_.mutable_chunk();
+        c->set_part(parts[part_].name);
+        c->set_offset(part_offset_ / 4);
+        c->set_data(snapshot_.bytes->data() + base_ + part_offset_, n);
+        part_offset_ += n;
+        if (metrics_.pull_bytes) metrics_.pull_bytes->Increment(static_cast<double>(n));
+        StartWrite(&msg_);
+        return;
+      }
+      base_ += part_bytes;
+      part_offset_ = 0;
+      ++part_;
+    }
+    if (metrics_.pull_seconds) {
+      metrics_.pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start_));
+    }
+    Finish(grpc::Status::OK);
+  }
+
+  Shard* const shard_;
+  const uint64_t chunk_bytes_;
+  const PsServiceMetrics metrics_;
+  const Clock* const clock_;
+  const absl::Time start_;
+  absl::Mutex mu_;
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  // Touched only by the write sequence, which gRPC serialises.
+  Shard::Snapshot snapshot_;
+  v1::PullResponse msg_;
+  size_t part_ = 0;
+  uint64_t part_offset_ = 0;  // bytes into the current part
+  uint64_t base_ = 0;         // bytes before the current part in the snapshot
+};
+
+// Reassembles a pushed gradient chunk by chunk, rejecting bad chunks at once.
+class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
+ public:
+  PushReactor(Shard* shard, const Clock* clock, const PsServiceMetrics& metrics,
+              v1::PushResponse* resp)
+      : shard_(shard), clock_(clock), metrics_(metrics), resp_(resp), start_(clock->Now()) {
+    grads_.resize(shard_->parts().size());
+    for (size_t i = 0; i < grads_.size(); ++i) grads_[i].resize(shard_->parts()[i].num_elements());
+    filled_.assign(grads_.size(), 0);
+    StartRead(&msg_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Complete();
+      return;
+    }
+    absl::Status s = Absorb();
+    if (!s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    StartRead(&msg_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Absorb() {
+    if (msg_.has_header()) {
+      if (have_header_) return absl::InvalidArgumentError("push: second header");
+      have_header_ = true;
+      header_ = {msg_.header().worker_index(), msg_.header().version(),
+                 msg_.header().worker_clock()};
+      return absl::OkStatus();
+    }
+    if (!have_header_) return absl::InvalidArgumentError("push: chunk before header");
+    if (!msg_.has_chunk()) return absl::InvalidArgumentError("push: empty message");
+    const auto& c = msg_.chunk();
+    int part = shard_->PartIndex(c.part());
+    if (part < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push: unknown variable part \"", c.part(), "\" on this PS shard"));
+    }
+    if (c.data().size() % 4 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("push: chunk of ", c.part(), " has ",
+                                                     c.data().size(), " bytes, not float32"));
+    }
+    uint64_t n = c.data().size() / 4;
+    // Chunks of a part arrive in order, so "filled" both checks offsets and
+    // proves the part is covered exactly once.
+    if (c.offset() != filled_[part] || c.offset() + n > grads_[part].size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push: chunk of ", c.part(), " at element ", c.offset(), " (+", n, ") does not follow ",
+          filled_[part], " of ", grads_[part].size()));
+    }
+    std::memcpy(grads_[part].data() + c.offset(), c.data().data(), c.data().size());
+    filled_[part] += n;
+    if (metrics_.push_bytes) metrics_.push_bytes->Increment(static_cast<double>(c.data().size()));
+    return absl::OkStatus();
+  }
+
+  void Complete() {
+    if (!have_header_) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "push: no header"));
+      return;
+    }
+    for (size_t i = 0; i < grads_.size(); ++i) {
+      if (filled_[i] != grads_[i].size()) {
+        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("push: gradient of ", shard_->parts()[i].name,
+                                         " incomplete: ", filled_[i], " of ", grads_[i].size(),
+                                         " elements")));
+        return;
+      }
+    }
+    auto r = shard_->Push(header_, std::move(grads_));
+    if (!r.ok()) {
+      Finish(ToGrpcStatus(r.status()));
+      return;
+    }
+    resp_->set_version(r->version);
+    resp_->set_dropped(r->dropped);
+    resp_->set_done(r->done);
+    resp_->set_staleness(r->staleness);
+    if (metrics_.push_seconds) {
+      metrics_.push_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start_));
+    }
+    Finish(grpc::Status::OK);
+  }
+
+  Shard* const shard_;
+  const Clock* const clock_;
+  const PsServiceMetrics metrics_;
+  v1::PushResponse* const resp_;
+  const absl::Time start_;
+  v1::PushRequest msg_;
+  bool have_header_ = false;
+  Shard::PushHeader header_;
+  std::vector<std::vector<float>> grads_;
+  std::vector<uint64_t> filled_;
+};
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+PsService::PsService(Shard* shard, const Clock* clock, PsServiceOptions options,
+                     PsServiceMetrics metrics)
+    : shard_(shard), clock_(clock), options_(std::move(options)), metrics_(metrics) {}
+
+grpc::ServerUnaryReactor* PsService::GetInfo(grpc::CallbackServerContext* ctx,
+                                             const v1::InfoRequest*, v1::ShardInfo* resp) {
+  const auto& o = shard_->options();
+  resp->set_shard_index(o.shard_index);
+  resp->set_model_fingerprint(options_.model_fingerprint);
+  for (const auto& p : shard_->parts()) {
+    auto* info = resp->add_parts();
+    info->set_name(p.name);
+    info->set_rows(p.row_end - p.row_begin);
+    info->set_cols(p.cols);
+    info->set_row_offset(p.row_begin);
+  }
+  resp->set_version(shard_->version());
+  resp->set_target_steps(o.target_steps);
+  resp->set_max_chunk_bytes(options_.max_chunk_bytes);
+  resp->set_mode(TrainingModeName(o.mode));
+  return Done(ctx, grpc::Status::OK);
+}
+
+grpc::ServerWriteReactor<v1::PullResponse>* PsService::Pull(grpc::CallbackServerContext*,
+                                                            const v1::PullRequest* req) {
+  return new PullReactor(shard_, clock_, options_, metrics_, *req);
+}
+
+grpc::ServerReadReactor<v1::PushRequest>* PsService::Push(grpc::CallbackServerContext*,
+                                                          v1::PushResponse* resp) {
+  return new PushReactor(shard_, clock_, metrics_, resp);
+}
+
+grpc::ServerUnaryReactor* PsService::Leave(grpc::CallbackServerContext* ctx,
+                                           const v1::LeaveRequest* req, v1::LeaveResponse*) {
+  return Done(ctx, ToGrpcStatus(shard_->Leave(req->worker_index())));
+}
+
+grpc::ServerUnaryReactor* PsService::Shutdown(grpc::CallbackServerContext* ctx,
+                                              const v1::ShutdownRequest* req,
+                                              v1::ShardStats* resp) {
+  if (req->worker_index() != 0) {
+    return Done(ctx, grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                                  "only the chief (worker 0) may shut the PS down"));
+  }
+  shard_->RequestShutdown();
+  FillStats(shard_->stats(), resp);
+  return Done(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* PsService::GetStats(grpc::CallbackServerContext* ctx,
+                                              const v1::InfoRequest*, v1::ShardStats* resp) {
+  FillStats(shard_->stats(), resp);
+  return Done(ctx, grpc::Status::OK);
+}
+
+}  // namespace kubetrain

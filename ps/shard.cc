@@ -1,0 +1,327 @@
+#include "ps/shard.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace kubetrain {
+
+absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options,
+                                                     const Model& model,
+                                                     const Placement& placement,
+                                                     const OptimizerSpec& optimizer,
+                                                     const Clock* clock, ShardMetrics metrics) {
+  if (options.num_workers < 1) return absl::InvalidArgumentError("num_workers must be >= 1");
+  if (options.replicas_to_aggregate < 1 || options.replicas_to_aggregate > options.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("replicasToAggregate must be in [1, ",
+                                                   options.num_workers, "]"));
+  }
+  std::vector<PartPlacement> parts;
+  for (const auto* p : placement.PartsOfShard(options.shard_index)) parts.push_back(*p);
+  std::vector<int64_t> sizes;
+  for (const auto& p : parts) sizes.push_back(p.num_elements());
+  auto opt = CreateOptimizer(optimizer, sizes);
+  if (!opt.ok()) return opt.status();
+  std::unique_ptr<Shard> shard(new Shard(options, parts, std::move(*opt), clock, metrics));
+  absl::MutexLock l(&shard->mu_);
+  std::map<int, std::vector<float>> initial;  // one full variable at a time is enough
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const auto& p = parts[i];
+    auto it = initial.find(p.variable);
+    if (it == initial.end()) {
+      it = initial.emplace(p.variable, model.InitialValue(p.variable, options.seed)).first;
+    }
+    const float* begin = it->second.data() + p.element_offset();
+    shard->values_[i].assign(begin, begin + p.num_elements());
+  }
+  return shard;
+}
+
+Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique_ptr<Optimizer> opt,
+             const Clock* clock, ShardMetrics metrics)
+    : options_(std::move(options)), parts_(std::move(parts)), clock_(clock), metrics_(metrics) {
+  absl::MutexLock l(&mu_);
+  optimizer_ = std::move(opt);
+  values_.resize(parts_.size());
+  accum_.resize(parts_.size());
+  for (size_t i = 0; i < parts_.size(); ++i) accum_[i].assign(parts_[i].num_elements(), 0.0f);
+  for (int w = 0; w < options_.num_workers; ++w) worker_clock_[w] = 0;
+}
+
+int Shard::PartIndex(const std::string& name) const {
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    if (parts_[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+bool Shard::Done() const { return version_ >= options_.target_steps; }
+
+bool Shard::CanServe(const PullWait& w) const {
+  if (Done() || shutdown_) return true;
+  if (version_ < w.min_version) return false;
+  if (options_.mode == TrainingMode::kAsync && options_.max_staleness.has_value()) {
+    int64_t slowest = w.worker_clock;
+    for (const auto& [worker, c] : worker_clock_) slowest = std::min(slowest, c);
+    if (w.worker_clock - slowest > *options_.max_staleness) return false;
+  }
+  return true;
+}
+
+Shard::Snapshot Shard::MakeSnapshot(absl::Time start) const {
+  Snapshot s;
+  s.version = version_;
+  s.done = Done();
+  s.waited_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
+  size_t total = 0;
+  for (const auto& v : values_) total += v.size() * sizeof(float);
+  auto bytes = std::make_shared<std::string>();
+  bytes->resize(total);
+  char* out = bytes->data();
+  static_assert(sizeof(float) == 4, "float32 wire format");
+  for (const auto& v : values_) {
+    std::memcpy(out, v.data(), v.size() * sizeof(float));  // little-endian host (x86/arm64)
+    out += v.size() * sizeof(float);
+  }
+  s.bytes = std::move(bytes);
+  return s;
+}
+
+uint64_t Shard::Pull(const PullWait& wait, absl::Time deadline, PullCallback done) {
+  absl::Time now = clock_->Now();
+  if (wait.worker < 0 || wait.worker >= options_.num_workers) {
+    done(absl::InvalidArgumentError(absl::StrCat("unknown worker index ", wait.worker,
+                                                  " (job has ", options_.num_workers, ")")));
+    return 0;
+  }
+  std::optional<Snapshot> snap;
+  uint64_t ticket = 0;
+  {
+    absl::MutexLock l(&mu_);
+    if (CanServe(wait)) {
+      snap = MakeSnapshot(now);
+    } else {
+      ticket = next_ticket_++;
+      waiters_[ticket] = Waiter{wait, now, deadline, std::move(done)};
+    }
+  }
+  if (snap.has_value()) {
+    if (metrics_.hold_seconds) metrics_.hold_seconds->Observe(0);
+    done(std::move(*snap));
+  }
+  return ticket;
+}
+
+void Shard::CancelPull(uint64_t ticket) {
+  PullCallback cb;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = waiters_.find(ticket);
+    if (it == waiters_.end()) return;
+    cb = std::move(it->second.done);
+    waiters_.erase(it);
+  }
+  cb(absl::CancelledError("pull cancelled"));
+}
+
+void Shard::ExpireWaiters(absl::Time now) {
+  std::vector<Waiter> expired;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->second.deadline <= now) {
+        expired.push_back(std::move(it->second));
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& w : expired) {
+    w.done(absl::DeadlineExceededError(absl::StrCat(
+        "still waiting for version ", w.wait.min_version, " after ",
+        absl::FormatDuration(now - w.start))));
+  }
+}
+
+std::vector<std::pair<Shard::Waiter, Shard::Snapshot>> Shard::TakeReadyWaiters() {
+  std::vector<std::pair<Waiter, Snapshot>> ready;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (CanServe(it->second.wait)) {
+      Snapshot s = MakeSnapshot(it->second.start);
+      ready.emplace_back(std::move(it->second), std::move(s));
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return ready;
+}
+
+void Shard::RunReady(std::vector<std::pair<Waiter, Snapshot>> ready) {
+  for (auto& [w, s] : ready) w.done(std::move(s));
+}
+
+absl::Status Shard::ValidatePush(const PushHeader& h,
+                                 const std::vector<std::vector<float>>& grads) const {
+  if (h.worker < 0 || h.worker >= options_.num_workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown worker index ", h.worker, " (job has ", options_.num_workers, ")"));
+  }
+  if (h.version > version_) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient for version ", h.version,
+                                                   " is from the future (shard is at ",
+                                                   version_, ")"));
+  }
+  if (h.version < 0) return absl::InvalidArgumentError("negative version");
+  if (grads.size() != parts_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("push has ", grads.size(), " parts, shard holds ",
+                                                   parts_.size()));
+  }
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    if (static_cast<int64_t>(grads[i].size()) != parts_[i].num_elements()) {
+      return absl::InvalidArgumentError(absl::StrCat("gradient of ", parts_[i].name, " has ",
+                                                     grads[i].size(), " elements, expected ",
+                                                     parts_[i].num_elements()));
+    }
+    for (float g : grads[i]) {
+      if (!std::isfinite(g)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("gradient of ", parts_[i].name, " has a non-finite value"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Shard::ApplyLocked(const std::vector<std::vector<float>>& grads, float scale) {
+  int64_t step = version_ + 1;
+  std::vector<float> scaled;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const float* g = grads[i].data();
+    if (scale != 1.0f) {
+      scaled.resize(grads[i].size());
+      for (size_t k = 0; k < scaled.size(); ++k) scaled[k] = grads[i][k] * scale;
+      g = scaled.data();
+    }
+    optimizer_->Apply(static_cast<int>(i), values_[i].data(), g, parts_[i].num_elements(), step);
+  }
+  SetVersionLocked(version_ + 1);
+}
+
+void Shard::SetVersionLocked(int64_t v) {
+  version_ = v;
+  stats_.version = v;
+  if (metrics_.version) metrics_.version->Set(static_cast<double>(v));
+}
+
+absl::StatusOr<Shard::PushResult> Shard::Push(const PushHeader& header,
+                                              std::vector<std::vector<float>> grads) {
+  std::vector<std::pair<Waiter, Snapshot>> ready;
+  PushResult result;
+  {
+    absl::MutexLock l(&mu_);
+    result.done = Done();
+    if (result.done) {
+      result.version = version_;
+      return result;  // training is over; late gradients are irrelevant
+    }
+    absl::Status valid = ValidatePush(header, grads);
+    if (!valid.ok()) {
+      ++stats_.pushes_rejected;
+      if (metrics_.rejected) metrics_.rejected->Increment();
+      return valid;
+    }
+    if (!left_.count(header.worker)) {
+      auto& c = worker_clock_[header.worker];
+      c = std::max(c, header.worker_clock);
+    }
+    if (options_.mode == TrainingMode::kSync) {
+      if (header.version < version_ || contributors_.count(header.worker)) {
+        result.dropped = true;
+        ++stats_.stale_gradients_dropped;
+        if (metrics_.stale_dropped) metrics_.stale_dropped->Increment();
+      } else {
+        for (size_t i = 0; i < parts_.size(); ++i) {
+          float* a = accum_[i].data();
+          const float* g = grads[i].data();
+          for (size_t k = 0; k < grads[i].size(); ++k) a[k] += g[k];
+        }
+        contributors_.insert(header.worker);
+        if (static_cast<int>(contributors_.size()) >= options_.replicas_to_aggregate) {
+          ApplyLocked(accum_, 1.0f / static_cast<float>(contributors_.size()));
+          stats_.gradients_applied += static_cast<int64_t>(contributors_.size());
+          if (metrics_.applied) metrics_.applied->Increment(static_cast<double>(contributors_.size()));
+          for (auto& a : accum_) std::fill(a.begin(), a.end(), 0.0f);
+          contributors_.clear();
+        }
+      }
+    } else {
+      result.staleness = version_ - header.version;
+      if (metrics_.staleness) metrics_.staleness->Observe(static_cast<double>(result.staleness));
+      ApplyLocked(grads, 1.0f);
+      ++stats_.gradients_applied;
+      if (metrics_.applied) metrics_.applied->Increment();
+    }
+    result.version = version_;
+    result.done = Done();
+    ready = TakeReadyWaiters();
+  }
+  for (auto& [w, s] : ready) {
+    if (metrics_.hold_seconds) metrics_.hold_seconds->Observe(s.waited_seconds);
+  }
+  RunReady(std::move(ready));
+  return result;
+}
+
+absl::Status Shard::Leave(int worker) {
+  if (worker < 0 || worker >= options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown worker index ", worker));
+  }
+  std::vector<std::pair<Waiter, Snapshot>> ready;
+  {
+    absl::MutexLock l(&mu_);
+    left_.insert(worker);
+    worker_clock_.erase(worker);
+    ready = TakeReadyWaiters();
+  }
+  RunReady(std::move(ready));
+  return absl::OkStatus();
+}
+
+void Shard::RequestShutdown() {
+  std::vector<std::pair<Waiter, Snapshot>> ready;
+  {
+    absl::MutexLock l(&mu_);
+    shutdown_ = true;
+    ready = TakeReadyWaiters();
+  }
+  RunReady(std::move(ready));
+}
+
+bool Shard::shutdown_requested() const {
+  absl::MutexLock l(&mu_);
+  return shutdown_;
+}
+
+bool Shard::all_workers_left() const {
+  absl::MutexLock l(&mu_);
+  return static_cast<int>(left_.size()) >= options_.num_workers;
+}
+
+int64_t Shard::version() const {
+  absl::MutexLock l(&mu_);
+  return version_;
+}
+
+ShardStatsSnapshot Shard::stats() const {
+  absl::MutexLock l(&mu_);
+  return stats_;
+}
+
+}  // namespace kubetrain

@@ -1,0 +1,188 @@
+// The PS shard: the variables placed on one PS task, their optimizer state and
+// version, and the rules of sync aggregation, async apply and bounded
+// staleness. Pure domain logic: no sockets, tested directly (shard_test.cc);
+// ps/service.cc is a thin gRPC adapter over it.
+//
+// Versions: the shard starts at version 0 and every optimizer step adds one.
+// Training is done when the version reaches `target_steps`; after that pushes
+// are ignored and every pull returns at once with done = true.
+//
+// Sync mode: a push carries the version it was computed against. A push for
+// the current version is accumulated (at most once per worker); when
+// `replicas_to_aggregate` have arrived they are averaged and applied, and the
+// version advances. A push for an older version is stale: dropped and counted.
+// A push for a version the shard has not reached is INVALID_ARGUMENT.
+// Workers wait at the barrier by pulling with min_version = v + 1.
+//
+// Async mode: a push is applied on arrival; staleness = version at apply -
+// version pulled is recorded. With max_staleness = tau, a pull from a worker
+// whose clock (steps done) is more than tau ahead of the slowest worker that
+// has not left is held until that is no longer so.
+//
+// Thread safety: all methods are thread-safe. Pull callbacks run without the
+// shard's lock held, exactly once per Pull.
+#ifndef KUBETRAIN_PS_SHARD_H_
+#define KUBETRAIN_PS_SHARD_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/clock.h"
+#include "core/job_spec.h"
+#include "core/model.h"
+#include "core/placement.h"
+#include "ps/optimizer.h"
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+}  // namespace prometheus
+
+namespace kubetrain {
+
+struct ShardOptions {
+  int shard_index = 0;
+  int num_workers = 1;
+  TrainingMode mode = TrainingMode::kSync;
+  int replicas_to_aggregate = 1;
+  std::optional<int64_t> max_staleness;
+  int64_t target_steps = 1;
+  uint64_t seed = 1;
+};
+
+// Where the shard reports what happens; any pointer may be null.
+struct ShardMetrics {
+  prometheus::Histogram* staleness = nullptr;       // steps, per applied async gradient
+  prometheus::Counter* stale_dropped = nullptr;     // sync gradients too old to apply
+  prometheus::Counter* applied = nullptr;           // gradients applied (sync: aggregated ones)
+  prometheus::Counter* rejected = nullptr;          // invalid pushes
+  prometheus::Gauge* version = nullptr;
+  prometheus::Histogram* hold_seconds = nullptr;    // how long pulls were held
+};
+
+struct ShardStatsSnapshot {
+  int64_t version = 0;
+  int64_t gradients_applied = 0;
+  int64_t stale_gradients_dropped = 0;
+  int64_t pushes_rejected = 0;
+};
+
+class Shard {
+ public:
+  struct PullWait {
+    int worker = 0;
+    int64_t min_version = 0;
+    int64_t worker_clock = 0;
+  };
+  struct Snapshot {
+    int64_t version = 0;
+    bool done = false;
+    double waited_seconds = 0;
+    // The values of parts(), concatenated in order, as little-endian float32.
+    std::shared_ptr<const std::string> bytes;
+  };
+  using PullCallback = std::function<void(absl::StatusOr<Snapshot>)>;
+
+  struct PushHeader {
+    int worker = 0;
+    int64_t version = 0;
+    int64_t worker_clock = 0;
+  };
+  struct PushResult {
+    int64_t version = 0;
+    bool dropped = false;
+    bool done = false;
+    int64_t staleness = 0;
+  };
+
+  // Initial values come from model.InitialValue(variable, seed), sliced to the
+  // parts placed on options.shard_index.
+  static absl::StatusOr<std::unique_ptr<Shard>> Create(const ShardOptions& options,
+                                                       const Model& model,
+                                                       const Placement& placement,
+                                                       const OptimizerSpec& optimizer,
+                                                       const Clock* clock, ShardMetrics metrics);
+
+  const std::vector<PartPlacement>& parts() const { return parts_; }
+  // Index into parts() of the part with this name, or -1.
+  int PartIndex(const std::string& name) const;
+  const ShardOptions& options() const { return options_; }
+
+  // Calls `done` once: at once if the shard can serve the pull, else when it
+  // can, when `deadline` passes (DEADLINE_EXCEEDED, via ExpireWaiters), or on
+  // CancelPull (CANCELLED). Returns a ticket for CancelPull.
+  // Invalid requests (unknown worker) get INVALID_ARGUMENT.
+  uint64_t Pull(const PullWait& wait, absl::Time deadline, PullCallback done);
+  void CancelPull(uint64_t ticket);
+  // Fails pulls whose deadline is before `now`. Called periodically by the server.
+  void ExpireWaiters(absl::Time now);
+
+  // grads[i] holds the gradient of parts()[i]. Validates everything (worker
+  // index, version, sizes, finiteness) before touching any state: a rejected
+  // push leaves the shard unchanged.
+  absl::StatusOr<PushResult> Push(const PushHeader& header, std::vector<std::vector<float>> grads);
+
+  // The worker sends nothing more; it no longer holds back bounded staleness.
+  absl::Status Leave(int worker);
+  void RequestShutdown();
+  bool shutdown_requested() const;
+  bool all_workers_left() const;
+  int64_t version() const;
+  ShardStatsSnapshot stats() const;
+
+ private:
+  struct Waiter {
+    PullWait wait;
+    absl::Time start;
+    absl::Time deadline;
+    PullCallback done;
+  };
+  Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique_ptr<Optimizer> opt,
+        const Clock* clock, ShardMetrics metrics);
+
+  bool Done() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CanServe(const PullWait& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Snapshot MakeSnapshot(absl::Time start) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the waiters that can now be served; the caller runs them unlocked.
+  std::vector<std::pair<Waiter, Snapshot>> TakeReadyWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyLocked(const std::vector<std::vector<float>>& grads, float scale)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetVersionLocked(int64_t v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ValidatePush(const PushHeader& h, const std::vector<std::vector<float>>& grads) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void RunReady(std::vector<std::pair<Waiter, Snapshot>> ready);
+
+  const ShardOptions options_;
+  const std::vector<PartPlacement> parts_;
+  const Clock* const clock_;
+  const ShardMetrics metrics_;
+
+  mutable absl::Mutex mu_;
+  std::vector<std::vector<float>> values_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Sync aggregation for the current version.
+  std::vector<std::vector<float>> accum_ ABSL_GUARDED_BY(mu_);
+  std::set<int> contributors_ ABSL_GUARDED_BY(mu_);
+  // Steps completed per worker (bounded staleness); left workers are removed.
+  std::map<int, int64_t> worker_clock_ ABSL_GUARDED_BY(mu_);
+  std::set<int> left_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  ShardStatsSnapshot stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_PS_SHARD_H_

@@ -1,0 +1,180 @@
+#include "ps/shard.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace kubetrain {
+namespace {
+
+// A 1-variable model stand-in: softmax over 2 inputs and 2 classes gives
+// kernel [2x2] and bias [1x2]; SGD with lr 1 makes updates easy to check.
+struct Fixture {
+  Fixture(TrainingMode mode, int workers, int aggregate, std::optional<int64_t> tau = {},
+          int64_t target = 100) {
+    ModelSpec spec;
+    spec.type = "softmax";
+    spec.input_dim = 2;
+    spec.num_classes = 2;
+    model = std::make_unique<Model>(*Model::Create(spec));
+    placement = PlaceVariables(model->variables(), 1, 1 << 20);
+    ShardOptions o;
+    o.num_workers = workers;
+    o.mode = mode;
+    o.replicas_to_aggregate = aggregate;
+    o.max_staleness = tau;
+    o.target_steps = target;
+    OptimizerSpec opt;
+    opt.type = "sgd";
+    opt.learning_rate = 1.0;
+    shard = *Shard::Create(o, *model, placement, opt, &clock, ShardMetrics{});
+  }
+  std::vector<std::vector<float>> Grads(float v) const {
+    std::vector<std::vector<float>> g;
+    for (const auto& p : shard->parts()) g.emplace_back(p.num_elements(), v);
+    return g;
+  }
+  // Values of part 0 via an immediate pull.
+  std::vector<float> Values(int worker = 0) {
+    std::vector<float> out;
+    shard->Pull({worker, 0, 0}, clock.Now() + absl::Seconds(1),
+                [&](absl::StatusOr<Shard::Snapshot> s) {
+                  ASSERT_TRUE(s.ok());
+                  out.resize(s->bytes->size() / 4);
+                  std::memcpy(out.data(), s->bytes->data(), s->bytes->size());
+                });
+    return out;
+  }
+  FakeClock clock;
+  std::unique_ptr<Model> model;
+  Placement placement;
+  std::unique_ptr<Shard> shard;
+};
+
+TEST(ShardSyncTest, AveragesReplicasToAggregateThenAdvances) {
+  Fixture f(TrainingMode::kSync, 2, 2);
+  auto before = f.Values();
+  auto r1 = f.shard->Push({0, 0, 1}, f.Grads(1.0f));
+  ASSERT_TRUE(r1.ok());
+  EXPECT_EQ(r1->version, 0);  // waiting for the second replica
+  EXPECT_EQ(f.Values(), before);
+  auto r2 = f.shard->Push({1, 0, 1}, f.Grads(3.0f));
+  ASSERT_TRUE(r2.ok());
+  EXPECT_EQ(r2->version, 1);
+  auto after = f.Values();
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 2.0f);
+}
+
+TEST(ShardSyncTest, BarrierPullWaitsForNextVersion) {
+  Fixture f(TrainingMode::kSync, 2, 2);
+  bool served = false;
+  int64_t seen = -1;
+  f.shard->Pull({0, 1, 1}, f.clock.Now() + absl::Seconds(10), [&](auto s) {
+    ASSERT_TRUE(s.ok());
+    served = true;
+    seen = s->version;
+  });
+  EXPECT_FALSE(served);
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(1)).ok());
+  EXPECT_FALSE(served);
+  ASSERT_TRUE(f.shard->Push({1, 0, 1}, f.Grads(1)).ok());
+  EXPECT_TRUE(served);
+  EXPECT_EQ(seen, 1);
+}
+
+TEST(ShardSyncTest, BackupWorkerGradientIsDroppedAndCounted) {
+  Fixture f(TrainingMode::kSync, 3, 2);
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(1)).ok());
+  ASSERT_TRUE(f.shard->Push({1, 0, 1}, f.Grads(1)).ok());
+  auto late = f.shard->Push({2, 0, 1}, f.Grads(1));
+  ASSERT_TRUE(late.ok());
+  EXPECT_TRUE(late->dropped);
+  EXPECT_EQ(f.shard->stats().stale_gradients_dropped, 1);
+  EXPECT_EQ(f.shard->version(), 1);
+  // A duplicate from the same worker in one step is dropped too.
+  ASSERT_TRUE(f.shard->Push({0, 1, 2}, f.Grads(1)).ok());
+  EXPECT_TRUE(f.shard->Push({0, 1, 2}, f.Grads(1))->dropped);
+}
+
+TEST(ShardTest, InvalidPushesLeaveStateUnchanged) {
+  Fixture f(TrainingMode::kSync, 2, 2);
+  auto before = f.Values();
+  auto future = f.shard->Push({0, 5, 1}, f.Grads(1));
+  EXPECT_EQ(future.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(future.status().message().find("future"), std::string::npos);
+  auto nan = f.Grads(1);
+  nan.back()[0] = std::nanf("");
+  EXPECT_EQ(f.shard->Push({0, 0, 1}, nan).status().code(), absl::StatusCode::kInvalidArgument);
+  auto short_grad = f.Grads(1);
+  short_grad[0].pop_back();
+  EXPECT_EQ(f.shard->Push({0, 0, 1}, short_grad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.shard->Push({7, 0, 1}, f.Grads(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.shard->stats().pushes_rejected, 4);
+  // Nothing was accumulated: one valid push from each worker still makes exactly one step of 1.
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(1)).ok());
+  ASSERT_TRUE(f.shard->Push({1, 0, 1}, f.Grads(1)).ok());
+  auto after = f.Values();
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 1.0f);
+}
+
+TEST(ShardAsyncTest, AppliesOnArrivalAndRecordsStaleness) {
+  Fixture f(TrainingMode::kAsync, 2, 1);
+  auto r = f.shard->Push({0, 0, 1}, f.Grads(1));
+  EXPECT_EQ(r->version, 1);
+  EXPECT_EQ(r->staleness, 0);
+  r = f.shard->Push({1, 0, 1}, f.Grads(1));  // computed against version 0, applied at 1
+  EXPECT_EQ(r->version, 2);
+  EXPECT_EQ(r->staleness, 1);
+}
+
+TEST(ShardAsyncTest, BoundedStalenessHoldsFastWorkerUntilSlowOneCatchesUpOrLeaves) {
+  Fixture f(TrainingMode::kAsync, 2, 1, /*tau=*/1);
+  for (int c = 1; c <= 2; ++c) ASSERT_TRUE(f.shard->Push({0, f.shard->version(), c}, f.Grads(0)).ok());
+  // Worker 0 has done 2 steps, worker 1 none: 2 - 0 > 1, so worker 0 waits.
+  bool served = false;
+  f.shard->Pull({0, 0, 2}, f.clock.Now() + absl::Seconds(10), [&](auto s) { served = s.ok(); });
+  EXPECT_FALSE(served);
+  ASSERT_TRUE(f.shard->Push({1, f.shard->version(), 1}, f.Grads(0)).ok());
+  EXPECT_TRUE(served);
+  // Leaving stops a worker from holding others back.
+  served = false;
+  ASSERT_TRUE(f.shard->Push({0, f.shard->version(), 3}, f.Grads(0)).ok());
+  f.shard->Pull({0, 0, 3}, f.clock.Now() + absl::Seconds(10), [&](auto s) { served = s.ok(); });
+  EXPECT_FALSE(served);
+  ASSERT_TRUE(f.shard->Leave(1).ok());
+  EXPECT_TRUE(served);
+}
+
+TEST(ShardTest, PullDeadlineAndCancel) {
+  Fixture f(TrainingMode::kSync, 2, 2);
+  absl::StatusCode code = absl::StatusCode::kOk;
+  f.shard->Pull({0, 1, 0}, f.clock.Now() + absl::Seconds(5), [&](auto s) { code = s.status().code(); });
+  f.shard->ExpireWaiters(f.clock.Now() + absl::Seconds(1));
+  EXPECT_EQ(code, absl::StatusCode::kOk);  // not yet
+  f.clock.Advance(absl::Seconds(6));
+  f.shard->ExpireWaiters(f.clock.Now());
+  EXPECT_EQ(code, absl::StatusCode::kDeadlineExceeded);
+  uint64_t t = f.shard->Pull({0, 1, 0}, f.clock.Now() + absl::Seconds(5),
+                             [&](auto s) { code = s.status().code(); });
+  f.shard->CancelPull(t);
+  EXPECT_EQ(code, absl::StatusCode::kCancelled);
+}
+
+TEST(ShardTest, DoneAtTargetReleasesEveryoneAndIgnoresLatePushes) {
+  Fixture f(TrainingMode::kSync, 1, 1, {}, /*target=*/2);
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(1)).ok());
+  bool done = false;
+  f.shard->Pull({0, 5, 1}, f.clock.Now() + absl::Seconds(1), [&](auto s) { done = s.ok() && s->done; });
+  EXPECT_FALSE(done);
+  ASSERT_TRUE(f.shard->Push({0, 1, 2}, f.Grads(1)).ok());
+  EXPECT_TRUE(done);
+  auto late = f.shard->Push({0, 2, 3}, f.Grads(1));
+  ASSERT_TRUE(late.ok());
+  EXPECT_TRUE(late->done);
+  EXPECT_EQ(f.shard->version(), 2);
+}
+
+}  // namespace
+}  // namespace kubetrain
