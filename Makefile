@@ -10,6 +10,8 @@ DEB_PACKAGES := bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-g
   protobuf-compiler libcpprest-dev libeigen3-dev prometheus-cpp-dev libyaml-cpp-dev zlib1g-dev \
   libgtest-dev nlohmann-json3-dev dataset-fashion-mnist prometheus python3 python3-pytest curl
 BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker
+# The first python3 on PATH that has pytest (Debian's python3-pytest otherwise).
+PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest" 2>/dev/null && { echo $$p; break; }; done)
 
 .PHONY: all deps build demo demo-async demo-softmax test unit-test integration-test asan tsan clean
 
@@ -42,7 +44,8 @@ unit-test: deps
 	$(BAZEL) test $(BAZEL_FLAGS) //...
 
 integration-test: build
-	python3 -m pytest -q tests/integration
+	@test -n "$(PYTHON)" || { echo "no python3 with pytest: run make deps"; exit 1; }
+	$(PYTHON) -m pytest -q tests/integration
 
 test: unit-test integration-test
 

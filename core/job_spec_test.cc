@@ -170,10 +170,10 @@ TEST(JobSpecTest, SoftmaxSeedExample) {
   EXPECT_EQ(job->training.model.type, "softmax");
   EXPECT_TRUE(job->training.model.hidden_units.empty());
   EXPECT_EQ(job->training.optimizer.type, "sgd");
-  EXPECT_DOUBLE_EQ(job->training.optimizer.learning_rate, 0.5);
+  EXPECT_DOUBLE_EQ(job->training.optimizer.learning_rate, 0.05);
   EXPECT_EQ(job->training.batch_size, 100);
-  EXPECT_EQ(job->training.steps, 1000);
-  EXPECT_EQ(job->TargetSteps(60000), 1000);
+  EXPECT_EQ(job->training.steps, 20000);
+  EXPECT_EQ(job->TargetSteps(60000), 20000);
   EXPECT_EQ(job->effective_replicas_to_aggregate(), 1);
 }
 

@@ -16,6 +16,8 @@ void FillStats(const ShardStatsSnapshot& s, v1::ShardStats* out) {
   out->set_gradients_applied(s.gradients_applied);
   out->set_stale_gradients_dropped(s.stale_gradients_dropped);
   out->set_pushes_rejected(s.pushes_rejected);
+  out->set_staleness_sum(s.staleness_sum);
+  out->set_staleness_max(s.staleness_max);
 }
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const grpc::Status& status) {

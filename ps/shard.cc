@@ -264,6 +264,8 @@ absl::StatusOr<Shard::PushResult> Shard::Push(const PushHeader& header,
     } else {
       result.staleness = version_ - header.version;
       if (metrics_.staleness) metrics_.staleness->Observe(static_cast<double>(result.staleness));
+      stats_.staleness_sum += result.staleness;
+      stats_.staleness_max = std::max(stats_.staleness_max, result.staleness);
       ApplyLocked(grads, 1.0f);
       ++stats_.gradients_applied;
       if (metrics_.applied) metrics_.applied->Increment();

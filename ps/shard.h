@@ -75,6 +75,8 @@ struct ShardStatsSnapshot {
   int64_t gradients_applied = 0;
   int64_t stale_gradients_dropped = 0;
   int64_t pushes_rejected = 0;
+  int64_t staleness_sum = 0;  // async
+  int64_t staleness_max = 0;
 };
 
 class Shard {

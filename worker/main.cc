@@ -33,6 +33,7 @@ struct WorkerFlags {
   std::string metrics_address = "0.0.0.0:9090";
   std::string result_file;
   double progress_interval_seconds = 1.0;
+  int64_t step_delay_ms = 0;
 };
 
 void PrintLine(const std::string& tag, const nlohmann::json& j) {
@@ -144,6 +145,7 @@ int Run(const WorkerFlags& flags) {
   options.worker_index = index;
   options.is_chief = chief;
   options.progress_interval = absl::Seconds(flags.progress_interval_seconds);
+  options.step_delay = absl::Milliseconds(flags.step_delay_ms);
   auto on_progress = [](const Progress& p) {
     nlohmann::json j = {{"global_step", p.global_step},
                         {"target_steps", p.target_steps},
@@ -170,7 +172,12 @@ int Run(const WorkerFlags& flags) {
                         {"examples_per_second", result->examples_per_second},
                         {"gradients_applied", result->ps_stats.gradients_applied()},
                         {"stale_gradients_dropped", result->ps_stats.stale_gradients_dropped()},
-                        {"pushes_rejected", result->ps_stats.pushes_rejected()}};
+                        {"pushes_rejected", result->ps_stats.pushes_rejected()},
+                        {"max_staleness", result->ps_stats.staleness_max()},
+                        {"mean_staleness", result->ps_stats.gradients_applied() > 0
+                                               ? static_cast<double>(result->ps_stats.staleness_sum()) /
+                                                     result->ps_stats.gradients_applied()
+                                               : 0.0}};
     PrintLine("kubetrain-result", j);
     if (!flags.result_file.empty()) {
       std::ofstream out(flags.result_file);
@@ -195,6 +202,8 @@ int main(int argc, char** argv) {
                 "chief: also write the final result JSON here (e.g. /dev/termination-log)");
   parser.Double("progress_interval_seconds", &flags.progress_interval_seconds,
                 "how often the chief reports progress");
+  parser.Int("step_delay_ms", &flags.step_delay_ms,
+             "sleep this long before every step: makes this worker a straggler (for experiments and tests)");
   auto st = parser.Parse(argc, argv, 1, nullptr);
   if (!st.ok() || parser.help_requested()) {
     std::fprintf(stderr, "%s%s\n", st.ok() ? "" : ("error: " + std::string(st.message()) + "\n\n").c_str(),

@@ -28,6 +28,7 @@ class GrpcShardChannel final : public ShardChannel {
     args.SetMaxSendMessageSize(static_cast<int>(chunk_bytes + (64 << 10)));
     // Reconnect quickly after a PS restart instead of gRPC's default 1..120 s backoff.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     stub_ = v1::ParameterServer::NewStub(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
@@ -36,6 +37,9 @@ class GrpcShardChannel final : public ShardChannel {
   absl::StatusOr<v1::ShardInfo> GetInfo(int worker, absl::Duration timeout) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+    // Wait for the channel to connect (until the deadline) rather than failing
+    // fast: a PS that is still starting is the normal case here.
+    ctx.set_wait_for_ready(true);
     v1::InfoRequest req;
     req.set_worker_index(worker);
     v1::ShardInfo info;
@@ -319,6 +323,8 @@ absl::StatusOr<v1::ShardStats> PsClient::Shutdown() {
     total.set_gradients_applied(total.gradients_applied() + s.gradients_applied());
     total.set_stale_gradients_dropped(total.stale_gradients_dropped() + s.stale_gradients_dropped());
     total.set_pushes_rejected(total.pushes_rejected() + s.pushes_rejected());
+    total.set_staleness_sum(total.staleness_sum() + s.staleness_sum());
+    total.set_staleness_max(std::max(total.staleness_max(), s.staleness_max()));
   }
   return total;
 }

@@ -69,6 +69,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
       next_eval = (pulled->version / spec.eval_every_steps + 1) * spec.eval_every_steps;
     }
 
+    if (options.step_delay > absl::ZeroDuration()) absl::SleepFor(options.step_delay);
     absl::Time t0 = clock->Now();
     batcher.Next(spec.batch_size, &x, &y);
     float loss = model.LossAndGradients(params, x.data(), y.data(), spec.batch_size, &grads);

@@ -56,6 +56,7 @@ struct TrainerOptions {
   int worker_index = 0;
   bool is_chief = false;
   absl::Duration progress_interval = absl::Seconds(1);
+  absl::Duration step_delay = absl::ZeroDuration();  // simulated straggler
 };
 
 // `test` may be null for non-chief workers. `on_progress` (chief) is called

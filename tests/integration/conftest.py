@@ -1,0 +1,171 @@
+"""Helpers for the multi-process integration tests: real kubetrain binaries
+(bin/, built by `make build`), real Fashion-MNIST, loopback only."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.path.join(ROOT, "bin")
+
+
+def binary(name):
+    path = os.path.join(BIN, name)
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{path} missing: run `make build` first")
+    return path
+
+
+def job_yaml(name, *, ps=1, workers=2, mode="sync", extra_training="", model="mlp", hidden="[32]",
+             steps=200, batch=32, optimizer="adam", lr=0.002, eval_every=0, aggregate=None,
+             max_staleness=None, dataset_path=None):
+    lines = [
+        "apiVersion: kubetrain.io/v1",
+        "kind: TrainingJob",
+        "metadata:",
+        f"  name: {name}",
+        "spec:",
+        "  replicaSpecs:",
+        "    PS:",
+        f"      replicas: {ps}",
+        "    Worker:",
+        f"      replicas: {workers}",
+        "  training:",
+        f"    mode: {mode}",
+        "    model:",
+        f"      type: {model}",
+    ]
+    if model == "mlp":
+        lines.append(f"      hiddenUnits: {hidden}")
+    lines += [
+        "    optimizer:",
+        f"      type: {optimizer}",
+        f"      learningRate: {lr}",
+        f"    batchSize: {batch}",
+        f"    steps: {steps}",
+        "    seed: 3",
+        "    startupTimeoutSeconds: 60",
+    ]
+    if eval_every:
+        lines += ["    evaluation:", f"      everySteps: {eval_every}"]
+    if aggregate is not None:
+        lines.append(f"    replicasToAggregate: {aggregate}")
+    if max_staleness is not None:
+        lines.append(f"    maxStaleness: {max_staleness}")
+    if dataset_path is not None:
+        lines += ["    dataset:", "      name: fashion-mnist", f"      path: {dataset_path}"]
+    return "\n".join(lines) + "\n" + extra_training
+
+
+def write(tmp_path, text, name="job.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([binary("kubetrain"), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def run_job(tmp_path, text, *args, timeout=300):
+    """Runs `kubetrain run` to the end; returns (CompletedProcess, summary dict or None)."""
+    job = write(tmp_path, text)
+    summary_path = tmp_path / "summary.json"
+    proc = run_cli("run", job, "--summary-json", str(summary_path), *args, timeout=timeout)
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    return proc, summary
+
+
+def scrape(port, timeout=2):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
+        return r.read().decode()
+
+
+def metric_value(text, name, labels=None):
+    """Value of the first sample `name{labels...}` in Prometheus text, or None."""
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
+        if not m or m.group(1) != name:
+            continue
+        if labels and not all(f'{k}="{v}"' in (m.group(2) or "") for k, v in labels.items()):
+            continue
+        return float(m.group(3))
+    return None
+
+
+def free_ports(n):
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Cluster:
+    """PS and worker processes started directly with TF_CONFIG (no launcher)."""
+
+    def __init__(self, tmp_path, job_text, ps, workers):
+        self.tmp = tmp_path
+        self.job = write(tmp_path, job_text)
+        ports = free_ports(2 * (ps + workers))
+        self.addr = {"ps": [f"127.0.0.1:{p}" for p in ports[:ps]],
+                     "worker": [f"127.0.0.1:{p}" for p in ports[ps:ps + workers]]}
+        self.metrics = {("ps", i): ports[ps + workers + i] for i in range(ps)}
+        self.metrics.update({("worker", i): ports[2 * ps + workers + i] for i in range(workers)})
+        self.procs = {}
+
+    def start(self, kind, index, *flags):
+        tf = {"cluster": self.addr, "task": {"type": kind, "index": index}}
+        env = dict(os.environ, TF_CONFIG=json.dumps(tf))
+        cmd = [binary(f"kubetrain-{kind}"), f"--config={self.job}",
+               f"--metrics_address=127.0.0.1:{self.metrics[(kind, index)]}", *flags]
+        if kind == "ps":
+            cmd.append("--bind_host=127.0.0.1")
+        log = open(self.tmp / f"{kind}-{index}.log", "w")
+        self.procs[(kind, index)] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return self.procs[(kind, index)]
+
+    def wait_all(self, timeout=240):
+        deadline = time.time() + timeout
+        codes = {}
+        for key, p in self.procs.items():
+            try:
+                codes[key] = p.wait(timeout=max(1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                codes[key] = "hung"
+        return codes
+
+    def log(self, kind, index):
+        return (self.tmp / f"{kind}-{index}.log").read_text()
+
+    def kill_all(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path):
+    made = []
+
+    def make(job_text, ps, workers):
+        c = Cluster(tmp_path, job_text, ps, workers)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.kill_all()

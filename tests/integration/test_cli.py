@@ -1,0 +1,65 @@
+"""`kubetrain run` as a user meets it: bad input gets a clear error and starts
+nothing; Ctrl-C stops every child; a broken dataset fails the job clearly."""
+import json
+import re
+import signal
+import subprocess
+import time
+
+from conftest import binary, job_yaml, run_cli, run_job, write
+
+
+def kubetrain_processes(marker):
+    """PS and worker tasks whose --config is under `marker` (not the launcher itself)."""
+    out = subprocess.run(["pgrep", "-f", "--", "--config=" + marker], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_malformed_spec_is_refused_with_the_field_named(tmp_path):
+    bad = job_yaml("bad", workers=2, aggregate=5)
+    proc = run_cli("run", write(tmp_path, bad))
+    assert proc.returncode == 2
+    assert "spec.training.replicasToAggregate" in proc.stderr
+    typo = job_yaml("typo").replace("    optimizer:", "    optimiser:")
+    proc = run_cli("run", write(tmp_path, typo, "typo.yaml"))
+    assert proc.returncode == 2 and "optimiser" in proc.stderr
+    assert not kubetrain_processes(str(tmp_path))
+
+
+def test_missing_file_and_bad_flags(tmp_path):
+    proc = run_cli("run", str(tmp_path / "nope.yaml"))
+    assert proc.returncode == 2 and "nope.yaml" in proc.stderr
+    proc = run_cli("run", "x.yaml", "--summary-jsn=out.json")
+    assert proc.returncode == 2 and "unknown flag --summary-jsn" in proc.stderr
+    proc = run_cli("frobnicate")
+    assert proc.returncode == 2 and "unknown command" in proc.stderr
+    proc = run_cli("validate", write(tmp_path, job_yaml("ok")))
+    assert proc.returncode == 0 and "valid TrainingJob" in proc.stdout
+
+
+def test_missing_dataset_fails_the_job_naming_the_file(tmp_path):
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    proc, summary = run_job(tmp_path, job_yaml("nodata", dataset_path=str(empty)), timeout=120)
+    assert proc.returncode == 1
+    assert summary["status"] == "Failed"
+    assert "train-images-idx3-ubyte.gz" in proc.stderr
+    assert re.search(r"worker-\d exited with code 2", summary["reason"]), summary
+    assert not kubetrain_processes(str(tmp_path))
+
+
+def test_interrupt_stops_every_child(tmp_path):
+    job = write(tmp_path, job_yaml("interrupt", ps=2, workers=2, steps=1000000))
+    summary = tmp_path / "summary.json"
+    proc = subprocess.Popen([binary("kubetrain"), "run", job, "--summary-json", str(summary)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(kubetrain_processes(job)) < 4:
+        time.sleep(0.2)
+    assert len(kubetrain_processes(job)) == 4
+    time.sleep(2)  # training under way
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err[-2000:]
+    assert json.loads(summary.read_text())["status"] == "Interrupted"
+    assert not kubetrain_processes(job)
