@@ -53,13 +53,18 @@ def test_interrupt_stops_every_child(tmp_path):
     summary = tmp_path / "summary.json"
     proc = subprocess.Popen([binary("kubetrain"), "run", job, "--summary-json", str(summary)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while time.time() < deadline and len(kubetrain_processes(job)) < 4:
-        time.sleep(0.2)
-    assert len(kubetrain_processes(job)) == 4
-    time.sleep(2)  # training under way
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and len(kubetrain_processes(job)) < 4:
+            time.sleep(0.2)
+        assert len(kubetrain_processes(job)) == 4
+        time.sleep(2)  # training under way
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # its tasks die with it (PR_SET_PDEATHSIG)
+            proc.wait()
     assert proc.returncode == 130, err[-2000:]
     assert json.loads(summary.read_text())["status"] == "Interrupted"
     assert not kubetrain_processes(job)

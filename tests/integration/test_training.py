@@ -53,6 +53,15 @@ def test_async_staleness_recorded_in_metrics_and_promtool_clean(tmp_path):
     summary_path = tmp_path / "summary.json"
     proc = subprocess.Popen([binary("kubetrain"), "run", job, "--summary-json", str(summary_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        check_async_run(proc, summary_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def check_async_run(proc, summary_path):
     ports = {}
     # The launcher prints each task's metrics endpoint before starting them.
     for _ in range(20):
