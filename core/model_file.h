@@ -1,0 +1,28 @@
+// A trained model in one file: the model spec and every variable, with a
+// CRC32, written atomically. The chief exports it at the end of a job;
+// `kubetrain eval MODEL` loads it and reports test accuracy.
+#ifndef KUBETRAIN_CORE_MODEL_FILE_H_
+#define KUBETRAIN_CORE_MODEL_FILE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/model.h"
+
+namespace kubetrain {
+
+struct ModelFile {
+  ModelSpec spec;
+  Params params;  // layout of Model::Create(spec)->variables()
+  int64_t global_step = 0;
+  std::string job_name;
+};
+
+// Errors name the path. REQUIRES: params match the spec's variables.
+absl::Status WriteModelFile(const std::string& path, const ModelFile& model);
+// Verifies magic, length, checksum, and that the variables match the spec.
+absl::StatusOr<ModelFile> ReadModelFile(const std::string& path);
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_CORE_MODEL_FILE_H_
