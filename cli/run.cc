@@ -82,9 +82,30 @@ struct Task {
   int index = 0;
   int port = 0;
   int metrics_port = 0;
+  RestartPolicy restart_policy = RestartPolicy::kNever;
+  ProcessSpec spec;
+  Process::LineHandler on_line;
   std::unique_ptr<Process> process;
   std::optional<int> exit_code;
+  int restarts = 0;
+  absl::Time restart_at = absl::InfiniteFuture();  // pending restart
 };
+
+// Whether a task that exited with `code` is started again (TFJob semantics;
+// locally, Always behaves like OnFailure: a task that finished is done).
+bool ShouldRestart(RestartPolicy policy, int code) {
+  if (code == 0) return false;
+  switch (policy) {
+    case RestartPolicy::kNever:
+      return false;
+    case RestartPolicy::kOnFailure:
+    case RestartPolicy::kAlways:
+      return true;
+    case RestartPolicy::kExitCode:
+      return code >= 128;  // killed by a signal: retryable; 1-127: a permanent error
+  }
+  return false;
+}
 
 // What the chief reports, parsed from its stdout.
 struct ChiefReport {
@@ -104,6 +125,7 @@ std::string ProgressText(const nlohmann::json& p) {
 
 void StopAll(std::vector<Task>& tasks) {
   for (auto& t : tasks) {
+    t.restart_at = absl::InfiniteFuture();
     if (t.process && !t.exit_code) t.process->Signal(SIGTERM);
   }
   absl::Time deadline = absl::Now() + absl::Seconds(5);
@@ -167,6 +189,8 @@ int RunJob(const RunOptions& options) {
       t.name = absl::StrCat(type, "-", i);
       t.port = (*ports)[next_port++];
       t.metrics_port = (*ports)[next_port++];
+      t.restart_policy = options.restart_policy.value_or(
+          job->replica_specs.at(type == "ps" ? "PS" : "Worker").restart_policy);
       tf.cluster[type].push_back(absl::StrCat("127.0.0.1:", t.port));
       tasks.push_back(std::move(t));
     }
@@ -193,9 +217,10 @@ int RunJob(const RunOptions& options) {
                  absl::StrCat("--metrics_address=127.0.0.1:", t.metrics_port)};
     if (t.type == "ps") spec.argv.push_back("--bind_host=127.0.0.1");
     spec.env["TF_CONFIG"] = SerializeTfConfig(task_tf);
+    t.spec = spec;
     const bool is_chief = t.type == "worker" && t.index == 0;
     std::string name = t.name;
-    auto on_line = [&console, &chief, name, is_chief](const std::string& line, bool is_stderr) {
+    t.on_line = [&console, &chief, name, is_chief](const std::string& line, bool is_stderr) {
       if (is_chief && !is_stderr) {
         auto parse = [&](const char* tag, nlohmann::json ChiefReport::*field) {
           if (line.rfind(tag, 0) != 0) return false;
@@ -209,7 +234,7 @@ int RunJob(const RunOptions& options) {
       }
       console.TaskLine(name, line);
     };
-    auto p = Process::Start(spec, on_line);
+    auto p = Process::Start(t.spec, t.on_line);
     if (!p.ok()) {
       console.Info(absl::StrCat("error: starting ", t.name, ": ", p.status().message()));
       StopAll(tasks);
@@ -220,17 +245,54 @@ int RunJob(const RunOptions& options) {
 
   std::string status = "Running", reason;
   const auto& deadline_seconds = job->run_policy.active_deadline_seconds;
+  const auto& backoff_limit = job->run_policy.backoff_limit;
+  int total_restarts = 0;
   while (status == "Running") {
     absl::SleepFor(absl::Milliseconds(100));
     bool all_done = true;
     for (auto& t : tasks) {
+      if (t.restart_at != absl::InfiniteFuture()) {  // waiting to be restarted
+        all_done = false;
+        if (absl::Now() < t.restart_at) continue;
+        t.restart_at = absl::InfiniteFuture();
+        t.process->Wait();  // deliver its last output first
+        auto p = Process::Start(t.spec, t.on_line);
+        if (!p.ok()) {
+          status = "Failed";
+          reason = absl::StrCat("restarting ", t.name, ": ", p.status().message());
+          break;
+        }
+        t.process = std::move(*p);
+        t.exit_code.reset();
+        continue;
+      }
       if (!t.exit_code) t.exit_code = t.process->Poll();
       if (!t.exit_code) {
         all_done = false;
-      } else if (*t.exit_code != 0) {
-        status = "Failed";
-        reason = absl::StrCat(t.name, " exited with code ", *t.exit_code);
+        continue;
       }
+      if (*t.exit_code == 0) continue;
+      if (!ShouldRestart(t.restart_policy, *t.exit_code)) {
+        status = "Failed";
+        reason = absl::StrCat(t.name, " exited with code ", *t.exit_code, " (restartPolicy ",
+                              RestartPolicyName(t.restart_policy), ")");
+        break;
+      }
+      if (backoff_limit && total_restarts >= *backoff_limit) {
+        status = "Failed";
+        reason = absl::StrCat(t.name, " exited with code ", *t.exit_code, "; backoffLimit (",
+                              *backoff_limit, " restarts) exceeded");
+        break;
+      }
+      ++total_restarts;
+      ++t.restarts;
+      all_done = false;
+      // Exponential backoff per task, as a kubelet does (but from 0.5 s, capped at 8 s).
+      absl::Duration delay = absl::Milliseconds(500) * (1 << std::min(t.restarts - 1, 4));
+      t.restart_at = absl::Now() + delay;
+      console.Info(absl::StrCat("kubetrain run: ", t.name, " exited with code ", *t.exit_code,
+                                "; restarting in ", absl::FormatDuration(delay), " (restart ",
+                                t.restarts, ", restartPolicy ", RestartPolicyName(t.restart_policy), ")"));
     }
     if (status != "Running") break;
     if (all_done) {
@@ -277,23 +339,30 @@ int RunJob(const RunOptions& options) {
   if (!reason.empty()) summary["reason"] = reason;
   for (const char* key : {"global_step", "test_accuracy", "final_loss", "examples_per_second",
                           "stale_gradients_dropped", "gradients_applied", "pushes_rejected",
-                          "mean_staleness", "max_staleness"}) {
+                          "mean_staleness", "max_staleness", "barrier_timeouts", "restored_version",
+                          "steps_lost", "ps_restarts_seen"}) {
     if (result.is_object() && result.contains(key)) summary[key] = result[key];
   }
   if (result.is_object() && result.contains("wall_seconds")) summary["training_seconds"] = result["wall_seconds"];
-  nlohmann::json exit_codes = nlohmann::json::object();
-  for (const auto& t : tasks) exit_codes[t.name] = t.exit_code.value_or(-1);
+  nlohmann::json exit_codes = nlohmann::json::object(), restarts = nlohmann::json::object();
+  for (const auto& t : tasks) {
+    exit_codes[t.name] = t.exit_code.value_or(-1);
+    restarts[t.name] = t.restarts;
+  }
   summary["exit_codes"] = exit_codes;
+  summary["restarts"] = restarts;
+  summary["total_restarts"] = total_restarts;
 
   std::string text = absl::StrCat("\nTrainingJob ", job->name, " ", status,
                                   absl::StrFormat(" in %.1f s", wall), reason.empty() ? "" : ": " + reason, "\n");
   if (summary.contains("global_step")) {
     absl::StrAppend(&text, absl::StrFormat(
         "  %s mode, %d PS, %d workers: global step %d/%d\n  test accuracy %.4f, final loss %.4f\n"
-        "  %.0f examples/s, stale gradients dropped %d\n",
+        "  %.0f examples/s, stale gradients dropped %d, task restarts %d\n",
         summary["mode"].get<std::string>(), num_ps, num_workers, summary["global_step"].get<int64_t>(),
         target, summary.value("test_accuracy", -1.0), summary.value("final_loss", 0.0),
-        summary.value("examples_per_second", 0.0), summary.value("stale_gradients_dropped", int64_t{0})));
+        summary.value("examples_per_second", 0.0), summary.value("stale_gradients_dropped", int64_t{0}),
+        total_restarts));
   }
   std::fputs(text.c_str(), stdout);
   std::fflush(stdout);

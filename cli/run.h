@@ -6,7 +6,10 @@
 #define KUBETRAIN_CLI_RUN_H_
 
 #include <atomic>
+#include <optional>
 #include <string>
+
+#include "core/job_spec.h"
 
 namespace kubetrain {
 
@@ -15,6 +18,8 @@ struct RunOptions {
   std::string summary_json;  // write the summary here too
   std::string bin_dir;       // where kubetrain-ps and kubetrain-worker live
   bool quiet = false;        // no task logs, only progress and summary
+  // Overrides every replica type's restartPolicy (e.g. Never to fail fast).
+  std::optional<RestartPolicy> restart_policy;
   // Set (by a signal handler) to stop the job: children get SIGTERM, then SIGKILL.
   const std::atomic<bool>* interrupted = nullptr;
 };

@@ -20,6 +20,7 @@
 #include "core/log.h"
 #include "core/metrics.h"
 #include "core/task_config.h"
+#include "ps/checkpoint.h"
 #include "ps/service.h"
 #include "ps/shard.h"
 
@@ -97,6 +98,26 @@ int Run(const PsFlags& flags) {
                            .Help("Tensor bytes received by pushes")
                            .Register(*registry)
                            .Add({});
+  auto& barrier_timeouts = prometheus::BuildCounter()
+                               .Name("kubetrain_barrier_timeouts_total")
+                               .Help("Sync steps applied after barrierTimeoutSeconds without every expected gradient")
+                               .Register(*registry)
+                               .Add({});
+  auto& checkpoints_written = prometheus::BuildCounter()
+                                  .Name("kubetrain_checkpoints_written_total")
+                                  .Help("Shard checkpoints written")
+                                  .Register(*registry)
+                                  .Add({});
+  auto& checkpoint_restores = prometheus::BuildCounter()
+                                  .Name("kubetrain_checkpoint_restores_total")
+                                  .Help("Times this PS task started from a checkpoint")
+                                  .Register(*registry)
+                                  .Add({});
+  auto& restored_version = prometheus::BuildGauge()
+                               .Name("kubetrain_restored_version")
+                               .Help("Version restored from a checkpoint when this PS task started (0: none)")
+                               .Register(*registry)
+                               .Add({});
   auto& pull_seconds = rpc.Add({{"method", "Pull"}, {"side", "server"}}, LatencyBuckets());
   auto& push_seconds = rpc.Add({{"method", "Push"}, {"side", "server"}}, LatencyBuckets());
 
@@ -109,13 +130,52 @@ int Run(const PsFlags& flags) {
   options.max_staleness = job.training.max_staleness;
   options.target_steps = config->target_steps;
   options.seed = job.training.seed;
+  options.barrier_timeout = absl::Seconds(job.training.barrier_timeout_seconds);
+  options.incarnation = absl::ToUnixMicros(absl::Now());
   auto shard = Shard::Create(options, *config->model, config->placement, job.training.optimizer,
                              &clock,
-                             ShardMetrics{&staleness, &dropped, &applied, &rejected, &version, &hold});
+                             ShardMetrics{&staleness, &dropped, &applied, &rejected, &version, &hold,
+                                          &barrier_timeouts});
   if (!shard.ok()) {
     Log("error: ", shard.status().message());
     return 2;
   }
+  const std::string& ckpt_dir = job.training.checkpoint_dir;
+  const std::string fingerprint = config->placement.Fingerprint();
+  if (!ckpt_dir.empty()) {
+    auto ckpt = RestoreShardCheckpoint(ckpt_dir, index, fingerprint, job.training.optimizer.type,
+                                       [](const std::string& warning) { Log("warning: ", warning); });
+    if (ckpt.ok()) {
+      if (absl::Status s = (*shard)->Restore(*ckpt); !s.ok()) {
+        Log("error: cannot restore checkpoint of ps:", index, ": ", s.message());
+        return 2;
+      }
+      checkpoint_restores.Increment();
+      restored_version.Set(static_cast<double>(ckpt->version));
+      Log("ps:", index, " restored version ", ckpt->version, " from ", ShardCheckpointDir(ckpt_dir, index));
+    } else if (absl::IsNotFound(ckpt.status())) {
+      Log("ps:", index, " no checkpoint in ", ShardCheckpointDir(ckpt_dir, index), "; starting fresh");
+    } else {
+      Log("error: ", ckpt.status().message());
+      return 2;
+    }
+  }
+  int64_t saved_version = (*shard)->version();
+  absl::Time saved_at = absl::Now();
+  auto save_checkpoint = [&](const char* why) {
+    if (ckpt_dir.empty()) return;
+    auto state = (*shard)->Checkpoint(job.name, fingerprint, job.training.optimizer.type);
+    absl::Time t0 = absl::Now();
+    if (absl::Status s = WriteShardCheckpoint(ckpt_dir, state); !s.ok()) {
+      Log("warning: checkpoint of ps:", index, " at version ", state.version, " failed: ", s.message());
+      return;
+    }
+    checkpoints_written.Increment();
+    saved_version = state.version;
+    saved_at = absl::Now();
+    Log("ps:", index, " checkpoint at version ", state.version, " (", why, ", ",
+        absl::FormatDuration(absl::Now() - t0), ")");
+  };
 
   std::unique_ptr<MetricsServer> metrics;
   if (!flags.metrics_address.empty()) {
@@ -158,7 +218,14 @@ int Run(const PsFlags& flags) {
   absl::Time shutdown_at = absl::InfiniteFuture();
   while (true) {
     absl::SleepFor(absl::Milliseconds(50));
-    (*shard)->ExpireWaiters(clock.Now());
+    (*shard)->Tick(clock.Now());
+    const int64_t v = (*shard)->version();
+    if (v != saved_version &&
+        ((job.training.checkpoint_every_steps > 0 && v - saved_version >= job.training.checkpoint_every_steps) ||
+         (job.training.checkpoint_every_seconds > 0 &&
+          absl::Now() - saved_at >= absl::Seconds(job.training.checkpoint_every_seconds)))) {
+      save_checkpoint("periodic");
+    }
     if ((*shard)->shutdown_requested()) {
       if (shutdown_at == absl::InfiniteFuture()) shutdown_at = clock.Now();
       if ((*shard)->all_workers_left()) break;
@@ -169,6 +236,7 @@ int Run(const PsFlags& flags) {
       }
     }
   }
+  if ((*shard)->version() != saved_version) save_checkpoint("final");
   auto stats = (*shard)->stats();
   Log("ps:", index, " done at version ", stats.version, ": ", stats.gradients_applied,
       " gradients applied, ", stats.stale_gradients_dropped, " stale dropped, ",

@@ -18,6 +18,8 @@ void FillStats(const ShardStatsSnapshot& s, v1::ShardStats* out) {
   out->set_pushes_rejected(s.pushes_rejected);
   out->set_staleness_sum(s.staleness_sum);
   out->set_staleness_max(s.staleness_max);
+  out->set_barrier_timeouts(s.barrier_timeouts);
+  out->set_restored_version(s.restored_version);
 }
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const grpc::Status& status) {
@@ -35,7 +37,8 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
         start_(clock->Now()) {
     absl::Duration wait = req.wait_timeout_ms() > 0 ? absl::Milliseconds(req.wait_timeout_ms())
                                                     : options.default_pull_wait;
-    uint64_t ticket = shard_->Pull({req.worker_index(), req.min_version(), req.worker_clock()},
+    uint64_t ticket = shard_->Pull({req.worker_index(), req.min_version(), req.worker_clock(),
+                                    req.incarnation()},
                                    start_ + wait,
                                    [this](absl::StatusOr<Shard::Snapshot> s) { OnSnapshot(std::move(s)); });
     absl::MutexLock l(&mu_);
@@ -73,6 +76,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
     h->set_done(snapshot_.done);
     h->set_waited_seconds(snapshot_.waited_seconds);
     h->set_total_bytes(snapshot_.bytes->size());
+    h->set_incarnation(snapshot_.incarnation);
     StartWrite(&msg_);
   }
 
@@ -152,7 +156,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
       if (have_header_) return absl::InvalidArgumentError("push: second header");
       have_header_ = true;
       header_ = {msg_.header().worker_index(), msg_.header().version(),
-                 msg_.header().worker_clock()};
+                 msg_.header().worker_clock(), msg_.header().incarnation()};
       return absl::OkStatus();
     }
     if (!have_header_) return absl::InvalidArgumentError("push: chunk before header");
@@ -204,6 +208,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
     resp_->set_dropped(r->dropped);
     resp_->set_done(r->done);
     resp_->set_staleness(r->staleness);
+    resp_->set_incarnation(shard_->incarnation());
     if (metrics_.push_seconds) {
       metrics_.push_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start_));
     }
@@ -234,7 +239,7 @@ PsService::PsService(Shard* shard, const Clock* clock, PsServiceOptions options,
     : shard_(shard), clock_(clock), options_(std::move(options)), metrics_(metrics) {}
 
 grpc::ServerUnaryReactor* PsService::GetInfo(grpc::CallbackServerContext* ctx,
-                                             const v1::InfoRequest*, v1::ShardInfo* resp) {
+                                             const v1::InfoRequest* req, v1::ShardInfo* resp) {
   const auto& o = shard_->options();
   resp->set_shard_index(o.shard_index);
   resp->set_model_fingerprint(options_.model_fingerprint);
@@ -249,6 +254,8 @@ grpc::ServerUnaryReactor* PsService::GetInfo(grpc::CallbackServerContext* ctx,
   resp->set_target_steps(o.target_steps);
   resp->set_max_chunk_bytes(options_.max_chunk_bytes);
   resp->set_mode(TrainingModeName(o.mode));
+  resp->set_incarnation(shard_->incarnation());
+  resp->set_worker_clock(shard_->WorkerClock(req->worker_index()));
   return Done(ctx, grpc::Status::OK);
 }
 

@@ -50,7 +50,17 @@ Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique
   values_.resize(parts_.size());
   accum_.resize(parts_.size());
   for (size_t i = 0; i < parts_.size(); ++i) accum_[i].assign(parts_[i].num_elements(), 0.0f);
-  for (int w = 0; w < options_.num_workers; ++w) worker_clock_[w] = 0;
+  absl::Time now = clock_->Now();
+  for (int w = 0; w < options_.num_workers; ++w) {
+    worker_clock_[w] = 0;
+    last_seen_[w] = now;
+  }
+}
+
+bool Shard::Alive(int worker, absl::Time now) const {
+  if (options_.barrier_timeout <= absl::ZeroDuration()) return true;
+  auto it = last_seen_.find(worker);
+  return it != last_seen_.end() && now - it->second <= options_.barrier_timeout;
 }
 
 int Shard::PartIndex(const std::string& name) const {
@@ -62,22 +72,26 @@ int Shard::PartIndex(const std::string& name) const {
 
 bool Shard::Done() const { return version_ >= options_.target_steps; }
 
-bool Shard::CanServe(const PullWait& w) const {
+bool Shard::CanServe(const PullWait& w, absl::Time now) const {
   if (Done() || shutdown_) return true;
+  if (w.incarnation != 0 && w.incarnation != options_.incarnation) return true;
   if (version_ < w.min_version) return false;
   if (options_.mode == TrainingMode::kAsync && options_.max_staleness.has_value()) {
     int64_t slowest = w.worker_clock;
-    for (const auto& [worker, c] : worker_clock_) slowest = std::min(slowest, c);
+    for (const auto& [worker, c] : worker_clock_) {
+      if (worker == w.worker || Alive(worker, now)) slowest = std::min(slowest, c);
+    }
     if (w.worker_clock - slowest > *options_.max_staleness) return false;
   }
   return true;
 }
 
-Shard::Snapshot Shard::MakeSnapshot(absl::Time start) const {
+Shard::Snapshot Shard::MakeSnapshot(absl::Time start, absl::Time now) const {
   Snapshot s;
   s.version = version_;
+  s.incarnation = options_.incarnation;
   s.done = Done();
-  s.waited_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
+  s.waited_seconds = absl::ToDoubleSeconds(now - start);
   size_t total = 0;
   for (const auto& v : values_) total += v.size() * sizeof(float);
   auto bytes = std::make_shared<std::string>();
@@ -103,8 +117,9 @@ uint64_t Shard::Pull(const PullWait& wait, absl::Time deadline, PullCallback don
   uint64_t ticket = 0;
   {
     absl::MutexLock l(&mu_);
-    if (CanServe(wait)) {
-      snap = MakeSnapshot(now);
+    last_seen_[wait.worker] = now;
+    if (CanServe(wait, now)) {
+      snap = MakeSnapshot(now, now);
     } else {
       ticket = next_ticket_++;
       waiters_[ticket] = Waiter{wait, now, deadline, std::move(done)};
@@ -129,10 +144,19 @@ void Shard::CancelPull(uint64_t ticket) {
   cb(absl::CancelledError("pull cancelled"));
 }
 
-void Shard::ExpireWaiters(absl::Time now) {
+void Shard::Tick(absl::Time now) {
   std::vector<Waiter> expired;
+  std::vector<std::pair<Waiter, Snapshot>> ready;
   {
     absl::MutexLock l(&mu_);
+    if (options_.mode == TrainingMode::kSync && options_.barrier_timeout > absl::ZeroDuration() &&
+        !contributors_.empty() && !Done() && now - accum_started_ >= options_.barrier_timeout) {
+      ++stats_.barrier_timeouts;
+      if (metrics_.barrier_timeouts) metrics_.barrier_timeouts->Increment();
+      ApplyAccumulatedLocked();
+    }
+    // A worker may just have been declared dead: its clock no longer holds anyone.
+    ready = TakeReadyWaiters(now);
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->second.deadline <= now) {
         expired.push_back(std::move(it->second));
@@ -142,6 +166,7 @@ void Shard::ExpireWaiters(absl::Time now) {
       }
     }
   }
+  RunReady(std::move(ready));
   for (auto& w : expired) {
     w.done(absl::DeadlineExceededError(absl::StrCat(
         "still waiting for version ", w.wait.min_version, " after ",
@@ -149,11 +174,11 @@ void Shard::ExpireWaiters(absl::Time now) {
   }
 }
 
-std::vector<std::pair<Shard::Waiter, Shard::Snapshot>> Shard::TakeReadyWaiters() {
+std::vector<std::pair<Shard::Waiter, Shard::Snapshot>> Shard::TakeReadyWaiters(absl::Time now) {
   std::vector<std::pair<Waiter, Snapshot>> ready;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (CanServe(it->second.wait)) {
-      Snapshot s = MakeSnapshot(it->second.start);
+    if (CanServe(it->second.wait, now)) {
+      Snapshot s = MakeSnapshot(it->second.start, now);
       ready.emplace_back(std::move(it->second), std::move(s));
       it = waiters_.erase(it);
     } else {
@@ -214,6 +239,15 @@ void Shard::ApplyLocked(const std::vector<std::vector<float>>& grads, float scal
   SetVersionLocked(version_ + 1);
 }
 
+void Shard::ApplyAccumulatedLocked() {
+  const auto n = static_cast<int64_t>(contributors_.size());
+  ApplyLocked(accum_, 1.0f / static_cast<float>(n));
+  stats_.gradients_applied += n;
+  if (metrics_.applied) metrics_.applied->Increment(static_cast<double>(n));
+  for (auto& a : accum_) std::fill(a.begin(), a.end(), 0.0f);
+  contributors_.clear();
+}
+
 void Shard::SetVersionLocked(int64_t v) {
   version_ = v;
   stats_.version = v;
@@ -230,6 +264,16 @@ absl::StatusOr<Shard::PushResult> Shard::Push(const PushHeader& header,
     if (result.done) {
       result.version = version_;
       return result;  // training is over; late gradients are irrelevant
+    }
+    const absl::Time now = clock_->Now();
+    if (header.worker >= 0 && header.worker < options_.num_workers) last_seen_[header.worker] = now;
+    if (header.incarnation != 0 && header.incarnation != options_.incarnation) {
+      // Computed against a previous life of this shard: stale by definition.
+      result.dropped = true;
+      result.version = version_;
+      ++stats_.stale_gradients_dropped;
+      if (metrics_.stale_dropped) metrics_.stale_dropped->Increment();
+      return result;
     }
     absl::Status valid = ValidatePush(header, grads);
     if (!valid.ok()) {
@@ -252,13 +296,10 @@ absl::StatusOr<Shard::PushResult> Shard::Push(const PushHeader& header,
           const float* g = grads[i].data();
           for (size_t k = 0; k < grads[i].size(); ++k) a[k] += g[k];
         }
+        if (contributors_.empty()) accum_started_ = now;
         contributors_.insert(header.worker);
         if (static_cast<int>(contributors_.size()) >= options_.replicas_to_aggregate) {
-          ApplyLocked(accum_, 1.0f / static_cast<float>(contributors_.size()));
-          stats_.gradients_applied += static_cast<int64_t>(contributors_.size());
-          if (metrics_.applied) metrics_.applied->Increment(static_cast<double>(contributors_.size()));
-          for (auto& a : accum_) std::fill(a.begin(), a.end(), 0.0f);
-          contributors_.clear();
+          ApplyAccumulatedLocked();
         }
       }
     } else {
@@ -272,7 +313,7 @@ absl::StatusOr<Shard::PushResult> Shard::Push(const PushHeader& header,
     }
     result.version = version_;
     result.done = Done();
-    ready = TakeReadyWaiters();
+    ready = TakeReadyWaiters(now);
   }
   for (auto& [w, s] : ready) {
     if (metrics_.hold_seconds) metrics_.hold_seconds->Observe(s.waited_seconds);
@@ -290,7 +331,7 @@ absl::Status Shard::Leave(int worker) {
     absl::MutexLock l(&mu_);
     left_.insert(worker);
     worker_clock_.erase(worker);
-    ready = TakeReadyWaiters();
+    ready = TakeReadyWaiters(clock_->Now());
   }
   RunReady(std::move(ready));
   return absl::OkStatus();
@@ -301,7 +342,7 @@ void Shard::RequestShutdown() {
   {
     absl::MutexLock l(&mu_);
     shutdown_ = true;
-    ready = TakeReadyWaiters();
+    ready = TakeReadyWaiters(clock_->Now());
   }
   RunReady(std::move(ready));
 }
@@ -324,6 +365,70 @@ int64_t Shard::version() const {
 ShardStatsSnapshot Shard::stats() const {
   absl::MutexLock l(&mu_);
   return stats_;
+}
+
+int64_t Shard::WorkerClock(int worker) {
+  absl::MutexLock l(&mu_);
+  if (worker < 0 || worker >= options_.num_workers) return 0;
+  last_seen_[worker] = clock_->Now();
+  auto it = worker_clock_.find(worker);
+  return it == worker_clock_.end() ? 0 : it->second;
+}
+
+ShardCheckpoint Shard::Checkpoint(const std::string& job_name, const std::string& fingerprint,
+                                  const std::string& optimizer_type) const {
+  ShardCheckpoint c;
+  c.job_name = job_name;
+  c.model_fingerprint = fingerprint;
+  c.shard_index = options_.shard_index;
+  c.optimizer_type = optimizer_type;
+  for (const auto& p : parts_) c.part_names.push_back(p.name);
+  absl::MutexLock l(&mu_);
+  c.version = version_;
+  c.values = values_;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    std::vector<std::vector<float>> slots;
+    for (auto* s : optimizer_->Slots(static_cast<int>(i))) slots.push_back(*s);
+    c.slots.push_back(std::move(slots));
+  }
+  c.worker_clocks = worker_clock_;
+  return c;
+}
+
+absl::Status Shard::Restore(const ShardCheckpoint& c) {
+  if (c.part_names.size() != parts_.size() || c.values.size() != parts_.size() ||
+      c.slots.size() != parts_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint has ", c.part_names.size(), " parts, shard holds ", parts_.size()));
+  }
+  absl::MutexLock l(&mu_);
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    auto slots = optimizer_->Slots(static_cast<int>(i));
+    if (c.part_names[i] != parts_[i].name ||
+        static_cast<int64_t>(c.values[i].size()) != parts_[i].num_elements() ||
+        c.slots[i].size() != slots.size()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint part ", c.part_names[i], " does not match ", parts_[i].name));
+    }
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (c.slots[i][k].size() != slots[k]->size()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint optimizer slot ", k, " of ", parts_[i].name, " has the wrong size"));
+      }
+    }
+  }
+  // Everything matches: now load.
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    values_[i] = c.values[i];
+    auto slots = optimizer_->Slots(static_cast<int>(i));
+    for (size_t k = 0; k < slots.size(); ++k) *slots[k] = c.slots[i][k];
+  }
+  for (const auto& [worker, clock] : c.worker_clocks) {
+    if (worker_clock_.count(worker)) worker_clock_[worker] = clock;
+  }
+  SetVersionLocked(c.version);
+  stats_.restored_version = c.version;
+  return absl::OkStatus();
 }
 
 }  // namespace kubetrain

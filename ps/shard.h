@@ -19,6 +19,14 @@
 // whose clock (steps done) is more than tau ahead of the slowest worker that
 // has not left is held until that is no longer so.
 //
+// Failures: with barrier_timeout > 0, a sync step that has at least one
+// gradient proceeds with what arrived once the first gradient is that old
+// (counted as a barrier timeout), and a worker silent that long stops holding
+// others back under bounded staleness. Every start of a PS task has a new
+// incarnation; requests that name another incarnation are answered at once
+// (pulls) or dropped as stale (pushes), so workers resynchronise with a shard
+// that restarted from an older checkpoint.
+//
 // Thread safety: all methods are thread-safe. Pull callbacks run without the
 // shard's lock held, exactly once per Pull.
 #ifndef KUBETRAIN_PS_SHARD_H_
@@ -40,6 +48,7 @@
 #include "core/job_spec.h"
 #include "core/model.h"
 #include "core/placement.h"
+#include "ps/checkpoint.h"
 #include "ps/optimizer.h"
 
 namespace prometheus {
@@ -58,6 +67,8 @@ struct ShardOptions {
   std::optional<int64_t> max_staleness;
   int64_t target_steps = 1;
   uint64_t seed = 1;
+  absl::Duration barrier_timeout = absl::ZeroDuration();  // 0: wait forever
+  int64_t incarnation = 1;  // unique per start of the PS task
 };
 
 // Where the shard reports what happens; any pointer may be null.
@@ -68,6 +79,7 @@ struct ShardMetrics {
   prometheus::Counter* rejected = nullptr;          // invalid pushes
   prometheus::Gauge* version = nullptr;
   prometheus::Histogram* hold_seconds = nullptr;    // how long pulls were held
+  prometheus::Counter* barrier_timeouts = nullptr;  // sync steps applied after the timeout
 };
 
 struct ShardStatsSnapshot {
@@ -77,6 +89,8 @@ struct ShardStatsSnapshot {
   int64_t pushes_rejected = 0;
   int64_t staleness_sum = 0;  // async
   int64_t staleness_max = 0;
+  int64_t barrier_timeouts = 0;
+  int64_t restored_version = 0;
 };
 
 class Shard {
@@ -85,9 +99,11 @@ class Shard {
     int worker = 0;
     int64_t min_version = 0;
     int64_t worker_clock = 0;
+    int64_t incarnation = 0;  // 0: none known yet
   };
   struct Snapshot {
     int64_t version = 0;
+    int64_t incarnation = 0;
     bool done = false;
     double waited_seconds = 0;
     // The values of parts(), concatenated in order, as little-endian float32.
@@ -99,6 +115,7 @@ class Shard {
     int worker = 0;
     int64_t version = 0;
     int64_t worker_clock = 0;
+    int64_t incarnation = 0;  // 0: do not check
   };
   struct PushResult {
     int64_t version = 0;
@@ -126,8 +143,10 @@ class Shard {
   // Invalid requests (unknown worker) get INVALID_ARGUMENT.
   uint64_t Pull(const PullWait& wait, absl::Time deadline, PullCallback done);
   void CancelPull(uint64_t ticket);
-  // Fails pulls whose deadline is before `now`. Called periodically by the server.
-  void ExpireWaiters(absl::Time now);
+  // Called periodically by the server: fails pulls whose deadline passed,
+  // applies a sync step whose barrier timed out, and stops counting workers
+  // silent for longer than the barrier timeout under bounded staleness.
+  void Tick(absl::Time now);
 
   // grads[i] holds the gradient of parts()[i]. Validates everything (worker
   // index, version, sizes, finiteness) before touching any state: a rejected
@@ -140,7 +159,17 @@ class Shard {
   bool shutdown_requested() const;
   bool all_workers_left() const;
   int64_t version() const;
+  int64_t incarnation() const { return options_.incarnation; }
   ShardStatsSnapshot stats() const;
+  // Steps `worker` had done as far as this shard knows; also marks it alive.
+  int64_t WorkerClock(int worker);
+
+  // A consistent copy of the shard's state for a checkpoint file.
+  ShardCheckpoint Checkpoint(const std::string& job_name, const std::string& fingerprint,
+                             const std::string& optimizer_type) const;
+  // Loads a checkpoint's state; parts and sizes must match exactly (nothing
+  // is changed otherwise).
+  absl::Status Restore(const ShardCheckpoint& ckpt);
 
  private:
   struct Waiter {
@@ -153,10 +182,14 @@ class Shard {
         const Clock* clock, ShardMetrics metrics);
 
   bool Done() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool CanServe(const PullWait& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Snapshot MakeSnapshot(absl::Time start) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CanServe(const PullWait& w, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Snapshot MakeSnapshot(absl::Time start, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the waiters that can now be served; the caller runs them unlocked.
-  std::vector<std::pair<Waiter, Snapshot>> TakeReadyWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::pair<Waiter, Snapshot>> TakeReadyWaiters(absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Averages and applies the accumulated sync gradients (at least one).
+  void ApplyAccumulatedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Alive(int worker, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyLocked(const std::vector<std::vector<float>>& grads, float scale)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetVersionLocked(int64_t v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -176,6 +209,8 @@ class Shard {
   // Sync aggregation for the current version.
   std::vector<std::vector<float>> accum_ ABSL_GUARDED_BY(mu_);
   std::set<int> contributors_ ABSL_GUARDED_BY(mu_);
+  absl::Time accum_started_ ABSL_GUARDED_BY(mu_);  // first gradient of the current step
+  std::map<int, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
   // Steps completed per worker (bounded staleness); left workers are removed.
   std::map<int, int64_t> worker_clock_ ABSL_GUARDED_BY(mu_);
   std::set<int> left_ ABSL_GUARDED_BY(mu_);

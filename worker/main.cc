@@ -88,7 +88,9 @@ int Run(const WorkerFlags& flags) {
                "This worker's gradients the PS dropped as stale"),
       &gauge("kubetrain_global_step", "Global step (PS version) last seen by this worker"),
       &gauge("kubetrain_training_loss", "Mean training loss over this worker's recent steps"),
-      &gauge("kubetrain_eval_accuracy", "Test accuracy at the last evaluation (chief)")};
+      &gauge("kubetrain_eval_accuracy", "Test accuracy at the last evaluation (chief)"),
+      &counter("kubetrain_steps_lost_total",
+               "Global steps lost because a PS restarted from an older checkpoint")};
 
   std::unique_ptr<MetricsServer> metrics;
   if (!flags.metrics_address.empty()) {
@@ -173,6 +175,10 @@ int Run(const WorkerFlags& flags) {
                         {"gradients_applied", result->ps_stats.gradients_applied()},
                         {"stale_gradients_dropped", result->ps_stats.stale_gradients_dropped()},
                         {"pushes_rejected", result->ps_stats.pushes_rejected()},
+                        {"barrier_timeouts", result->ps_stats.barrier_timeouts()},
+                        {"restored_version", result->ps_stats.restored_version()},
+                        {"steps_lost", result->steps_lost},
+                        {"ps_restarts_seen", result->ps_restarts_seen},
                         {"max_staleness", result->ps_stats.staleness_max()},
                         {"mean_staleness", result->ps_stats.gradients_applied() > 0
                                                ? static_cast<double>(result->ps_stats.staleness_sum()) /

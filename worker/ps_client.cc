@@ -1,5 +1,6 @@
 #include "worker/ps_client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <future>
 #include <map>
@@ -138,7 +139,7 @@ std::unique_ptr<ShardChannel> NewGrpcShardChannel(const std::string& address, in
 PsClient::PsClient(Options options, const Placement* placement, const Clock* clock,
                    std::vector<std::unique_ptr<ShardChannel>> channels, PsClientMetrics metrics)
     : options_(std::move(options)), placement_(placement), clock_(clock),
-      channels_(std::move(channels)), metrics_(metrics) {}
+      channels_(std::move(channels)), metrics_(metrics), shards_(channels_.size()) {}
 
 absl::Status PsClient::ForEachShard(const std::function<absl::Status(int)>& fn) {
   const int n = static_cast<int>(channels_.size());
@@ -182,7 +183,8 @@ absl::Status PsClient::Connect() {
     return absl::InvalidArgumentError(absl::StrCat(channels_.size(), " PS addresses for ",
                                                    placement_->num_shards, " shards"));
   }
-  return ForEachShard([this](int s) {
+  std::vector<int64_t> clocks(channels_.size(), 0);
+  absl::Status st = ForEachShard([&](int s) {
     absl::StatusOr<v1::ShardInfo> info;
     absl::Status st = WithRetry("connect", s, [&] {
       info = channels_[s]->GetInfo(options_.worker_index, absl::Seconds(5));
@@ -199,26 +201,47 @@ absl::Status PsClient::Connect() {
           info->shard_index(), ", this worker expects ", options_.fingerprint,
           ": the tasks were started with different TrainingJob specs"));
     }
+    shards_[s].incarnation = info->incarnation();
+    shards_[s].version = info->version();
+    clocks[s] = info->worker_clock();
     return absl::OkStatus();
   });
+  if (!st.ok()) return st;
+  resume_clock_ = *std::max_element(clocks.begin(), clocks.end());
+  return absl::OkStatus();
 }
 
-absl::StatusOr<PsClient::PullResult> PsClient::Pull(int64_t min_version, int64_t worker_clock,
+absl::StatusOr<PsClient::PullResult> PsClient::Pull(bool next_version, int64_t worker_clock,
                                                     const std::vector<VariableSpec>& variables,
                                                     Params* params) {
+  return PullImpl([&](int s) { return next_version ? shards_[s].version + 1 : 0; }, worker_clock,
+                  variables, params);
+}
+
+absl::StatusOr<PsClient::PullResult> PsClient::PullAtLeast(int64_t version, int64_t worker_clock,
+                                                           const std::vector<VariableSpec>& variables,
+                                                           Params* params) {
+  return PullImpl([version](int) { return version; }, worker_clock, variables, params);
+}
+
+absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
+    const std::function<int64_t(int)>& min_version, int64_t worker_clock,
+    const std::vector<VariableSpec>& variables, Params* params) {
   params->resize(variables.size());
   for (size_t v = 0; v < variables.size(); ++v) {
     (*params)[v].resize(variables[v].num_elements());
   }
   std::vector<v1::PullResponse::Header> headers(channels_.size());
+  std::vector<int64_t> lost(channels_.size(), 0);
   absl::Time start = clock_->Now();
   absl::Status st = ForEachShard([&](int s) {
     std::map<std::string, const PartPlacement*> parts;
     for (const auto* p : placement_->PartsOfShard(s)) parts[p->name] = p;
     v1::PullRequest req;
     req.set_worker_index(options_.worker_index);
-    req.set_min_version(min_version);
+    req.set_min_version(min_version(s));
     req.set_worker_clock(worker_clock);
+    req.set_incarnation(shards_[s].incarnation);
     req.set_wait_timeout_ms(absl::ToInt64Milliseconds(options_.hold_timeout));
     auto sink = [&](const v1::TensorChunk& c) -> absl::Status {
       auto it = parts.find(c.part());
@@ -240,11 +263,20 @@ absl::StatusOr<PsClient::PullResult> PsClient::Pull(int64_t min_version, int64_t
       });
       if (rs.code() == absl::StatusCode::kDeadlineExceeded) {
         Log("worker:", options_.worker_index, " still waiting on ps:", s, " for version ",
-            min_version, " (", rs.message(), ")");
+            req.min_version(), " (", rs.message(), ")");
         continue;  // the PS let go of a long hold; ask again
       }
       if (!rs.ok()) return rs;
       headers[s] = *h;
+      ShardState& state = shards_[s];
+      if (state.incarnation != 0 && h->incarnation() != state.incarnation) {
+        lost[s] = std::max<int64_t>(0, state.version - h->version());
+        Log("worker:", options_.worker_index, " ps:", s, " restarted: now at version ",
+            h->version(), ", was ", state.version, " (", lost[s], " steps lost)");
+      }
+      state.incarnation = h->incarnation();
+      state.version = h->version();
+      state.done = h->done();
       return absl::OkStatus();
     }
   });
@@ -252,16 +284,17 @@ absl::StatusOr<PsClient::PullResult> PsClient::Pull(int64_t min_version, int64_t
   if (metrics_.pull_seconds) metrics_.pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
   PullResult r;
   r.version = headers[0].version();
-  for (const auto& h : headers) {
-    r.version = std::min<int64_t>(r.version, h.version());
-    r.done = r.done || h.done();
-    r.waited_seconds = std::max(r.waited_seconds, h.waited_seconds());
+  r.done = true;
+  for (size_t s = 0; s < headers.size(); ++s) {
+    r.version = std::min<int64_t>(r.version, headers[s].version());
+    r.done = r.done && headers[s].done();
+    r.waited_seconds = std::max(r.waited_seconds, headers[s].waited_seconds());
+    r.steps_lost += lost[s];
   }
   return r;
 }
 
-absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t version,
-                                                    int64_t worker_clock) {
+absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t worker_clock) {
   std::vector<v1::PushResponse> responses(channels_.size());
   absl::Time start = clock_->Now();
   const uint64_t chunk_elems = std::max<int64_t>(1, options_.chunk_bytes / 4);
@@ -278,8 +311,9 @@ absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t
     }
     v1::PushRequest::Header h;
     h.set_worker_index(options_.worker_index);
-    h.set_version(version);
+    h.set_version(shards_[s].version);
     h.set_worker_clock(worker_clock);
+    h.set_incarnation(shards_[s].incarnation);
     absl::StatusOr<v1::PushResponse> r;
     absl::Status rs = WithRetry("push", s, [&] {
       r = channels_[s]->Push(h, chunks);
@@ -325,6 +359,8 @@ absl::StatusOr<v1::ShardStats> PsClient::Shutdown() {
     total.set_pushes_rejected(total.pushes_rejected() + s.pushes_rejected());
     total.set_staleness_sum(total.staleness_sum() + s.staleness_sum());
     total.set_staleness_max(std::max(total.staleness_max(), s.staleness_max()));
+    total.set_barrier_timeouts(total.barrier_timeouts() + s.barrier_timeouts());
+    total.set_restored_version(std::max(total.restored_version(), s.restored_version()));
   }
   return total;
 }

@@ -72,9 +72,10 @@ class PsClient {
     absl::Duration hold_timeout = absl::Seconds(30);    // one held pull; re-issued after
   };
   struct PullResult {
-    int64_t version = 0;        // lowest version over shards
-    bool done = false;          // any shard reached the target
+    int64_t version = 0;        // lowest version over shards (the global step)
+    bool done = false;          // every shard reached the target
     double waited_seconds = 0;  // longest hold over shards
+    int64_t steps_lost = 0;     // versions lost by shards that restarted from a checkpoint
   };
   struct PushResult {
     int64_t version = 0;
@@ -91,16 +92,38 @@ class PsClient {
   // backoff until options.retry_timeout (their DNS names may not resolve yet).
   // Fails at once on a fingerprint mismatch (different model or placement).
   absl::Status Connect();
-  // Fills `params` (resized to the model layout). Blocks while a PS holds the
-  // pull (sync barrier: min_version; bounded staleness: worker_clock).
-  absl::StatusOr<PullResult> Pull(int64_t min_version, int64_t worker_clock,
+  // Steps this worker had done before it (re)started, as the shards recall
+  // (valid after Connect): a restarted worker resumes its clock from here.
+  int64_t resume_clock() const { return resume_clock_; }
+
+  // Fills `params` (resized to the model layout). With `next_version`, each
+  // shard holds the pull until its version passes the one last pulled from it
+  // (the sync barrier); the shard may also hold it for bounded staleness
+  // (worker_clock). A shard that restarted answers at once; its lost
+  // versions are reported in steps_lost.
+  absl::StatusOr<PullResult> Pull(bool next_version, int64_t worker_clock,
                                   const std::vector<VariableSpec>& variables, Params* params);
-  absl::StatusOr<PushResult> Push(const Params& grads, int64_t version, int64_t worker_clock);
+  // Like Pull, but waits until every shard has reached `version`.
+  absl::StatusOr<PullResult> PullAtLeast(int64_t version, int64_t worker_clock,
+                                         const std::vector<VariableSpec>& variables, Params* params);
+  // Pushes each shard its part of `grads`, tagged with the version and
+  // incarnation last pulled from that shard.
+  absl::StatusOr<PushResult> Push(const Params& grads, int64_t worker_clock);
   absl::Status Leave();
   // Chief only: ends training on every shard and returns the summed stats.
   absl::StatusOr<v1::ShardStats> Shutdown();
 
  private:
+  // Per-shard state from the last pull; each element is written only by the
+  // thread serving that shard.
+  struct ShardState {
+    int64_t version = 0;
+    int64_t incarnation = 0;
+    bool done = false;
+  };
+  absl::StatusOr<PullResult> PullImpl(const std::function<int64_t(int)>& min_version,
+                                      int64_t worker_clock,
+                                      const std::vector<VariableSpec>& variables, Params* params);
   // Runs fn(shard) for every shard concurrently; the first error wins.
   absl::Status ForEachShard(const std::function<absl::Status(int)>& fn);
   // Retries fn while it returns UNAVAILABLE, with backoff, until retry_timeout.
@@ -111,6 +134,8 @@ class PsClient {
   const Clock* const clock_;
   std::vector<std::unique_ptr<ShardChannel>> channels_;
   const PsClientMetrics metrics_;
+  std::vector<ShardState> shards_;
+  int64_t resume_clock_ = 0;
 };
 
 }  // namespace kubetrain

@@ -1,5 +1,6 @@
 #include "worker/trainer.h"
 
+#include <algorithm>
 #include <deque>
 #include <numeric>
 
@@ -29,9 +30,10 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   std::vector<int32_t> y;
   std::deque<float> recent_losses;
   TrainResult result;
+  result.local_steps = client->resume_clock();  // a restarted worker continues its clock
   Progress progress;
   progress.target_steps = target;
-  int64_t expected_version = 0;  // sync: the version the barrier waits for
+  bool pushed = false;  // sync: after a push, the next pull is the barrier
   int64_t next_eval = spec.eval_every_steps > 0 ? spec.eval_every_steps : target + 1;
   const absl::Time start = clock->Now();
   absl::Time last_report = start;
@@ -51,10 +53,14 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   };
 
   while (true) {
-    auto pulled = client->Pull(sync ? expected_version : 0, result.local_steps,
-                               model.variables(), &params);
+    auto pulled = client->Pull(sync && pushed, result.local_steps, model.variables(), &params);
     if (!pulled.ok()) return pulled.status();
-    if (sync && expected_version > 0 && metrics.barrier_wait_seconds) {
+    if (pulled->steps_lost > 0) {
+      result.steps_lost += pulled->steps_lost;
+      ++result.ps_restarts_seen;
+      if (metrics.steps_lost) metrics.steps_lost->Increment(static_cast<double>(pulled->steps_lost));
+    }
+    if (sync && pushed && metrics.barrier_wait_seconds) {
       metrics.barrier_wait_seconds->Observe(pulled->waited_seconds);
     }
     if (!sync && metrics.staleness_wait_seconds) {
@@ -77,27 +83,28 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     recent_losses.push_back(loss);
     if (recent_losses.size() > 50) recent_losses.pop_front();
 
-    auto pushed = client->Push(grads, pulled->version, result.local_steps + 1);
-    if (!pushed.ok()) return pushed.status();
+    auto push = client->Push(grads, result.local_steps + 1);
+    if (!push.ok()) return push.status();
+    pushed = true;
     ++result.local_steps;
     if (metrics.steps) metrics.steps->Increment();
     if (metrics.examples) metrics.examples->Increment(spec.batch_size);
-    if (pushed->dropped && metrics.dropped) metrics.dropped->Increment();
+    if (push->dropped && metrics.dropped) metrics.dropped->Increment();
     if (metrics.loss) metrics.loss->Set(mean_loss());
-    expected_version = pulled->version + 1;
 
     absl::Time now = clock->Now();
     if (now - last_report >= options.progress_interval) {
       double secs = absl::ToDoubleSeconds(now - last_report);
-      progress.global_step = pushed->version;
+      progress.global_step = push->version;
       progress.loss = mean_loss();
-      progress.examples_per_second = (pushed->version - last_report_step) * examples_per_step / secs;
+      progress.examples_per_second =
+          std::max<int64_t>(0, push->version - last_report_step) * examples_per_step / secs;
       last_report = now;
-      last_report_step = pushed->version;
+      last_report_step = push->version;
       if (options.is_chief) {
         on_progress(progress);
       } else {
-        Log("worker:", options.worker_index, " step ", pushed->version, "/", target, " loss ",
+        Log("worker:", options.worker_index, " step ", push->version, "/", target, " loss ",
             progress.loss);
       }
     }
@@ -106,7 +113,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   result.final_loss = mean_loss();
   if (options.is_chief) {
     // The final model: every shard at the target version.
-    auto final_pull = client->Pull(target, result.local_steps, model.variables(), &params);
+    auto final_pull = client->PullAtLeast(target, result.local_steps, model.variables(), &params);
     if (!final_pull.ok()) return final_pull.status();
     result.global_step = final_pull->version;
     result.test_accuracy = evaluate(final_pull->version);

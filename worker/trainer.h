@@ -32,6 +32,7 @@ struct TrainerMetrics {  // any pointer may be null
   prometheus::Gauge* global_step = nullptr;
   prometheus::Gauge* loss = nullptr;
   prometheus::Gauge* accuracy = nullptr;
+  prometheus::Counter* steps_lost = nullptr;  // global steps lost to PS restarts
 };
 
 struct Progress {
@@ -50,6 +51,8 @@ struct TrainResult {
   double wall_seconds = 0;
   double examples_per_second = 0;  // global: examples in applied steps / wall time (chief)
   v1::ShardStats ps_stats;         // chief only: summed over shards
+  int64_t steps_lost = 0;          // versions PS shards lost by restarting from a checkpoint
+  int64_t ps_restarts_seen = 0;
 };
 
 struct TrainerOptions {
