@@ -1,6 +1,7 @@
 // kubetrain: the user's command.
 //   kubetrain run FILE.yaml [--summary-json PATH] [--quiet] [--bin-dir DIR]
 //   kubetrain validate FILE.yaml
+//   kubetrain eval MODEL [--data DIR] [--json]
 #include <signal.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/eval.h"
 #include "cli/run.h"
 #include "core/flags.h"
 #include "core/job_spec.h"
@@ -24,7 +26,8 @@ constexpr char kUsage[] =
     "usage: kubetrain <command> [flags]\n\n"
     "commands:\n"
     "  run FILE.yaml       run a TrainingJob as local processes (PS and worker tasks)\n"
-    "  validate FILE.yaml  check a TrainingJob spec and print what it means\n\n"
+    "  validate FILE.yaml  check a TrainingJob spec and print what it means\n"
+    "  eval MODEL          report a model file's accuracy on the Fashion-MNIST test set\n\n"
     "`kubetrain <command> --help` lists a command's flags.\n";
 
 std::string SelfDir() {
@@ -57,17 +60,23 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
+  if (command == "eval") return kubetrain::EvalCommand(argc, argv);
   if (command != "run" && command != "validate") {
     std::fprintf(stderr, "error: unknown command \"%s\"\n\n%s", command.c_str(), kUsage);
     return 2;
   }
   kubetrain::RunOptions options;
+  std::string restart_policy;
   options.bin_dir = SelfDir();
   kubetrain::FlagParser parser("kubetrain " + command + " FILE.yaml");
   if (command == "run") {
     parser.String("summary_json", &options.summary_json, "also write the job summary as JSON to this file");
     parser.String("bin_dir", &options.bin_dir, "directory holding kubetrain-ps and kubetrain-worker");
     parser.Bool("quiet", &options.quiet, "hide task logs; show only progress and the summary");
+    parser.String("export_model", &options.export_model,
+                  "write the trained model to this file (then: kubetrain eval FILE)");
+    parser.String("restart_policy", &restart_policy,
+                  "restart failed tasks per this policy instead of the spec's: Never, OnFailure, Always, ExitCode");
   }
   std::vector<std::string> files;
   auto st = parser.Parse(argc, argv, 2, &files);
@@ -82,6 +91,21 @@ int main(int argc, char** argv) {
   }
   if (command == "validate") return Validate(files[0]);
   options.job_file = files[0];
+  if (!restart_policy.empty()) {
+    bool known = false;
+    for (auto p : {kubetrain::RestartPolicy::kNever, kubetrain::RestartPolicy::kOnFailure,
+                   kubetrain::RestartPolicy::kAlways, kubetrain::RestartPolicy::kExitCode}) {
+      if (restart_policy == kubetrain::RestartPolicyName(p)) {
+        options.restart_policy = p;
+        known = true;
+      }
+    }
+    if (!known) {
+      std::fprintf(stderr, "error: --restart-policy: \"%s\" is not one of Never, OnFailure, Always, ExitCode\n",
+                   restart_policy.c_str());
+      return 2;
+    }
+  }
   options.interrupted = &g_interrupted;
   struct sigaction sa {};
   sa.sa_handler = OnSignal;

@@ -216,6 +216,9 @@ int RunJob(const RunOptions& options) {
     spec.argv = {t.type == "ps" ? ps_bin : worker_bin, "--config=" + job_path,
                  absl::StrCat("--metrics_address=127.0.0.1:", t.metrics_port)};
     if (t.type == "ps") spec.argv.push_back("--bind_host=127.0.0.1");
+    if (t.type == "worker" && t.index == 0 && !options.export_model.empty()) {
+      spec.argv.push_back("--export_model=" + options.export_model);
+    }
     spec.env["TF_CONFIG"] = SerializeTfConfig(task_tf);
     t.spec = spec;
     const bool is_chief = t.type == "worker" && t.index == 0;
@@ -340,7 +343,7 @@ int RunJob(const RunOptions& options) {
   for (const char* key : {"global_step", "test_accuracy", "final_loss", "examples_per_second",
                           "stale_gradients_dropped", "gradients_applied", "pushes_rejected",
                           "mean_staleness", "max_staleness", "barrier_timeouts", "restored_version",
-                          "steps_lost", "ps_restarts_seen"}) {
+                          "steps_lost", "ps_restarts_seen", "model_path"}) {
     if (result.is_object() && result.contains(key)) summary[key] = result[key];
   }
   if (result.is_object() && result.contains("wall_seconds")) summary["training_seconds"] = result["wall_seconds"];
@@ -363,6 +366,10 @@ int RunJob(const RunOptions& options) {
         target, summary.value("test_accuracy", -1.0), summary.value("final_loss", 0.0),
         summary.value("examples_per_second", 0.0), summary.value("stale_gradients_dropped", int64_t{0}),
         total_restarts));
+  }
+  if (summary.contains("model_path") && !summary["model_path"].get<std::string>().empty()) {
+    absl::StrAppend(&text, "  model: ", summary["model_path"].get<std::string>(), " (kubetrain eval ",
+                    summary["model_path"].get<std::string>(), ")\n");
   }
   std::fputs(text.c_str(), stdout);
   std::fflush(stdout);

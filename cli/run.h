@@ -20,6 +20,9 @@ struct RunOptions {
   bool quiet = false;        // no task logs, only progress and summary
   // Overrides every replica type's restartPolicy (e.g. Never to fail fast).
   std::optional<RestartPolicy> restart_policy;
+  // The chief writes the final model here (default with checkpoints on:
+  // <checkpoint.directory>/model.ktm).
+  std::string export_model;
   // Set (by a signal handler) to stop the job: children get SIGTERM, then SIGKILL.
   const std::atomic<bool>* interrupted = nullptr;
 };

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -132,6 +133,11 @@ int Run(const PsFlags& flags) {
   options.seed = job.training.seed;
   options.barrier_timeout = absl::Seconds(job.training.barrier_timeout_seconds);
   options.incarnation = absl::ToUnixMicros(absl::Now());
+  options.checkpoint_every_steps =
+      job.training.checkpoint_dir.empty() ? 0 : job.training.checkpoint_every_steps;
+  options.job_name = job.name;
+  options.fingerprint = config->placement.Fingerprint();
+  options.optimizer_type = job.training.optimizer.type;
   auto shard = Shard::Create(options, *config->model, config->placement, job.training.optimizer,
                              &clock,
                              ShardMetrics{&staleness, &dropped, &applied, &rejected, &version, &hold,
@@ -162,9 +168,9 @@ int Run(const PsFlags& flags) {
   }
   int64_t saved_version = (*shard)->version();
   absl::Time saved_at = absl::Now();
-  auto save_checkpoint = [&](const char* why) {
+  auto save_checkpoint = [&](const char* why, std::optional<ShardCheckpoint> snapshot = {}) {
     if (ckpt_dir.empty()) return;
-    auto state = (*shard)->Checkpoint(job.name, fingerprint, job.training.optimizer.type);
+    ShardCheckpoint state = snapshot.has_value() ? std::move(*snapshot) : (*shard)->Checkpoint();
     absl::Time t0 = absl::Now();
     if (absl::Status s = WriteShardCheckpoint(ckpt_dir, state); !s.ok()) {
       Log("warning: checkpoint of ps:", index, " at version ", state.version, " failed: ", s.message());
@@ -219,12 +225,11 @@ int Run(const PsFlags& flags) {
   while (true) {
     absl::SleepFor(absl::Milliseconds(50));
     (*shard)->Tick(clock.Now());
-    const int64_t v = (*shard)->version();
-    if (v != saved_version &&
-        ((job.training.checkpoint_every_steps > 0 && v - saved_version >= job.training.checkpoint_every_steps) ||
-         (job.training.checkpoint_every_seconds > 0 &&
-          absl::Now() - saved_at >= absl::Seconds(job.training.checkpoint_every_seconds)))) {
-      save_checkpoint("periodic");
+    if (auto snapshot = (*shard)->TakePendingCheckpoint()) {
+      save_checkpoint("every checkpoint.everySteps", std::move(snapshot));
+    } else if (job.training.checkpoint_every_seconds > 0 && (*shard)->version() != saved_version &&
+               absl::Now() - saved_at >= absl::Seconds(job.training.checkpoint_every_seconds)) {
+      save_checkpoint("every checkpoint.everySeconds");
     }
     if ((*shard)->shutdown_requested()) {
       if (shutdown_at == absl::InfiniteFuture()) shutdown_at = clock.Now();

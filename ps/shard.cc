@@ -237,6 +237,9 @@ void Shard::ApplyLocked(const std::vector<std::vector<float>>& grads, float scal
     optimizer_->Apply(static_cast<int>(i), values_[i].data(), g, parts_[i].num_elements(), step);
   }
   SetVersionLocked(version_ + 1);
+  if (options_.checkpoint_every_steps > 0 && version_ % options_.checkpoint_every_steps == 0) {
+    pending_checkpoint_ = CheckpointLocked();
+  }
 }
 
 void Shard::ApplyAccumulatedLocked() {
@@ -375,15 +378,25 @@ int64_t Shard::WorkerClock(int worker) {
   return it == worker_clock_.end() ? 0 : it->second;
 }
 
-ShardCheckpoint Shard::Checkpoint(const std::string& job_name, const std::string& fingerprint,
-                                  const std::string& optimizer_type) const {
-  ShardCheckpoint c;
-  c.job_name = job_name;
-  c.model_fingerprint = fingerprint;
-  c.shard_index = options_.shard_index;
-  c.optimizer_type = optimizer_type;
-  for (const auto& p : parts_) c.part_names.push_back(p.name);
+ShardCheckpoint Shard::Checkpoint() const {
   absl::MutexLock l(&mu_);
+  return CheckpointLocked();
+}
+
+std::optional<ShardCheckpoint> Shard::TakePendingCheckpoint() {
+  absl::MutexLock l(&mu_);
+  std::optional<ShardCheckpoint> c = std::move(pending_checkpoint_);
+  pending_checkpoint_.reset();
+  return c;
+}
+
+ShardCheckpoint Shard::CheckpointLocked() const {
+  ShardCheckpoint c;
+  c.job_name = options_.job_name;
+  c.model_fingerprint = options_.fingerprint;
+  c.shard_index = options_.shard_index;
+  c.optimizer_type = options_.optimizer_type;
+  for (const auto& p : parts_) c.part_names.push_back(p.name);
   c.version = version_;
   c.values = values_;
   for (size_t i = 0; i < parts_.size(); ++i) {

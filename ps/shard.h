@@ -69,6 +69,12 @@ struct ShardOptions {
   uint64_t seed = 1;
   absl::Duration barrier_timeout = absl::ZeroDuration();  // 0: wait forever
   int64_t incarnation = 1;  // unique per start of the PS task
+  // > 0: snapshot the state for a checkpoint at every multiple of this version,
+  // exactly (see TakePendingCheckpoint), so a restart loses at most this many steps.
+  int64_t checkpoint_every_steps = 0;
+  std::string job_name;
+  std::string fingerprint;
+  std::string optimizer_type;
 };
 
 // Where the shard reports what happens; any pointer may be null.
@@ -165,8 +171,10 @@ class Shard {
   int64_t WorkerClock(int worker);
 
   // A consistent copy of the shard's state for a checkpoint file.
-  ShardCheckpoint Checkpoint(const std::string& job_name, const std::string& fingerprint,
-                             const std::string& optimizer_type) const;
+  ShardCheckpoint Checkpoint() const;
+  // The newest snapshot taken at a checkpoint_every_steps boundary and not yet
+  // taken by the caller (who writes it outside the shard's lock).
+  std::optional<ShardCheckpoint> TakePendingCheckpoint();
   // Loads a checkpoint's state; parts and sizes must match exactly (nothing
   // is changed otherwise).
   absl::Status Restore(const ShardCheckpoint& ckpt);
@@ -193,6 +201,7 @@ class Shard {
   void ApplyLocked(const std::vector<std::vector<float>>& grads, float scale)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetVersionLocked(int64_t v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ShardCheckpoint CheckpointLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidatePush(const PushHeader& h, const std::vector<std::vector<float>>& grads) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunReady(std::vector<std::pair<Waiter, Snapshot>> ready);
@@ -218,6 +227,7 @@ class Shard {
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   ShardStatsSnapshot stats_ ABSL_GUARDED_BY(mu_);
+  std::optional<ShardCheckpoint> pending_checkpoint_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kubetrain

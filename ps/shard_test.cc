@@ -11,7 +11,8 @@ namespace {
 // kernel [2x2] and bias [1x2]; SGD with lr 1 makes updates easy to check.
 struct Fixture {
   Fixture(TrainingMode mode, int workers, int aggregate, std::optional<int64_t> tau = {},
-          int64_t target = 100) {
+          int64_t target = 100, absl::Duration barrier_timeout = absl::ZeroDuration(),
+          int64_t incarnation = 1) {
     ModelSpec spec;
     spec.type = "softmax";
     spec.input_dim = 2;
@@ -24,6 +25,8 @@ struct Fixture {
     o.replicas_to_aggregate = aggregate;
     o.max_staleness = tau;
     o.target_steps = target;
+    o.barrier_timeout = barrier_timeout;
+    o.incarnation = incarnation;
     OptimizerSpec opt;
     opt.type = "sgd";
     opt.learning_rate = 1.0;
@@ -151,10 +154,10 @@ TEST(ShardTest, PullDeadlineAndCancel) {
   Fixture f(TrainingMode::kSync, 2, 2);
   absl::StatusCode code = absl::StatusCode::kOk;
   f.shard->Pull({0, 1, 0}, f.clock.Now() + absl::Seconds(5), [&](auto s) { code = s.status().code(); });
-  f.shard->ExpireWaiters(f.clock.Now() + absl::Seconds(1));
+  f.shard->Tick(f.clock.Now() + absl::Seconds(1));
   EXPECT_EQ(code, absl::StatusCode::kOk);  // not yet
   f.clock.Advance(absl::Seconds(6));
-  f.shard->ExpireWaiters(f.clock.Now());
+  f.shard->Tick(f.clock.Now());
   EXPECT_EQ(code, absl::StatusCode::kDeadlineExceeded);
   uint64_t t = f.shard->Pull({0, 1, 0}, f.clock.Now() + absl::Seconds(5),
                              [&](auto s) { code = s.status().code(); });
@@ -174,6 +177,108 @@ TEST(ShardTest, DoneAtTargetReleasesEveryoneAndIgnoresLatePushes) {
   ASSERT_TRUE(late.ok());
   EXPECT_TRUE(late->done);
   EXPECT_EQ(f.shard->version(), 2);
+}
+
+TEST(ShardFailureTest, BarrierTimeoutProceedsWithTheGradientsThatArrived) {
+  Fixture f(TrainingMode::kSync, 3, 3, {}, 100, absl::Seconds(2));
+  auto before = f.Values();
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(2)).ok());
+  ASSERT_TRUE(f.shard->Push({1, 0, 1}, f.Grads(4)).ok());  // worker 2 is dead
+  bool released = false;
+  f.shard->Pull({0, 1, 1}, f.clock.Now() + absl::Seconds(60), [&](auto s) { released = s.ok(); });
+  f.clock.Advance(absl::Seconds(1));
+  f.shard->Tick(f.clock.Now());
+  EXPECT_FALSE(released);
+  EXPECT_EQ(f.shard->version(), 0);
+  f.clock.Advance(absl::Seconds(1));
+  f.shard->Tick(f.clock.Now());
+  EXPECT_TRUE(released);
+  EXPECT_EQ(f.shard->version(), 1);
+  EXPECT_EQ(f.shard->stats().barrier_timeouts, 1);
+  auto after = f.Values();
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 3.0f);  // mean of 2 and 4
+  // No gradient, no step: an empty barrier never times out into an update.
+  f.clock.Advance(absl::Seconds(10));
+  f.shard->Tick(f.clock.Now());
+  EXPECT_EQ(f.shard->version(), 1);
+}
+
+TEST(ShardFailureTest, SilentWorkerStopsHoldingBackBoundedStaleness) {
+  Fixture f(TrainingMode::kAsync, 2, 1, /*tau=*/1, 100, absl::Seconds(5));
+  for (int c = 1; c <= 3; ++c) ASSERT_TRUE(f.shard->Push({0, f.shard->version(), c}, f.Grads(0)).ok());
+  bool served = false;
+  f.shard->Pull({0, 0, 3}, f.clock.Now() + absl::Seconds(60), [&](auto s) { served = s.ok(); });
+  EXPECT_FALSE(served);  // worker 1 (clock 0) holds worker 0 back
+  f.clock.Advance(absl::Seconds(3));
+  f.shard->Tick(f.clock.Now());
+  EXPECT_FALSE(served);
+  f.clock.Advance(absl::Seconds(3));  // worker 1 silent for 6 s > 5 s: presumed dead
+  f.shard->Tick(f.clock.Now());
+  EXPECT_TRUE(served);
+}
+
+TEST(ShardFailureTest, OtherIncarnationsAreServedAtOnceAndTheirPushesDropped) {
+  Fixture f(TrainingMode::kSync, 1, 1, {}, 100, absl::ZeroDuration(), /*incarnation=*/7);
+  ASSERT_TRUE(f.shard->Push({0, 0, 1, 7}, f.Grads(1)).ok());
+  // A worker waiting for version 50 of a previous incarnation is answered at once.
+  int64_t incarnation = 0, version = -1;
+  f.shard->Pull({0, 50, 1, /*incarnation=*/3}, f.clock.Now() + absl::Seconds(5), [&](auto s) {
+    incarnation = s->incarnation;
+    version = s->version;
+  });
+  EXPECT_EQ(incarnation, 7);
+  EXPECT_EQ(version, 1);
+  auto stale = f.shard->Push({0, 1, 2, /*incarnation=*/3}, f.Grads(1));
+  ASSERT_TRUE(stale.ok());
+  EXPECT_TRUE(stale->dropped);
+  EXPECT_EQ(f.shard->version(), 1);
+}
+
+TEST(ShardCheckpointTest, CheckpointRestoresValuesOptimizerStateVersionAndClocks) {
+  Fixture a(TrainingMode::kAsync, 2, 1);
+  ASSERT_TRUE(a.shard->Push({0, 0, 1}, a.Grads(1)).ok());
+  ASSERT_TRUE(a.shard->Push({1, 1, 4}, a.Grads(2)).ok());
+  ShardCheckpoint c = a.shard->Checkpoint();
+  EXPECT_EQ(c.version, 2);
+  Fixture b(TrainingMode::kAsync, 2, 1);
+  ASSERT_TRUE(b.shard->Restore(c).ok());
+  EXPECT_EQ(b.shard->version(), 2);
+  EXPECT_EQ(b.Values(), a.Values());
+  EXPECT_EQ(b.shard->WorkerClock(1), 4);
+  EXPECT_EQ(b.shard->stats().restored_version, 2);
+  // A checkpoint of a different layout is refused and changes nothing.
+  ShardCheckpoint bad = c;
+  bad.values[0].pop_back();
+  Fixture d(TrainingMode::kAsync, 2, 1);
+  auto fresh = d.Values();
+  EXPECT_FALSE(d.shard->Restore(bad).ok());
+  EXPECT_EQ(d.Values(), fresh);
+  EXPECT_EQ(d.shard->version(), 0);
+}
+
+TEST(ShardCheckpointTest, SnapshotsExactlyAtEveryNSteps) {
+  FakeClock clock;
+  ModelSpec spec;
+  spec.type = "softmax";
+  spec.input_dim = 2;
+  spec.num_classes = 2;
+  Model model = *Model::Create(spec);
+  Placement placement = PlaceVariables(model.variables(), 1, 1 << 20);
+  ShardOptions o;
+  o.mode = TrainingMode::kAsync;
+  o.target_steps = 100;
+  o.checkpoint_every_steps = 3;
+  OptimizerSpec opt;
+  opt.type = "sgd";
+  auto shard = *Shard::Create(o, model, placement, opt, &clock, ShardMetrics{});
+  std::vector<std::vector<float>> g;
+  for (const auto& p : shard->parts()) g.emplace_back(p.num_elements(), 1.0f);
+  std::vector<int64_t> taken;
+  for (int i = 0; i < 7; ++i) {
+    ASSERT_TRUE(shard->Push({0, shard->version(), i + 1}, g).ok());
+    if (auto c = shard->TakePendingCheckpoint()) taken.push_back(c->version);
+  }
+  EXPECT_EQ(taken, (std::vector<int64_t>{3, 6}));
 }
 
 }  // namespace

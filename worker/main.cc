@@ -34,6 +34,7 @@ struct WorkerFlags {
   std::string result_file;
   double progress_interval_seconds = 1.0;
   int64_t step_delay_ms = 0;
+  std::string export_model;
 };
 
 void PrintLine(const std::string& tag, const nlohmann::json& j) {
@@ -143,11 +144,14 @@ int Run(const WorkerFlags& flags) {
       spec.model.type, ", ", config->target_steps, " global steps, shard of ",
       train->size / config->num_workers, " examples");
 
+  std::string export_path = flags.export_model;
+  if (export_path.empty() && !spec.checkpoint_dir.empty()) export_path = spec.checkpoint_dir + "/model.ktm";
   TrainerOptions options;
   options.worker_index = index;
   options.is_chief = chief;
   options.progress_interval = absl::Seconds(flags.progress_interval_seconds);
   options.step_delay = absl::Milliseconds(flags.step_delay_ms);
+  if (chief) options.export_model = export_path;
   auto on_progress = [](const Progress& p) {
     nlohmann::json j = {{"global_step", p.global_step},
                         {"target_steps", p.target_steps},
@@ -179,6 +183,7 @@ int Run(const WorkerFlags& flags) {
                         {"restored_version", result->ps_stats.restored_version()},
                         {"steps_lost", result->steps_lost},
                         {"ps_restarts_seen", result->ps_restarts_seen},
+                        {"model_path", result->model_path},
                         {"max_staleness", result->ps_stats.staleness_max()},
                         {"mean_staleness", result->ps_stats.gradients_applied() > 0
                                                ? static_cast<double>(result->ps_stats.staleness_sum()) /
@@ -208,6 +213,8 @@ int main(int argc, char** argv) {
                 "chief: also write the final result JSON here (e.g. /dev/termination-log)");
   parser.Double("progress_interval_seconds", &flags.progress_interval_seconds,
                 "how often the chief reports progress");
+  parser.String("export_model", &flags.export_model,
+                "chief: write the final model here (default: <checkpoint.directory>/model.ktm when checkpoints are on)");
   parser.Int("step_delay_ms", &flags.step_delay_ms,
              "sleep this long before every step: makes this worker a straggler (for experiments and tests)");
   auto st = parser.Parse(argc, argv, 1, nullptr);

@@ -9,6 +9,7 @@
 #include <prometheus/histogram.h>
 
 #include "core/log.h"
+#include "core/model_file.h"
 
 namespace kubetrain {
 
@@ -117,6 +118,13 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     if (!final_pull.ok()) return final_pull.status();
     result.global_step = final_pull->version;
     result.test_accuracy = evaluate(final_pull->version);
+    if (!options.export_model.empty()) {
+      ModelFile file{model.spec(), params, final_pull->version, config.job.name};
+      if (absl::Status s = WriteModelFile(options.export_model, file); !s.ok()) return s;
+      result.model_path = options.export_model;
+      Log("chief: exported the final model to ", options.export_model,
+          " (kubetrain eval ", options.export_model, ")");
+    }
   }
   result.wall_seconds = absl::ToDoubleSeconds(clock->Now() - start);
   result.examples_per_second =

@@ -53,6 +53,7 @@ struct TrainResult {
   v1::ShardStats ps_stats;         // chief only: summed over shards
   int64_t steps_lost = 0;          // versions PS shards lost by restarting from a checkpoint
   int64_t ps_restarts_seen = 0;
+  std::string model_path;  // where the chief exported the final model
 };
 
 struct TrainerOptions {
@@ -60,6 +61,7 @@ struct TrainerOptions {
   bool is_chief = false;
   absl::Duration progress_interval = absl::Seconds(1);
   absl::Duration step_delay = absl::ZeroDuration();  // simulated straggler
+  std::string export_model;  // chief: write the final model file here (empty: don't)
 };
 
 // `test` may be null for non-chief workers. `on_progress` (chief) is called

@@ -169,3 +169,96 @@ def cluster_factory(tmp_path):
     yield make
     for c in made:
         c.kill_all()
+
+
+class LiveRun:
+    """`kubetrain run` in the background, its output drained by a thread, so a
+    test can watch metrics and kill tasks while the job trains."""
+
+    def __init__(self, tmp_path, text, *args):
+        import threading
+        self.job = write(tmp_path, text)
+        self.summary_path = tmp_path / "summary.json"
+        self.proc = subprocess.Popen([binary("kubetrain"), "run", self.job, "--summary-json",
+                                      str(self.summary_path), *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines = []
+        self.ports = {}
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._drain, args=(s,), daemon=True)
+                         for s in (self.proc.stdout, self.proc.stderr)]
+        for t in self._threads:
+            t.start()
+
+    def _drain(self, stream):
+        for line in stream:
+            m = re.search(r"^\s+(\S+): grpc \S+\s+metrics http://127.0.0.1:(\d+)/metrics", line)
+            with self._lock:
+                self.lines.append(line)
+                if m:
+                    self.ports[m.group(1)] = int(m.group(2))
+
+    def output(self):
+        with self._lock:
+            return "".join(self.lines)
+
+    def wait_for_ports(self, n, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with self._lock:
+                if len(self.ports) >= n:
+                    return dict(self.ports)
+            time.sleep(0.05)
+        raise AssertionError("launcher did not print the task endpoints: " + self.output()[-2000:])
+
+    def metric(self, task, name, labels=None):
+        try:
+            return metric_value(scrape(self.ports[task]), name, labels)
+        except OSError:
+            return None
+
+    def wait_for_step(self, task, step, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            v = self.metric(task, "kubetrain_global_step")
+            if v is not None and v >= step:
+                return v
+            time.sleep(0.05)
+        raise AssertionError(f"{task} never reached step {step}: " + self.output()[-3000:])
+
+    def pid_of(self, task):
+        out = subprocess.run(["pgrep", "-f", "--", f"--metrics_address=127.0.0.1:{self.ports[task]}"],
+                             capture_output=True, text=True).stdout.split()
+        assert len(out) == 1, (task, out)
+        return int(out[0])
+
+    def finish(self, timeout=300):
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        for t in self._threads:
+            t.join(timeout=10)
+        summary = json.loads(self.summary_path.read_text()) if self.summary_path.exists() else None
+        return self.proc.returncode, summary
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def live_runs():
+    runs = []
+
+    def start(tmp_path, text, *args):
+        r = LiveRun(tmp_path, text, *args)
+        runs.append(r)
+        return r
+
+    yield start
+    for r in runs:
+        r.kill()

@@ -1,0 +1,230 @@
+#include "core/model_file.h"
+
+#include <dirent.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace kubetrain {
+namespace {
+
+// gtest only (gmock is not among the system deps).
+::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
+  if (absl::StrContains(text, part)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
+}
+#define EXPECT_CONTAINS(text, part) EXPECT_TRUE(Contains((text), (part)))
+
+std::string NewTestDir() {
+  static std::atomic<int> counter{0};
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string dir = absl::StrCat(::testing::TempDir(), "/model_file_", info->name(), "_", ::getpid(), "_",
+                                 counter.fetch_add(1));
+  std::string cmd = absl::StrCat("rm -rf '", dir, "'");
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  return dir;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteFile(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << data;
+}
+
+std::vector<std::string> ListDir(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (struct dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") names.push_back(n);
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
+ModelFile MakeModelFile(const ModelSpec& spec, uint64_t seed) {
+  auto model = Model::Create(spec);
+  EXPECT_TRUE(model.ok()) << model.status();
+  ModelFile f;
+  f.spec = spec;
+  f.params = model->InitialParams(seed);
+  // Non-trivial biases too, so every variable carries distinct values.
+  for (size_t i = 0; i < f.params.size(); ++i) {
+    for (size_t j = 0; j < f.params[i].size(); ++j) f.params[i][j] += 0.001f * static_cast<float>(i + j);
+  }
+  f.global_step = 3750;
+  f.job_name = "fashion-mnist-sync";
+  return f;
+}
+
+ModelSpec Mlp() {
+  ModelSpec spec;
+  spec.type = "mlp";
+  spec.hidden_units = {32, 16};
+  return spec;
+}
+
+void ExpectSame(const ModelFile& a, const ModelFile& b) {
+  EXPECT_EQ(a.spec.type, b.spec.type);
+  EXPECT_EQ(a.spec.hidden_units, b.spec.hidden_units);
+  EXPECT_EQ(a.spec.input_dim, b.spec.input_dim);
+  EXPECT_EQ(a.spec.num_classes, b.spec.num_classes);
+  EXPECT_EQ(a.params, b.params);
+  EXPECT_EQ(a.global_step, b.global_step);
+  EXPECT_EQ(a.job_name, b.job_name);
+}
+
+TEST(ModelFileTest, SoftmaxRoundTrip) {
+  const std::string dir = NewTestDir();
+  const std::string path = dir + "/sub/dir/model.ktm";  // directories are created
+  ModelFile f = MakeModelFile(ModelSpec{}, 1);
+  ASSERT_TRUE(WriteModelFile(path, f).ok());
+  auto read = ReadModelFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectSame(*read, f);
+  EXPECT_EQ(ListDir(dir + "/sub/dir"), std::vector<std::string>{"model.ktm"});  // no temp file left
+}
+
+TEST(ModelFileTest, MlpRoundTripAndOverwrite) {
+  const std::string dir = NewTestDir();
+  const std::string path = dir + "/model.ktm";
+  ASSERT_TRUE(WriteModelFile(path, MakeModelFile(ModelSpec{}, 1)).ok());
+  ModelFile f = MakeModelFile(Mlp(), 42);
+  ASSERT_TRUE(WriteModelFile(path, f).ok());
+  auto read = ReadModelFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectSame(*read, f);
+  EXPECT_EQ(read->params.size(), 6u);
+  EXPECT_EQ(ListDir(dir), std::vector<std::string>{"model.ktm"});
+}
+
+TEST(ModelFileTest, EveryFlippedByteIsDetected) {
+  const std::string path = NewTestDir() + "/model.ktm";
+  ModelSpec spec;
+  spec.type = "mlp";
+  spec.hidden_units = {3};
+  spec.input_dim = 4;
+  spec.num_classes = 2;
+  ASSERT_TRUE(WriteModelFile(path, MakeModelFile(spec, 7)).ok());
+  const std::string good = ReadFile(path);
+  for (size_t i = 0; i < good.size(); ++i) {
+    std::string bad = good;
+    bad[i] ^= 0x10;
+    WriteFile(path, bad);
+    auto f = ReadModelFile(path);
+    ASSERT_FALSE(f.ok()) << "flipped byte " << i << " not detected";
+    EXPECT_CONTAINS(std::string(f.status().message()), path);
+  }
+}
+
+TEST(ModelFileTest, CorruptMiddleIsChecksumMismatch) {
+  const std::string path = NewTestDir() + "/model.ktm";
+  ASSERT_TRUE(WriteModelFile(path, MakeModelFile(Mlp(), 3)).ok());
+  std::string data = ReadFile(path);
+  data[data.size() / 2] ^= 0x01;
+  WriteFile(path, data);
+  auto f = ReadModelFile(path);
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_CONTAINS(std::string(f.status().message()), path + ": checksum mismatch");
+}
+
+TEST(ModelFileTest, TruncationIsDetected) {
+  const std::string path = NewTestDir() + "/model.ktm";
+  ASSERT_TRUE(WriteModelFile(path, MakeModelFile(ModelSpec{}, 3)).ok());
+  const std::string good = ReadFile(path);
+  WriteFile(path, good.substr(0, good.size() - 1));
+  auto f = ReadModelFile(path);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().message(),
+            absl::StrCat(path, ": truncated: expected ", good.size(), " bytes, found ", good.size() - 1));
+  for (size_t n : {size_t{0}, size_t{5}, size_t{20}, good.size() / 2}) {
+    WriteFile(path, good.substr(0, n));
+    f = ReadModelFile(path);
+    ASSERT_FALSE(f.ok()) << n;
+    EXPECT_CONTAINS(std::string(f.status().message()), path + ": truncated");
+  }
+}
+
+TEST(ModelFileTest, WrongMagic) {
+  const std::string path = NewTestDir() + "/model.ktm";
+  ASSERT_TRUE(WriteModelFile(path, MakeModelFile(ModelSpec{}, 3)).ok());
+  std::string data = ReadFile(path);
+  data.replace(0, 8, "KTCKPT01");  // a checkpoint is not a model
+  WriteFile(path, data);
+  auto f = ReadModelFile(path);
+  EXPECT_EQ(f.status().message(), path + ": not a kubetrain model file (bad magic)");
+}
+
+TEST(ModelFileTest, MissingFile) {
+  const std::string path = NewTestDir() + "/missing.ktm";
+  auto f = ReadModelFile(path);
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_CONTAINS(std::string(f.status().message()), path);
+}
+
+TEST(ModelFileTest, WriteRefusesParamsNotMatchingSpec) {
+  const std::string path = NewTestDir() + "/model.ktm";
+  ModelFile f = MakeModelFile(Mlp(), 1);
+  f.params.pop_back();
+  absl::Status st = WriteModelFile(path, f);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(std::string(st.message()), path);
+  EXPECT_CONTAINS(std::string(st.message()), "the spec has 6 variables, the parameters have 5");
+
+  f = MakeModelFile(Mlp(), 1);
+  f.params[2].push_back(1.0f);
+  st = WriteModelFile(path, f);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(std::string(st.message()), "variable dense1/kernel has 513 values, the spec expects 512");
+
+  f = MakeModelFile(Mlp(), 1);
+  f.spec.hidden_units.clear();  // invalid mlp spec
+  st = WriteModelFile(path, f);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ListDir(path.substr(0, path.rfind('/'))).empty());
+}
+
+// Writes a model file whose spec says one thing and whose variables another
+// (as a buggy or foreign writer might), with a valid checksum.
+TEST(ModelFileTest, ReadDetectsSpecParamsMismatch) {
+  const std::string dir = NewTestDir();
+  ModelFile a = MakeModelFile(Mlp(), 1);
+  ASSERT_TRUE(WriteModelFile(dir + "/a.ktm", a).ok());
+  std::string data = ReadFile(dir + "/a.ktm");
+  // Payload layout: job_name (u32 len + bytes), global_step (i64), type
+  // (u32 len + bytes), n_hidden (u32), hidden units (i32 each).
+  const size_t header = 20;
+  size_t off = header + 4 + a.job_name.size() + 8 + 4 + a.spec.type.size() + 4;
+  ASSERT_EQ(static_cast<unsigned char>(data[off + 4]), 16u);  // second hidden layer
+  data[off + 4] = 8;                                          // spec now says [32, 8]
+  // Recompute the CRC so only the semantic check can catch it.
+  const std::string payload = data.substr(header, data.size() - header - 4);
+  const uint32_t crc = static_cast<uint32_t>(
+      ::crc32_z(0L, reinterpret_cast<const Bytef*>(payload.data()), payload.size()));
+  for (int i = 0; i < 4; ++i) data[data.size() - 4 + i] = static_cast<char>((crc >> (8 * i)) & 0xff);
+  WriteFile(dir + "/a.ktm", data);
+  auto f = ReadModelFile(dir + "/a.ktm");
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_CONTAINS(std::string(f.status().message()), dir + "/a.ktm: variables do not match the model spec");
+  EXPECT_CONTAINS(std::string(f.status().message()), "dense1/kernel has shape [32, 16], the spec expects [32, 8]");
+}
+
+}  // namespace
+}  // namespace kubetrain
