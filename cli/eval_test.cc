@@ -2,37 +2,23 @@
 
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/model.h"
 #include "core/model_file.h"
+#include "core/testing/temp_files.h"
 #include "gtest/gtest.h"
 
 namespace kubetrain {
 namespace {
 
-::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
-  if (absl::StrContains(text, part)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
-}
-#define EXPECT_CONTAINS(text, part) EXPECT_TRUE(Contains((text), (part)))
-
 bool HaveDataset() {
   return ::access(absl::StrCat(kDefaultFashionMnistDir, "/t10k-images-idx3-ubyte.gz").c_str(), R_OK) == 0;
-}
-
-std::string NewTestDir() {
-  static std::atomic<int> counter{0};
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return absl::StrCat(::testing::TempDir(), "/eval_", info->name(), "_", ::getpid(), "_", counter.fetch_add(1));
 }
 
 // Runs EvalCommand with the given arguments after "kubetrain eval".
@@ -86,7 +72,7 @@ TEST(EvalTest, ModelSummary) {
 
 TEST(EvalTest, ZeroSoftmaxScoresOneTenth) {
   ASSERT_TRUE(HaveDataset()) << "install dataset-fashion-mnist (make deps)";
-  const std::string path = WriteZeroSoftmax(NewTestDir() + "/zero.ktm");
+  const std::string path = WriteZeroSoftmax(NewTestDir("eval") + "/zero.ktm");
   auto result = EvaluateModelFile(path, kDefaultFashionMnistDir);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->examples, 10000);
@@ -100,7 +86,7 @@ TEST(EvalTest, ZeroSoftmaxScoresOneTenth) {
 
 TEST(EvalTest, Json) {
   ASSERT_TRUE(HaveDataset()) << "install dataset-fashion-mnist (make deps)";
-  const std::string path = WriteZeroSoftmax(NewTestDir() + "/zero.ktm");
+  const std::string path = WriteZeroSoftmax(NewTestDir("eval") + "/zero.ktm");
   EvalRun r = RunEval({path, "--json", "--data", kDefaultFashionMnistDir});
   ASSERT_EQ(r.code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
@@ -112,7 +98,7 @@ TEST(EvalTest, Json) {
 }
 
 TEST(EvalTest, MissingModelFileIsBadInput) {
-  const std::string path = NewTestDir() + "/missing.ktm";
+  const std::string path = NewTestDir("eval") + "/missing.ktm";
   EvalRun r = RunEval({path});
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(r.out.empty());
@@ -120,20 +106,16 @@ TEST(EvalTest, MissingModelFileIsBadInput) {
 }
 
 TEST(EvalTest, CorruptModelFileIsBadInput) {
-  const std::string path = NewTestDir() + "/bad.ktm";
+  const std::string path = NewTestDir("eval") + "/bad.ktm";
   WriteZeroSoftmax(path);
-  std::FILE* f = std::fopen(path.c_str(), "r+b");
-  ASSERT_NE(f, nullptr);
-  std::fseek(f, 100, SEEK_SET);
-  std::fputc('x', f);
-  std::fclose(f);
+  FlipByte(path, 100, 0x01);  // a payload byte
   EvalRun r = RunEval({path});
   EXPECT_EQ(r.code, 2);
   EXPECT_CONTAINS(r.err, path + ": checksum mismatch");
 }
 
 TEST(EvalTest, MissingDatasetIsBadInput) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("eval");
   const std::string path = WriteZeroSoftmax(dir + "/zero.ktm");
   EvalRun r = RunEval({path, "--data=" + dir + "/no-such-dir"});
   EXPECT_EQ(r.code, 2);

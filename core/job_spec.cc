@@ -739,9 +739,11 @@ absl::Status ValidateTraining(const TrainingJob& job) {
       KT_RETURN_IF_ERROR(
           CheckAtLeast<int64_t>(path + ".maxStaleness", *t.max_staleness, 0));
     }
-    if (t.barrier_timeout_seconds != 0) {
+    // In async mode the timeout only decides when a silent worker stops
+    // holding others back, which matters only under a staleness bound.
+    if (t.barrier_timeout_seconds != 0 && !t.max_staleness.has_value()) {
       return FieldError(path + ".barrierTimeoutSeconds",
-                        "only applies to mode sync");
+                        "applies to mode sync, or to async with maxStaleness");
     }
   }
 

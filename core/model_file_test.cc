@@ -1,62 +1,17 @@
 #include "core/model_file.h"
 
-#include <dirent.h>
-#include <unistd.h>
 #include <zlib.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/testing/temp_files.h"
 #include "gtest/gtest.h"
 
 namespace kubetrain {
 namespace {
-
-// gtest only (gmock is not among the system deps).
-::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
-  if (absl::StrContains(text, part)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
-}
-#define EXPECT_CONTAINS(text, part) EXPECT_TRUE(Contains((text), (part)))
-
-std::string NewTestDir() {
-  static std::atomic<int> counter{0};
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string dir = absl::StrCat(::testing::TempDir(), "/model_file_", info->name(), "_", ::getpid(), "_",
-                                 counter.fetch_add(1));
-  std::string cmd = absl::StrCat("rm -rf '", dir, "'");
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
-  return dir;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void WriteFile(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << data;
-}
-
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (struct dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
-    }
-    ::closedir(d);
-  }
-  return names;
-}
 
 ModelFile MakeModelFile(const ModelSpec& spec, uint64_t seed) {
   auto model = Model::Create(spec);
@@ -91,7 +46,7 @@ void ExpectSame(const ModelFile& a, const ModelFile& b) {
 }
 
 TEST(ModelFileTest, SoftmaxRoundTrip) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("model_file");
   const std::string path = dir + "/sub/dir/model.ktm";  // directories are created
   ModelFile f = MakeModelFile(ModelSpec{}, 1);
   ASSERT_TRUE(WriteModelFile(path, f).ok());
@@ -102,7 +57,7 @@ TEST(ModelFileTest, SoftmaxRoundTrip) {
 }
 
 TEST(ModelFileTest, MlpRoundTripAndOverwrite) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("model_file");
   const std::string path = dir + "/model.ktm";
   ASSERT_TRUE(WriteModelFile(path, MakeModelFile(ModelSpec{}, 1)).ok());
   ModelFile f = MakeModelFile(Mlp(), 42);
@@ -115,7 +70,7 @@ TEST(ModelFileTest, MlpRoundTripAndOverwrite) {
 }
 
 TEST(ModelFileTest, EveryFlippedByteIsDetected) {
-  const std::string path = NewTestDir() + "/model.ktm";
+  const std::string path = NewTestDir("model_file") + "/model.ktm";
   ModelSpec spec;
   spec.type = "mlp";
   spec.hidden_units = {3};
@@ -134,7 +89,7 @@ TEST(ModelFileTest, EveryFlippedByteIsDetected) {
 }
 
 TEST(ModelFileTest, CorruptMiddleIsChecksumMismatch) {
-  const std::string path = NewTestDir() + "/model.ktm";
+  const std::string path = NewTestDir("model_file") + "/model.ktm";
   ASSERT_TRUE(WriteModelFile(path, MakeModelFile(Mlp(), 3)).ok());
   std::string data = ReadFile(path);
   data[data.size() / 2] ^= 0x01;
@@ -145,7 +100,7 @@ TEST(ModelFileTest, CorruptMiddleIsChecksumMismatch) {
 }
 
 TEST(ModelFileTest, TruncationIsDetected) {
-  const std::string path = NewTestDir() + "/model.ktm";
+  const std::string path = NewTestDir("model_file") + "/model.ktm";
   ASSERT_TRUE(WriteModelFile(path, MakeModelFile(ModelSpec{}, 3)).ok());
   const std::string good = ReadFile(path);
   WriteFile(path, good.substr(0, good.size() - 1));
@@ -162,7 +117,7 @@ TEST(ModelFileTest, TruncationIsDetected) {
 }
 
 TEST(ModelFileTest, WrongMagic) {
-  const std::string path = NewTestDir() + "/model.ktm";
+  const std::string path = NewTestDir("model_file") + "/model.ktm";
   ASSERT_TRUE(WriteModelFile(path, MakeModelFile(ModelSpec{}, 3)).ok());
   std::string data = ReadFile(path);
   data.replace(0, 8, "KTCKPT01");  // a checkpoint is not a model
@@ -172,14 +127,14 @@ TEST(ModelFileTest, WrongMagic) {
 }
 
 TEST(ModelFileTest, MissingFile) {
-  const std::string path = NewTestDir() + "/missing.ktm";
+  const std::string path = NewTestDir("model_file") + "/missing.ktm";
   auto f = ReadModelFile(path);
   EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound);
   EXPECT_CONTAINS(std::string(f.status().message()), path);
 }
 
 TEST(ModelFileTest, WriteRefusesParamsNotMatchingSpec) {
-  const std::string path = NewTestDir() + "/model.ktm";
+  const std::string path = NewTestDir("model_file") + "/model.ktm";
   ModelFile f = MakeModelFile(Mlp(), 1);
   f.params.pop_back();
   absl::Status st = WriteModelFile(path, f);
@@ -203,7 +158,7 @@ TEST(ModelFileTest, WriteRefusesParamsNotMatchingSpec) {
 // Writes a model file whose spec says one thing and whose variables another
 // (as a buggy or foreign writer might), with a valid checksum.
 TEST(ModelFileTest, ReadDetectsSpecParamsMismatch) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("model_file");
   ModelFile a = MakeModelFile(Mlp(), 1);
   ASSERT_TRUE(WriteModelFile(dir + "/a.ktm", a).ok());
   std::string data = ReadFile(dir + "/a.ktm");

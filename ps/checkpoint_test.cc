@@ -1,67 +1,20 @@
 #include "ps/checkpoint.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <functional>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/testing/temp_files.h"
 #include "gtest/gtest.h"
 
 namespace kubetrain {
 namespace {
-
-// gtest only (gmock is not among the system deps).
-::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
-  if (absl::StrContains(text, part)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
-}
-#define EXPECT_CONTAINS(text, part) EXPECT_TRUE(Contains((text), (part)))
-
-// A fresh, empty directory per test.
-std::string NewTestDir() {
-  static std::atomic<int> counter{0};
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string dir = absl::StrCat(::testing::TempDir(), "/ckpt_", info->name(), "_", ::getpid(), "_",
-                                 counter.fetch_add(1));
-  std::string cmd = absl::StrCat("rm -rf '", dir, "'");
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
-  return dir;
-}
-
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (struct dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
-    }
-    ::closedir(d);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void WriteFile(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << data;
-}
 
 ShardCheckpoint Sample(int64_t version, int shard = 0) {
   ShardCheckpoint c;
@@ -102,7 +55,7 @@ void ExpectSame(const ShardCheckpoint& a, const ShardCheckpoint& b) {
 }
 
 TEST(CheckpointTest, RoundTrip) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ShardCheckpoint c = Sample(100, 1);
   ASSERT_TRUE(WriteShardCheckpoint(dir, c).ok());
   EXPECT_EQ(ShardCheckpointDir(dir, 1), dir + "/ps-1");
@@ -114,7 +67,7 @@ TEST(CheckpointTest, RoundTrip) {
 }
 
 TEST(CheckpointTest, EmptyCheckpointRoundTrips) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ShardCheckpoint c;
   ASSERT_TRUE(WriteShardCheckpoint(dir, c).ok());
   auto read = ReadShardCheckpoint(PathFor(dir, 0, 0));
@@ -123,14 +76,14 @@ TEST(CheckpointTest, EmptyCheckpointRoundTrips) {
 }
 
 TEST(CheckpointTest, KeepPrunesOldest) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   for (int64_t v : {10, 20, 30, 40}) ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(v), /*keep=*/2).ok());
   EXPECT_EQ(ListDir(dir + "/ps-0"),
             (std::vector<std::string>{"ckpt-000000000030.ktc", "ckpt-000000000040.ktc"}));
 }
 
 TEST(CheckpointTest, PruneLeavesOtherFilesAndRemovesStaleTemps) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(1), 1).ok());
   WriteFile(dir + "/ps-0/README", "mine");
   WriteFile(dir + "/ps-0/ckpt-000000000001.ktc.tmp.99999", "half written");
@@ -139,7 +92,7 @@ TEST(CheckpointTest, PruneLeavesOtherFilesAndRemovesStaleTemps) {
 }
 
 TEST(CheckpointTest, NoTempFileLeftBehind) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(5)).ok());
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(6)).ok());
   for (const auto& name : ListDir(dir + "/ps-0")) {
@@ -149,7 +102,7 @@ TEST(CheckpointTest, NoTempFileLeftBehind) {
 }
 
 TEST(CheckpointTest, WriteErrorNamesPath) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
   WriteFile(dir + "/ps-0", "a file where the directory should be");
   absl::Status st = WriteShardCheckpoint(dir, Sample(1));
@@ -158,7 +111,7 @@ TEST(CheckpointTest, WriteErrorNamesPath) {
 }
 
 TEST(CheckpointTest, InconsistentCheckpointIsNotWritten) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ShardCheckpoint c = Sample(1);
   c.slots.pop_back();
   absl::Status st = WriteShardCheckpoint(dir, c);
@@ -167,7 +120,7 @@ TEST(CheckpointTest, InconsistentCheckpointIsNotWritten) {
 }
 
 TEST(CheckpointTest, RestorePicksNewest) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   for (int64_t v : {100, 300, 200}) ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(v)).ok());
   Warnings w;
   auto c = RestoreShardCheckpoint(dir, 0, "1234abcd", "adam", w.fn());
@@ -178,7 +131,7 @@ TEST(CheckpointTest, RestorePicksNewest) {
 }
 
 TEST(CheckpointTest, RestoreNothingIsNotFound) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   Warnings w;
   auto c = RestoreShardCheckpoint(dir, 0, "1234abcd", "adam", w.fn());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
@@ -190,7 +143,7 @@ TEST(CheckpointTest, RestoreNothingIsNotFound) {
 }
 
 TEST(CheckpointTest, CorruptNewestFallsBackToPrevious) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(1)).ok());
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(2)).ok());
   const std::string newest = PathFor(dir, 0, 2);
@@ -214,7 +167,7 @@ TEST(CheckpointTest, CorruptNewestFallsBackToPrevious) {
 }
 
 TEST(CheckpointTest, EveryFlippedByteIsDetected) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(3)).ok());
   const std::string path = PathFor(dir, 0, 3);
   const std::string good = ReadFile(path);
@@ -229,7 +182,7 @@ TEST(CheckpointTest, EveryFlippedByteIsDetected) {
 }
 
 TEST(CheckpointTest, TruncatedNewestFallsBackToPrevious) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(1)).ok());
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(2)).ok());
   const std::string newest = PathFor(dir, 0, 2);
@@ -251,7 +204,7 @@ TEST(CheckpointTest, TruncatedNewestFallsBackToPrevious) {
 }
 
 TEST(CheckpointTest, EveryTruncationIsDetected) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(3)).ok());
   const std::string path = PathFor(dir, 0, 3);
   const std::string good = ReadFile(path);
@@ -264,7 +217,7 @@ TEST(CheckpointTest, EveryTruncationIsDetected) {
 }
 
 TEST(CheckpointTest, WrongMagic) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(1)).ok());
   const std::string path = PathFor(dir, 0, 1);
   WriteFile(path, "PK\x03\x04 this is a zip file, not a checkpoint at all");
@@ -275,7 +228,7 @@ TEST(CheckpointTest, WrongMagic) {
 
 TEST(CheckpointTest, GarbageWithValidFrameDoesNotAllocateAbsurdly) {
   // Magic and header claim a huge payload: reported as truncated, no allocation.
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(1)).ok());
   const std::string path = PathFor(dir, 0, 1);
   std::string data = ReadFile(path);
@@ -287,14 +240,14 @@ TEST(CheckpointTest, GarbageWithValidFrameDoesNotAllocateAbsurdly) {
 }
 
 TEST(CheckpointTest, MissingFile) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   auto c = ReadShardCheckpoint(dir + "/nope.ktc");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
   EXPECT_CONTAINS(std::string(c.status().message()), (dir + "/nope.ktc"));
 }
 
 TEST(CheckpointTest, AllCorruptIsNotFoundAfterWarnings) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(1)).ok());
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(2)).ok());
   WriteFile(PathFor(dir, 0, 1), "garbage");
@@ -309,7 +262,7 @@ TEST(CheckpointTest, AllCorruptIsNotFoundAfterWarnings) {
 }
 
 TEST(CheckpointTest, FingerprintMismatchIsRefused) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(100)).ok());
   Warnings w;
   auto c = RestoreShardCheckpoint(dir, 0, "5678ef00", "adam", w.fn());
@@ -322,7 +275,7 @@ TEST(CheckpointTest, FingerprintMismatchIsRefused) {
 
 TEST(CheckpointTest, FingerprintMismatchOfNewestIsNotSkipped) {
   // An older matching checkpoint must not be silently used instead.
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(1)).ok());
   ShardCheckpoint other = Sample(2);
   other.model_fingerprint = "ffff0000";
@@ -334,7 +287,7 @@ TEST(CheckpointTest, FingerprintMismatchOfNewestIsNotSkipped) {
 }
 
 TEST(CheckpointTest, OptimizerMismatchIsRefused) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(7)).ok());
   Warnings w;
   auto c = RestoreShardCheckpoint(dir, 0, "1234abcd", "sgd", w.fn());
@@ -344,7 +297,7 @@ TEST(CheckpointTest, OptimizerMismatchIsRefused) {
 }
 
 TEST(CheckpointTest, ShardMismatchIsRefused) {
-  const std::string dir = NewTestDir();
+  const std::string dir = NewTestDir("ckpt");
   ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(7, /*shard=*/0)).ok());
   // Someone copied shard 0's files into shard 1's directory.
   ASSERT_EQ(::mkdir((dir + "/ps-1").c_str(), 0755), 0);

@@ -2,6 +2,8 @@
 // TF_CONFIG, holds its shard of the model, serves workers over gRPC and
 // /metrics over HTTP, and exits 0 once the chief has ended training and every
 // worker has left (or a grace period has passed).
+#include <malloc.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <memory>
@@ -274,5 +276,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::signal(SIGPIPE, SIG_IGN);
+  // Tensor-sized buffers come and go on every RPC: keep freed memory in the
+  // process instead of returning it to the kernel and faulting it in again.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   return kubetrain::Run(flags);
 }

@@ -129,8 +129,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
   PushReactor(Shard* shard, const Clock* clock, const PsServiceMetrics& metrics,
               v1::PushResponse* resp)
       : shard_(shard), clock_(clock), metrics_(metrics), resp_(resp), start_(clock->Now()) {
-    grads_.resize(shard_->parts().size());
-    for (size_t i = 0; i < grads_.size(); ++i) grads_[i].resize(shard_->parts()[i].num_elements());
+    grads_ = shard_->AcquireGradientBuffers();
     filled_.assign(grads_.size(), 0);
     StartRead(&msg_);
   }

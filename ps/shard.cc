@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <eigen3/Eigen/Core>
+
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -86,24 +88,54 @@ bool Shard::CanServe(const PullWait& w, absl::Time now) const {
   return true;
 }
 
-Shard::Snapshot Shard::MakeSnapshot(absl::Time start, absl::Time now) const {
+Shard::Snapshot Shard::MakeSnapshot(absl::Time start, absl::Time now) {
   Snapshot s;
   s.version = version_;
   s.incarnation = options_.incarnation;
   s.done = Done();
   s.waited_seconds = absl::ToDoubleSeconds(now - start);
-  size_t total = 0;
-  for (const auto& v : values_) total += v.size() * sizeof(float);
-  auto bytes = std::make_shared<std::string>();
-  bytes->resize(total);
-  char* out = bytes->data();
-  static_assert(sizeof(float) == 4, "float32 wire format");
-  for (const auto& v : values_) {
-    std::memcpy(out, v.data(), v.size() * sizeof(float));  // little-endian host (x86/arm64)
-    out += v.size() * sizeof(float);
+  if (snapshot_ == nullptr || snapshot_version_ != version_) {
+    // Reuse the previous version's buffer if no pull is still streaming it.
+    if (snapshot_ == nullptr || snapshot_.use_count() > 1) snapshot_ = std::make_shared<std::string>();
+    size_t total = 0;
+    for (const auto& v : values_) total += v.size() * sizeof(float);
+    snapshot_->resize(total);
+    char* out = snapshot_->data();
+    static_assert(sizeof(float) == 4, "float32 wire format");
+    for (const auto& v : values_) {
+      std::memcpy(out, v.data(), v.size() * sizeof(float));  // little-endian host (x86/arm64)
+      out += v.size() * sizeof(float);
+    }
+    snapshot_version_ = version_;
   }
-  s.bytes = std::move(bytes);
+  s.bytes = snapshot_;
   return s;
+}
+
+std::vector<std::vector<float>> Shard::AcquireGradientBuffers() {
+  {
+    absl::MutexLock l(&pool_mu_);
+    if (!gradient_pool_.empty()) {
+      auto buffers = std::move(gradient_pool_.back());
+      gradient_pool_.pop_back();
+      return buffers;
+    }
+  }
+  std::vector<std::vector<float>> buffers(parts_.size());
+  for (size_t i = 0; i < parts_.size(); ++i) buffers[i].resize(parts_[i].num_elements());
+  return buffers;
+}
+
+void Shard::ReleaseGradientBuffers(std::vector<std::vector<float>> buffers) {
+  if (buffers.size() != parts_.size()) return;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    if (static_cast<int64_t>(buffers[i].size()) != parts_[i].num_elements()) return;
+  }
+  absl::MutexLock l(&pool_mu_);
+  // One set per worker in flight is enough; more would only hold memory.
+  if (static_cast<int>(gradient_pool_.size()) < options_.num_workers + 1) {
+    gradient_pool_.push_back(std::move(buffers));
+  }
 }
 
 uint64_t Shard::Pull(const PullWait& wait, absl::Time deadline, PullCallback done) {
@@ -214,11 +246,11 @@ absl::Status Shard::ValidatePush(const PushHeader& h,
                                                      grads[i].size(), " elements, expected ",
                                                      parts_[i].num_elements()));
     }
-    for (float g : grads[i]) {
-      if (!std::isfinite(g)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("gradient of ", parts_[i].name, " has a non-finite value"));
-      }
+    // Vectorised: NaN and +-Inf make (g - g) NaN, and NaN != NaN.
+    Eigen::Map<const Eigen::ArrayXf> g(grads[i].data(), static_cast<Eigen::Index>(grads[i].size()));
+    if (!((g - g) == (g - g)).all()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient of ", parts_[i].name, " has a non-finite value"));
     }
   }
   return absl::OkStatus();
@@ -259,6 +291,13 @@ void Shard::SetVersionLocked(int64_t v) {
 
 absl::StatusOr<Shard::PushResult> Shard::Push(const PushHeader& header,
                                               std::vector<std::vector<float>> grads) {
+  auto result = PushImpl(header, grads);
+  ReleaseGradientBuffers(std::move(grads));
+  return result;
+}
+
+absl::StatusOr<Shard::PushResult> Shard::PushImpl(const PushHeader& header,
+                                                    const std::vector<std::vector<float>>& grads) {
   std::vector<std::pair<Waiter, Snapshot>> ready;
   PushResult result;
   {
@@ -295,9 +334,8 @@ absl::StatusOr<Shard::PushResult> Shard::Push(const PushHeader& header,
         if (metrics_.stale_dropped) metrics_.stale_dropped->Increment();
       } else {
         for (size_t i = 0; i < parts_.size(); ++i) {
-          float* a = accum_[i].data();
-          const float* g = grads[i].data();
-          for (size_t k = 0; k < grads[i].size(); ++k) a[k] += g[k];
+          const auto n = static_cast<Eigen::Index>(grads[i].size());
+          Eigen::Map<Eigen::ArrayXf>(accum_[i].data(), n) += Eigen::Map<const Eigen::ArrayXf>(grads[i].data(), n);
         }
         if (contributors_.empty()) accum_started_ = now;
         contributors_.insert(header.worker);
@@ -440,6 +478,7 @@ absl::Status Shard::Restore(const ShardCheckpoint& c) {
     if (worker_clock_.count(worker)) worker_clock_[worker] = clock;
   }
   SetVersionLocked(c.version);
+  snapshot_version_ = -1;
   stats_.restored_version = c.version;
   return absl::OkStatus();
 }

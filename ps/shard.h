@@ -159,6 +159,11 @@ class Shard {
   // push leaves the shard unchanged.
   absl::StatusOr<PushResult> Push(const PushHeader& header, std::vector<std::vector<float>> grads);
 
+  // Buffers for one push's gradients (parts() layout, contents unspecified),
+  // recycled from earlier pushes: large buffers are expensive to fault in
+  // again on every RPC. Push() takes them back.
+  std::vector<std::vector<float>> AcquireGradientBuffers();
+
   // The worker sends nothing more; it no longer holds back bounded staleness.
   absl::Status Leave(int worker);
   void RequestShutdown();
@@ -191,7 +196,8 @@ class Shard {
 
   bool Done() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanServe(const PullWait& w, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Snapshot MakeSnapshot(absl::Time start, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Snapshot MakeSnapshot(absl::Time start, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseGradientBuffers(std::vector<std::vector<float>> buffers);
   // Removes the waiters that can now be served; the caller runs them unlocked.
   std::vector<std::pair<Waiter, Snapshot>> TakeReadyWaiters(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -205,6 +211,9 @@ class Shard {
   absl::Status ValidatePush(const PushHeader& h, const std::vector<std::vector<float>>& grads) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunReady(std::vector<std::pair<Waiter, Snapshot>> ready);
+  // Push() without the buffer recycling.
+  absl::StatusOr<PushResult> PushImpl(const PushHeader& header,
+                                        const std::vector<std::vector<float>>& grads);
 
   const ShardOptions options_;
   const std::vector<PartPlacement> parts_;
@@ -228,6 +237,13 @@ class Shard {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   ShardStatsSnapshot stats_ ABSL_GUARDED_BY(mu_);
   std::optional<ShardCheckpoint> pending_checkpoint_ ABSL_GUARDED_BY(mu_);
+  // The snapshot of `snapshot_version_`, shared by every pull of that version;
+  // its buffer is reused for the next version once no pull still reads it.
+  std::shared_ptr<std::string> snapshot_ ABSL_GUARDED_BY(mu_);
+  int64_t snapshot_version_ ABSL_GUARDED_BY(mu_) = -1;
+
+  absl::Mutex pool_mu_;
+  std::vector<std::vector<std::vector<float>>> gradient_pool_ ABSL_GUARDED_BY(pool_mu_);
 };
 
 }  // namespace kubetrain

@@ -3,6 +3,8 @@
 // when the job reached its target. Worker 0 is the chief: it prints progress
 // and the final result ("kubetrain-progress {json}" / "kubetrain-result
 // {json}" lines on stdout) and ends the job on every PS.
+#include <malloc.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
@@ -228,5 +230,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::signal(SIGPIPE, SIG_IGN);
+  // Tensor-sized buffers come and go on every RPC: keep freed memory in the
+  // process instead of returning it to the kernel and faulting it in again.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   return kubetrain::Run(flags);
 }

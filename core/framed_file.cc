@@ -1,0 +1,304 @@
+#include "core/framed_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kubetrain {
+namespace {
+
+constexpr size_t kVersionAndLengthBytes = 4 + 8;
+constexpr size_t kTrailerBytes = 4;
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+uint32_t Crc32(std::string_view data) {
+  return static_cast<uint32_t>(::crc32_z(0L, reinterpret_cast<const Bytef*>(data.data()), data.size()));
+}
+
+// ---------------------------------------------------------------------------
+// Writing.
+
+// mkdir -p: creates `path` and its missing parents.
+absl::Status MakeDirs(const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  std::string partial;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t slash = path.find('/', start);
+    if (slash == std::string::npos) slash = path.size();
+    partial = path.substr(0, slash);
+    start = slash + 1;
+    if (partial.empty()) continue;  // leading '/'
+    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::InternalError(absl::StrCat("cannot create directory ", partial, ": ", ErrnoText(errno)));
+    }
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::InternalError(absl::StrCat("cannot create directory ", path, ": not a directory"));
+  }
+  return absl::OkStatus();
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+absl::Status WriteAll(int fd, const std::string& data, const std::string& path) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(absl::StrCat("cannot write ", path, ": ", ErrnoText(errno)));
+    }
+    off += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// Temp file in the same directory, fsync, rename, fsync of the directory.
+absl::Status AtomicWriteFile(const std::string& path, const std::string& data) {
+  const std::string dir = DirName(path);
+  if (absl::Status st = MakeDirs(dir); !st.ok()) return st;
+  const std::string tmp = absl::StrCat(path, kFramedFileTempInfix, ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", ErrnoText(errno)));
+  }
+  absl::Status st = WriteAll(fd, data, tmp);
+  if (st.ok() && ::fsync(fd) != 0) {
+    st = absl::InternalError(absl::StrCat("cannot fsync ", tmp, ": ", ErrnoText(errno)));
+  }
+  if (::close(fd) != 0 && st.ok()) {
+    st = absl::InternalError(absl::StrCat("cannot close ", tmp, ": ", ErrnoText(errno)));
+  }
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    st = absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ErrnoText(errno)));
+  }
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    return absl::InternalError(absl::StrCat("cannot open directory ", dir, " to fsync it: ", ErrnoText(errno)));
+  }
+  if (::fsync(dfd) != 0) {
+    int err = errno;
+    ::close(dfd);
+    return absl::InternalError(absl::StrCat("cannot fsync directory ", dir, ": ", ErrnoText(err)));
+  }
+  ::close(dfd);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Reading.
+
+// Reads a whole regular file; the allocation is bounded by its real size.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    std::string msg = absl::StrCat(path, ": cannot open: ", ErrnoText(err));
+    return err == ENOENT ? absl::NotFoundError(msg) : absl::InternalError(msg);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  std::string data;
+  data.resize(static_cast<size_t>(st.st_size));
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::read(fd, &data[off], data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      return absl::InternalError(absl::StrCat(path, ": cannot read: ", ErrnoText(err)));
+    }
+    if (n == 0) break;  // shrank under us
+    off += static_cast<size_t>(n);
+  }
+  data.resize(off);
+  ::close(fd);
+  return data;
+}
+
+}  // namespace
+
+absl::Status WriteFramedFile(const std::string& path, std::string_view magic, uint32_t version,
+                             const std::string& payload) {
+  BinaryWriter file;
+  file.PutBytes(magic);
+  file.PutU32(version);
+  file.PutU64(payload.size());
+  file.PutBytes(payload);
+  file.PutU32(Crc32(payload));
+  return AtomicWriteFile(path, file.data());
+}
+
+absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_view magic, uint32_t version,
+                                           std::string_view what) {
+  absl::StatusOr<std::string> file = ReadWholeFile(path);
+  if (!file.ok()) return file.status();
+  const std::string_view data = *file;
+  const size_t header_bytes = magic.size() + kVersionAndLengthBytes;
+  const size_t min_bytes = header_bytes + kTrailerBytes;
+  auto data_loss = [&path](const auto&... parts) { return absl::DataLossError(absl::StrCat(path, ": ", parts...)); };
+
+  if (data.substr(0, magic.size()) != magic) {
+    if (data.size() < magic.size() && magic.substr(0, data.size()) == data) {
+      return data_loss("truncated: expected at least ", min_bytes, " bytes, found ", data.size());
+    }
+    return data_loss("not a kubetrain ", std::string(what), " (bad magic)");
+  }
+  if (data.size() < min_bytes) {
+    return data_loss("truncated: expected at least ", min_bytes, " bytes, found ", data.size());
+  }
+  BinaryReader header(data.substr(magic.size(), kVersionAndLengthBytes));
+  uint32_t format = 0;
+  uint64_t payload_len = 0;
+  header.GetU32(&format).IgnoreError();        // cannot fail: the size is checked above
+  header.GetU64(&payload_len).IgnoreError();
+  if (format != version) {
+    return data_loss("unsupported ", std::string(what), " format version ", format, " (this build reads version ",
+                     version, ")");
+  }
+  if (payload_len > data.size()) {  // also keeps the sum below from overflowing
+    return data_loss("truncated (or a damaged header): the header promises a payload of ", payload_len,
+                     " bytes, the file has ", data.size(), " bytes in all");
+  }
+  const uint64_t expected = header_bytes + payload_len + kTrailerBytes;
+  if (data.size() < expected) {
+    return data_loss("truncated: expected ", expected, " bytes, found ", data.size());
+  }
+  if (data.size() > expected) {
+    return data_loss("corrupt: expected ", expected, " bytes, found ", data.size(),
+                     " (trailing data or a damaged header)");
+  }
+  const std::string_view payload = data.substr(header_bytes, payload_len);
+  BinaryReader trailer(data.substr(header_bytes + payload_len));
+  uint32_t stored_crc = 0;
+  trailer.GetU32(&stored_crc).IgnoreError();  // cannot fail: the size is checked above
+  const uint32_t crc = Crc32(payload);
+  if (crc != stored_crc) {
+    return absl::DataLossError(
+        absl::StrFormat("%s: checksum mismatch (stored %08x, computed %08x)", path, stored_crc, crc));
+  }
+  file->erase(0, header_bytes);
+  file->resize(payload_len);
+  return file;
+}
+
+// ---------------------------------------------------------------------------
+// BinaryWriter.
+
+void BinaryWriter::PutU32(uint32_t v) {
+  for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+void BinaryWriter::PutU64(uint64_t v) {
+  for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+void BinaryWriter::PutString(std::string_view s) {
+  PutU32(static_cast<uint32_t>(s.size()));
+  PutBytes(s);
+}
+
+void BinaryWriter::PutFloats(const std::vector<float>& v) {
+  PutU64(v.size());
+  for (float f : v) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &f, 4);
+    PutU32(bits);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// BinaryReader.
+
+absl::Status BinaryReader::EndsEarly(std::string_view what) const {
+  return absl::DataLossError(absl::StrCat("payload ends early at byte ", pos_, " (reading ", std::string(what), ")"));
+}
+
+absl::Status BinaryReader::GetU32(uint32_t* v) {
+  if (remaining() < 4) return EndsEarly("4-byte integer");
+  *v = 0;
+  for (int i = 0; i < 4; ++i) *v |= static_cast<uint32_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
+  pos_ += 4;
+  return absl::OkStatus();
+}
+
+absl::Status BinaryReader::GetU64(uint64_t* v) {
+  if (remaining() < 8) return EndsEarly("8-byte integer");
+  *v = 0;
+  for (int i = 0; i < 8; ++i) *v |= static_cast<uint64_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
+  pos_ += 8;
+  return absl::OkStatus();
+}
+
+absl::Status BinaryReader::GetI32(int32_t* v) {
+  uint32_t u = 0;
+  absl::Status st = GetU32(&u);
+  *v = static_cast<int32_t>(u);
+  return st;
+}
+
+absl::Status BinaryReader::GetI64(int64_t* v) {
+  uint64_t u = 0;
+  absl::Status st = GetU64(&u);
+  *v = static_cast<int64_t>(u);
+  return st;
+}
+
+absl::Status BinaryReader::GetString(std::string* s) {
+  uint32_t n = 0;
+  if (absl::Status st = GetU32(&n); !st.ok()) return st;
+  if (n > remaining()) return EndsEarly(absl::StrCat("string of ", n, " bytes"));
+  s->assign(in_.data() + pos_, n);
+  pos_ += n;
+  return absl::OkStatus();
+}
+
+absl::Status BinaryReader::GetFloats(std::vector<float>* v) {
+  uint64_t n = 0;
+  if (absl::Status st = GetU64(&n); !st.ok()) return st;
+  if (n > remaining() / 4) return EndsEarly(absl::StrCat("tensor of ", n, " floats"));
+  v->resize(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    uint32_t bits = 0;
+    GetU32(&bits).IgnoreError();  // cannot fail: checked above
+    std::memcpy(&(*v)[i], &bits, 4);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BinaryReader::GetCount(uint32_t* n, size_t min_item_bytes, std::string_view what) {
+  if (absl::Status st = GetU32(n); !st.ok()) return st;
+  if (*n > remaining() / min_item_bytes) return EndsEarly(absl::StrCat(*n, " ", std::string(what)));
+  return absl::OkStatus();
+}
+
+absl::Status BinaryReader::ExpectEnd() const {
+  if (remaining() == 0) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(remaining(), " unexpected bytes after the last field"));
+}
+
+}  // namespace kubetrain

@@ -1,0 +1,111 @@
+// Framed binary files: a little-endian payload codec, and one file format
+// with an atomic writer and a checking reader. Model files and PS
+// checkpoints use it; each only defines its own payload layout.
+//
+// File layout (all integers little-endian):
+//   magic        magic.size() bytes (8 for every kubetrain format)
+//   version      u32   format version of the payload layout
+//   payload_len  u64
+//   payload      payload_len bytes
+//   crc32        u32   zlib crc32 of the payload
+#ifndef KUBETRAIN_CORE_FRAMED_FILE_H_
+#define KUBETRAIN_CORE_FRAMED_FILE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kubetrain {
+
+// Writes `magic`, `version`, the payload length, `payload` and its CRC32 to
+// `path` atomically: missing parent directories are created (mkdir -p), the
+// bytes go to the temp file "<path>" kFramedFileTempInfix "<pid>" in the same
+// directory, which is fsynced and renamed over `path`, then the directory is
+// fsynced. On failure `path` is untouched and the temp file removed. Errors
+// are InternalError and name the file or directory that failed.
+absl::Status WriteFramedFile(const std::string& path, std::string_view magic, uint32_t version,
+                             const std::string& payload);
+
+// Infix of WriteFramedFile's temp file name, for code that cleans up after
+// writers that died ("ckpt-1.ktc.tmp.1234").
+inline constexpr char kFramedFileTempInfix[] = ".tmp.";
+
+// Reads a file written by WriteFramedFile with the same `magic` and `version`
+// and returns its payload. Allocates no more than the file's real size,
+// whatever its header claims. Every error message starts with "<path>: ":
+// - NotFoundError if the file does not exist; InternalError if it cannot be
+//   opened or read; InvalidArgumentError if it is not a regular file;
+// - DataLossError otherwise, with one of (`what` names the format, e.g.
+//   "checkpoint" or "model file"):
+//     "not a kubetrain <what> (bad magic)"
+//     "unsupported <what> format version V (this build reads version W)"
+//     "truncated: expected at least N bytes, found M"   (shorter than a frame)
+//     "truncated (or a damaged header): the header promises a payload of ..."
+//     "truncated: expected N bytes, found M"
+//     "corrupt: expected N bytes, found M (trailing data or a damaged header)"
+//     "checksum mismatch (stored xxxxxxxx, computed xxxxxxxx)"
+absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_view magic, uint32_t version,
+                                           std::string_view what);
+
+// Appends little-endian fields to a payload.
+class BinaryWriter {
+ public:
+  void PutU32(uint32_t v);
+  void PutU64(uint64_t v);
+  void PutI32(int32_t v) { PutU32(static_cast<uint32_t>(v)); }
+  void PutI64(int64_t v) { PutU64(static_cast<uint64_t>(v)); }
+  void PutBytes(std::string_view bytes) { out_.append(bytes.data(), bytes.size()); }
+  // u32 length, then the bytes.
+  void PutString(std::string_view s);
+  // u64 count, then each float's IEEE-754 bits as a u32 (so -0.0, NaN, ...
+  // survive exactly).
+  void PutFloats(const std::vector<float>& v);
+
+  const std::string& data() const { return out_; }
+
+ private:
+  std::string out_;
+};
+
+// Reads the fields BinaryWriter writes, in order, from a payload it does not
+// own. Every Get* checks the bytes left before it reads or allocates (a count
+// can never make it allocate more than the payload could hold) and on
+// failure returns DataLossError("payload ends early at byte P (reading X)")
+// and leaves the output unspecified; callers typically stop at the first
+// error and prefix it with "<path>: corrupt: ".
+class BinaryReader {
+ public:
+  explicit BinaryReader(std::string_view in) : in_(in) {}
+
+  absl::Status GetU32(uint32_t* v);
+  absl::Status GetU64(uint64_t* v);
+  absl::Status GetI32(int32_t* v);
+  absl::Status GetI64(int64_t* v);
+  absl::Status GetString(std::string* s);
+  absl::Status GetFloats(std::vector<float>* v);
+  // A u32 count of items that each take at least `min_item_bytes` (> 0) of
+  // the payload; fails if the rest of the payload cannot hold that many.
+  // `what` names the items in the error ("7 part names").
+  absl::Status GetCount(uint32_t* n, size_t min_item_bytes, std::string_view what);
+  // DataLossError("N unexpected bytes after the last field") unless every
+  // byte has been read.
+  absl::Status ExpectEnd() const;
+
+  size_t position() const { return pos_; }
+  size_t remaining() const { return in_.size() - pos_; }
+
+ private:
+  absl::Status EndsEarly(std::string_view what) const;
+
+  std::string_view in_;
+  size_t pos_ = 0;
+};
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_CORE_FRAMED_FILE_H_

@@ -1,0 +1,191 @@
+#include "tests/bench/bench_util.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace kubetrain {
+namespace bench {
+
+Summary Summarize(std::vector<double> v) {
+  Summary s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.min = v.front();
+  s.max = v.back();
+  size_t n = v.size();
+  s.median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return s;
+}
+
+absl::StatusOr<int> FreeLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    int e = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("bind 127.0.0.1:0: ", std::strerror(e)));
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+absl::StatusOr<std::string> MakeTempDir(const std::string& prefix) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/", prefix, "XXXXXX");
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp ", templ, ": ", std::strerror(errno)));
+  }
+  return std::string(buf.data());
+}
+
+void RemoveTree(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+std::string ReadFileOrEmpty(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string TfConfigJson(int ps_port, int worker_port, const std::string& task_type) {
+  return absl::StrCat(R"({"cluster":{"ps":["127.0.0.1:)", ps_port, R"("],"worker":["127.0.0.1:)",
+                      worker_port, R"("]},"task":{"type":")", task_type,
+                      R"(","index":0},"environment":"cloud"})");
+}
+
+std::string DefaultPsBinary() {
+  const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  return absl::StrCat(ws && *ws ? ws : ".", "/bin/kubetrain-ps");
+}
+
+PsProcess::~PsProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+absl::Status PsProcess::Start(const std::string& binary, const std::string& job_file,
+                              const std::string& tf_config, const std::string& log_path) {
+  if (access(binary.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat(binary, " is not an executable (run `make build`, or pass --ps_binary)"));
+  }
+  log_path_ = log_path;
+  std::vector<std::string> args = {binary, "--config=" + job_file, "--bind_host=127.0.0.1",
+                                   "--metrics_address="};
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "TF_CONFIG=", 10) != 0) env_strings.emplace_back(*e);
+  }
+  env_strings.push_back("TF_CONFIG=" + tf_config);
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) return absl::InternalError(absl::StrCat("open ", log_path, ": ", std::strerror(errno)));
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(log_fd);
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    dup2(log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
+    execve(binary.c_str(), argv.data(), envp.data());
+    _exit(127);
+  }
+  close(log_fd);
+  pid_ = pid;
+  return absl::OkStatus();
+}
+
+absl::Status PsProcess::WaitReady(int port, double timeout_seconds) {
+  const double deadline = NowSeconds() + timeout_seconds;
+  while (true) {
+    int status = 0;
+    if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::UnavailableError(absl::StrCat("kubetrain-ps exited (status ", status,
+                                                 ") before serving; its log:\n",
+                                                 ReadFileOrEmpty(log_path_)));
+    }
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    if (ok) return absl::OkStatus();
+    if (NowSeconds() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("kubetrain-ps not listening on port ", port,
+                                                      " after ", timeout_seconds, " s; its log:\n",
+                                                      ReadFileOrEmpty(log_path_)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+int PsProcess::WaitOrKill(double timeout_seconds) {
+  if (pid_ <= 0) return -1;
+  const double deadline = NowSeconds() + timeout_seconds;
+  int status = 0;
+  while (NowSeconds() < deadline) {
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      if (WIFEXITED(status)) return WEXITSTATUS(status);
+      return 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid_, SIGKILL);
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return -1;
+}
+
+}  // namespace bench
+}  // namespace kubetrain

@@ -1,0 +1,290 @@
+// Step-time benchmark: a sync training step through a real PS versus the same
+// step in one process with no RPC.
+//
+//   local:       batch -> Model::LossAndGradients -> Optimizer::Apply on every
+//                variable (what one PS + one worker compute, minus transport);
+//   distributed: a real kubetrain-ps child (sync, 1 PS, 1 worker) and a
+//                PsClient over gRPC, the worker's loop: Pull(min_version = v)
+//                -> batch -> LossAndGradients -> Push(grad, v).
+// Same model (mlp 784-256-128-10), optimizer (adam), batch (128), real
+// Fashion-MNIST, same initial values. Medians over --steps steps after
+// --warmup steps. A tiny gRPC round trip (ShardChannel::GetInfo) measured in
+// the same run shows the fixed cost of one RPC. The last line is key=value
+// pairs. Never fails on a time.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/clock.h"
+#include "core/dataset.h"
+#include "core/flags.h"
+#include "core/task_config.h"
+#include "ps/optimizer.h"
+#include "tests/bench/bench_util.h"
+#include "worker/ps_client.h"
+
+namespace kubetrain {
+namespace bench {
+namespace {
+
+struct Flags {
+  std::string ps_binary = DefaultPsBinary();
+  std::string dataset = "/usr/share/datasets/fashion-mnist";
+  int64_t steps = 300;
+  int64_t warmup = 20;
+  int64_t batch = 128;
+  int64_t rtt_calls = 200;
+  bool keep_temp = false;
+};
+
+std::string JobYaml(const Flags& f) {
+  return absl::StrCat(R"(apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata:
+  name: bench-step
+spec:
+  replicaSpecs:
+    PS: {replicas: 1}
+    Worker: {replicas: 1}
+  training:
+    mode: sync
+    model:
+      type: mlp
+      hiddenUnits: [256, 128]
+    dataset:
+      name: fashion-mnist
+      path: )", f.dataset, R"(
+    optimizer:
+      type: adam
+      learningRate: 0.001
+    batchSize: )", f.batch, R"(
+    steps: 1000000
+    seed: 7
+    startupTimeoutSeconds: 30
+)");
+}
+
+double Ms(double seconds) { return seconds * 1e3; }
+
+void PrintRow(const char* name, const std::vector<double>& seconds) {
+  Summary s = Summarize(seconds);
+  std::printf("  %-26s min %7.3f  median %7.3f  max %7.3f ms\n", name, Ms(s.min), Ms(s.median),
+              Ms(s.max));
+}
+
+double MeanTail(const std::vector<float>& v, size_t n) {
+  if (v.empty()) return 0;
+  n = std::min(n, v.size());
+  return std::accumulate(v.end() - n, v.end(), 0.0) / n;
+}
+
+int Fail(const std::string& what, const absl::Status& s) {
+  std::fprintf(stderr, "error: %s%s\n", what.c_str(), std::string(s.message()).c_str());
+  return 1;
+}
+
+int Run(const Flags& f) {
+  const int steps = static_cast<int>(std::max<int64_t>(1, f.steps));
+  const int warmup = static_cast<int>(std::max<int64_t>(0, f.warmup));
+  const int total = warmup + steps;
+
+  auto dir = MakeTempDir("kubetrain-bench-step-");
+  if (!dir.ok()) return Fail("", dir.status());
+  struct Cleanup {
+    std::string dir;
+    bool keep;
+    ~Cleanup() {
+      if (!keep) RemoveTree(dir);
+    }
+  } cleanup{*dir, f.keep_temp};
+  auto ps_port = FreeLoopbackPort();
+  auto worker_port = FreeLoopbackPort();
+  if (!ps_port.ok()) return Fail("", ps_port.status());
+  if (!worker_port.ok()) return Fail("", worker_port.status());
+  const std::string job_file = *dir + "/job.yaml";
+  if (auto s = WriteFile(job_file, JobYaml(f)); !s.ok()) return Fail("", s);
+  auto config = LoadTaskConfig(job_file, TfConfigJson(*ps_port, *worker_port, "worker"));
+  if (!config.ok()) return Fail("", config.status());
+  const TrainingSpec& spec = config->job.training;
+  const Model& model = *config->model;
+  const int batch = spec.batch_size;
+
+  // Fork the PS before any thread exists; it initialises while we load data.
+  PsProcess ps;
+  if (auto s = ps.Start(f.ps_binary, job_file, TfConfigJson(*ps_port, *worker_port, "ps"),
+                        *dir + "/ps.log");
+      !s.ok()) {
+    return Fail("", s);
+  }
+  auto train = LoadFashionMnist(spec.dataset_path, true);
+  if (!train.ok()) return Fail("", train.status());
+  int64_t model_bytes = 0;
+  for (const auto& v : model.variables()) model_bytes += v.num_bytes();
+  std::printf("step benchmark: mlp 784-256-128-10 (%lld bytes), adam, batch %d, sync, 1 PS + 1 "
+              "worker; %d steps after %d warm-up\n",
+              static_cast<long long>(model_bytes), batch, steps, warmup);
+  std::fflush(stdout);
+
+  // Local: one process, no RPC.
+  std::vector<double> local_step, local_compute, local_apply;
+  std::vector<float> local_loss;
+  {
+    ShardedBatcher batcher(*train, 0, 1, spec.seed);
+    Params params = model.InitialParams(spec.seed);
+    Params grads;
+    std::vector<int64_t> sizes;
+    for (const auto& v : model.variables()) sizes.push_back(v.num_elements());
+    auto opt = CreateOptimizer(spec.optimizer, sizes);
+    if (!opt.ok()) return Fail("optimizer: ", opt.status());
+    std::vector<float> x;
+    std::vector<int32_t> y;
+    for (int i = 0; i < total; ++i) {
+      const double t0 = NowSeconds();
+      batcher.Next(batch, &x, &y);
+      float loss = model.LossAndGradients(params, x.data(), y.data(), batch, &grads);
+      const double t2 = NowSeconds();
+      for (size_t v = 0; v < params.size(); ++v) {
+        (*opt)->Apply(static_cast<int>(v), params[v].data(), grads[v].data(),
+                      static_cast<int64_t>(params[v].size()), i + 1);
+      }
+      const double t3 = NowSeconds();
+      local_loss.push_back(loss);
+      if (i < warmup) continue;
+      local_step.push_back(t3 - t0);
+      local_compute.push_back(t2 - t0);
+      local_apply.push_back(t3 - t2);
+    }
+  }
+
+  // Distributed: the worker's sync loop against the real PS.
+  if (auto s = ps.WaitReady(*ps_port, 60); !s.ok()) return Fail("", s);
+  const std::string address = absl::StrCat("127.0.0.1:", *ps_port);
+  RealClock clock;
+  std::vector<std::unique_ptr<ShardChannel>> channels;
+  channels.push_back(NewGrpcShardChannel(address, spec.chunk_bytes));
+  PsClient::Options options;
+  options.worker_index = 0;
+  options.fingerprint = config->placement.Fingerprint();
+  options.chunk_bytes = spec.chunk_bytes;
+  options.retry_timeout = absl::Seconds(30);
+  PsClient client(options, &config->placement, &clock, std::move(channels), PsClientMetrics{});
+  if (auto s = client.Connect(); !s.ok()) return Fail("connect: ", s);
+  std::vector<double> dist_step, dist_pull, dist_compute, dist_push, dist_wait;
+  std::vector<float> dist_loss;
+  {
+    ShardedBatcher batcher(*train, 0, 1, spec.seed);
+    Params params, grads;
+    std::vector<float> x;
+    std::vector<int32_t> y;
+    for (int i = 0; i < total; ++i) {
+      const double t0 = NowSeconds();
+      // After a push, the sync barrier: hold until the version passes the last one pulled.
+      auto pulled = client.Pull(/*next_version=*/i > 0, i, model.variables(), &params);
+      if (!pulled.ok()) return Fail("pull: ", pulled.status());
+      const double t1 = NowSeconds();
+      batcher.Next(batch, &x, &y);
+      float loss = model.LossAndGradients(params, x.data(), y.data(), batch, &grads);
+      const double t2 = NowSeconds();
+      auto pushed = client.Push(grads, i + 1);
+      if (!pushed.ok()) return Fail("push: ", pushed.status());
+      const double t3 = NowSeconds();
+      if (pushed->dropped) std::fprintf(stderr, "warning: step %d: gradient dropped as stale\n", i);
+      dist_loss.push_back(loss);
+      if (i < warmup) continue;
+      dist_step.push_back(t3 - t0);
+      dist_pull.push_back(t1 - t0);
+      dist_compute.push_back(t2 - t1);
+      dist_push.push_back(t3 - t2);
+      dist_wait.push_back(pulled->waited_seconds);
+    }
+  }
+
+  // A tiny RPC on its own channel: GetInfo (a few hundred bytes each way).
+  std::vector<double> rtt;
+  {
+    auto channel = NewGrpcShardChannel(address, spec.chunk_bytes);
+    const int calls = static_cast<int>(std::max<int64_t>(1, f.rtt_calls));
+    for (int i = 0; i < calls + 10; ++i) {
+      const double t0 = NowSeconds();
+      auto info = channel->GetInfo(0, absl::Seconds(5));
+      const double t1 = NowSeconds();
+      if (!info.ok()) return Fail("GetInfo: ", info.status());
+      if (i >= 10) rtt.push_back(t1 - t0);
+    }
+  }
+
+  absl::Status left = client.Leave();
+  auto stats = client.Shutdown();
+  const int exit_code = ps.WaitOrKill(10);
+  if (!left.ok()) std::fprintf(stderr, "warning: leave: %s\n", std::string(left.message()).c_str());
+  if (!stats.ok()) {
+    std::fprintf(stderr, "warning: shutdown: %s\n", std::string(stats.status().message()).c_str());
+  }
+  if (exit_code != 0) {
+    std::fprintf(stderr, "warning: kubetrain-ps exit code %d (-1: killed after 10 s); its log:\n%s\n",
+                 exit_code, ReadFileOrEmpty(ps.log_path()).c_str());
+  }
+
+  std::printf("local (one process, no RPC):\n");
+  PrintRow("step", local_step);
+  PrintRow("batch + loss/gradients", local_compute);
+  PrintRow("optimizer apply", local_apply);
+  std::printf("distributed (sync, real PS over gRPC):\n");
+  PrintRow("step", dist_step);
+  PrintRow("pull (barrier + transfer)", dist_pull);
+  PrintRow("  of which PS hold", dist_wait);
+  PrintRow("batch + loss/gradients", dist_compute);
+  PrintRow("push (transfer + apply)", dist_push);
+  std::printf("tiny gRPC round trip (GetInfo):\n");
+  PrintRow("rtt", rtt);
+  std::printf("mean loss over the last 50 steps: local %.4f, distributed %.4f\n",
+              MeanTail(local_loss, 50), MeanTail(dist_loss, 50));
+  if (stats.ok()) {
+    std::printf("ps: version %lld, %lld gradients applied, %lld stale dropped; exit code %d\n",
+                static_cast<long long>(stats->version()),
+                static_cast<long long>(stats->gradients_applied()),
+                static_cast<long long>(stats->stale_gradients_dropped()), exit_code);
+  }
+
+  const double local_ms = Ms(Summarize(local_step).median);
+  const double dist_ms = Ms(Summarize(dist_step).median);
+  std::printf("local_ms=%.3f distributed_ms=%.3f ratio=%.2f pull_ms=%.3f push_ms=%.3f rtt_us=%.0f "
+              "steps=%d compute_ms=%.3f local_compute_ms=%.3f local_apply_ms=%.3f hold_ms=%.3f "
+              "model_bytes=%lld\n",
+              local_ms, dist_ms, local_ms > 0 ? dist_ms / local_ms : 0.0,
+              Ms(Summarize(dist_pull).median), Ms(Summarize(dist_push).median),
+              Summarize(rtt).median * 1e6, steps, Ms(Summarize(dist_compute).median),
+              Ms(Summarize(local_compute).median), Ms(Summarize(local_apply).median),
+              Ms(Summarize(dist_wait).median), static_cast<long long>(model_bytes));
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace bench
+}  // namespace kubetrain
+
+int main(int argc, char** argv) {
+  kubetrain::bench::Flags flags;
+  kubetrain::FlagParser parser(
+      "step_bench [--ps_binary=bin/kubetrain-ps] [--steps=300]: sync step time, PS vs one process");
+  parser.String("ps_binary", &flags.ps_binary, "the kubetrain-ps binary to start");
+  parser.String("dataset", &flags.dataset, "Fashion-MNIST directory (IDX .gz files)");
+  parser.Int("steps", &flags.steps, "timed steps of each loop");
+  parser.Int("warmup", &flags.warmup, "untimed steps before them");
+  parser.Int("batch", &flags.batch, "batch size");
+  parser.Int("rtt_calls", &flags.rtt_calls, "GetInfo round trips timed");
+  parser.Bool("keep_temp", &flags.keep_temp, "keep the temp dir (job file, PS log)");
+  auto st = parser.Parse(argc, argv, 1, nullptr);
+  if (!st.ok() || parser.help_requested()) {
+    std::fprintf(stderr, "%s%s\n", st.ok() ? "" : ("error: " + std::string(st.message()) + "\n\n").c_str(),
+                 parser.Usage().c_str());
+    return st.ok() ? 0 : 2;
+  }
+  std::signal(SIGPIPE, SIG_IGN);
+  return kubetrain::bench::Run(flags);
+}

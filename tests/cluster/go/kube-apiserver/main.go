@@ -1,0 +1,21 @@
+// kube-apiserver for kubetrain's tests: a copy of upstream
+// k8s.io/kubernetes/cmd/kube-apiserver/apiserver.go, built in this wrapper
+// module because k8s.io/kubernetes cannot be `go install`ed directly.
+package main
+
+import (
+	"os"
+	_ "time/tzdata" // for timeZone support in CronJob
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"          // for JSON log format registration
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // load all the prometheus client-go plugins
+	_ "k8s.io/component-base/metrics/prometheus/version"  // for version metric registration
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() {
+	command := app.NewAPIServerCommand()
+	code := cli.Run(command)
+	os.Exit(code)
+}
