@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+
 #include <prometheus/counter.h>
 #include <prometheus/histogram.h>
 
@@ -28,8 +31,51 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const grpc::Sta
   return reactor;
 }
 
-// Holds a pull in the shard, then streams the header and the chunks.
-class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
+void AppendVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// The wire encoding of PullResponse{chunk: TensorChunk{part, offset, data}}
+// up to (not including) the data bytes.
+std::string ChunkPrefix(const std::string& part, uint64_t offset, uint64_t data_bytes) {
+  constexpr uint8_t kResponseChunk = (2 << 3) | 2;  // PullResponse.chunk, length-delimited
+  constexpr uint8_t kPart = (1 << 3) | 2;           // TensorChunk.part
+  constexpr uint8_t kOffset = (2 << 3) | 0;         // TensorChunk.offset, varint
+  constexpr uint8_t kData = (3 << 3) | 2;           // TensorChunk.data
+  uint64_t chunk_len = 1 + VarintSize(part.size()) + part.size() + 1 + VarintSize(offset) + 1 +
+                       VarintSize(data_bytes) + data_bytes;
+  std::string out;
+  out.push_back(static_cast<char>(kResponseChunk));
+  AppendVarint(chunk_len, &out);
+  out.push_back(static_cast<char>(kPart));
+  AppendVarint(part.size(), &out);
+  out.append(part);
+  out.push_back(static_cast<char>(kOffset));
+  AppendVarint(offset, &out);
+  out.push_back(static_cast<char>(kData));
+  AppendVarint(data_bytes, &out);
+  return out;
+}
+
+// gRPC releases a slice through a C callback; the slice keeps the snapshot alive.
+void ReleaseSnapshot(void* holder) { delete static_cast<std::shared_ptr<const std::string>*>(holder); }
+
+// Holds a pull in the shard, then streams the header and the chunks. Chunk
+// payloads are slices into the snapshot (zero copy).
+class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(Shard* shard, const Clock* clock, const PsServiceOptions& options,
               const PsServiceMetrics& metrics, const v1::PullRequest& req)
@@ -71,13 +117,17 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
       return;
     }
     snapshot_ = std::move(*snap);
-    auto* h = msg_.mutable_header();
+    v1::PullResponse msg;
+    auto* h = msg.mutable_header();
     h->set_version(snapshot_.version);
     h->set_done(snapshot_.done);
     h->set_waited_seconds(snapshot_.waited_seconds);
     h->set_total_bytes(snapshot_.bytes->size());
     h->set_incarnation(snapshot_.incarnation);
-    StartWrite(&msg_);
+    std::string encoded = msg.SerializeAsString();
+    grpc::Slice slice(encoded.data(), encoded.size());
+    out_ = grpc::ByteBuffer(&slice, 1);
+    StartWrite(&out_);
   }
 
   // Next chunk of the current part, or of the next non-empty part, or finish.
@@ -88,14 +138,16 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
       if (part_offset_ < part_bytes) {
         uint64_t n = std::min<uint64_t>(chunk_bytes_, part_bytes - part_offset_);
         n -= n % 4;
-        msg_.Clear();
-        auto* c = msg_.mutable_chunk();
-        c->set_part(parts[part_].name);
-        c->set_offset(part_offset_ / 4);
-        c->set_data(snapshot_.bytes->data() + base_ + part_offset_, n);
+        std::string prefix = ChunkPrefix(parts[part_].name, part_offset_ / 4, n);
+        const char* data = snapshot_.bytes->data() + base_ + part_offset_;
+        grpc::Slice slices[2] = {
+            grpc::Slice(prefix.data(), prefix.size()),
+            grpc::Slice(const_cast<char*>(data), n, ReleaseSnapshot,
+                        new std::shared_ptr<const std::string>(snapshot_.bytes))};
+        out_ = grpc::ByteBuffer(slices, 2);
         part_offset_ += n;
         if (metrics_.pull_bytes) metrics_.pull_bytes->Increment(static_cast<double>(n));
-        StartWrite(&msg_);
+        StartWrite(&out_);
         return;
       }
       base_ += part_bytes;
@@ -117,10 +169,17 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
   // Touched only by the write sequence, which gRPC serialises.
   Shard::Snapshot snapshot_;
-  v1::PullResponse msg_;
+  grpc::ByteBuffer out_;
   size_t part_ = 0;
   uint64_t part_offset_ = 0;  // bytes into the current part
   uint64_t base_ = 0;         // bytes before the current part in the snapshot
+};
+
+// Answers a pull whose request could not be parsed.
+class RejectReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RejectReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
 };
 
 // Reassembles a pushed gradient chunk by chunk, rejecting bad chunks at once.
@@ -258,9 +317,16 @@ grpc::ServerUnaryReactor* PsService::GetInfo(grpc::CallbackServerContext* ctx,
   return Done(ctx, grpc::Status::OK);
 }
 
-grpc::ServerWriteReactor<v1::PullResponse>* PsService::Pull(grpc::CallbackServerContext*,
-                                                            const v1::PullRequest* req) {
-  return new PullReactor(shard_, clock_, options_, metrics_, *req);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* PsService::Pull(grpc::CallbackServerContext*,
+                                                           const grpc::ByteBuffer* raw) {
+  grpc::ByteBuffer copy(*raw);  // shares the slices; deserialising consumes the buffer
+  v1::PullRequest req;
+  grpc::Status s = grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::PullRequest>(&copy, &req);
+  if (!s.ok()) {
+    return new RejectReactor(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                          "pull: malformed PullRequest: " + s.error_message()));
+  }
+  return new PullReactor(shard_, clock_, options_, metrics_, req);
 }
 
 grpc::ServerReadReactor<v1::PushRequest>* PsService::Push(grpc::CallbackServerContext*,

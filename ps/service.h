@@ -32,15 +32,20 @@ struct PsServiceMetrics {
   prometheus::Counter* push_bytes = nullptr;  // received from workers
 };
 
-class PsService final : public v1::ParameterServer::CallbackService {
+// Pull is served raw (ByteBuffer): its chunks are encoded by hand so that the
+// tensor bytes go to gRPC as slices pointing into the shard's snapshot, with
+// no copy into a protobuf message. The bytes on the wire are an ordinary
+// PullResponse; clients use the generated stub.
+class PsService final
+    : public v1::ParameterServer::WithRawCallbackMethod_Pull<v1::ParameterServer::CallbackService> {
  public:
   // `shard` and `clock` must outlive the service.
   PsService(Shard* shard, const Clock* clock, PsServiceOptions options, PsServiceMetrics metrics);
 
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* ctx, const v1::InfoRequest* req,
                                     v1::ShardInfo* resp) override;
-  grpc::ServerWriteReactor<v1::PullResponse>* Pull(grpc::CallbackServerContext* ctx,
-                                                   const v1::PullRequest* req) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Pull(grpc::CallbackServerContext* ctx,
+                                                  const grpc::ByteBuffer* req) override;
   grpc::ServerReadReactor<v1::PushRequest>* Push(grpc::CallbackServerContext* ctx,
                                                  v1::PushResponse* resp) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
