@@ -1,0 +1,107 @@
+// The operator's decision, as a pure function: from a TrainingJob and what
+// exists in the cluster for it (observed), what should be created, deleted
+// and reported. No I/O and no clock reads: `observed.now` is an input, so
+// every rule (restart policies, backoffLimit, deadlines, TTL, suspend,
+// success) is unit-tested without a cluster (desired_test.cc).
+//
+// Objects per replica (type t in ps/worker/chief/evaluator, index i):
+//   Service {job}-{t}-{i}: headless (clusterIP None), publishNotReadyAddresses,
+//           port "kubetrain" (2222 by default), selecting exactly that pod;
+//   Pod     {job}-{t}-{i}: labels kubetrain.io/{job-name,replica-type,
+//           replica-index}, controller ownerReference to the job, TF_CONFIG
+//           built from the Services' DNS names.
+// Plus one ConfigMap {job}-config holding the job (trainingjob.yaml), mounted
+// into kubetrain runtime containers.
+#ifndef KUBETRAIN_OPERATOR_DESIRED_H_
+#define KUBETRAIN_OPERATOR_DESIRED_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/time/time.h"
+#include "core/cluster_spec.h"
+#include "core/job_spec.h"
+
+namespace kubetrain {
+
+struct OperatorConfig {
+  std::string runtime_image = "kubetrain-runtime:latest";
+  std::string image_pull_policy = "IfNotPresent";
+  std::string cluster_domain;  // "" -> {svc}.{ns}.svc; else {svc}.{ns}.svc.{domain}
+  int port = 2222;
+  int metrics_port = 9090;
+  std::string config_dir = "/etc/kubetrain";  // where the job's ConfigMap is mounted
+};
+
+// The TrainingJob object as read from the API server.
+struct JobObject {
+  std::string name;
+  std::string namespace_;
+  std::string uid;
+  int64_t generation = 0;
+  nlohmann::json object;  // the whole object (spec is parsed from it)
+  nlohmann::json status;  // .status as stored (may be null)
+  bool deleting = false;  // metadata.deletionTimestamp set
+};
+
+struct ObservedPod {
+  std::string name;
+  std::string type;  // "ps", "worker", ...
+  int index = 0;
+  std::string phase;  // Pending, Running, Succeeded, Failed, Unknown
+  std::optional<int> exit_code;  // of the training container, when terminated
+  std::string termination_message;
+  int restart_count = 0;  // container restarts done in place by the kubelet
+  bool deleting = false;
+};
+
+struct Observed {
+  absl::Time now;
+  std::vector<ObservedPod> pods;       // pods labelled with this job's name
+  std::vector<std::string> services;   // service names labelled with this job's name
+  bool config_map_exists = false;
+  // The chief's latest progress (global step, loss, accuracy...), if known.
+  std::optional<nlohmann::json> progress;
+};
+
+struct JobEvent {
+  std::string type;    // Normal | Warning
+  std::string reason;  // e.g. TrainingJobRestarting
+  std::string message;
+};
+
+struct Actions {
+  std::optional<nlohmann::json> create_config_map;
+  std::vector<nlohmann::json> create_services;
+  std::vector<nlohmann::json> create_pods;
+  std::vector<std::string> delete_pods;
+  nlohmann::json status;  // the status the job should have now
+  std::vector<JobEvent> events;
+  std::optional<absl::Duration> requeue_after;  // a deadline or TTL falls due then
+  bool delete_job = false;                      // ttlSecondsAfterFinished has passed
+};
+
+Actions Desired(const JobObject& job, const Observed& observed, const OperatorConfig& config);
+
+// Building blocks, exposed for tests and for `kubetrain` tooling.
+std::string ReplicaName(const std::string& job, const std::string& type, int index);
+// "PS" -> "ps", "Worker" -> "worker", ...
+std::string ReplicaTypeLabel(const std::string& spec_key);
+TfConfig BuildTfConfig(const std::string& job, const std::string& ns, const TrainingJob& spec,
+                       const std::string& type, int index, const OperatorConfig& config);
+nlohmann::json BuildService(const JobObject& job, const std::string& type, int index,
+                            const OperatorConfig& config);
+nlohmann::json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& spec_key,
+                        int index, const OperatorConfig& config);
+nlohmann::json BuildConfigMap(const JobObject& job);
+// Whether a pod that ended with `exit_code` is recreated under `policy`.
+bool IsRetryable(RestartPolicy policy, int exit_code);
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_OPERATOR_DESIRED_H_

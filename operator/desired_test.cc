@@ -1,0 +1,318 @@
+#include "operator/desired.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+namespace kubetrain {
+namespace {
+
+using nlohmann::json;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1800000000);
+
+json JobJson(const std::string& extra_run_policy = "", const std::string& worker_policy = "Never",
+             int workers = 2) {
+  json j = {{"apiVersion", "kubetrain.io/v1"},
+            {"kind", "TrainingJob"},
+            {"metadata", {{"name", "mnist"}, {"namespace", "ns3"}, {"uid", "u-1"}, {"resourceVersion", "7"}}},
+            {"spec",
+             {{"replicaSpecs",
+               {{"PS", {{"replicas", 2}}}, {"Worker", {{"replicas", workers}, {"restartPolicy", worker_policy}}}}},
+              {"training", {{"model", {{"type", "softmax"}}}, {"steps", 100}}}}}};
+  if (!extra_run_policy.empty()) j["spec"]["runPolicy"] = json::parse(extra_run_policy);
+  return j;
+}
+
+JobObject Job(json object, json status = json()) {
+  JobObject job;
+  job.name = object["metadata"]["name"];
+  job.namespace_ = object["metadata"]["namespace"];
+  job.uid = object["metadata"]["uid"];
+  job.generation = 1;
+  job.object = object;
+  job.status = status;
+  return job;
+}
+
+ObservedPod Pod(const std::string& type, int index, const std::string& phase,
+                std::optional<int> exit_code = {}) {
+  ObservedPod p;
+  p.name = "mnist-" + type + "-" + std::to_string(index);
+  p.type = type;
+  p.index = index;
+  p.phase = phase;
+  p.exit_code = exit_code;
+  return p;
+}
+
+Observed AllPods(const std::string& phase, absl::Time now = kT0) {
+  Observed o;
+  o.now = now;
+  o.config_map_exists = true;
+  for (int i = 0; i < 2; ++i) {
+    o.pods.push_back(Pod("ps", i, phase));
+    o.pods.push_back(Pod("worker", i, phase));
+    o.services.push_back("mnist-ps-" + std::to_string(i));
+    o.services.push_back("mnist-worker-" + std::to_string(i));
+  }
+  return o;
+}
+
+ObservedPod* Find(Observed& o, const std::string& name) {
+  for (auto& p : o.pods) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+std::string Condition(const json& status, const std::string& type) {
+  for (const auto& c : status["conditions"]) {
+    if (c["type"] == type) return c["status"].get<std::string>() + "/" + c["reason"].get<std::string>();
+  }
+  return "absent";
+}
+
+const json* PodNamed(const Actions& a, const std::string& name) {
+  for (const auto& p : a.create_pods) {
+    if (p["metadata"]["name"] == name) return &p;
+  }
+  return nullptr;
+}
+
+std::string EnvOf(const json& pod, const std::string& name) {
+  for (const auto& e : pod["spec"]["containers"][0]["env"]) {
+    if (e["name"] == name) return e.contains("value") ? e["value"].get<std::string>() : e.dump();
+  }
+  return "";
+}
+
+TEST(DesiredTest, NewJobGetsConfigMapServicesAndPodsWithTfConfig) {
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
+  ASSERT_TRUE(a.create_config_map.has_value());
+  EXPECT_EQ((*a.create_config_map)["metadata"]["name"], "mnist-config");
+  ASSERT_EQ(a.create_services.size(), 4u);
+  ASSERT_EQ(a.create_pods.size(), 4u);
+  for (const auto& svc : a.create_services) {
+    EXPECT_EQ(svc["spec"]["clusterIP"], "None");
+    EXPECT_EQ(svc["spec"]["publishNotReadyAddresses"], true);
+    EXPECT_EQ(svc["spec"]["ports"][0]["name"], "kubetrain");
+    EXPECT_EQ(svc["spec"]["ports"][0]["port"], 2222);
+  }
+  const json* w1 = PodNamed(a, "mnist-worker-1");
+  ASSERT_NE(w1, nullptr);
+  EXPECT_EQ((*w1)["metadata"]["labels"]["kubetrain.io/job-name"], "mnist");
+  EXPECT_EQ((*w1)["metadata"]["labels"]["kubetrain.io/replica-type"], "worker");
+  EXPECT_EQ((*w1)["metadata"]["labels"]["kubetrain.io/replica-index"], "1");
+  const json& owner = (*w1)["metadata"]["ownerReferences"][0];
+  EXPECT_EQ(owner["kind"], "TrainingJob");
+  EXPECT_EQ(owner["uid"], "u-1");
+  EXPECT_EQ(owner["controller"], true);
+  EXPECT_EQ(EnvOf(*w1, "TF_CONFIG"),
+            "{\"cluster\":{\"ps\":[\"mnist-ps-0.ns3.svc:2222\",\"mnist-ps-1.ns3.svc:2222\"],"
+            "\"worker\":[\"mnist-worker-0.ns3.svc:2222\",\"mnist-worker-1.ns3.svc:2222\"]},"
+            "\"environment\":\"cloud\",\"task\":{\"index\":1,\"type\":\"worker\"}}");
+  auto tf = ParseTfConfig(EnvOf(*w1, "TF_CONFIG"));
+  ASSERT_TRUE(tf.ok());
+  EXPECT_EQ(tf->self_address(), "mnist-worker-1.ns3.svc:2222");
+  EXPECT_EQ((*w1)["spec"]["restartPolicy"], "Never");
+  EXPECT_EQ((*w1)["spec"]["containers"][0]["command"][0], "kubetrain-worker");
+  EXPECT_EQ(Condition(a.status, "Created"), "True/TrainingJobCreated");
+  EXPECT_EQ(a.status["state"], "Created");
+  EXPECT_EQ(a.status["startTime"], "2027-01-15T08:00:00Z");
+  // The chief reports its result through the termination message.
+  const json* w0 = PodNamed(a, "mnist-worker-0");
+  auto args = (*w0)["spec"]["containers"][0]["args"].dump();
+  EXPECT_NE(args.find("--result_file=/dev/termination-log"), std::string::npos);
+}
+
+TEST(DesiredTest, ClusterDomainAndUserContainersAreRespected) {
+  json j = JobJson();
+  j["spec"]["replicaSpecs"]["Worker"]["template"] = {
+      {"metadata", {{"labels", {{"team", "ml"}}}}},
+      {"spec", {{"containers", json::array({{{"name", "sidecar"}, {"image", "busybox"}},
+                                            {{"name", "tensorflow"}, {"image", "tensorflow/tensorflow:2.15.0"},
+                                             {"command", json::array({"python", "train.py"})}}})}}}};
+  OperatorConfig cfg;
+  cfg.cluster_domain = "tf.training.org";
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(Job(j), o, cfg);
+  const json* w0 = PodNamed(a, "mnist-worker-0");
+  ASSERT_NE(w0, nullptr);
+  const json& containers = (*w0)["spec"]["containers"];
+  ASSERT_EQ(containers.size(), 2u);
+  EXPECT_EQ(containers[1]["command"][0], "python");  // run as given
+  EXPECT_FALSE(containers[0].contains("env"));        // only the training container gets TF_CONFIG
+  std::string tf;
+  for (const auto& e : containers[1]["env"]) {
+    if (e["name"] == "TF_CONFIG") tf = e["value"];
+  }
+  EXPECT_NE(tf.find("mnist-ps-0.ns3.svc.tf.training.org:2222"), std::string::npos) << tf;
+  EXPECT_EQ((*w0)["metadata"]["labels"]["team"], "ml");
+  EXPECT_FALSE((*w0)["spec"].contains("volumes"));
+}
+
+TEST(DesiredTest, RunningPodsMakeTheJobRunningWithCounts) {
+  Observed o = AllPods("Running");
+  Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
+  EXPECT_TRUE(a.create_pods.empty());
+  EXPECT_TRUE(a.create_services.empty());
+  EXPECT_TRUE(a.delete_pods.empty());
+  EXPECT_EQ(Condition(a.status, "Running"), "True/TrainingJobRunning");
+  EXPECT_EQ(a.status["state"], "Running");
+  EXPECT_EQ(a.status["replicaStatuses"]["Worker"]["active"], 2);
+  EXPECT_EQ(a.status["replicaStatuses"]["PS"]["active"], 2);
+}
+
+TEST(DesiredTest, WorkerFailingUnderNeverFailsTheJobNamingTheReplica) {
+  Observed o = AllPods("Running");
+  *Find(o, "mnist-worker-1") = Pod("worker", 1, "Failed", 1);
+  Actions a = Desired(Job(JobJson("{\"cleanPodPolicy\": \"None\"}")), o, OperatorConfig{});
+  EXPECT_EQ(Condition(a.status, "Failed"), "True/TrainingJobFailed");
+  EXPECT_EQ(Condition(a.status, "Running"), "absent");
+  std::string msg;
+  for (const auto& c : a.status["conditions"]) {
+    if (c["type"] == "Failed") msg = c["message"];
+  }
+  EXPECT_NE(msg.find("Worker replica 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("exited with code 1"), std::string::npos) << msg;
+  EXPECT_TRUE(a.create_pods.empty());
+  EXPECT_TRUE(a.delete_pods.empty());  // cleanPodPolicy None
+  EXPECT_EQ(a.status["state"], "Failed");
+  EXPECT_TRUE(a.status.contains("completionTime"));
+}
+
+TEST(DesiredTest, ExitCodePolicyRecreatesOnSignalThenRunsAgain) {
+  json job = JobJson("", "ExitCode");
+  Observed o = AllPods("Running");
+  *Find(o, "mnist-worker-1") = Pod("worker", 1, "Failed", 137);
+  Actions a = Desired(Job(job), o, OperatorConfig{});
+  EXPECT_EQ(a.delete_pods, std::vector<std::string>{"mnist-worker-1"});
+  EXPECT_EQ(Condition(a.status, "Restarting"), "True/TrainingJobRestarting");
+  EXPECT_EQ(a.status["state"], "Restarting");
+  EXPECT_EQ(a.status["replicaStatuses"]["Worker"]["restarts"], 1);
+  ASSERT_FALSE(a.events.empty());
+  EXPECT_EQ(a.events.back().reason, "TrainingJobRestarting");
+  // Next round: the pod is gone and is created again with the same name.
+  o.pods.erase(std::remove_if(o.pods.begin(), o.pods.end(), [](auto& p) { return p.name == "mnist-worker-1"; }),
+               o.pods.end());
+  Actions b = Desired(Job(job, a.status), o, OperatorConfig{});
+  ASSERT_EQ(b.create_pods.size(), 1u);
+  EXPECT_EQ(b.create_pods[0]["metadata"]["name"], "mnist-worker-1");
+  EXPECT_EQ(b.status["replicaStatuses"]["Worker"]["restarts"], 1);
+  // Exit 1 under ExitCode is permanent.
+  *Find(o, "mnist-worker-0") = Pod("worker", 0, "Failed", 1);
+  Actions c = Desired(Job(job, b.status), o, OperatorConfig{});
+  EXPECT_EQ(Condition(c.status, "Failed"), "True/TrainingJobFailed");
+}
+
+TEST(DesiredTest, BackoffLimitFailsTheJob) {
+  json job = JobJson("{\"backoffLimit\": 1}", "ExitCode");
+  Observed o = AllPods("Running");
+  *Find(o, "mnist-worker-1") = Pod("worker", 1, "Failed", 137);
+  Actions a = Desired(Job(job), o, OperatorConfig{});
+  EXPECT_EQ(a.status["state"], "Restarting");  // 1 restart: at the limit, not over it
+  Actions b = Desired(Job(job, a.status), o, OperatorConfig{});  // it failed again
+  EXPECT_EQ(Condition(b.status, "Failed"), "True/BackoffLimitExceeded");
+  // In-place kubelet restarts (OnFailure) count too.
+  json onfailure = JobJson("{\"backoffLimit\": 2}", "OnFailure");
+  Observed o2 = AllPods("Running");
+  Find(o2, "mnist-worker-0")->restart_count = 3;
+  EXPECT_EQ(Condition(Desired(Job(onfailure), o2, OperatorConfig{}).status, "Failed"), "True/BackoffLimitExceeded");
+}
+
+TEST(DesiredTest, ActiveDeadlineIsATimerAndKillsRunningPods) {
+  json job = JobJson("{\"activeDeadlineSeconds\": 60, \"cleanPodPolicy\": \"None\"}");
+  json status = {{"startTime", "2027-01-15T08:00:00Z"}};
+  Observed o = AllPods("Running", kT0 + absl::Seconds(45));
+  Actions a = Desired(Job(job, status), o, OperatorConfig{});
+  ASSERT_TRUE(a.requeue_after.has_value());
+  EXPECT_EQ(*a.requeue_after, absl::Seconds(15));
+  o.now = kT0 + absl::Seconds(60);
+  Actions b = Desired(Job(job, a.status), o, OperatorConfig{});
+  EXPECT_EQ(Condition(b.status, "Failed"), "True/DeadlineExceeded");
+  EXPECT_EQ(b.delete_pods.size(), 4u);
+}
+
+TEST(DesiredTest, SuspendDeletesPodsAndResumeRecreatesThem) {
+  json job = JobJson("{\"suspend\": true}");
+  Observed o = AllPods("Running");
+  Actions a = Desired(Job(job, json{{"startTime", "2027-01-15T07:00:00Z"}}), o, OperatorConfig{});
+  EXPECT_EQ(a.delete_pods.size(), 4u);
+  EXPECT_EQ(a.status["state"], "Suspended");
+  EXPECT_FALSE(a.status.contains("startTime"));
+  EXPECT_TRUE(a.create_pods.empty());
+  Observed empty;
+  empty.now = kT0 + absl::Seconds(30);
+  empty.config_map_exists = true;
+  empty.services = o.services;
+  Actions b = Desired(Job(JobJson("{\"suspend\": false}"), a.status), empty, OperatorConfig{});
+  EXPECT_EQ(b.create_pods.size(), 4u);
+  EXPECT_EQ(Condition(b.status, "Suspended"), "False/TrainingJobResumed");
+  EXPECT_EQ(b.status["startTime"], "2027-01-15T08:00:30Z");
+}
+
+TEST(DesiredTest, ChiefSuccessSucceedsCleansUpAndReportsTheResult) {
+  Observed o = AllPods("Running");
+  *Find(o, "mnist-worker-0") = Pod("worker", 0, "Succeeded", 0);
+  Find(o, "mnist-worker-0")->termination_message = "{\"test_accuracy\":0.88,\"global_step\":100}";
+  Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
+  EXPECT_EQ(Condition(a.status, "Succeeded"), "True/TrainingJobSucceeded");
+  EXPECT_EQ(a.status["result"]["test_accuracy"], 0.88);
+  // cleanPodPolicy Running (the default): the still-running PS pods and worker 1 go.
+  EXPECT_EQ(a.delete_pods.size(), 3u);
+  EXPECT_TRUE(a.create_pods.empty());
+  // AllWorkers waits for worker 1 as well.
+  json all = JobJson();
+  all["spec"]["successPolicy"] = "AllWorkers";
+  EXPECT_NE(Desired(Job(all), o, OperatorConfig{}).status["state"], "Succeeded");
+}
+
+TEST(DesiredTest, TtlDeletesTheFinishedJobOnTime) {
+  json job = JobJson("{\"ttlSecondsAfterFinished\": 30}");
+  json status = {{"conditions", json::array({{{"type", "Succeeded"}, {"status", "True"}, {"reason", "x"}, {"message", ""}}})},
+                 {"completionTime", "2027-01-15T08:00:00Z"}};
+  Observed o;
+  o.now = kT0 + absl::Seconds(10);
+  Actions a = Desired(Job(job, status), o, OperatorConfig{});
+  EXPECT_FALSE(a.delete_job);
+  EXPECT_EQ(*a.requeue_after, absl::Seconds(20));
+  o.now = kT0 + absl::Seconds(30);
+  EXPECT_TRUE(Desired(Job(job, status), o, OperatorConfig{}).delete_job);
+}
+
+TEST(DesiredTest, InvalidSpecFailsWithTheParsersMessageAndCreatesNothing) {
+  json job = JobJson();
+  job["spec"]["training"]["replicasToAggregate"] = 5;
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(Job(job), o, OperatorConfig{});
+  EXPECT_EQ(Condition(a.status, "Failed"), "True/InvalidSpec");
+  std::string msg;
+  for (const auto& c : a.status["conditions"]) {
+    if (c["type"] == "Failed") msg = c["message"];
+  }
+  EXPECT_NE(msg.find("spec.training.replicasToAggregate"), std::string::npos) << msg;
+  EXPECT_TRUE(a.create_pods.empty());
+  EXPECT_TRUE(a.create_services.empty());
+}
+
+TEST(DesiredTest, ScaleDownDeletesPodsBeyondReplicas) {
+  Observed o = AllPods("Running");
+  Actions a = Desired(Job(JobJson("", "Never", /*workers=*/1)), o, OperatorConfig{});
+  EXPECT_EQ(a.delete_pods, std::vector<std::string>{"mnist-worker-1"});
+}
+
+TEST(DesiredTest, ConditionTransitionTimesOnlyMoveOnChange) {
+  Observed o = AllPods("Running");
+  Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
+  o.now = kT0 + absl::Seconds(100);
+  Actions b = Desired(Job(JobJson(), a.status), o, OperatorConfig{});
+  EXPECT_EQ(a.status["conditions"], b.status["conditions"]);
+}
+
+}  // namespace
+}  // namespace kubetrain
