@@ -50,14 +50,15 @@ class WorkQueue {
       if (shutdown_) return std::nullopt;
       absl::Time now = clock_->Now();
       absl::Time next = absl::InfiniteFuture();
-      for (const auto& [key, at] : due_) {
-        if (processing_.count(key)) continue;
-        if (at <= now) {
-          due_.erase(key);
+      for (auto it = due_.begin(); it != due_.end(); ++it) {
+        if (processing_.count(it->first)) continue;
+        if (it->second <= now) {
+          std::string key = it->first;  // copy before the node goes
+          due_.erase(it);
           processing_.insert(key);
           return key;
         }
-        next = std::min(next, at);
+        next = std::min(next, it->second);
       }
       // Wake up for the earliest due key (real time; the clock is for tests).
       mu_.AwaitWithTimeout(absl::Condition(&changed_), std::min(next - now, absl::Milliseconds(200)));

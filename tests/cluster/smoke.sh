@@ -128,7 +128,9 @@ check "kubectl get --watch sees Widget created during the watch" \
   bash -c "cat '$TMP/kwatch.out' '$TMP/kwatch.err'; grep -q 'widget.example.com/w2' '$TMP/kwatch.out'"
 
 # Raw REST watch: list RV, then watch from it and create w3.
-RV="$("${CURL[@]}" "$KUBETRAIN_APISERVER_URL/apis/example.com/v1/namespaces/$NS/widgets" | sed -n 's/.*"resourceVersion":"\([0-9]*\)".*/\1/p' | head -1)"
+# Custom-object lists are unstructured JSON with sorted keys (apiVersion, items, kind,
+# metadata), so the list's own metadata.resourceVersion is the LAST one in the body.
+RV="$("${CURL[@]}" "$KUBETRAIN_APISERVER_URL/apis/example.com/v1/namespaces/$NS/widgets" | grep -o '"resourceVersion": *"[0-9]*"' | tail -n 1 | grep -o '[0-9][0-9]*')"
 curl -sSN --max-time 10 --cacert "$KUBETRAIN_CA_FILE" -H "Authorization: Bearer $KUBETRAIN_TOKEN" \
   "$KUBETRAIN_APISERVER_URL/apis/example.com/v1/namespaces/$NS/widgets?watch=1&resourceVersion=$RV&allowWatchBookmarks=true&timeoutSeconds=4" \
   > "$TMP/rwatch.out" 2>"$TMP/rwatch.err" &
@@ -137,8 +139,10 @@ sleep 1.5
 "$K" apply -f "$TMP/w3.yaml" >/dev/null 2>&1
 wait "$WATCH_PID"; rc=$?
 WATCH_PID=
-check "REST watch (?watch=1&resourceVersion=$RV) streams ADDED w3 and ends cleanly" \
-  bash -c "cat '$TMP/rwatch.out' '$TMP/rwatch.err' | cut -c1-300; [ $rc = 0 ] && grep '\"type\":\"ADDED\"' '$TMP/rwatch.out' | grep -q '\"name\":\"w3\"'"
+check "REST watch from list resourceVersion ($RV) streams only ADDED w3 and ends cleanly" \
+  bash -c "cat '$TMP/rwatch.out' '$TMP/rwatch.err' | cut -c1-300; [ -n '$RV' ] && [ $rc = 0 ] &&
+    grep '\"type\":\"ADDED\"' '$TMP/rwatch.out' | grep -q '\"name\":\"w3\"' &&
+    ! grep '\"type\":\"ADDED\"' '$TMP/rwatch.out' | grep -q '\"name\":\"w[12]\"'"
 
 check "list Widgets shows w1 w2 w3" \
   bash -c "[ \"\$('$K' -n $NS get widgets -o jsonpath='{.items[*].metadata.name}')\" = 'w1 w2 w3' ]"

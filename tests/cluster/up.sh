@@ -159,6 +159,9 @@ done
 log "etcd healthy at $ETCD_URL"
 
 # --- kube-apiserver (envtest's defaultArgs + token auth) -------------------------
+# --endpoint-reconciler-type=none: the default (lease) reconciler tries every 10s to
+# write Endpoints "kubernetes" = [127.0.0.1] and is rejected ("may not be in the
+# loopback range"), filling the log; the Service default/kubernetes is still created.
 # shellcheck disable=SC2206
 EXTRA=( ${KUBETRAIN_APISERVER_EXTRA_ARGS:-} )
 start_bg kube-apiserver "$STATE/kube-apiserver.pid" "$LOGS/kube-apiserver.log" \
@@ -179,6 +182,7 @@ start_bg kube-apiserver "$STATE/kube-apiserver.pid" "$LOGS/kube-apiserver.log" \
   --service-cluster-ip-range=10.0.0.0/24 \
   --allow-privileged=true \
   --disable-admission-plugins=ServiceAccount \
+  --endpoint-reconciler-type=none \
   "${EXTRA[@]}"
 
 deadline=$(( SECONDS + READY_TIMEOUT ))
