@@ -9,11 +9,12 @@ BAZEL_FLAGS ?=
 DEB_PACKAGES := bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev \
   protobuf-compiler libcpprest-dev libeigen3-dev prometheus-cpp-dev libyaml-cpp-dev zlib1g-dev \
   libgtest-dev nlohmann-json3-dev dataset-fashion-mnist prometheus python3 python3-pytest curl
-BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker
+BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker operator/kubetrain-operator
 # The first python3 on PATH that has pytest (Debian's python3-pytest otherwise).
 PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest" 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: all deps build demo demo-async demo-softmax test unit-test integration-test asan tsan clean
+.PHONY: all deps build demo demo-async demo-softmax test unit-test integration-test operator-test \
+  cluster-up cluster-down asan tsan clean
 
 all: build
 
@@ -54,6 +55,14 @@ asan: deps
 
 tsan: deps
 	$(BAZEL) test --config=tsan //...
+
+# A real kube-apiserver + etcd (built from Go modules, cached in ~/.cache/kubetrain),
+# the CRD, the operator and the test node agent, in the background.
+cluster-up: build
+	@tests/cluster/cluster-up.sh
+
+cluster-down:
+	@tests/cluster/cluster-down.sh
 
 clean:
 	$(BAZEL) clean

@@ -79,7 +79,11 @@ void Controller::WatchLoop(const ResourceRef& ref, const std::string& selector, 
         [&](const WatchEvent& e) {
           std::string new_rv = e.object.value("/metadata/resourceVersion"_json_pointer, std::string());
           if (!new_rv.empty()) rv = new_rv;
-          if (e.type != WatchEventType::kBookmark) Enqueue(e.object, pods);
+          try {
+            if (e.type != WatchEventType::kBookmark) Enqueue(e.object, pods);
+          } catch (const std::exception& ex) {
+            Log("operator: ignoring a malformed ", resource, " event: ", ex.what());
+          }
           return !stop->load();
         },
         options_.watch_timeout_seconds);
@@ -120,7 +124,12 @@ void Controller::Work(const std::atomic<bool>* stop) {
     queue_depth_.Set(static_cast<double>(queue_.Depth()));
     const auto slash = key->find('/');
     absl::Time t0 = clock_->Now();
-    ReconcileOutcome out = reconciler_->Reconcile(key->substr(0, slash), key->substr(slash + 1));
+    ReconcileOutcome out;
+    try {
+      out = reconciler_->Reconcile(key->substr(0, slash), key->substr(slash + 1));
+    } catch (const std::exception& e) {  // a bug or a malformed object must not take the operator down
+      out.status = absl::InternalError(absl::StrCat("reconcile threw: ", e.what()));
+    }
     reconcile_seconds_.Observe(absl::ToDoubleSeconds(clock_->Now() - t0));
     if (!out.status.ok()) {
       reconciles_.Add({{"result", "error"}}).Increment();

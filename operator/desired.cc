@@ -298,13 +298,23 @@ Actions Desired(const JobObject& job, const Observed& observed, const OperatorCo
   const RunPolicy& policy = spec.run_policy;
 
   if (Finished(a.status)) {
-    a.delete_pods = PodsToClean(observed.pods, policy.clean_pod_policy);
+    // After success, PS tasks exit by themselves once the chief ends the job:
+    // give them config.cleanup_grace before cleanPodPolicy removes what is left.
+    auto done_at = ParseTimestamp(a.status.value("completionTime", json()));
+    const absl::Time clean_at = ConditionTrue(a.status, "Succeeded") && done_at
+                                    ? *done_at + config.cleanup_grace
+                                    : absl::InfinitePast();
+    if (now >= clean_at) {
+      a.delete_pods = PodsToClean(observed.pods, policy.clean_pod_policy);
+    } else {
+      a.requeue_after = clean_at - now;
+    }
     if (policy.ttl_seconds_after_finished) {
       if (auto done = ParseTimestamp(a.status.value("completionTime", json()))) {
         absl::Time due = *done + absl::Seconds(*policy.ttl_seconds_after_finished);
         if (now >= due) {
           a.delete_job = true;
-        } else {
+        } else if (!a.requeue_after || due - now < *a.requeue_after) {
           a.requeue_after = due - now;
         }
       }
@@ -445,7 +455,20 @@ Actions Desired(const JobObject& job, const Observed& observed, const OperatorCo
       }
       Finish(&a, "Succeeded", "TrainingJobSucceeded", absl::StrCat("TrainingJob ", job.name, " successfully completed."),
              observed.pods, policy.clean_pod_policy, now);
+      a.delete_pods.clear();  // cleanPodPolicy applies after the grace period (above)
+      a.requeue_after = config.cleanup_grace;
       a.create_pods.clear();
+      // The final figures, for `kubectl get tj` and dashboards.
+      if (a.status.contains("result")) {
+        const json& r = a.status["result"];
+        json& p = a.status["progress"];
+        if (!p.is_object()) p = json::object();
+        if (r.contains("global_step")) p["globalStep"] = r["global_step"];
+        if (r.contains("target_steps")) p["targetSteps"] = r["target_steps"];
+        if (r.contains("test_accuracy")) p["accuracy"] = r["test_accuracy"];
+        if (r.contains("final_loss")) p["loss"] = r["final_loss"];
+        if (r.contains("examples_per_second")) p["examplesPerSecond"] = r["examples_per_second"];
+      }
     } else if (restarting) {
       SetCondition(&a.status, "Running", false, "TrainingJobRestarting", "a replica is being recreated", now);
       SetCondition(&a.status, "Restarting", true, "TrainingJobRestarting",
@@ -453,6 +476,8 @@ Actions Desired(const JobObject& job, const Observed& observed, const OperatorCo
     } else if (running) {
       SetCondition(&a.status, "Restarting", false, "TrainingJobRunning", "running", now);
       SetCondition(&a.status, "Running", true, "TrainingJobRunning", absl::StrCat("TrainingJob ", job.name, " is running."), now);
+      // Progress comes from the chief, not from events: look again soon.
+      if (!a.requeue_after || config.progress_interval < *a.requeue_after) a.requeue_after = config.progress_interval;
     }
   }
   a.status["state"] = StateOf(a.status);

@@ -36,6 +36,11 @@ struct OperatorConfig {
   int port = 2222;
   int metrics_port = 9090;
   std::string config_dir = "/etc/kubetrain";  // where the job's ConfigMap is mounted
+  // After success, how long PS tasks get to exit by themselves before
+  // cleanPodPolicy deletes what still runs.
+  absl::Duration cleanup_grace = absl::Seconds(30);
+  // While a job runs, how often its progress (read from the chief) is refreshed.
+  absl::Duration progress_interval = absl::Seconds(5);
 };
 
 // The TrainingJob object as read from the API server.

@@ -230,7 +230,8 @@ TEST(DesiredTest, ActiveDeadlineIsATimerAndKillsRunningPods) {
   Observed o = AllPods("Running", kT0 + absl::Seconds(45));
   Actions a = Desired(Job(job, status), o, OperatorConfig{});
   ASSERT_TRUE(a.requeue_after.has_value());
-  EXPECT_EQ(*a.requeue_after, absl::Seconds(15));
+  EXPECT_LE(*a.requeue_after, absl::Seconds(15));  // the deadline (or an earlier progress refresh)
+  EXPECT_GT(*a.requeue_after, absl::ZeroDuration());
   o.now = kT0 + absl::Seconds(60);
   Actions b = Desired(Job(job, a.status), o, OperatorConfig{});
   EXPECT_EQ(Condition(b.status, "Failed"), "True/DeadlineExceeded");
@@ -262,9 +263,15 @@ TEST(DesiredTest, ChiefSuccessSucceedsCleansUpAndReportsTheResult) {
   Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
   EXPECT_EQ(Condition(a.status, "Succeeded"), "True/TrainingJobSucceeded");
   EXPECT_EQ(a.status["result"]["test_accuracy"], 0.88);
-  // cleanPodPolicy Running (the default): the still-running PS pods and worker 1 go.
-  EXPECT_EQ(a.delete_pods.size(), 3u);
+  EXPECT_EQ(a.status["progress"]["accuracy"], 0.88);
+  EXPECT_EQ(a.status["progress"]["globalStep"], 100);
   EXPECT_TRUE(a.create_pods.empty());
+  // PS tasks get the grace period to exit by themselves...
+  EXPECT_TRUE(a.delete_pods.empty());
+  EXPECT_EQ(*a.requeue_after, OperatorConfig{}.cleanup_grace);
+  // ...then cleanPodPolicy Running (the default) removes the still-running PS pods and worker 1.
+  o.now = kT0 + OperatorConfig{}.cleanup_grace;
+  EXPECT_EQ(Desired(Job(JobJson(), a.status), o, OperatorConfig{}).delete_pods.size(), 3u);
   // AllWorkers waits for worker 1 as well.
   json all = JobJson();
   all["spec"]["successPolicy"] = "AllWorkers";

@@ -21,6 +21,7 @@
 #include "operator/controller.h"
 #include "operator/kubeconfig.h"
 #include "operator/leader_election.h"
+#include "operator/progress.h"
 #include "operator/reconciler.h"
 #include "operator/rest_kube_client.h"
 
@@ -118,7 +119,10 @@ int main(int argc, char** argv) {
   operator_config.image_pull_policy = flags.image_pull_policy;
   operator_config.cluster_domain = flags.cluster_domain;
   operator_config.port = static_cast<int>(flags.port);
-  kubetrain::Reconciler reconciler(client->get(), operator_config, &clock);
+  const int metrics_port = operator_config.metrics_port;
+  kubetrain::Reconciler reconciler(client->get(), operator_config, &clock, [metrics_port](const std::string& ip) {
+    return kubetrain::ScrapeProgress(ip, metrics_port, absl::Seconds(1));
+  });
   kubetrain::ControllerOptions options;
   options.namespace_ = flags.namespace_;
   options.workers = static_cast<int>(flags.workers);
@@ -154,17 +158,18 @@ int main(int argc, char** argv) {
                  flags.namespace_.empty() ? std::string("(all)") : flags.namespace_, ", runtime image ",
                  flags.runtime_image, ", metrics ", metrics ? absl::StrCat(metrics->port()) : std::string("(off)"));
 
+  std::unique_ptr<kubetrain::LeaderElector> elector;  // lives as long as the renewing thread
   if (flags.leader_elect) {
     char host[256] = "";
     gethostname(host, sizeof(host) - 1);
     kubetrain::LeaseOptions lease;
     lease.namespace_ = flags.leader_election_namespace;
     lease.identity = absl::StrCat(host, "_", getpid());
-    kubetrain::LeaderElector elector(client->get(), &clock, lease);
-    if (!elector.Acquire(&g_stop).ok()) return 0;
+    elector = std::make_unique<kubetrain::LeaderElector>(client->get(), &clock, lease);
+    if (!elector->Acquire(&g_stop).ok()) return 0;
     leading.store(true);
-    std::thread renew([&] {
-      absl::Status s = elector.KeepRenewing(&g_stop);
+    std::thread renew([&elector] {
+      absl::Status s = elector->KeepRenewing(&g_stop);
       if (!s.ok()) {
         // Another replica may already be acting: stop at once, as controller-runtime does.
         kubetrain::Log("operator: ", s.message(), "; exiting");

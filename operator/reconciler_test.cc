@@ -43,7 +43,9 @@ TEST(ReconcilerTest, ObservedPodStatusDrivesTheJobAndDeletedJobsLeaveNothing) {
   FakeKubeClient kube;
   FakeClock clock(absl::FromUnixSeconds(1800000000));
   ASSERT_TRUE(kube.Create(TrainingJobs("default"), Job()).ok());
-  Reconciler r(&kube, OperatorConfig{}, &clock);
+  OperatorConfig config;
+  config.cleanup_grace = absl::ZeroDuration();
+  Reconciler r(&kube, config, &clock);
   ASSERT_TRUE(r.Reconcile("default", "mnist").status.ok());
   // The chief pod succeeds with a result in its termination message.
   ResourceRef chief{"/api/v1", "pods", "default", "mnist-worker-0", ""};
@@ -59,6 +61,7 @@ TEST(ReconcilerTest, ObservedPodStatusDrivesTheJobAndDeletedJobsLeaveNothing) {
   EXPECT_EQ(out.state, "Succeeded");
   auto job = kube.Get(TrainingJobs("default", "mnist"));
   EXPECT_EQ((*job)["status"]["result"]["test_accuracy"], 0.9);
+  ASSERT_TRUE(r.Reconcile("default", "mnist").status.ok());  // the cleanup pass
   // cleanPodPolicy Running: pods still Pending/Running were deleted; the chief stays.
   EXPECT_EQ(kube.Count("/api/v1/namespaces/default/pods"), 1u);
   // The job is deleted: its children go too (no garbage collector needed).

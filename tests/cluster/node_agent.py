@@ -1,0 +1,746 @@
+#!/usr/bin/env python3
+"""Test-only node agent for kubetrain's cluster tests: it stands where a kubelet would.
+
+Registers a Ready Node, binds unscheduled pods to it, and runs their containers as
+plain processes on this machine (the image is ignored; command[0] is looked up in
+--bin-dir, then PATH). Each pod gets its own loopback IP (127.10.x.y), ConfigMap
+volumes, a termination-log file and a shared hosts file (headless Service names)
+bind-mounted, in private mount + PID namespaces (unshare). Needs root.
+Python 3.11 stdlib only. See tests/cluster/README.md ("Node agent").
+
+Usage: node_agent.py --kubeconfig PATH --bin-dir DIR --state-dir DIR [--node-name NAME]
+"""
+import argparse, base64, ctypes, http.client, json, os, queue, re, shlex, shutil, signal, ssl
+import subprocess, sys, threading, time, urllib.parse
+
+BACKOFF_START, BACKOFF_CAP, GRACE_CAP, HEARTBEAT = 1.0, 10.0, 5.0, 10.0
+WATCH_TIMEOUT = 60
+
+
+def log(msg):
+    print(f"node-agent {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
+
+
+def now_rfc3339():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# --- kubeconfig: JSON or the block-style YAML subset kubeconfigs use ---------------------
+def parse_yaml(text):
+    lines = [(len(l) - len(l.lstrip(" ")), l.strip()) for l in text.splitlines()
+             if l.strip() and not l.strip().startswith("#")]
+
+    def scalar(v):
+        v = v.strip()
+        if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'":
+            return v[1:-1]
+        return {"true": True, "false": False, "null": None, "~": None, "{}": {}, "[]": []}.get(v, v)
+
+    def is_item(s):
+        return s == "-" or s.startswith("- ")
+
+    def block(i, ind):
+        if not is_item(lines[i][1]):
+            return mapping(i, ind)
+        out = []
+        while i < len(lines) and lines[i][0] == ind and is_item(lines[i][1]):
+            rest = lines[i][1][1:].strip()
+            if not rest:
+                i += 1
+                v, i = block(i, lines[i][0]) if i < len(lines) and lines[i][0] > ind else (None, i)
+            elif re.match(r"[^\s\"']+:(\s|$)", rest):
+                lines[i] = (ind + 2, rest)
+                v, i = mapping(i, ind + 2)
+            else:
+                v, i = scalar(rest), i + 1
+            out.append(v)
+        return out, i
+
+    def mapping(i, ind):
+        out = {}
+        while i < len(lines) and lines[i][0] == ind and not is_item(lines[i][1]):
+            key, _, rest = lines[i][1].partition(":")
+            i += 1
+            if rest.strip():
+                out[key.strip()] = scalar(rest)
+            elif i < len(lines) and (lines[i][0] > ind or (lines[i][0] == ind and is_item(lines[i][1]))):
+                out[key.strip()], i = block(i, lines[i][0])
+            else:
+                out[key.strip()] = None
+        return out, i
+
+    return block(0, lines[0][0])[0] if lines else {}
+
+
+def load_kubeconfig(path, state_dir):
+    text = open(path).read()
+    cfg = json.loads(text) if text.lstrip().startswith("{") else parse_yaml(text)
+    named = lambda kind, name: next((x.get(kind[:-1]) or {} for x in cfg.get(kind) or []
+                                     if x.get("name") == name), {})
+    ctx = named("contexts", cfg.get("current-context")) or (cfg["contexts"][0]["context"])
+    cluster, user = named("clusters", ctx.get("cluster")), named("users", ctx.get("user"))
+    url = urllib.parse.urlsplit(cluster["server"])
+    if url.hostname is None or not url.hostname.startswith(("127.", "localhost")):
+        raise SystemExit(f"refusing non-loopback API server {cluster['server']}")
+    tls = ssl.create_default_context()
+    if cluster.get("insecure-skip-tls-verify"):
+        tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+    elif cluster.get("certificate-authority-data"):
+        tls.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+    elif cluster.get("certificate-authority"):
+        tls.load_verify_locations(cafile=cluster["certificate-authority"])
+    cert, key = user.get("client-certificate"), user.get("client-key")
+    for field, fname in (("client-certificate-data", "client.crt"), ("client-key-data", "client.key")):
+        if user.get(field):
+            p = os.path.join(state_dir, fname)
+            with open(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+                f.write(base64.b64decode(user[field]))
+            cert, key = (p, key) if fname == "client.crt" else (cert, p)
+    if cert:
+        tls.load_cert_chain(cert, key)
+    return url.hostname, url.port or 443, tls, user.get("token")
+
+
+class ApiError(Exception):
+    def __init__(self, status, body):
+        super().__init__(f"HTTP {status}: {body[:300]}")
+        self.status = status
+
+
+class Api:
+    def __init__(self, kubeconfig, state_dir):
+        self.kubeconfig, self.state_dir, self.mtime, self.lock = kubeconfig, state_dir, None, threading.Lock()
+
+    def open(self, method, path, body=None, ctype="application/json", timeout=30):
+        with self.lock:  # (re)load the kubeconfig when it changes, e.g. the test cluster was restarted
+            mtime = os.stat(self.kubeconfig).st_mtime_ns
+            if mtime != self.mtime:
+                self.host, self.port, self.tls, self.token = load_kubeconfig(self.kubeconfig, self.state_dir)
+                if self.mtime is not None:
+                    log(f"reloaded {self.kubeconfig}")
+                self.mtime = mtime
+        conn = http.client.HTTPSConnection(self.host, self.port, context=self.tls, timeout=timeout)
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if body is not None:
+            headers["Content-Type"] = ctype
+            body = json.dumps(body).encode()
+        conn.request(method, path, body=body, headers=headers)
+        return conn, conn.getresponse()
+
+    def __call__(self, method, path, body=None, ctype="application/json"):
+        conn, resp = self.open(method, path, body, ctype)
+        try:
+            data = resp.read().decode()
+            if resp.status >= 300:
+                raise ApiError(resp.status, data)
+            return json.loads(data) if data else {}
+        finally:
+            conn.close()
+
+
+# --- Kubernetes $(VAR) expansion (third_party/forked/golang/expansion) --------------------
+def expand(s, env):
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "$" and i + 1 < len(s):
+            if s[i + 1] == "$":
+                out.append("$"); i += 2; continue
+            if s[i + 1] == "(":
+                j = s.find(")", i + 2)
+                if j != -1:
+                    name = s[i + 2:j]
+                    out.append(env[name] if name in env else s[i:j + 1]); i = j + 1; continue
+        out.append(s[i]); i += 1
+    return "".join(out)
+
+
+_prctl, _agent_pid = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
+
+
+def set_pdeathsig():  # runs in the child between fork and exec: no imports, no dlopen here
+    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the agent (even on SIGKILL)
+    if os.getppid() != _agent_pid:
+        os._exit(137)
+
+
+class Container:
+    def __init__(self, spec):
+        self.spec, self.name = spec, spec["name"]
+        self.proc = self.started_at = self.state = self.last_state = None
+        self.restarts, self.backoff, self.next_start, self.done = 0, BACKOFF_START, 0.0, False
+
+
+class PodRun:
+    def __init__(self, pod, ip, pod_dir):
+        self.pod, self.uid, self.ip, self.dir = pod, pod["metadata"]["uid"], ip, pod_dir
+        self.key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        self.containers = [Container(c) for c in pod["spec"]["containers"]]
+        self.mounts = None  # [(src, dst, readOnly)] once volumes are ready
+        self.start_time, self.phase, self.conds, self.sent = now_rfc3339(), "Pending", {}, None
+        self.kill_deadline = None  # set when terminating
+        self.killed = self.vanished = False
+
+
+class Agent:
+    def __init__(self, args):
+        self.node, self.bin_dir, self.state = args.node_name, os.path.abspath(args.bin_dir), args.state_dir
+        for d in ("pods", "logs"):
+            os.makedirs(os.path.join(self.state, d), exist_ok=True)
+        self.api = Api(args.kubeconfig, self.state)
+        self.q, self.stop = queue.Queue(), threading.Event()
+        self.runs, self.services, self.ips, self.next_ip = {}, {}, set(), 2
+        self.bind_tried = {}
+        self.hosts_path = os.path.join(self.state, "hosts")
+        base = open("/etc/hosts").read() if os.path.exists("/etc/hosts") else "127.0.0.1 localhost\n"
+        self.hosts_base = base.split("# kubetrain node agent")[0].rstrip("\n") + "\n"
+        with open(self.hosts_path, "a"):
+            pass
+        self.hosts_dirty, self.hosts_text = True, None
+        self.path = f"{self.bin_dir}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
+
+    # --- node ---------------------------------------------------------------------------
+    def register_node(self):
+        labels = {"kubernetes.io/hostname": self.node, "kubernetes.io/os": "linux", "kubetrain.io/node-agent": "true"}
+        try:
+            self.api("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
+                                               "metadata": {"name": self.node, "labels": labels}})
+            log(f"registered node {self.node}")
+        except ApiError as e:
+            if e.status != 409:
+                raise
+        self.node_since = now_rfc3339()
+        self.heartbeat(first=True)
+
+    def heartbeat(self, first=False):
+        t = now_rfc3339()
+        cond = lambda typ, st, reason, msg: {"type": typ, "status": st, "reason": reason, "message": msg,
+                                             "lastHeartbeatTime": t, "lastTransitionTime": self.node_since}
+        status = {"conditions": [cond("Ready", "True", "KubeletReady", "kubetrain node agent is posting ready status")]
+                                + [cond(c, "False", "KubeletHasNo" + c, "ok") for c in ("MemoryPressure", "DiskPressure", "PIDPressure")]}
+        if first:
+            mem_kb = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal:")), "1048576")
+            res = {"cpu": str(os.cpu_count() or 1), "memory": f"{mem_kb}Ki", "pods": "110"}
+            status.update(addresses=[{"type": "InternalIP", "address": "127.0.0.1"},
+                                     {"type": "Hostname", "address": self.node}],
+                          capacity=res, allocatable=res,
+                          nodeInfo={"kubeletVersion": "v0.0.0-kubetrain-node-agent", "operatingSystem": "linux",
+                                    "architecture": os.uname().machine, "containerRuntimeVersion": "kubetrain-agent://0",
+                                    "kernelVersion": os.uname().release, "osImage": "host", "machineID": "",
+                                    "systemUUID": "", "bootID": ""})
+        self.api("PATCH", f"/api/v1/nodes/{self.node}/status", {"status": status}, "application/merge-patch+json")
+
+    def heartbeat_loop(self):
+        while not self.stop.wait(HEARTBEAT):
+            try:
+                self.heartbeat()
+            except ApiError as e:
+                if e.status == 404:
+                    log(f"node {self.node} is gone; registering it again")
+                    try:
+                        self.register_node()
+                    except Exception as e2:
+                        log(f"node registration failed: {e2}")
+                else:
+                    log(f"heartbeat failed: {e}")
+            except Exception as e:
+                log(f"heartbeat failed: {e}")
+
+    # --- list + watch -------------------------------------------------------------------
+    def watch_loop(self, kind, path):
+        backoff = 1
+        while not self.stop.is_set():
+            try:
+                lst = self.api("GET", path)
+                rv = lst["metadata"]["resourceVersion"]
+                self.q.put((kind, "SYNC", lst.get("items") or []))
+                backoff = 1
+                while not self.stop.is_set() and rv:
+                    rv = self.watch_once(kind, path, rv)
+            except Exception as e:
+                if self.stop.is_set():
+                    return
+                log(f"watch {kind}: {e}; retrying in {backoff}s")
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, 30)
+
+    def watch_once(self, kind, path, rv):
+        """Streams one watch; returns the resourceVersion to resume from, or None to relist."""
+        q = urllib.parse.urlencode({"watch": 1, "resourceVersion": rv, "allowWatchBookmarks": "true",
+                                    "timeoutSeconds": WATCH_TIMEOUT})
+        conn, resp = self.api.open("GET", f"{path}?{q}", timeout=WATCH_TIMEOUT + 30)
+        try:
+            if resp.status == 410:
+                log(f"watch {kind}: 410 Gone; relisting")
+                return None
+            if resp.status != 200:
+                raise ApiError(resp.status, resp.read().decode(errors="replace"))
+            while not self.stop.is_set():
+                line = resp.readline()
+                if not line:
+                    return rv  # server closed the stream (timeoutSeconds): resume
+                if not line.strip():
+                    continue
+                ev = json.loads(line)
+                obj = ev.get("object") or {}
+                if ev["type"] == "ERROR":
+                    log(f"watch {kind}: ERROR {obj.get('code')} {obj.get('message')}; relisting")
+                    return None
+                rv = obj.get("metadata", {}).get("resourceVersion") or rv
+                if ev["type"] != "BOOKMARK":
+                    self.q.put((kind, ev["type"], obj))
+            return rv
+        finally:
+            conn.close()
+
+    # --- events (main thread only) ------------------------------------------------------
+    def on_services(self, typ, obj):
+        if typ == "SYNC":
+            self.services = {(s["metadata"]["namespace"], s["metadata"]["name"]): s for s in obj}
+        else:
+            k = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+            if typ == "DELETED":
+                self.services.pop(k, None)
+            else:
+                self.services[k] = obj
+        self.hosts_dirty = True
+
+    def on_pods(self, typ, obj):
+        if typ == "SYNC":
+            live = {p["metadata"]["uid"] for p in obj}
+            for run in list(self.runs.values()):
+                if run.uid not in live:
+                    self.on_pods("DELETED", run.pod)
+            for p in obj:
+                self.on_pods("MODIFIED", p)
+            return
+        md, spec = obj["metadata"], obj.get("spec", {})
+        uid, key = md["uid"], f"{md['namespace']}/{md['name']}"
+        run = self.runs.get(uid)
+        if typ == "DELETED":
+            if run and not run.vanished:
+                log(f"pod {key} was deleted; killing its processes")
+                run.vanished = True
+                self.begin_termination(run, 0)
+            return
+        if not spec.get("nodeName"):
+            if obj.get("status", {}).get("phase", "Pending") == "Pending" and not md.get("deletionTimestamp") \
+                    and time.time() - self.bind_tried.get(uid, 0) > 5:
+                self.bind_tried[uid] = time.time()
+                self.bind(md)
+            return
+        if spec["nodeName"] != self.node:
+            return
+        self.bind_tried.pop(uid, None)
+        if run is None:
+            if md.get("deletionTimestamp"):
+                self.force_delete(md)  # ours, but nothing runs for it (e.g. agent restarted)
+            elif obj.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+                self.admit(obj)
+            return
+        run.pod = obj
+        if md.get("deletionTimestamp") and run.kill_deadline is None:
+            grace = md.get("deletionGracePeriodSeconds", spec.get("terminationGracePeriodSeconds", 30))
+            log(f"pod {key} is being deleted (grace {grace}s, capped at {GRACE_CAP:g}s)")
+            self.begin_termination(run, min(float(grace or 0), GRACE_CAP))
+
+    def bind(self, md):
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": md["name"], "namespace": md["namespace"],
+                                                                    "uid": md["uid"]},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": self.node}}
+        try:
+            self.api("POST", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}/binding", body)
+            log(f"bound {md['namespace']}/{md['name']} to {self.node}")
+        except ApiError as e:
+            log(f"binding {md['namespace']}/{md['name']} failed: {e}")
+
+    def force_delete(self, md):
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+                "preconditions": {"uid": md["uid"]}}
+        try:
+            self.api("DELETE", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}", body)
+            log(f"deleted {md['namespace']}/{md['name']}")
+        except ApiError as e:
+            if e.status not in (404, 409):
+                log(f"deleting {md['namespace']}/{md['name']} failed: {e}")
+
+    def alloc_ip(self):
+        for _ in range(254 * 256):
+            n, self.next_ip = self.next_ip, self.next_ip + 1 if self.next_ip < 256 * 256 - 2 else 2
+            if n % 256 not in (0, 1, 255) and n not in self.ips:
+                self.ips.add(n)
+                return f"127.10.{n // 256}.{n % 256}"
+        raise RuntimeError("no free pod IPs")
+
+    def admit(self, pod):
+        md = pod["metadata"]
+        run = PodRun(pod, self.alloc_ip(), os.path.join(self.state, "pods", f"{md['namespace']}_{md['name']}_{md['uid'][:8]}"))
+        os.makedirs(run.dir, exist_ok=True)
+        self.runs[run.uid] = run
+        self.hosts_dirty = True
+        try:  # catch up on this namespace's Services now, so DNS is right before the first start
+            svcs = self.api("GET", f"/api/v1/namespaces/{md['namespace']}/services").get("items") or []
+            self.services = {k: v for k, v in self.services.items() if k[0] != md["namespace"]}
+            self.services.update({(md["namespace"], s["metadata"]["name"]): s for s in svcs})
+        except Exception as e:
+            log(f"listing services of {md['namespace']} failed: {e}")
+        for warn in ("initContainers", "ephemeralContainers"):
+            if pod["spec"].get(warn):
+                log(f"warning: pod {run.key}: {warn} are not supported; ignored")
+        log(f"admitted {run.key} ip {run.ip}")
+
+    def setup_volumes(self, run):
+        """Writes the pod's volumes into its dir; returns False to retry later (e.g. ConfigMap missing)."""
+        ns, vols = run.pod["metadata"]["namespace"], {}
+        for v in run.pod["spec"].get("volumes") or []:
+            d = os.path.join(run.dir, "volumes", v["name"])
+            os.makedirs(d, exist_ok=True)
+            vols[v["name"]] = d
+            if "configMap" in v:
+                cm_ref = v["configMap"]
+                try:
+                    cm = self.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{cm_ref['name']}")
+                except ApiError as e:
+                    if e.status == 404 and cm_ref.get("optional"):
+                        continue
+                    if getattr(run, "vol_warned", None) != str(e):
+                        log(f"pod {run.key}: volume {v['name']}: configmap {cm_ref['name']}: {e}; waiting")
+                        run.vol_warned = str(e)
+                    return False
+                data = {k: val.encode() for k, val in (cm.get("data") or {}).items()}
+                data.update({k: base64.b64decode(val) for k, val in (cm.get("binaryData") or {}).items()})
+                items = cm_ref.get("items") or [{"key": k, "path": k} for k in data]
+                for it in items:
+                    if it["key"] in data:
+                        p = os.path.join(d, it["path"])
+                        os.makedirs(os.path.dirname(p), exist_ok=True)
+                        with open(p, "wb") as f:
+                            f.write(data[it["key"]])
+            elif "emptyDir" not in v:
+                log(f"warning: pod {run.key}: volume {v['name']} type {sorted(set(v) - {'name'})} unsupported; using an empty dir")
+        run.mounts = {}
+        for c in run.containers:
+            ms = []
+            for m in c.spec.get("volumeMounts") or []:
+                if m["name"] not in vols:
+                    log(f"warning: pod {run.key}: volumeMount {m['name']} has no volume; skipped")
+                    continue
+                ms.append((os.path.join(vols[m["name"]], m.get("subPath", "")).rstrip("/"), m["mountPath"], m.get("readOnly", False)))
+            run.mounts[c.name] = ms
+        return True
+
+    def field(self, run, path):
+        md = run.pod["metadata"]
+        vals = {"status.podIP": run.ip, "status.podIPs": run.ip, "status.hostIP": "127.0.0.1",
+                "metadata.name": md["name"], "metadata.namespace": md["namespace"], "metadata.uid": md["uid"],
+                "spec.nodeName": self.node, "spec.serviceAccountName": run.pod["spec"].get("serviceAccountName", "")}
+        m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
+        return (md.get(m[1]) or {}).get(m[2], "") if m else vals.get(path)
+
+    def start(self, run, c):
+        spec, md = c.spec, run.pod["metadata"]
+        env = {}
+        for e in spec.get("env") or []:
+            if "valueFrom" in e:
+                ref = e["valueFrom"].get("fieldRef")
+                val = self.field(run, ref["fieldPath"]) if ref else None
+                if val is None:
+                    log(f"warning: pod {run.key} container {c.name}: env {e['name']}: unsupported valueFrom {e['valueFrom']}; skipped")
+                    continue
+                env[e["name"]] = val
+            else:
+                env[e["name"]] = expand(e.get("value", ""), env)
+        argv = [expand(a, env) for a in (spec.get("command") or []) + (spec.get("args") or [])]
+        term_file = os.path.join(run.dir, f"{c.name}.termination-log")
+        open(term_file, "w").close()
+        c.log_path = os.path.join(self.state, "logs", f"{md['namespace']}_{md['name']}_{c.name}.log")
+        c.started_at, c.term_file = now_rfc3339(), term_file
+        exe = None
+        if not spec.get("command"):
+            err = "container has no command (images are not run by this agent; set command)"
+        elif "/" in argv[0]:
+            exe, err = argv[0], None
+        else:
+            cand = os.path.join(self.bin_dir, argv[0])
+            exe = cand if os.access(cand, os.X_OK) and os.path.isfile(cand) else shutil.which(argv[0], path=self.path)
+            err = None if exe else f"executable {argv[0]!r} not found in {self.bin_dir} or PATH"
+        if err is None:
+            try:
+                term_path = spec.get("terminationMessagePath") or "/dev/termination-log"
+                binds = list(run.mounts[c.name])
+                binds += [(self.hosts_path, "/etc/hosts", False), (term_file, term_path, False)]
+                script = []
+                for src, dst, ro in binds:
+                    if os.path.isdir(src):
+                        os.makedirs(dst, exist_ok=True)  # mount points must exist on the host
+                    else:
+                        os.makedirs(os.path.dirname(dst), exist_ok=True)
+                        if not os.path.exists(dst):
+                            open(dst, "a").close()
+                    s, d = shlex.quote(src), shlex.quote(dst)
+                    script.append(f"mount --bind {s} {d}" + (f" && mount -o remount,bind,ro {d}" if ro else "")
+                                  + f" || {{ echo 'node-agent: cannot bind-mount {s} on {d}' >&2; exit 128; }}")
+                script.append('"$@"\nexit $?')  # sh stays pid 1: when it exits, the kernel kills the rest
+                full_env = {"PATH": self.path, "HOSTNAME": md["name"], "HOME": "/root", **env}
+                cwd = spec.get("workingDir") or run.dir
+                os.makedirs(cwd, exist_ok=True)
+                with open(c.log_path, "ab") as logf:
+                    c.proc = subprocess.Popen(
+                        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount",
+                         "--propagation", "private", "--", "/bin/sh", "-c",
+                         "\n".join(script), "sh", exe] + argv[1:],
+                        stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=full_env,
+                        cwd=cwd, start_new_session=True, preexec_fn=set_pdeathsig)
+            except OSError as e:
+                err = f"starting {exe}: {e}"
+        if err:
+            log(f"pod {run.key} container {c.name} failed to start: {err}")
+            with open(c.log_path, "a") as f:
+                f.write(f"node-agent: {err}\n")
+            c.state = {"terminated": {"exitCode": 128, "reason": "StartError", "message": err,
+                                      "startedAt": c.started_at, "finishedAt": now_rfc3339()}}
+            self.after_exit(run, c, 128)
+            return
+        c.state = {"running": {"startedAt": c.started_at}}
+        c.run_since, self.hosts_dirty = time.time(), True
+        log(f"started {run.key} container {c.name} pid {c.proc.pid} ip {run.ip}: {shlex.join(argv)}")
+
+    def reap(self, run, c):
+        code = c.proc.returncode
+        code = 128 - code if code < 0 else code
+        try:
+            os.killpg(c.proc.pid, signal.SIGKILL)  # the container's other processes go with it
+        except OSError:
+            pass
+        msg = b""
+        try:
+            with open(c.term_file, "rb") as f:
+                f.seek(max(0, os.path.getsize(c.term_file) - 4096))
+                msg = f.read()
+        except OSError:
+            pass
+        if not msg and code and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            with open(c.log_path, "rb") as f:
+                msg = b"".join(f.readlines()[-80:])[-2048:]
+        term = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                "startedAt": c.started_at, "finishedAt": now_rfc3339(), "containerID": f"kubetrain-agent://{c.proc.pid}"}
+        if msg:
+            term["message"] = msg.decode(errors="replace")
+        c.state = {"terminated": term}
+        log(f"pod {run.key} container {c.name} pid {c.proc.pid} exited {code}")
+        c.proc, self.hosts_dirty = None, True
+        if time.time() - c.run_since >= BACKOFF_CAP:
+            c.backoff = BACKOFF_START
+        self.after_exit(run, c, code)
+
+    def after_exit(self, run, c, code):
+        policy = run.pod["spec"].get("restartPolicy", "Always")
+        if run.kill_deadline is None and (policy == "Always" or (policy == "OnFailure" and code != 0)):
+            c.next_start = time.time() + c.backoff
+            log(f"pod {run.key} container {c.name}: restarting in {c.backoff:g}s (restartPolicy {policy})")
+            c.backoff = min(c.backoff * 2, BACKOFF_CAP)
+        else:
+            c.done = True
+
+    def begin_termination(self, run, grace):
+        run.kill_deadline = time.time() + grace
+        for c in run.containers:
+            c.done = True
+            if c.proc:
+                log(f"pod {run.key}: SIGTERM container {c.name} pid {c.proc.pid}")
+                try:
+                    os.killpg(c.proc.pid, signal.SIGTERM)
+                except OSError:
+                    pass
+
+    def tick(self):
+        now = time.time()
+        if self.hosts_dirty:
+            self.write_hosts()  # before starting containers, so their names resolve at once
+        for run in list(self.runs.values()):
+            try:
+                self.sync_pod(run, now)
+            except Exception as e:  # e.g. API server unreachable: retried next tick
+                log(f"syncing pod {run.key} failed: {e!r}")
+        if self.hosts_dirty:
+            self.write_hosts()
+
+    def sync_pod(self, run, now):
+        if run.mounts is None and run.kill_deadline is None and not self.setup_volumes(run):
+            return
+        for c in run.containers:
+            if c.proc and c.proc.poll() is not None:
+                self.reap(run, c)
+            if not c.proc and not c.done and run.mounts is not None and now >= c.next_start:
+                if c.state and "terminated" in c.state:
+                    c.last_state, c.restarts = c.state, c.restarts + 1
+                self.start(run, c)
+        running = [c for c in run.containers if c.proc]
+        if run.kill_deadline is not None:
+            if running and now >= run.kill_deadline and not run.killed:
+                run.killed = True
+                for c in running:
+                    log(f"pod {run.key}: grace period over; SIGKILL container {c.name} pid {c.proc.pid}")
+                    try:
+                        os.killpg(c.proc.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+            if not running:
+                self.finish(run)
+                return
+        self.report(run)
+
+    def finish(self, run):
+        """All processes of a terminating/vanished pod are gone: final status, delete, release."""
+        if not run.vanished:
+            self.report(run)
+            self.force_delete(run.pod["metadata"])
+        self.runs.pop(run.uid, None)
+        self.ips.discard(int(run.ip.split(".")[2]) * 256 + int(run.ip.split(".")[3]))
+        shutil.rmtree(run.dir, ignore_errors=True)
+        self.hosts_dirty = True
+        log(f"pod {run.key} removed; released ip {run.ip}")
+
+    def status_of(self, run):
+        cs, t = [], now_rfc3339()
+        for c in run.containers:
+            st = c.state or {"waiting": {"reason": "ContainerCreating"}}
+            if "terminated" in st and not c.done and not c.proc:
+                st = {"waiting": {"reason": "CrashLoopBackOff",
+                                  "message": f"back-off restarting failed container {c.name}"}}
+            s = {"name": c.name, "image": c.spec.get("image", ""), "imageID": "", "ready": bool(c.proc),
+                 "started": bool(c.proc), "restartCount": c.restarts, "state": st, "lastState": c.last_state or {}}
+            if c.proc:
+                s["containerID"] = f"kubetrain-agent://{c.proc.pid}"
+            elif "terminated" in st:
+                s["containerID"] = st["terminated"].get("containerID", "")
+            cs.append(s)
+        if all(c.done and not c.proc for c in run.containers) and (run.kill_deadline is None or run.mounts):
+            codes = [(c.state or {}).get("terminated", {}).get("exitCode", 1) for c in run.containers]
+            run.phase = "Succeeded" if all(x == 0 for x in codes) else "Failed"
+        elif any(c.proc for c in run.containers) or any(c.state for c in run.containers):
+            run.phase = "Running" if run.phase == "Pending" else run.phase
+        ready = all(c.proc for c in run.containers)
+        want = {"PodScheduled": True, "Initialized": True, "ContainersReady": ready, "Ready": ready}
+        for typ, ok in want.items():
+            st = "True" if ok else "False"
+            if run.conds.get(typ, {}).get("status") != st:
+                run.conds[typ] = {"type": typ, "status": st, "lastProbeTime": None, "lastTransitionTime": t}
+                if not ok:
+                    run.conds[typ]["reason"] = "PodCompleted" if run.phase in ("Succeeded", "Failed") else "ContainersNotReady"
+        return {"phase": run.phase, "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}], "podIP": run.ip,
+                "podIPs": [{"ip": run.ip}], "startTime": run.start_time, "conditions": list(run.conds.values()),
+                "containerStatuses": cs}
+
+    def report(self, run):
+        if run.vanished:
+            return
+        status = self.status_of(run)
+        if status == run.sent:
+            return
+        md = run.pod["metadata"]
+        try:
+            self.api("PATCH", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}/status",
+                     {"metadata": {"uid": run.uid}, "status": status}, "application/merge-patch+json")
+            if (run.sent or {}).get("phase") != status["phase"]:
+                log(f"pod {run.key} phase {status['phase']}")
+                if status["phase"] in ("Succeeded", "Failed"):
+                    self.hosts_dirty = True
+            run.sent = status
+        except ApiError as e:
+            if e.status in (404, 409):
+                run.sent = status  # pod gone or replaced; its DELETED event will follow
+            else:
+                log(f"status update of {run.key} failed: {e}")
+        except Exception as e:
+            log(f"status update of {run.key} failed: {e}")
+
+    # --- hosts file (headless Service DNS) -------------------------------------------------
+    def write_hosts(self):
+        lines = []
+        for (ns, name), svc in sorted(self.services.items()):
+            spec = svc.get("spec", {})
+            sel = spec.get("selector") or {}
+            if spec.get("clusterIP") != "None" or not sel:
+                continue
+            for run in self.runs.values():
+                md = run.pod["metadata"]
+                labels = md.get("labels") or {}
+                if md["namespace"] != ns or run.phase in ("Succeeded", "Failed") or run.kill_deadline is not None \
+                        or any(labels.get(k) != v for k, v in sel.items()):
+                    continue
+                if not spec.get("publishNotReadyAddresses") and not all(c.proc for c in run.containers):
+                    continue
+                names = [name, f"{name}.{ns}", f"{name}.{ns}.svc", f"{name}.{ns}.svc.cluster.local"]
+                if run.pod["spec"].get("subdomain") == name:
+                    h = run.pod["spec"].get("hostname") or md["name"]
+                    names.insert(0, f"{h}.{name}.{ns}.svc.cluster.local")
+                lines.append(f"{run.ip}\t{' '.join(names)}")
+        text = self.hosts_base + "# kubetrain node agent: headless Services\n" + "".join(l + "\n" for l in lines)
+        self.hosts_dirty = False
+        if text != self.hosts_text:
+            with open(self.hosts_path, "r+") as f:  # in place: pods bind-mount this inode
+                f.write(text)
+                f.truncate()
+            self.hosts_text = text
+            log(f"hosts file updated ({len(lines)} entries)")
+
+    # --- main -------------------------------------------------------------------------------
+    def run(self):
+        self.register_node()
+        self.write_hosts()
+        for target, args in ((self.heartbeat_loop, ()), (self.watch_loop, ("services", "/api/v1/services")),
+                             (self.watch_loop, ("pods", "/api/v1/pods"))):
+            threading.Thread(target=target, args=args, daemon=True).start()
+        log(f"node {self.node} ready; state {self.state}")
+        while not self.stop.is_set():
+            try:
+                deadline = time.time() + 0.2
+                while True:
+                    kind, typ, obj = self.q.get(timeout=max(0.0, deadline - time.time()))
+                    if kind == "pods":
+                        self.on_pods(typ, obj)
+                    else:
+                        self.on_services(typ, obj)
+            except queue.Empty:
+                pass
+            except Exception as e:
+                log(f"error handling event: {e!r}")
+            try:
+                self.tick()
+            except Exception as e:
+                log(f"error in sync loop: {e!r}")
+        self.shutdown()
+
+    def shutdown(self):
+        procs = [(r, c) for r in self.runs.values() for c in r.containers if c.proc]
+        log(f"stopping: killing {len(procs)} container processes")
+        for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
+            for _, c in procs:
+                try:
+                    os.killpg(c.proc.pid, sig)
+                except OSError:
+                    pass
+            end = time.time() + wait
+            while time.time() < end and any(c.proc.poll() is None for _, c in procs):
+                time.sleep(0.05)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--bin-dir", required=True)
+    ap.add_argument("--state-dir", required=True)
+    ap.add_argument("--node-name", default="kubetrain-node-0")
+    args = ap.parse_args()
+    os.makedirs(args.state_dir, exist_ok=True)
+    args.state_dir = os.path.abspath(args.state_dir)
+    agent = Agent(args)
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, lambda *_: agent.stop.set())
+    agent.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Tests for tests/cluster/node_agent.py against a real kube-apiserver + etcd (up.sh).
+
+Run: python3 -m pytest -q tests/cluster/test_node_agent.py   (as root: the agent uses mount namespaces)
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CACHE_BIN = os.path.join(os.environ.get("KUBETRAIN_CACHE", os.path.expanduser("~/.cache/kubetrain")), "bin")
+NODE = "kubetrain-node-0"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root (mount namespaces)")
+
+
+class Cluster:
+    def __init__(self, state, env, agent_state):
+        self.state, self.env, self.agent_state = state, env, agent_state
+
+    def kubectl(self, *args, input=None, check=True):
+        p = subprocess.run([os.path.join(CACHE_BIN, "kubectl"), *args], input=input, capture_output=True,
+                           text=True, env=self.env, timeout=60)
+        if check and p.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
+        return p
+
+    def get(self, *args):
+        p = self.kubectl("get", *args, "-o", "json", check=False)
+        return json.loads(p.stdout) if p.returncode == 0 else None
+
+    def apply(self, obj):
+        self.kubectl("apply", "-f", "-", input=json.dumps(obj))
+
+    def wait_pod(self, name, pred, timeout=60):
+        deadline, pod = time.time() + timeout, None
+        while time.time() < deadline:
+            pod = self.get("pod", name)
+            if pod and pred(pod):
+                return pod
+            time.sleep(0.3)
+        raise AssertionError(f"pod {name} did not reach the expected state in {timeout}s; last:\n"
+                             f"{json.dumps(pod, indent=1)}\nagent log:\n{self.agent_log()}")
+
+    def agent_log(self):
+        try:
+            return open(os.path.join(self.state, "node-agent.log")).read()[-6000:]
+        except OSError:
+            return ""
+
+    def pod_log(self, pod, container):
+        return open(os.path.join(self.agent_state, "logs", f"default_{pod}_{container}.log")).read()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if not all(os.access(os.path.join(CACHE_BIN, b), os.X_OK) for b in ("etcd", "kube-apiserver", "kubectl")):
+        pytest.skip(f"control-plane binaries missing in {CACHE_BIN} (run tests/cluster/build.sh)")
+    state = tempfile.mkdtemp(prefix="kubetrain-agenttest.")
+    env = dict(os.environ, KUBETRAIN_STATE=state, KUBETRAIN_SKIP_BUILD="1")
+    agent = None
+    try:
+        up = subprocess.run([os.path.join(HERE, "up.sh")], capture_output=True, text=True, env=env, timeout=180)
+        assert up.returncode == 0, f"up.sh failed:\n{up.stderr}"
+        env["KUBECONFIG"] = os.path.join(state, "kubeconfig")
+        agent_state = os.path.join(state, "agent")
+        with open(os.path.join(state, "node-agent.log"), "w") as logf:
+            agent = subprocess.Popen([sys.executable, os.path.join(HERE, "node_agent.py"),
+                                      "--kubeconfig", env["KUBECONFIG"], "--bin-dir", os.path.join(ROOT, "bin"),
+                                      "--state-dir", agent_state, "--node-name", NODE],
+                                     stdout=logf, stderr=subprocess.STDOUT)
+        c = Cluster(state, env, agent_state)
+        deadline = time.time() + 30
+        while not c.get("node", NODE):
+            assert agent.poll() is None and time.time() < deadline, f"agent did not register:\n{c.agent_log()}"
+            time.sleep(0.3)
+        yield c
+    finally:
+        if agent and agent.poll() is None:
+            agent.terminate()
+            try:
+                agent.wait(15)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+        if agent and agent.returncode:
+            print(f"node agent exited {agent.returncode}; log:\n" + Cluster(state, env, "").agent_log())
+        subprocess.run([os.path.join(HERE, "down.sh"), "--quiet"], env=env, timeout=60)
+        if os.environ.get("KUBETRAIN_KEEP_STATE") != "1":
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def cond(obj, typ):
+    return next((c["status"] for c in obj["status"].get("conditions", []) if c["type"] == typ), None)
+
+
+def group_cmdlines(pgid):
+    """argv of the live (non-zombie) processes in process group pgid."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            if int(stat[2]) == pgid and stat[0] != "Z":
+                out.append(open(f"/proc/{pid}/cmdline").read().split("\0")[:-1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def test_node_is_ready(cluster):
+    node = cluster.get("node", NODE)
+    assert cond(node, "Ready") == "True"
+    assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
+    assert node["status"]["allocatable"]["pods"] == "110"
+
+
+def test_failed_pod_with_configmap_env_dns_and_termination_message(cluster):
+    cluster.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "svc-a"},
+                   "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"app": "a"},
+                            "ports": [{"port": 2222}]}})
+    cluster.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm-a"},
+                   "data": {"x": "hello-from-configmap\n"}})
+    script = ("echo $MY_IP > /dev/termination-log; cat /etc/kubetrain/x; "
+              "echo \"hosts: $(getent hosts svc-a.default.svc)\"; echo \"expanded: $EXPANDED\"; exit 3")
+    cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pod-a", "labels": {"app": "a"}},
+                   "spec": {"restartPolicy": "Never",
+                            "containers": [{"name": "main", "image": "kubetrain/runtime:ignored",
+                                            "command": ["/bin/sh", "-c", script],
+                                            "env": [{"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                                                    {"name": "EXPANDED", "value": "$(MY_IP):1 $$(MY_IP) $(NOPE)"}],
+                                            "volumeMounts": [{"name": "cfg", "mountPath": "/etc/kubetrain", "readOnly": True}]}],
+                            "volumes": [{"name": "cfg", "configMap": {"name": "cm-a"}}]}})
+    pod = cluster.wait_pod("pod-a", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"))
+    st = pod["status"]
+    ip = st["podIP"]
+    assert pod["spec"]["nodeName"] == NODE
+    assert st["phase"] == "Failed", st
+    assert ip.startswith("127.10.") and st["podIPs"] == [{"ip": ip}] and st["hostIP"] == "127.0.0.1"
+    term = st["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 3 and term["reason"] == "Error"
+    assert term["message"].strip() == ip
+    assert cond(pod, "PodScheduled") == "True" and cond(pod, "Ready") == "False"
+    out = cluster.pod_log("pod-a", "main")
+    assert "hello-from-configmap" in out
+    assert f"hosts: {ip}" in out and "svc-a.default.svc" in out, out
+    assert f"expanded: {ip}:1 $(MY_IP) $(NOPE)" in out, out
+    # The ConfigMap was mounted only inside the pod's mount namespace.
+    assert not os.path.exists("/etc/kubetrain/x")
+
+
+def test_onfailure_restarts_in_place(cluster):
+    counter_dir = tempfile.mkdtemp(prefix="kt-agent-counter.", dir="/tmp")
+    counter = os.path.join(counter_dir, "n")
+    try:
+        script = f'n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}; echo run $n; [ $n -ge 3 ]'
+        cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pod-retry"},
+                       "spec": {"restartPolicy": "OnFailure",
+                                "containers": [{"name": "main", "image": "x", "command": ["sh", "-c", script]}]}})
+        pod = cluster.wait_pod("pod-retry", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"))
+        cs = pod["status"]["containerStatuses"][0]
+        assert pod["status"]["phase"] == "Succeeded", pod["status"]
+        assert cs["restartCount"] == 2
+        assert cs["state"]["terminated"]["exitCode"] == 0 and cs["state"]["terminated"]["reason"] == "Completed"
+        assert cs["lastState"]["terminated"]["exitCode"] == 1
+        assert open(counter).read().strip() == "3"
+        assert cluster.pod_log("pod-retry", "main").split() == ["run", "1", "run", "2", "run", "3"]
+    finally:
+        shutil.rmtree(counter_dir, ignore_errors=True)
+
+
+def test_delete_running_pod_kills_process(cluster):
+    cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pod-sleep", "labels": {"app": "a"}},
+                   "spec": {"containers": [{"name": "main", "image": "x", "command": ["sleep", "1000"]}]}})
+    pod = cluster.wait_pod("pod-sleep", lambda p: p["status"].get("phase") == "Running" and cond(p, "Ready") == "True")
+    cs = pod["status"]["containerStatuses"][0]
+    assert cs["ready"] and cs["started"] and "running" in cs["state"]
+    pgid = int(cs["containerID"].rsplit("/", 1)[1])  # the container's process group
+    is_sleep = lambda argv: os.path.basename(argv[0]) == "sleep" and argv[1:] == ["1000"]
+    deadline = time.time() + 10  # the container's sh may still be setting up its mounts
+    while not any(map(is_sleep, group_cmdlines(pgid))) and time.time() < deadline:
+        time.sleep(0.1)
+    assert any(map(is_sleep, group_cmdlines(pgid))), group_cmdlines(pgid)
+    # The running pod matches svc-a, so the agent's hosts file names it (publishNotReadyAddresses).
+    hosts = open(os.path.join(cluster.agent_state, "hosts")).read()
+    assert f"{pod['status']['podIP']}\tsvc-a svc-a.default svc-a.default.svc svc-a.default.svc.cluster.local" in hosts
+    t0 = time.time()
+    cluster.kubectl("delete", "pod", "pod-sleep", "--wait=true", "--timeout=30s")
+    assert time.time() - t0 < 10
+    assert cluster.get("pod", "pod-sleep") is None
+    assert group_cmdlines(pgid) == []
+    assert pod["status"]["podIP"] not in open(os.path.join(cluster.agent_state, "hosts")).read()
