@@ -48,7 +48,16 @@ integration-test: build
 	@test -n "$(PYTHON)" || { echo "no python3 with pytest: run make deps"; exit 1; }
 	$(PYTHON) -m pytest -q tests/integration
 
-test: unit-test integration-test
+# The operator against a real kube-apiserver + etcd (built from Go modules on
+# first use, ~7 min cold, cached in ~/.cache/kubetrain): the C++ API client,
+# the CRD's validation, the test node agent, and kubectl end to end.
+operator-test: build
+	tests/cluster/build.sh
+	tests/operator/run_client_test.sh
+	$(PYTHON) -m pytest -q tests/cluster/test_node_agent.py
+	$(PYTHON) -m pytest -q tests/operator
+
+test: unit-test operator-test integration-test
 
 asan: deps
 	$(BAZEL) test --config=asan //...

@@ -55,8 +55,8 @@ def kube_cluster():
     have_bins = all(os.access(os.path.join(bin_dir, b), os.X_OK)
                     for b in ("etcd", "kube-apiserver", "kubectl"))
     if not have_bins and not _have_go():
-        pytest.skip(f"no control-plane binaries in {bin_dir} and no Go toolchain to build them "
-                    "(tests/cluster/build.sh)")
+        pytest.fail(f"no control-plane binaries in {bin_dir} and no Go toolchain to build them "
+                    "(install Go at /usr/local/go; tests/cluster/build.sh)")
     state = tempfile.mkdtemp(prefix="kubetrain-optest.")
     env = dict(os.environ, KUBETRAIN_STATE=state)
     env.pop("KUBECONFIG", None)

@@ -21,6 +21,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# PodTemplate watches bypass the watch cache so that, after the test compacts
+# etcd, an ancient resourceVersion really yields 410 Expired.
+export KUBETRAIN_APISERVER_EXTRA_ARGS="${KUBETRAIN_APISERVER_EXTRA_ARGS:-} --watch-cache-sizes=podtemplates#0"
+# A cluster already running in this state dir (maybe without that flag) is replaced.
+"$ROOT/tests/cluster/down.sh" --quiet || true
 exports="$("$ROOT/tests/cluster/up.sh")"
 eval "$exports"
 

@@ -1,0 +1,272 @@
+"""The operator end to end against a real kube-apiserver + etcd, with the test
+node agent running pods as local processes (tests/cluster/cluster-up.sh):
+kubectl apply -> pods train for real -> kubectl get/describe tell the truth.
+Every run policy, restarts by exit code, an operator killed mid-reconcile,
+malformed jobs."""
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from conftest import CLUSTER, ROOT, Kubectl, _cache_bin
+
+BIN = os.path.join(ROOT, "bin")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    for b in ("kubetrain-operator", "kubetrain-ps", "kubetrain-worker"):
+        if not os.access(os.path.join(BIN, b), os.X_OK):
+            pytest.fail(f"{BIN}/{b} missing: run make build")
+    state = tempfile.mkdtemp(prefix="kubetrain-e2e.")
+    env = dict(os.environ, KUBETRAIN_STATE=state)
+    env.pop("KUBECONFIG", None)
+    proc = subprocess.run([os.path.join(CLUSTER, "cluster-up.sh")], capture_output=True, text=True,
+                          env=env, timeout=3600)
+    if proc.returncode != 0:
+        subprocess.run([os.path.join(CLUSTER, "cluster-down.sh"), "--purge"], env=env)
+        pytest.fail(f"cluster-up.sh failed:\n{proc.stderr[-4000:]}")
+    for line in proc.stdout.splitlines():
+        if line.startswith("export KUBECONFIG="):
+            env["KUBECONFIG"] = line.split("=", 1)[1].strip('"')
+    k = Kubectl(os.path.join(_cache_bin(), "kubectl"), env)
+    k.state = state
+    try:
+        yield k
+    finally:
+        subprocess.run([os.path.join(CLUSTER, "cluster-down.sh"), "--purge"], env=env, timeout=120)
+
+
+def job(name, *, steps=300, workers=2, ps=1, worker_policy="Never", run_policy=None, extra_training=None,
+        mode="sync"):
+    spec = {
+        "replicaSpecs": {"PS": {"replicas": ps, "restartPolicy": "OnFailure"},
+                         "Worker": {"replicas": workers, "restartPolicy": worker_policy}},
+        "training": {"mode": mode, "model": {"type": "mlp", "hiddenUnits": [32]},
+                     "optimizer": {"type": "adam", "learningRate": 0.002}, "batchSize": 32,
+                     "steps": steps, "seed": 3, "startupTimeoutSeconds": 60},
+    }
+    if run_policy:
+        spec["runPolicy"] = run_policy
+    if extra_training:
+        spec["training"].update(extra_training)
+    return {"apiVersion": "kubetrain.io/v1", "kind": "TrainingJob", "metadata": {"name": name}, "spec": spec}
+
+
+def apply(k, obj, ns="default"):
+    return k.run("apply", "-n", ns, "-f", "-", input=json.dumps(obj))
+
+
+def status(k, name, ns="default"):
+    return k.json("get", "tj", name, "-n", ns).get("status", {})
+
+
+def wait_state(k, name, states, timeout=180, ns="default"):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = status(k, name, ns)
+        if last.get("state") in states:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"{ns}/{name} never reached {states}: {json.dumps(last)[:3000]}\n"
+                         + operator_log(k)[-3000:])
+
+
+def operator_log(k):
+    try:
+        return open(os.path.join(k.state, "logs", "operator.log")).read()
+    except OSError:
+        return ""
+
+
+def pods(k, name, ns="default"):
+    return k.json("get", "pods", "-n", ns, "-l", f"kubetrain.io/job-name={name}")["items"]
+
+
+def condition(st, type_):
+    for c in st.get("conditions", []):
+        if c["type"] == type_:
+            return c
+    return None
+
+
+def container_pid(pod):
+    cid = pod["status"]["containerStatuses"][0].get("containerID", "")
+    return int(cid.rsplit("//", 1)[1])
+
+
+def test_sync_example_succeeds_with_status_and_printer_columns(cluster):
+    k = cluster
+    k.run("apply", "-f", os.path.join(ROOT, "examples", "fashion-mnist-sync.yaml"))
+    st = wait_state(k, "fashion-mnist-sync", {"Succeeded", "Failed"}, timeout=600)
+    assert st["state"] == "Succeeded", st
+    assert st["progress"]["accuracy"] >= 0.85, st["progress"]
+    assert st["progress"]["globalStep"] == 3750
+    table = k.run("get", "tj", "fashion-mnist-sync").stdout
+    assert "Succeeded" in table and "3750" in table and "0.8" in table, table
+    # Every pod, PS included, exited by itself with success.
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        ps = pods(k, "fashion-mnist-sync")
+        if len(ps) == 4 and all(p["status"].get("phase") == "Succeeded" for p in ps):
+            break
+        time.sleep(0.5)
+    assert len(ps) == 4 and all(p["status"]["phase"] == "Succeeded" for p in ps), \
+        [(p["metadata"]["name"], p["status"].get("phase")) for p in ps]
+    job_uid = k.json("get", "tj", "fashion-mnist-sync")["metadata"]["uid"]
+    for p in ps:
+        owner = p["metadata"]["ownerReferences"][0]
+        assert owner["kind"] == "TrainingJob" and owner["uid"] == job_uid and owner["controller"] is True
+        env = {e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]}
+        tf = json.loads(env["TF_CONFIG"])
+        assert tf["cluster"] == {
+            "ps": [f"fashion-mnist-sync-ps-{i}.default.svc:2222" for i in range(2)],
+            "worker": [f"fashion-mnist-sync-worker-{i}.default.svc:2222" for i in range(2)]}
+        labels = p["metadata"]["labels"]
+        assert tf["task"] == {"type": labels["kubetrain.io/replica-type"],
+                              "index": int(labels["kubetrain.io/replica-index"])}
+    for s in k.json("get", "svc", "-l", "kubetrain.io/job-name=fashion-mnist-sync")["items"]:
+        assert s["spec"]["clusterIP"] == "None" and s["spec"]["publishNotReadyAddresses"] is True
+        assert s["metadata"]["ownerReferences"][0]["uid"] == job_uid
+    describe = k.run("describe", "tj", "fashion-mnist-sync").stdout
+    assert "TrainingJobSucceeded" in describe
+
+
+def test_worker_failing_under_never_fails_the_job_naming_the_replica(cluster):
+    k = cluster
+    # The worker cannot read its data: a permanent error (exit 2), no restart.
+    apply(k, job("never", extra_training={"dataset": {"name": "fashion-mnist", "path": "/nonexistent"}}))
+    st = wait_state(k, "never", {"Failed", "Succeeded"})
+    assert st["state"] == "Failed"
+    msg = condition(st, "Failed")["message"]
+    assert "Worker replica" in msg and "exited with code 2" in msg, msg
+
+
+def test_exit_137_under_exitcode_recreates_the_pod_then_succeeds(cluster):
+    k = cluster
+    apply(k, job("exitcode", steps=4000, worker_policy="ExitCode",
+                 extra_training={"barrierTimeoutSeconds": 1}))
+    wait_state(k, "exitcode", {"Running"})
+    time.sleep(2)
+    victim = next(p for p in pods(k, "exitcode") if p["metadata"]["name"] == "exitcode-worker-1")
+    os.kill(container_pid(victim), signal.SIGKILL)
+    st = wait_state(k, "exitcode", {"Succeeded", "Failed"}, timeout=300)
+    assert st["state"] == "Succeeded", st
+    assert st["replicaStatuses"]["Worker"]["recreated"] == 1
+    # It went through Restarting (briefly: the pod is recreated at once).
+    assert condition(st, "Restarting") is not None, st["conditions"]
+    assert condition(st, "Restarting")["reason"] in ("TrainingJobRestarting", "TrainingJobRunning",
+                                                     "TrainingJobSucceeded")
+    events = k.run("get", "events", "--field-selector", "involvedObject.name=exitcode").stdout
+    assert "TrainingJobRestarting" in events
+
+
+def test_backoff_limit_exceeded_fails_the_job(cluster):
+    k = cluster
+    apply(k, job("backoff", steps=100000, worker_policy="ExitCode", run_policy={"backoffLimit": 0}))
+    wait_state(k, "backoff", {"Running"})
+    victim = next(p for p in pods(k, "backoff") if p["metadata"]["name"] == "backoff-worker-0")
+    os.kill(container_pid(victim), signal.SIGKILL)
+    st = wait_state(k, "backoff", {"Failed"}, timeout=60)
+    assert condition(st, "Failed")["reason"] == "BackoffLimitExceeded"
+
+
+def test_active_deadline_fails_the_job_on_time(cluster):
+    k = cluster
+    apply(k, job("deadline", steps=10000000, run_policy={"activeDeadlineSeconds": 6}))
+    start = time.time()
+    st = wait_state(k, "deadline", {"Failed"}, timeout=60)
+    elapsed = time.time() - start
+    assert condition(st, "Failed")["reason"] == "DeadlineExceeded"
+    assert elapsed < 6 + 5, elapsed  # a timer, not the next event
+    deadline = time.time() + 20
+    while time.time() < deadline and any(p["status"].get("phase") in ("Running", "Pending")
+                                         for p in pods(k, "deadline")):
+        time.sleep(0.5)
+    assert not any(p["status"].get("phase") == "Running" for p in pods(k, "deadline"))
+
+
+def test_suspend_deletes_pods_and_resume_recreates_them(cluster):
+    k = cluster
+    apply(k, job("suspend", steps=10000000))
+    wait_state(k, "suspend", {"Running"})
+    k.run("patch", "tj", "suspend", "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
+    wait_state(k, "suspend", {"Suspended"})
+    deadline = time.time() + 30
+    while time.time() < deadline and pods(k, "suspend"):
+        time.sleep(0.5)
+    assert not pods(k, "suspend")
+    k.run("patch", "tj", "suspend", "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+    st = wait_state(k, "suspend", {"Running"})
+    assert condition(st, "Suspended")["status"] == "False"
+    assert len(pods(k, "suspend")) == 3
+    k.run("delete", "tj", "suspend")
+
+
+def test_ttl_deletes_the_finished_job(cluster):
+    k = cluster
+    apply(k, job("ttl", steps=50, run_policy={"ttlSecondsAfterFinished": 3}))
+    wait_state(k, "ttl", {"Succeeded"})
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if k.run("get", "tj", "ttl", check=False).returncode != 0:
+            break
+        time.sleep(0.5)
+    assert k.run("get", "tj", "ttl", check=False).returncode != 0, "the job was not deleted"
+    assert not pods(k, "ttl")
+
+
+def test_operator_killed_mid_reconcile_creates_no_duplicates(cluster):
+    k = cluster
+    pidfile = os.path.join(k.state, "operator.pid")
+    pid = int(open(pidfile).read())
+    apply(k, job("restart-op", steps=800, workers=3, ps=2))
+    time.sleep(0.3)  # the operator is creating objects
+    os.kill(pid, signal.SIGKILL)
+    os.remove(pidfile)
+    # Start it again (cluster-up.sh only starts what is not running).
+    subprocess.run([os.path.join(CLUSTER, "cluster-up.sh")], capture_output=True, text=True,
+                   env=dict(k.env, KUBETRAIN_STATE=k.state), timeout=600, check=True)
+    st = wait_state(k, "restart-op", {"Succeeded", "Failed"}, timeout=300)
+    assert st["state"] == "Succeeded", st
+    names = [p["metadata"]["name"] for p in pods(k, "restart-op")]
+    assert len(names) == len(set(names)) <= 5, names
+    assert not any(n.startswith("restart-op") and n.count("-") > 3 for n in names), names
+
+
+MALFORMED = [
+    ("no-worker", lambda j: j["spec"]["replicaSpecs"].pop("Worker")),
+    ("neg-replicas", lambda j: j["spec"]["replicaSpecs"]["Worker"].update(replicas=-1)),
+    ("huge-replicas", lambda j: j["spec"]["replicaSpecs"]["Worker"].update(replicas=100000)),
+    ("bad-mode", lambda j: j["spec"]["training"].update(mode="turbo")),
+    ("too-many-agg", lambda j: j["spec"]["training"].update(replicasToAggregate=5)),
+    ("agg-async", lambda j: j["spec"]["training"].update(mode="async", replicasToAggregate=1)),
+    ("staleness-sync", lambda j: j["spec"]["training"].update(maxStaleness=3)),
+    ("steps-and-epochs", lambda j: j["spec"]["training"].update(epochs=2)),
+    ("zero-lr", lambda j: j["spec"]["training"]["optimizer"].update(learningRate=0)),
+    ("bad-type", lambda j: j["spec"]["replicaSpecs"]["Worker"].update(replicas="two")),
+    ("bad-policy", lambda j: j["spec"]["replicaSpecs"]["Worker"].update(restartPolicy="Sometimes")),
+    ("mlp-no-hidden", lambda j: j["spec"]["training"]["model"].pop("hiddenUnits")),
+]
+
+
+@pytest.mark.parametrize("name,mutate", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_jobs_are_refused_and_the_operator_stays_up(cluster, name, mutate):
+    k = cluster
+    obj = job(name)
+    mutate(obj)
+    proc = k.run("apply", "-f", "-", input=json.dumps(obj), check=False)
+    if proc.returncode == 0:
+        # Accepted by the schema: the operator must report it as Failed with a reason.
+        st = wait_state(k, name, {"Failed"}, timeout=30)
+        assert condition(st, "Failed")["reason"] == "InvalidSpec", st
+        assert "spec." in condition(st, "Failed")["message"]
+    else:
+        assert "spec." in proc.stderr, proc.stderr
+    pid = int(open(os.path.join(k.state, "operator.pid")).read())
+    os.kill(pid, 0)  # still running
