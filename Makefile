@@ -8,7 +8,7 @@ BAZEL ?= bazel
 BAZEL_FLAGS ?=
 DEB_PACKAGES := bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev \
   protobuf-compiler libcpprest-dev libeigen3-dev prometheus-cpp-dev libyaml-cpp-dev zlib1g-dev \
-  libgtest-dev nlohmann-json3-dev dataset-fashion-mnist prometheus python3 python3-pytest curl
+  libgtest-dev nlohmann-json3-dev dataset-fashion-mnist prometheus python3 python3-pytest curl openssl util-linux
 BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker operator/kubetrain-operator
 # The first python3 on PATH that has pytest (Debian's python3-pytest otherwise).
 PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest" 2>/dev/null && { echo $$p; break; }; done)
