@@ -13,7 +13,7 @@ BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker operator/kubet
 # The first python3 on PATH that has pytest (Debian's python3-pytest otherwise).
 PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest" 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: all deps build demo demo-async demo-softmax test unit-test integration-test operator-test \
+.PHONY: all deps build demo demo-async demo-softmax test unit-test integration-test operator-test packaging-test \
   cluster-up cluster-down asan tsan clean
 
 all: build
@@ -57,7 +57,13 @@ operator-test: build
 	$(PYTHON) -m pytest -q tests/cluster/test_node_agent.py
 	$(PYTHON) -m pytest -q tests/operator
 
-test: unit-test operator-test integration-test
+# Images (every shared library the binaries need is installed by the image),
+# the dashboards (every panel's query returns data from a real Prometheus), the
+# deploy/ manifests and the Helm chart (against the real API server).
+packaging-test: build
+	$(PYTHON) -m pytest -q tests/packaging tests/dashboards
+
+test: unit-test operator-test packaging-test integration-test
 
 asan: deps
 	$(BAZEL) test --config=asan //...
