@@ -61,6 +61,9 @@ operator-test: build
 # the dashboards (every panel's query returns data from a real Prometheus), the
 # deploy/ manifests and the Helm chart (against the real API server).
 packaging-test: build
+	helm/sync-chart-files.sh --check
+	tests/cluster/build.sh
+	tests/cluster/build_helm.sh
 	$(PYTHON) -m pytest -q tests/packaging tests/dashboards
 
 test: unit-test operator-test packaging-test integration-test

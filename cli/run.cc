@@ -91,22 +91,6 @@ struct Task {
   absl::Time restart_at = absl::InfiniteFuture();  // pending restart
 };
 
-// Whether a task that exited with `code` is started again (TFJob semantics;
-// locally, Always behaves like OnFailure: a task that finished is done).
-bool ShouldRestart(RestartPolicy policy, int code) {
-  if (code == 0) return false;
-  switch (policy) {
-    case RestartPolicy::kNever:
-      return false;
-    case RestartPolicy::kOnFailure:
-    case RestartPolicy::kAlways:
-      return true;
-    case RestartPolicy::kExitCode:
-      return code >= 128;  // killed by a signal: retryable; 1-127: a permanent error
-  }
-  return false;
-}
-
 // What the chief reports, parsed from its stdout.
 struct ChiefReport {
   absl::Mutex mu;
@@ -275,7 +259,7 @@ int RunJob(const RunOptions& options) {
         continue;
       }
       if (*t.exit_code == 0) continue;
-      if (!ShouldRestart(t.restart_policy, *t.exit_code)) {
+      if (!IsRetryable(t.restart_policy, *t.exit_code)) {  // locally, Always acts as OnFailure
         status = "Failed";
         reason = absl::StrCat(t.name, " exited with code ", *t.exit_code, " (restartPolicy ",
                               RestartPolicyName(t.restart_policy), ")");

@@ -982,4 +982,18 @@ const char* RestartPolicyName(RestartPolicy policy) {
   return "unknown";
 }
 
+bool IsRetryable(RestartPolicy policy, int exit_code) {
+  if (exit_code == 0) return false;
+  switch (policy) {
+    case RestartPolicy::kNever:
+      return false;
+    case RestartPolicy::kOnFailure:
+    case RestartPolicy::kAlways:
+      return true;
+    case RestartPolicy::kExitCode:
+      return exit_code >= 128;
+  }
+  return false;
+}
+
 }  // namespace kubetrain

@@ -107,6 +107,12 @@ absl::Status ValidateTrainingJob(const TrainingJob& job);
 const char* TrainingModeName(TrainingMode mode);
 const char* RestartPolicyName(RestartPolicy policy);
 
+// Whether a task that exited with `exit_code` is started again (TFJob
+// semantics): OnFailure/Always on any failure; ExitCode only for codes >= 128
+// (killed by a signal: 137 SIGKILL/OOM, 143 SIGTERM), 1-127 being permanent
+// errors; Never not at all. A task that exited 0 is done.
+bool IsRetryable(RestartPolicy policy, int exit_code);
+
 }  // namespace kubetrain
 
 #endif  // KUBETRAIN_CORE_JOB_SPEC_H_

@@ -113,6 +113,17 @@ void Finish(Actions* a, const std::string& type, const std::string& reason, cons
   a->delete_pods = PodsToClean(pods, clean_policy);
 }
 
+// The job as controller of an object: garbage-collected with it, and how the
+// operator tells its own objects from others of the same name.
+json OwnerReferences(const JobObject& job) {
+  return json::array({{{"apiVersion", "kubetrain.io/v1"},
+                       {"kind", "TrainingJob"},
+                       {"name", job.name},
+                       {"uid", job.uid},
+                       {"controller", true},
+                       {"blockOwnerDeletion", true}}});
+}
+
 }  // namespace
 
 std::string ReplicaName(const std::string& job, const std::string& type, int index) {
@@ -120,20 +131,6 @@ std::string ReplicaName(const std::string& job, const std::string& type, int ind
 }
 
 std::string ReplicaTypeLabel(const std::string& spec_key) { return Lower(spec_key); }
-
-bool IsRetryable(RestartPolicy policy, int exit_code) {
-  if (exit_code == 0) return false;
-  switch (policy) {
-    case RestartPolicy::kNever:
-      return false;
-    case RestartPolicy::kOnFailure:
-    case RestartPolicy::kAlways:
-      return true;
-    case RestartPolicy::kExitCode:
-      return exit_code >= 128;  // killed by a signal (137 OOM/SIGKILL, 143 SIGTERM): retryable
-  }
-  return false;
-}
 
 TfConfig BuildTfConfig(const std::string& job, const std::string& ns, const TrainingJob& spec,
                        const std::string& type, int index, const OperatorConfig& config) {
@@ -162,12 +159,7 @@ json BuildService(const JobObject& job, const std::string& type, int index, cons
             {"namespace", job.namespace_},
             {"labels", selector},
             {"ownerReferences",
-             json::array({{{"apiVersion", "kubetrain.io/v1"},
-                           {"kind", "TrainingJob"},
-                           {"name", job.name},
-                           {"uid", job.uid},
-                           {"controller", true},
-                           {"blockOwnerDeletion", true}}})}}},
+             OwnerReferences(job)}}},
           {"spec",
            {{"clusterIP", "None"},
             {"publishNotReadyAddresses", true},  // DNS resolves before the pod is ready
@@ -188,12 +180,7 @@ json BuildConfigMap(const JobObject& job) {
             {"namespace", job.namespace_},
             {"labels", {{kJobLabel, job.name}}},
             {"ownerReferences",
-             json::array({{{"apiVersion", "kubetrain.io/v1"},
-                           {"kind", "TrainingJob"},
-                           {"name", job.name},
-                           {"uid", job.uid},
-                           {"controller", true},
-                           {"blockOwnerDeletion", true}}})}}},
+             OwnerReferences(job)}}},
           {"data", {{kConfigFile, doc.dump(2) + "\n"}}}};
 }
 
@@ -262,12 +249,7 @@ json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& 
                    {"namespace", job.namespace_},
                    {"labels", labels},
                    {"ownerReferences",
-                    json::array({{{"apiVersion", "kubetrain.io/v1"},
-                                  {"kind", "TrainingJob"},
-                                  {"name", job.name},
-                                  {"uid", job.uid},
-                                  {"controller", true},
-                                  {"blockOwnerDeletion", true}}})}};
+                    OwnerReferences(job)}};
   if (!annotations.empty()) metadata["annotations"] = annotations;
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", metadata}, {"spec", pod_spec}};
 }

@@ -104,8 +104,6 @@ nlohmann::json BuildService(const JobObject& job, const std::string& type, int i
 nlohmann::json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& spec_key,
                         int index, const OperatorConfig& config);
 nlohmann::json BuildConfigMap(const JobObject& job);
-// Whether a pod that ended with `exit_code` is recreated under `policy`.
-bool IsRetryable(RestartPolicy policy, int exit_code);
 
 }  // namespace kubetrain
 
