@@ -160,14 +160,41 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
   return out;
 }
 
+void Reconciler::RecordEvent(const JobObject& job, const JobEvent& e) {
+  // Best effort: an event that cannot be written must not fail the reconcile.
+  json event = {{"apiVersion", "v1"},
+                {"kind", "Event"},
+                {"metadata", {{"generateName", job.name + "."}, {"namespace", job.namespace_}}},
+                {"involvedObject",
+                 {{"apiVersion", "kubetrain.io/v1"}, {"kind", "TrainingJob"}, {"name", job.name},
+                  {"namespace", job.namespace_}, {"uid", job.uid}}},
+                {"reason", e.reason},
+                {"message", e.message},
+                {"type", e.type},
+                {"source", {{"component", "kubetrain-operator"}}},
+                {"firstTimestamp", Timestamp(clock_->Now())},
+                {"lastTimestamp", Timestamp(clock_->Now())},
+                {"count", 1}};
+  auto r = client_->Create(Core("events", job.namespace_), event);
+  if (!r.ok()) Log("operator: event ", e.reason, " for ", job.namespace_, "/", job.name, " not recorded: ", r.status().message());
+}
+
 absl::Status Reconciler::Apply(const JobObject& job, const Actions& a) {
   const std::string& ns = job.namespace_;
   std::vector<std::function<absl::Status()>> calls;
-  auto create = [this, ns](const std::string& plural, json object) {
-    return [this, ns, plural, object] {
+  auto create = [this, ns, &job](const std::string& plural, json object) {
+    return [this, ns, plural, object, &job] {
       auto r = client_->Create(Core(plural, ns), object);
+      const std::string name = object["metadata"]["name"].get<std::string>();
       if (r.ok()) {
-        Log("operator: created ", plural, " ", ns, "/", object["metadata"]["name"].get<std::string>());
+        Log("operator: created ", plural, " ", ns, "/", name);
+        if (plural == "pods" || plural == "services") {
+          const std::string kind = plural == "pods" ? "Pod" : "Service";
+          RecordEvent(job, {"Normal", "SuccessfulCreate" + kind, "Created " + kind + " " + name});
+        }
+      } else if (!absl::IsAlreadyExists(r.status())) {
+        RecordEvent(job, {"Warning", "FailedCreate", absl::StrCat("Creating ", plural, " ", name, ": ",
+                                                                   r.status().message())});
       }
       return absl::IsAlreadyExists(r.status()) ? absl::OkStatus() : r.status();
     };
@@ -188,24 +215,7 @@ absl::Status Reconciler::Apply(const JobObject& job, const Actions& a) {
   }
   absl::Status applied = RunAll(std::move(calls));
 
-  // Events, best effort.
-  for (const auto& e : a.events) {
-    json event = {{"apiVersion", "v1"},
-                  {"kind", "Event"},
-                  {"metadata", {{"generateName", job.name + "."}, {"namespace", ns}}},
-                  {"involvedObject",
-                   {{"apiVersion", "kubetrain.io/v1"}, {"kind", "TrainingJob"}, {"name", job.name},
-                    {"namespace", ns}, {"uid", job.uid}}},
-                  {"reason", e.reason},
-                  {"message", e.message},
-                  {"type", e.type},
-                  {"source", {{"component", "kubetrain-operator"}}},
-                  {"firstTimestamp", Timestamp(clock_->Now())},
-                  {"lastTimestamp", Timestamp(clock_->Now())},
-                  {"count", 1}};
-    auto r = client_->Create(Core("events", ns), event);
-    if (!r.ok()) Log("operator: event ", e.reason, " for ", ns, "/", job.name, " not recorded: ", r.status().message());
-  }
+  for (const auto& e : a.events) RecordEvent(job, e);
 
   if (a.status != job.status) {
     // Replace (not merge) so removed keys go too; a conflict means the job

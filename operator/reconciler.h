@@ -39,6 +39,7 @@ class Reconciler {
  private:
   absl::Status Apply(const JobObject& job, const Actions& actions);
   absl::Status CleanUpOrphans(const std::string& ns, const std::string& name);
+  void RecordEvent(const JobObject& job, const JobEvent& event);
 
   KubeClient* const client_;
   const OperatorConfig config_;

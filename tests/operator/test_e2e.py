@@ -135,6 +135,7 @@ def test_sync_example_succeeds_with_status_and_printer_columns(cluster):
         assert s["metadata"]["ownerReferences"][0]["uid"] == job_uid
     describe = k.run("describe", "tj", "fashion-mnist-sync").stdout
     assert "TrainingJobSucceeded" in describe
+    assert "SuccessfulCreatePod" in describe and "SuccessfulCreateService" in describe
 
 
 def test_worker_failing_under_never_fails_the_job_naming_the_replica(cluster):
