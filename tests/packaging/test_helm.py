@@ -173,6 +173,8 @@ def test_dashboards_configmap_per_json_file(helm_offline, pk, tmp_path):
         (dash / name).write_text(text)
     cms = [o for o in template(helm_offline, pk, chart=str(chart)) if o["kind"] == "ConfigMap"]
     assert len(cms) == len(files)
+    names = [cm["metadata"]["name"] for cm in cms]
+    assert len(set(names)) == len(names), names  # one installable object per dashboard
     got = {}
     for cm in cms:
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
