@@ -12,6 +12,8 @@
 # Env:   KUBETRAIN_CACHE   cache root (default $HOME/.cache/kubetrain)
 #        KUBETRAIN_GO      go binary (default /usr/local/go/bin/go, else `go` on PATH)
 #        KUBETRAIN_BUILD_KUBECTL=0   same as --no-kubectl
+#        KUBETRAIN_BUILD_CONTROLLER_MANAGER=1  also build kube-controller-manager
+#                          (up.sh sets it when KUBETRAIN_CONTROLLER_MANAGER=1)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,7 +28,7 @@ for a in "$@"; do
     --force) FORCE=1 ;;
     --no-kubectl) WANT_KUBECTL=0 ;;
     --quiet|-q) QUIET=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument: $a" >&2; exit 2 ;;
   esac
 done
@@ -103,13 +105,16 @@ build_one() {
 
 build_one etcd "$EMOD" go.etcd.io/etcd/server/v3 "-s -w" go.mod go.sum
 build_one kube-apiserver "$KMOD" . "$KLDFLAGS" go.mod go.sum main.go
+if [ "${KUBETRAIN_BUILD_CONTROLLER_MANAGER:-0}" != 0 ]; then
+  build_one kube-controller-manager "$KMOD" ./cmd/kube-controller-manager "$KLDFLAGS" go.mod go.sum cmd/kube-controller-manager/main.go
+fi
 if [ "$WANT_KUBECTL" != 0 ]; then
   build_one kubectl "$KMOD" ./cmd/kubectl "$KLDFLAGS" go.mod go.sum cmd/kubectl/main.go
 fi
 
 if [ "$QUIET" = 0 ]; then
   echo "kubetrain control-plane binaries (kubernetes $K8S_VERSION):"
-  for b in etcd kube-apiserver kubectl; do
+  for b in etcd kube-apiserver kube-controller-manager kubectl; do
     [ -x "$BIN/$b" ] && echo "  $BIN/$b"
   done
   echo "export KUBETRAIN_BIN=$BIN"

@@ -6,18 +6,37 @@
 #   eval "$(tests/cluster/cluster-up.sh)"; kubectl apply -f examples/softmax-seed.yaml
 #   tests/cluster/cluster-down.sh
 # Env: KUBETRAIN_STATE (default /tmp/kubetrain-cluster), KUBETRAIN_BIN (default <repo>/bin).
+#   KUBETRAIN_OPERATOR=chart: a cluster to install the Helm chart into. It adds
+#     kube-controller-manager (KUBETRAIN_CONTROLLER_MANAGER=1: Deployments get their pods)
+#     and gives pods service-account tokens (node agent --service-account-tokens), but
+#     starts no operator process and applies no CRD: `helm install` brings both, and the
+#     operator runs as the chart's Deployment pod (kubetrain-operator --in-cluster).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 export KUBETRAIN_STATE="${KUBETRAIN_STATE:-/tmp/kubetrain-cluster}"
 bin="${KUBETRAIN_BIN:-$root/bin}"
 kubectl="${KUBETRAIN_CACHE:-$HOME/.cache/kubetrain}/bin/kubectl"
+mode="${KUBETRAIN_OPERATOR:-process}"
+case "$mode" in
+  process|chart) ;;
+  *) echo "cluster-up: KUBETRAIN_OPERATOR must be 'chart' or unset, not '$mode'" >&2; exit 2 ;;
+esac
 for b in kubetrain-operator kubetrain-ps kubetrain-worker; do
   [ -x "$bin/$b" ] || { echo "cluster-up: $bin/$b missing: run make build" >&2; exit 1; }
 done
-exports="$("$root/tests/cluster/up.sh")"
+agent_args=()
+if [ "$mode" = chart ]; then
+  "$root/tests/cluster/build_helm.sh" >&2  # helm lands beside kubectl, on the PATH printed below
+  exports="$(KUBETRAIN_CONTROLLER_MANAGER=1 "$root/tests/cluster/up.sh")"
+  agent_args=(--service-account-tokens)
+else
+  exports="$("$root/tests/cluster/up.sh")"
+fi
 eval "$exports"
-"$kubectl" apply -f "$root/deploy/crd/kubetrain.io_trainingjobs.yaml" >&2
-"$kubectl" wait --for=condition=Established crd/trainingjobs.kubetrain.io --timeout=60s >&2
+if [ "$mode" != chart ]; then
+  "$kubectl" apply -f "$root/deploy/crd/kubetrain.io_trainingjobs.yaml" >&2
+  "$kubectl" wait --for=condition=Established crd/trainingjobs.kubetrain.io --timeout=60s >&2
+fi
 logs="$KUBETRAIN_STATE/logs"
 mkdir -p "$logs"
 start() {  # name, command...: start in the background unless already running
@@ -29,10 +48,15 @@ start() {  # name, command...: start in the background unless already running
   echo "cluster-up: started $name (pid $!, log $logs/$name.log)" >&2
 }
 start node-agent python3 "$root/tests/cluster/node_agent.py" --kubeconfig "$KUBECONFIG" \
-  --bin-dir "$bin" --state-dir "$KUBETRAIN_STATE/node-agent"
-start operator "$bin/kubetrain-operator" --kubeconfig "$KUBECONFIG" \
-  --metrics_address=127.0.0.1:0 --health_address=127.0.0.1:0 --leader_elect \
-  --leader_election_namespace=kube-system
+  --bin-dir "$bin" --state-dir "$KUBETRAIN_STATE/node-agent" "${agent_args[@]}"
+if [ "$mode" = chart ]; then
+  echo "cluster-up: ready for the Helm chart (no operator process, no CRD yet):" >&2
+  echo "  helm install kubetrain helm/kubetrain -n kubetrain-system --create-namespace --wait" >&2
+else
+  start operator "$bin/kubetrain-operator" --kubeconfig "$KUBECONFIG" \
+    --metrics_address=127.0.0.1:0 --health_address=127.0.0.1:0 --leader_elect \
+    --leader_election_namespace=kube-system
+fi
 echo "cluster-up: ready; kubectl is $kubectl" >&2
 echo "$exports"
 echo "export PATH=\"$(dirname "$kubectl"):\$PATH\""

@@ -40,6 +40,7 @@ stop() {
   rm -f "$pf"
 }
 
+stop kube-controller-manager
 stop kube-apiserver
 stop etcd
 rm -f "$STATE/env"

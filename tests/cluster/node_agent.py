@@ -6,14 +6,21 @@ plain processes on this machine (the image is ignored; command[0] is looked up i
 --bin-dir, then PATH). Each pod gets its own loopback IP (127.10.x.y), ConfigMap
 volumes, a termination-log file and a shared hosts file (headless Service names)
 bind-mounted, in private mount + PID namespaces (unshare). Needs root.
+With --service-account-tokens it also does what the kubelet does for in-cluster
+clients: a TokenRequest token of the pod's ServiceAccount, the API server CA and the
+namespace bind-mounted at /var/run/secrets/kubernetes.io/serviceaccount, and
+KUBERNETES_SERVICE_HOST/PORT (the API server of the kubeconfig) in every container.
 Python 3.11 stdlib only. See tests/cluster/README.md ("Node agent").
 
 Usage: node_agent.py --kubeconfig PATH --bin-dir DIR --state-dir DIR [--node-name NAME]
+                     [--service-account-tokens]
 """
 import argparse, base64, ctypes, http.client, json, os, queue, re, shlex, shutil, signal, ssl
 import subprocess, sys, threading, time, urllib.parse
 
 BACKOFF_START, BACKOFF_CAP, GRACE_CAP, HEARTBEAT = 1.0, 10.0, 5.0, 10.0
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+SA_TOKEN_SECONDS, SA_RETRY = 3607, 2.0  # the kubelet's token lifetime; retry a missing ServiceAccount
 WATCH_TIMEOUT = 60
 
 
@@ -82,13 +89,15 @@ def load_kubeconfig(path, state_dir):
     url = urllib.parse.urlsplit(cluster["server"])
     if url.hostname is None or not url.hostname.startswith(("127.", "localhost")):
         raise SystemExit(f"refusing non-loopback API server {cluster['server']}")
-    tls = ssl.create_default_context()
+    tls, ca_pem = ssl.create_default_context(), None
     if cluster.get("insecure-skip-tls-verify"):
         tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
     elif cluster.get("certificate-authority-data"):
-        tls.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+        ca_pem = base64.b64decode(cluster["certificate-authority-data"]).decode()
+        tls.load_verify_locations(cadata=ca_pem)
     elif cluster.get("certificate-authority"):
         tls.load_verify_locations(cafile=cluster["certificate-authority"])
+        ca_pem = open(cluster["certificate-authority"]).read()
     cert, key = user.get("client-certificate"), user.get("client-key")
     for field, fname in (("client-certificate-data", "client.crt"), ("client-key-data", "client.key")):
         if user.get(field):
@@ -98,7 +107,7 @@ def load_kubeconfig(path, state_dir):
             cert, key = (p, key) if fname == "client.crt" else (cert, p)
     if cert:
         tls.load_cert_chain(cert, key)
-    return url.hostname, url.port or 443, tls, user.get("token")
+    return url.hostname, url.port or 443, tls, user.get("token"), ca_pem
 
 
 class ApiError(Exception):
@@ -111,14 +120,19 @@ class Api:
     def __init__(self, kubeconfig, state_dir):
         self.kubeconfig, self.state_dir, self.mtime, self.lock = kubeconfig, state_dir, None, threading.Lock()
 
-    def open(self, method, path, body=None, ctype="application/json", timeout=30):
+    def load(self):
         with self.lock:  # (re)load the kubeconfig when it changes, e.g. the test cluster was restarted
             mtime = os.stat(self.kubeconfig).st_mtime_ns
             if mtime != self.mtime:
-                self.host, self.port, self.tls, self.token = load_kubeconfig(self.kubeconfig, self.state_dir)
+                self.host, self.port, self.tls, self.token, self.ca_pem = load_kubeconfig(self.kubeconfig,
+                                                                                          self.state_dir)
                 if self.mtime is not None:
                     log(f"reloaded {self.kubeconfig}")
                 self.mtime = mtime
+        return self
+
+    def open(self, method, path, body=None, ctype="application/json", timeout=30):
+        self.load()
         conn = http.client.HTTPSConnection(self.host, self.port, context=self.tls, timeout=timeout)
         headers = {"Accept": "application/json"}
         if self.token:
@@ -180,12 +194,15 @@ class PodRun:
         self.mounts = None  # [(src, dst, readOnly)] once volumes are ready
         self.start_time, self.phase, self.conds, self.sent = now_rfc3339(), "Pending", {}, None
         self.kill_deadline = None  # set when terminating
+        self.waiting = None  # (reason, message) while the containers cannot be created yet
+        self.sa_dir, self.sa_refresh_at, self.sa_retry_at = None, 0.0, 0.0
         self.killed = self.vanished = False
 
 
 class Agent:
     def __init__(self, args):
         self.node, self.bin_dir, self.state = args.node_name, os.path.abspath(args.bin_dir), args.state_dir
+        self.sa_tokens = getattr(args, "service_account_tokens", False)
         for d in ("pods", "logs"):
             os.makedirs(os.path.join(self.state, d), exist_ok=True)
         self.api = Api(args.kubeconfig, self.state)
@@ -419,15 +436,59 @@ class Agent:
                             f.write(data[it["key"]])
             elif "emptyDir" not in v:
                 log(f"warning: pod {run.key}: volume {v['name']} type {sorted(set(v) - {'name'})} unsupported; using an empty dir")
+        if self.sa_tokens and run.pod["spec"].get("automountServiceAccountToken") is not False:
+            if time.time() < run.sa_retry_at or not self.write_sa_token(run):
+                return False
         run.mounts = {}
         for c in run.containers:
             ms = []
+            if run.sa_dir and not any(m.get("mountPath", "").rstrip("/") == SA_MOUNT
+                                      for m in c.spec.get("volumeMounts") or []):
+                ms.append((run.sa_dir, SA_MOUNT, True))
             for m in c.spec.get("volumeMounts") or []:
                 if m["name"] not in vols:
                     log(f"warning: pod {run.key}: volumeMount {m['name']} has no volume; skipped")
                     continue
                 ms.append((os.path.join(vols[m["name"]], m.get("subPath", "")).rstrip("/"), m["mountPath"], m.get("readOnly", False)))
             run.mounts[c.name] = ms
+        return True
+
+    def write_sa_token(self, run):
+        """TokenRequest for the pod's ServiceAccount (bound to the pod), written with ca.crt and
+        namespace into the pod's serviceaccount dir. False (pod waits, status says why) on failure."""
+        md = run.pod["metadata"]
+        ns, sa = md["namespace"], run.pod["spec"].get("serviceAccountName") or "default"
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"expirationSeconds": SA_TOKEN_SECONDS}}
+        if run.pod["spec"].get("serviceAccountName") == sa:
+            # Bound to the pod, as the kubelet's. (The API server refuses the binding when the pod
+            # names no ServiceAccount: this cluster runs without the ServiceAccount admission plugin.)
+            body["spec"]["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": md["name"], "uid": md["uid"]}
+        try:
+            tr = self.api("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", body)
+            token = tr["status"]["token"]
+        except Exception as e:
+            run.sa_retry_at = time.time() + SA_RETRY
+            if isinstance(e, ApiError) and e.status == 404:
+                why = ("CreateContainerConfigError", f'serviceaccount "{sa}" not found in namespace "{ns}"; '
+                       "waiting for it (the service account token cannot be created)")
+            else:
+                why = ("CreateContainerConfigError", f"requesting a token for serviceaccount {ns}/{sa}: {e}")
+            if run.waiting != why:
+                log(f"pod {run.key}: {why[1]}; retrying every {SA_RETRY:g}s")
+            run.waiting = why
+            return False
+        d = os.path.join(run.dir, "serviceaccount")
+        os.makedirs(d, exist_ok=True)
+        for name, data in (("token", token), ("ca.crt", self.api.ca_pem or ""), ("namespace", ns)):
+            tmp = os.path.join(d, f".{name}.tmp")
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "w") as f:
+                f.write(data)
+            os.replace(tmp, os.path.join(d, name))  # atomic: a running container may be reading it
+        if run.sa_dir is None:
+            log(f"pod {run.key}: token of serviceaccount {ns}/{sa} mounted at {SA_MOUNT}")
+        run.sa_dir, run.waiting = d, None
+        run.sa_refresh_at = time.time() + SA_TOKEN_SECONDS * 0.8  # the kubelet renews at 80% of the TTL
         return True
 
     def field(self, run, path):
@@ -451,6 +512,9 @@ class Agent:
                 env[e["name"]] = val
             else:
                 env[e["name"]] = expand(e.get("value", ""), env)
+        if self.sa_tokens:  # what the kubelet sets for in-cluster clients (here: the real API server)
+            env.setdefault("KUBERNETES_SERVICE_HOST", self.api.load().host)
+            env.setdefault("KUBERNETES_SERVICE_PORT", str(self.api.port))
         argv = [expand(a, env) for a in (spec.get("command") or []) + (spec.get("args") or [])]
         term_file = os.path.join(run.dir, f"{c.name}.termination-log")
         open(term_file, "w").close()
@@ -568,7 +632,13 @@ class Agent:
 
     def sync_pod(self, run, now):
         if run.mounts is None and run.kill_deadline is None and not self.setup_volumes(run):
+            if run.waiting:
+                self.report(run)
             return
+        if run.sa_dir and run.kill_deadline is None and now >= run.sa_refresh_at \
+                and not all(c.done for c in run.containers):
+            self.write_sa_token(run)  # on failure the old token stays; retried after SA_RETRY
+            run.sa_refresh_at = max(run.sa_refresh_at, run.sa_retry_at)
         for c in run.containers:
             if c.proc and c.proc.poll() is not None:
                 self.reap(run, c)
@@ -605,7 +675,8 @@ class Agent:
     def status_of(self, run):
         cs, t = [], now_rfc3339()
         for c in run.containers:
-            st = c.state or {"waiting": {"reason": "ContainerCreating"}}
+            st = c.state or {"waiting": ({"reason": run.waiting[0], "message": run.waiting[1]} if run.waiting
+                                         else {"reason": "ContainerCreating"})}
             if "terminated" in st and not c.done and not c.proc:
                 st = {"waiting": {"reason": "CrashLoopBackOff",
                                   "message": f"back-off restarting failed container {c.name}"}}
@@ -733,6 +804,9 @@ def main():
     ap.add_argument("--bin-dir", required=True)
     ap.add_argument("--state-dir", required=True)
     ap.add_argument("--node-name", default="kubetrain-node-0")
+    ap.add_argument("--service-account-tokens", action="store_true",
+                    help="mount a TokenRequest token of the pod's ServiceAccount (+ ca.crt, namespace) at "
+                         f"{SA_MOUNT} and set KUBERNETES_SERVICE_HOST/PORT, as the kubelet does")
     args = ap.parse_args()
     os.makedirs(args.state_dir, exist_ok=True)
     args.state_dir = os.path.abspath(args.state_dir)

@@ -16,6 +16,10 @@
 #   KUBETRAIN_KEEP_DATA=1 keep the etcd data dir from a previous run (default: start empty)
 #   KUBETRAIN_READY_TIMEOUT  seconds to wait for /readyz (default 120)
 #   KUBETRAIN_APISERVER_EXTRA_ARGS  extra kube-apiserver flags (word-split)
+#   KUBETRAIN_CONTROLLER_MANAGER=1  also build and start kube-controller-manager (Deployments ->
+#                         ReplicaSets -> Pods, garbage collection, namespace deletion, the
+#                         "default" ServiceAccount of each namespace, ...); default: not started
+#   KUBETRAIN_CONTROLLER_MANAGER_EXTRA_ARGS  extra kube-controller-manager flags (word-split)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -52,7 +56,9 @@ pid_alive() { # pid_alive PIDFILE BINARY
 }
 
 # --- already running? -------------------------------------------------------
-if [ -f "$ENV_FILE" ] && pid_alive "$STATE/etcd.pid" "$BIN/etcd" && pid_alive "$STATE/kube-apiserver.pid" "$BIN/kube-apiserver"; then
+WANT_KCM="${KUBETRAIN_CONTROLLER_MANAGER:-0}"
+kcm_ok() { [ "$WANT_KCM" != 1 ] || pid_alive "$STATE/kube-controller-manager.pid" "$BIN/kube-controller-manager"; }
+if [ -f "$ENV_FILE" ] && pid_alive "$STATE/etcd.pid" "$BIN/etcd" && pid_alive "$STATE/kube-apiserver.pid" "$BIN/kube-apiserver" && kcm_ok; then
   # shellcheck disable=SC1090
   ( . "$ENV_FILE"
     curl -fsS --max-time 5 --cacert "$KUBETRAIN_CA_FILE" -H "Authorization: Bearer $KUBETRAIN_TOKEN" \
@@ -63,9 +69,16 @@ KUBETRAIN_STATE="$STATE" "$HERE/down.sh" --quiet || true
 
 # --- binaries -----------------------------------------------------------------
 if [ "${KUBETRAIN_SKIP_BUILD:-0}" != 1 ]; then
-  "$HERE/build.sh" --quiet
+  if [ "$WANT_KCM" = 1 ]; then
+    KUBETRAIN_BUILD_CONTROLLER_MANAGER=1 "$HERE/build.sh" --quiet
+  else
+    "$HERE/build.sh" --quiet
+  fi
 fi
 for b in etcd kube-apiserver; do [ -x "$BIN/$b" ] || die "$BIN/$b missing; run $HERE/build.sh"; done
+if [ "$WANT_KCM" = 1 ] && [ ! -x "$BIN/kube-controller-manager" ]; then
+  die "$BIN/kube-controller-manager missing; run KUBETRAIN_BUILD_CONTROLLER_MANAGER=1 $HERE/build.sh"
+fi
 
 # --- ports --------------------------------------------------------------------
 free_port() {
@@ -227,4 +240,62 @@ export KUBETRAIN_ETCD_URL=$ETCD_URL
 export KUBETRAIN_STATE=$STATE
 export KUBETRAIN_BIN=$BIN
 EOF
+
+# --- kube-controller-manager (opt-in) -------------------------------------------------
+# Runs every controller that needs no cloud provider and no kubelet: deployment, replicaset,
+# garbage collector, namespace, serviceaccount (+ token), job, statefulset, daemonset, ...
+# Left out: node-ipam (no pod CIDRs here), node-lifecycle and the taint-eviction ones (the
+# test node agent posts Node status but no Lease; they must never evict its pods).
+if [ "$WANT_KCM" = 1 ]; then
+  KCM_PORT="$(free_port)"
+  while [ "$KCM_PORT" = "$API_PORT" ] || [ "$KCM_PORT" = "$ETCD_PORT" ] || [ "$KCM_PORT" = "$ETCD_PEER_PORT" ]; do
+    KCM_PORT="$(free_port)"
+  done
+  KCM_KUBECONFIG="$STATE/controller-manager.kubeconfig"
+  cat > "$KCM_KUBECONFIG" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kubetrain
+  cluster:
+    server: $API_URL
+    certificate-authority: $CERTS/ca.crt
+users:
+- name: kube-controller-manager
+  user:
+    client-certificate: $CERTS/admin.crt
+    client-key: $CERTS/admin.key
+contexts:
+- name: kubetrain
+  context:
+    cluster: kubetrain
+    user: kube-controller-manager
+current-context: kubetrain
+EOF
+  mkdir -p "$STATE/controller-manager"
+  # shellcheck disable=SC2206
+  KCM_EXTRA=( ${KUBETRAIN_CONTROLLER_MANAGER_EXTRA_ARGS:-} )
+  start_bg kube-controller-manager "$STATE/kube-controller-manager.pid" "$LOGS/kube-controller-manager.log" \
+    "$BIN/kube-controller-manager" \
+    --kubeconfig="$KCM_KUBECONFIG" \
+    --bind-address="$HOST" \
+    --secure-port="$KCM_PORT" \
+    --cert-dir="$STATE/controller-manager" \
+    --service-account-private-key-file="$CERTS/sa-signer.key" \
+    --root-ca-file="$CERTS/ca.crt" \
+    --use-service-account-credentials=false \
+    --controllers='*,-node-ipam-controller,-node-lifecycle-controller,-taint-eviction-controller,-device-taint-eviction-controller' \
+    --leader-elect=false \
+    --service-cluster-ip-range=10.0.0.0/24 \
+    "${KCM_EXTRA[@]}"
+  deadline=$(( SECONDS + READY_TIMEOUT ))
+  until curl -fsSk --max-time 3 "https://$HOST:$KCM_PORT/healthz" >/dev/null 2>&1; do
+    pid_alive "$STATE/kube-controller-manager.pid" "$BIN/kube-controller-manager" \
+      || fail_with_log kube-controller-manager "kube-controller-manager exited during startup"
+    [ $SECONDS -lt $deadline ] || fail_with_log kube-controller-manager "kube-controller-manager not healthy after ${READY_TIMEOUT}s"
+    sleep 0.5
+  done
+  log "kube-controller-manager healthy at https://$HOST:$KCM_PORT"
+  echo "export KUBETRAIN_CONTROLLER_MANAGER_URL=https://$HOST:$KCM_PORT" >> "$ENV_FILE"
+fi
 print_exports

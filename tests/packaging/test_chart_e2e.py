@@ -1,0 +1,147 @@
+"""The Helm chart end to end, the way a newcomer follows the README: a test cluster
+without an operator process (KUBETRAIN_OPERATOR=chart tests/cluster/cluster-up.sh:
+etcd + kube-apiserver + kube-controller-manager + the node agent, which gives pods
+service-account tokens), then ONLY helm and kubectl: `helm install --wait` brings
+the CRD and the operator, which runs as the chart's Deployment pod
+(`kubetrain-operator --in-cluster`, resolved from bin/ by the node agent), and a
+TrainingJob applied with kubectl trains to Succeeded.
+
+Run: python3 -m pytest -q tests/packaging/test_chart_e2e.py   (as root; needs `make build`)
+"""
+import glob
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+RELEASE = "kubetrain"
+JOB = "chart-e2e"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root (mount namespaces)")
+
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture(scope="module")
+def chart_cluster(pk, helm_binary):
+    for b in ("kubetrain-operator", "kubetrain-ps", "kubetrain-worker"):
+        if not os.access(os.path.join(pk.BIN, b), os.X_OK):
+            pytest.fail(f"{pk.BIN}/{b} missing: run `make build` first")
+    state = tempfile.mkdtemp(prefix="kubetrain-chart-e2e.")
+    env = dict(os.environ, KUBETRAIN_STATE=state, KUBETRAIN_OPERATOR="chart")
+    env.pop("KUBECONFIG", None)
+    cluster = os.path.join(pk.ROOT, "tests", "cluster")
+    t0 = time.time()
+    proc = subprocess.run([os.path.join(cluster, "cluster-up.sh")], capture_output=True, text=True,
+                          env=env, timeout=3600)
+    try:
+        assert proc.returncode == 0, f"cluster-up.sh failed:\n{proc.stderr[-4000:]}"
+        for line in proc.stdout.splitlines():
+            if line.startswith("export KUBECONFIG="):
+                env["KUBECONFIG"] = line.split("=", 1)[1].strip('"')
+            if line.startswith("export KUBETRAIN_APISERVER_URL="):
+                apiserver_url = line.split("=", 1)[1].strip('"')
+        assert "KUBECONFIG" in env, proc.stdout
+        for sub in ("config", "cache", "data"):  # private helm dirs, never the user's
+            env[f"HELM_{sub.upper()}_HOME"] = os.path.join(state, "helm", sub)
+        k = pk.Kubectl(os.path.join(os.path.dirname(helm_binary), "kubectl"), env)
+        k.state, k.helm, k.up_seconds, k.apiserver_url = state, helm_binary, time.time() - t0, apiserver_url
+        yield k
+    finally:
+        subprocess.run([os.path.join(cluster, "cluster-down.sh"), "--purge"], env=env, timeout=120)
+
+
+def _logs(k):
+    out = []
+    for pattern in ("logs/node-agent.log", "logs/kube-controller-manager.log",
+                    "node-agent/logs/kubetrain-system_*_operator.log"):
+        for path in sorted(glob.glob(os.path.join(k.state, pattern))):
+            with open(path, errors="replace") as f:
+                out.append(f"--- {os.path.relpath(path, k.state)} (tail)\n{f.read()[-3000:]}")
+    return "\n".join(out)
+
+
+def _helm(k, *args, timeout=300):
+    proc = subprocess.run([k.helm, *args], capture_output=True, text=True, env=k.env, timeout=timeout)
+    assert proc.returncode == 0, (f"helm {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n"
+                                  f"{proc.stderr[-3000:]}\n{_logs(k)}")
+    return proc
+
+
+def test_chart_operator_runs_a_job_to_success(chart_cluster, pk):
+    k = chart_cluster
+    # cluster-up started no operator process and applied no CRD: the chart brings both.
+    assert not os.path.exists(os.path.join(k.state, "operator.pid"))
+    assert k.run("get", "crd", pk.CRD_NAME, check=False).returncode != 0
+
+    t0 = time.time()
+    # The pod shares the host's network (the node agent has no network isolation): free
+    # ports instead of 8080/8081, so a busy port or a parallel run cannot break the test.
+    _helm(k, "install", RELEASE, pk.CHART, "-n", pk.NAMESPACE, "--create-namespace", "--wait", "--timeout", "3m",
+          "--set", f"metrics.port={_free_port()}", "--set", f"health.port={_free_port()}")
+    install_seconds = time.time() - t0
+
+    # The operator is the chart's Deployment pod: Deployment -> ReplicaSet -> Pod (controller-manager).
+    deploy = k.json("get", "deployment", RELEASE, "-n", pk.NAMESPACE)
+    assert deploy["status"].get("availableReplicas") == 1, deploy["status"]
+    pods = k.json("get", "pods", "-n", pk.NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}")["items"]
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    pod = pods[0]
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    (rs_ref,) = pod["metadata"]["ownerReferences"]
+    assert rs_ref["kind"] == "ReplicaSet"
+    rs = k.json("get", "replicaset", rs_ref["name"], "-n", pk.NAMESPACE)
+    (d_ref,) = rs["metadata"]["ownerReferences"]
+    assert d_ref["kind"] == "Deployment" and d_ref["uid"] == deploy["metadata"]["uid"]
+    (c,) = pod["spec"]["containers"]
+    assert c["command"] == ["kubetrain-operator"] and "--in-cluster" in c["args"]
+    assert pod["spec"]["serviceAccountName"] == RELEASE
+
+    # It authenticated with its service-account token and took the Lease in the release namespace.
+    lease = pk.wait_for(lambda: (k.run("get", "lease", "kubetrain-operator", "-n", pk.NAMESPACE, "-o", "json",
+                                       check=False).stdout or None), 60, "the operator's Lease")
+    assert json.loads(lease)["spec"].get("holderIdentity"), lease
+    (oplog,) = glob.glob(os.path.join(k.state, "node-agent", "logs",
+                                      f"{pk.NAMESPACE}_{pod['metadata']['name']}_operator.log"))
+    text = open(oplog).read()
+    # --in-cluster: KUBERNETES_SERVICE_HOST/PORT and the mounted token led it to the test API server.
+    assert f"server {k.apiserver_url}," in text and "is the leader" in text, text[-3000:]
+
+    # A TrainingJob with kubectl only.
+    job = {"apiVersion": "kubetrain.io/v1", "kind": "TrainingJob", "metadata": {"name": JOB},
+           "spec": {"replicaSpecs": {"PS": {"replicas": 1, "restartPolicy": "OnFailure"},
+                                     "Worker": {"replicas": 1, "restartPolicy": "Never"}},
+                    "training": {"mode": "sync", "model": {"type": "mlp", "hiddenUnits": [16]},
+                                 "optimizer": {"type": "adam", "learningRate": 0.002}, "batchSize": 32,
+                                 "steps": 100, "seed": 3, "startupTimeoutSeconds": 60}}}
+    t1 = time.time()
+    k.run("apply", "-n", "default", "-f", "-", input=json.dumps(job))
+    deadline, st = time.time() + 240, {}
+    while time.time() < deadline:
+        st = k.json("get", "tj", JOB, "-n", "default").get("status", {})
+        if st.get("state") in ("Succeeded", "Failed"):
+            break
+        time.sleep(1)
+    assert st.get("state") == "Succeeded", f"status: {json.dumps(st)[:2000]}\n{_logs(k)}"
+    job_seconds = time.time() - t1
+    assert st["progress"]["globalStep"] == 100, st["progress"]
+    events = k.json("get", "events", "-n", "default", "--field-selector", f"involvedObject.name={JOB}")
+    assert events["items"], "no Events for the job"
+    # Still the same single operator pod, never restarted, and no RBAC refusals.
+    pods = k.json("get", "pods", "-n", pk.NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}")["items"]
+    assert [p["metadata"]["uid"] for p in pods] == [pod["metadata"]["uid"]]
+    assert pods[0]["status"]["containerStatuses"][0]["restartCount"] == 0
+    text = open(oplog).read()
+    assert "403" not in text and "orbidden" not in text, text[-3000:]
+    print(f"\ncluster-up {k.up_seconds:.1f}s, helm install --wait {install_seconds:.1f}s, "
+          f"job to Succeeded {job_seconds:.1f}s")
