@@ -421,8 +421,13 @@ ShardCheckpoint Shard::Checkpoint() const {
   return CheckpointLocked();
 }
 
-std::optional<ShardCheckpoint> Shard::TakePendingCheckpoint() {
+std::optional<ShardCheckpoint> Shard::TakePendingCheckpoint(absl::Duration wait) {
   absl::MutexLock l(&mu_);
+  if (wait > absl::ZeroDuration()) {
+    mu_.AwaitWithTimeout(
+        absl::Condition(+[](std::optional<ShardCheckpoint>* p) { return p->has_value(); }, &pending_checkpoint_),
+        wait);
+  }
   std::optional<ShardCheckpoint> c = std::move(pending_checkpoint_);
   pending_checkpoint_.reset();
   return c;

@@ -178,8 +178,9 @@ class Shard {
   // A consistent copy of the shard's state for a checkpoint file.
   ShardCheckpoint Checkpoint() const;
   // The newest snapshot taken at a checkpoint_every_steps boundary and not yet
-  // taken by the caller (who writes it outside the shard's lock).
-  std::optional<ShardCheckpoint> TakePendingCheckpoint();
+  // taken by the caller (who writes it outside the shard's lock). Waits up to
+  // `wait` for one, so the writer wakes the moment a boundary is crossed.
+  std::optional<ShardCheckpoint> TakePendingCheckpoint(absl::Duration wait = absl::ZeroDuration());
   // Loads a checkpoint's state; parts and sizes must match exactly (nothing
   // is changed otherwise).
   absl::Status Restore(const ShardCheckpoint& ckpt);
