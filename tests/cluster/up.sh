@@ -47,6 +47,13 @@ print_exports() {
   log "cluster ready: $(grep -o 'https://[^ ]*' "$ENV_FILE" | head -1)  (logs: $LOGS; stop: $HERE/down.sh)"
 }
 
+# Liveness during start-up: only "has the process gone?". (Checking the command
+# line races with the fork before exec: the child still shows the shell's.)
+still_running() { # still_running PIDFILE
+  local pid
+  pid="$(cat "$1" 2>/dev/null)" && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+}
+
 pid_alive() { # pid_alive PIDFILE BINARY
   local pf="$1" bin="$2" pid
   [ -f "$pf" ] || return 1
@@ -165,7 +172,7 @@ fail_with_log() { # fail_with_log NAME MSG
 
 deadline=$(( SECONDS + 30 ))
 until curl -fsS --max-time 2 "$ETCD_URL/health" 2>/dev/null | grep -q '"health":"true"'; do
-  pid_alive "$STATE/etcd.pid" "$BIN/etcd" || fail_with_log etcd "etcd exited during startup"
+  still_running "$STATE/etcd.pid" || fail_with_log etcd "etcd exited during startup"
   [ $SECONDS -lt $deadline ] || fail_with_log etcd "etcd not healthy after 30s"
   sleep 0.2
 done
@@ -200,7 +207,7 @@ start_bg kube-apiserver "$STATE/kube-apiserver.pid" "$LOGS/kube-apiserver.log" \
 
 deadline=$(( SECONDS + READY_TIMEOUT ))
 until curl -fsS --max-time 3 --cacert "$CERTS/ca.crt" -H "Authorization: Bearer $TOKEN" "$API_URL/readyz" >/dev/null 2>&1; do
-  pid_alive "$STATE/kube-apiserver.pid" "$BIN/kube-apiserver" || fail_with_log kube-apiserver "kube-apiserver exited during startup"
+  still_running "$STATE/kube-apiserver.pid" || fail_with_log kube-apiserver "kube-apiserver exited during startup"
   [ $SECONDS -lt $deadline ] || fail_with_log kube-apiserver "kube-apiserver not ready after ${READY_TIMEOUT}s"
   sleep 0.5
 done
@@ -290,7 +297,7 @@ EOF
     "${KCM_EXTRA[@]}"
   deadline=$(( SECONDS + READY_TIMEOUT ))
   until curl -fsSk --max-time 3 "https://$HOST:$KCM_PORT/healthz" >/dev/null 2>&1; do
-    pid_alive "$STATE/kube-controller-manager.pid" "$BIN/kube-controller-manager" \
+    still_running "$STATE/kube-controller-manager.pid" \
       || fail_with_log kube-controller-manager "kube-controller-manager exited during startup"
     [ $SECONDS -lt $deadline ] || fail_with_log kube-controller-manager "kube-controller-manager not healthy after ${READY_TIMEOUT}s"
     sleep 0.5
