@@ -89,6 +89,14 @@ struct TrainingJob {
 
   int num_ps() const;
   int num_workers() const;
+  bool has_chief_replica() const { return replica_specs.count("Chief") > 0; }
+  // The task that does the chief's duties (evaluation, export, reporting,
+  // ending the job): the Chief replica's task ("chief", 0) if the job has
+  // one, else worker 0 ("worker", 0). TF_CONFIG task types are lower-case.
+  std::string chief_task_type() const { return has_chief_replica() ? "chief" : "worker"; }
+  bool IsChiefTask(const std::string& task_type, int task_index) const {
+    return task_index == 0 && task_type == chief_task_type();
+  }
   // replicas_to_aggregate with the default applied (all workers).
   int effective_replicas_to_aggregate() const;
   // Global steps to train: `steps`, or epochs converted with the dataset size:
