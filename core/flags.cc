@@ -1,5 +1,10 @@
 #include "core/flags.h"
 
+#include <malloc.h>
+
+#include <csignal>
+#include <cstdio>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -87,6 +92,28 @@ std::string FlagParser::Usage() const {
                     f.help, "\n");
   }
   return out;
+}
+
+std::optional<int> FlagParser::ParseMain(int argc, char** argv, int first,
+                                         std::vector<std::string>* positional) {
+  absl::Status st = Parse(argc, argv, first, positional);
+  if (!st.ok()) {
+    std::fprintf(stderr, "error: %s\n\n%s", std::string(st.message()).c_str(), Usage().c_str());
+    return 2;
+  }
+  if (help_) {
+    std::fputs(Usage().c_str(), stdout);
+    return 0;
+  }
+  return std::nullopt;
+}
+
+void InitProcess(ProcessProfile profile) {
+  std::signal(SIGPIPE, SIG_IGN);
+  if (profile == ProcessProfile::kTensorBuffers) {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  }
 }
 
 }  // namespace kubetrain

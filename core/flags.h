@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,12 @@ class FlagParser {
   bool help_requested() const { return help_; }
   std::string Usage() const;
 
+  // The preamble every main() shares: parses argv[first..argc) and, when
+  // main should stop here, returns its exit code: 0 after printing the usage
+  // for --help, 2 after printing the error and the usage. nullopt: go on.
+  std::optional<int> ParseMain(int argc, char** argv, int first = 1,
+                               std::vector<std::string>* positional = nullptr);
+
  private:
   struct Flag {
     std::string name, help, kind, default_text;
@@ -39,6 +46,14 @@ class FlagParser {
   std::vector<Flag> flags_;
   bool help_ = false;
 };
+
+// Process set-up shared by the long-running binaries: SIGPIPE ignored (a
+// peer that goes away is an error on the socket, not a dead process) and,
+// with kTensorBuffers, malloc tuned to keep tensor-sized buffers in the
+// process instead of returning them to the kernel and faulting them in again
+// on every RPC.
+enum class ProcessProfile { kDefault, kTensorBuffers };
+void InitProcess(ProcessProfile profile);
 
 }  // namespace kubetrain
 

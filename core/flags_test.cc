@@ -39,3 +39,29 @@ TEST(FlagsTest, ParsesFormsAndRejectsBadInput) {
 
 }  // namespace
 }  // namespace kubetrain
+
+namespace kubetrain {
+namespace {
+
+TEST(FlagsTest, ParseMainReturnsExitCodes) {
+  std::string name;
+  FlagParser ok("prog");
+  ok.String("name", &name, "a name");
+  char a0[] = "prog", a1[] = "--name=x";
+  char* good[] = {a0, a1};
+  EXPECT_EQ(ok.ParseMain(2, good), std::nullopt);
+  EXPECT_EQ(name, "x");
+
+  FlagParser help("prog");
+  char h[] = "--help";
+  char* want_help[] = {a0, h};
+  EXPECT_EQ(help.ParseMain(2, want_help), 0);
+
+  FlagParser bad("prog");
+  char u[] = "--unknown=1";
+  char* unknown[] = {a0, u};
+  EXPECT_EQ(bad.ParseMain(2, unknown), 2);
+}
+
+}  // namespace
+}  // namespace kubetrain
