@@ -14,6 +14,13 @@ absl::StatusOr<int64_t> TrainExamples(const TrainingSpec& training) {
   return *count;
 }
 
+absl::StatusOr<int64_t> JobTargetSteps(const TrainingJob& job) {
+  if (!job.training.epochs.has_value()) return job.TargetSteps(0);
+  auto examples = TrainExamples(job.training);
+  if (!examples.ok()) return examples.status();
+  return job.TargetSteps(*examples);
+}
+
 absl::StatusOr<TaskConfig> LoadTaskConfig(const std::string& job_file,
                                           const std::string& tf_config_json) {
   TaskConfig c;

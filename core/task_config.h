@@ -36,6 +36,11 @@ struct TaskConfig {
 // Errors name the field and the file.
 absl::StatusOr<int64_t> TrainExamples(const TrainingSpec& training);
 
+// The global steps `job` trains: `steps`, or its epochs converted with the
+// dataset's real size (TrainExamples). Reads the data only for epochs, and
+// only then can it fail.
+absl::StatusOr<int64_t> JobTargetSteps(const TrainingJob& job);
+
 // Errors name the input at fault: the job file, or TF_CONFIG (e.g. its ps list
 // has 3 tasks but the job asks for 2).
 absl::StatusOr<TaskConfig> LoadTaskConfig(const std::string& job_file,

@@ -45,6 +45,7 @@ TEST(TaskConfigTest, EpochsUseTheDatasetsRealSize) {
   TrainingSpec spec;
   spec.dataset_path = dir + "/data";
   EXPECT_EQ(*TrainExamples(spec), 1000);
+  EXPECT_EQ(*JobTargetSteps(c->job), 200);
 }
 
 TEST(TaskConfigTest, MissingDataFailsOnlyWhenEpochsNeedIt) {
@@ -58,6 +59,7 @@ TEST(TaskConfigTest, MissingDataFailsOnlyWhenEpochsNeedIt) {
   ASSERT_FALSE(with_epochs.ok());
   EXPECT_CONTAINS(std::string(with_epochs.status().message()), "spec.training.dataset.path");
   EXPECT_CONTAINS(std::string(with_epochs.status().message()), "train-labels-idx1-ubyte.gz");
+  EXPECT_EQ(*JobTargetSteps(with_steps->job), 7);  // steps need no data
 }
 
 }  // namespace
