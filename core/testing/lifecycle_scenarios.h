@@ -42,6 +42,8 @@ struct LifecycleScenario {
   // and Always containers in place, so the operator only counts those
   // restarts, including the one it cannot prevent).
   std::optional<std::vector<std::string>> operator_trace;
+  // What the operator counts instead, total and Worker (every row that sets
+  // it restarts only Worker tasks).
   std::optional<int64_t> operator_total_restarts;
   std::string operator_differs_because;
 };
