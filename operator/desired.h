@@ -58,8 +58,9 @@ struct OperatorConfig {
   absl::Duration cleanup_grace = absl::Seconds(30);
   // While a job runs, how often its progress (read from the chief) is refreshed.
   absl::Duration progress_interval = absl::Seconds(5);
-  // Delays before recreating a failed pod (Never/ExitCode replicas; the
-  // kubelet backs off OnFailure/Always containers itself, with these values).
+  // Delays before the operator recreates a failed pod (ExitCode replicas,
+  // lost pods); the kubelet backs off OnFailure/Always containers it restarts
+  // in place itself, with the same values.
   RestartBackoff restart_backoff = kKubeletBackoff;
 };
 
