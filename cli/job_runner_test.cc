@@ -165,11 +165,13 @@ TEST_F(JobRunnerTest, RestartsAreAnnouncedAndCounted) {
   JobRunResult r = Run(Job("", "ExitCode"));
   EXPECT_EQ(r.status, "Succeeded");
   const std::string out = Output();
-  EXPECT_CONTAINS(out, "kubetrain run: worker-1 exited with code 137; restarting now (restart 1, restartPolicy ExitCode)");
-  EXPECT_CONTAINS(out, "kubetrain run: worker-1 exited with code 137; restarting in 500ms (restart 2, restartPolicy ExitCode)");
-  int starts = 0;
-  for (const auto& s : launcher_.starts()) starts += s.task == "worker-1";
-  EXPECT_EQ(starts, 3);
+  EXPECT_CONTAINS(out, "kubetrain run: worker-1 exited with code 137; restarting in 500ms (restart 1, restartPolicy ExitCode)");
+  EXPECT_CONTAINS(out, "kubetrain run: worker-1 exited with code 137; restarting in 1s (restart 2, restartPolicy ExitCode)");
+  std::vector<absl::Time> restarts;
+  for (const auto& s : launcher_.starts()) {
+    if (s.task == "worker-1") restarts.push_back(s.at);
+  }
+  EXPECT_EQ(restarts, (std::vector<absl::Time>{At(0), At(5) + absl::Milliseconds(500), At(9)}));
   nlohmann::json s = SummaryJson(Job(), 100, r);
   EXPECT_EQ(s["restarts"]["worker-1"], 2);
   EXPECT_EQ(s["total_restarts"], 2);

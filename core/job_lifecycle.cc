@@ -54,7 +54,7 @@ Restart PlanRestart(const TaskState& t, RestartPolicy policy, absl::Time now,
 }  // namespace
 
 absl::Duration RestartBackoff::Delay(int consecutive) const {
-  if (consecutive <= 1) return absl::ZeroDuration();
+  if (consecutive <= 1) return std::min(first, max);
   absl::Duration d = initial;
   for (int i = 2; i < consecutive && d < max; ++i) d *= 2;
   return std::min(d, max);

@@ -21,9 +21,9 @@
 //  - Success (checked after failures): the chief task succeeded
 //    (TrainingJob::IsChiefTask: the Chief replica, else worker 0), or with
 //    successPolicy AllWorkers every worker task. PS and Evaluator never count.
-//  - A task is restarted after a delay, as the kubelet's CrashLoopBackOff: the
-//    first restart at once, then `initial`, doubling up to `max`; a run that
-//    lasted `reset_after` starts the count again.
+//  - A task is restarted after a delay that doubles with each failure in a
+//    row up to a cap, as the kubelet's CrashLoopBackOff (RestartBackoff); a run
+//    that lasted `reset_after` starts the count again.
 #ifndef KUBETRAIN_CORE_JOB_LIFECYCLE_H_
 #define KUBETRAIN_CORE_JOB_LIFECYCLE_H_
 
@@ -41,25 +41,26 @@ namespace kubetrain {
 
 // The restart delay schedule of one task.
 struct RestartBackoff {
-  absl::Duration initial;      // before the second restart in a row
+  absl::Duration first;        // before the first restart (after one failure)
+  absl::Duration initial;      // before the second restart in a row, doubling after
   absl::Duration max;          // the cap
   absl::Duration reset_after;  // a run at least this long resets the count
 
   // The delay before the restart that follows `consecutive` failures in a row
-  // (>= 1): 0, initial, 2 x initial, ... capped at max.
+  // (>= 1): first, then initial, 2 x initial, ... capped at max.
   absl::Duration Delay(int consecutive) const;
 };
 
-// The kubelet's CrashLoopBackOff: 10 s doubling to 5 min, reset after 10 min
-// of running. The operator uses it for the pods it recreates, so a pod
-// recreated by the operator and a container restarted by the kubelet back
-// off alike.
-inline constexpr RestartBackoff kKubeletBackoff{absl::Seconds(10), absl::Minutes(5),
-                                                absl::Minutes(10)};
-// `kubetrain run`'s: starts small (0.5 s) so a local retry is quick, doubling
-// to the same 5 min cap.
-inline constexpr RestartBackoff kLocalBackoff{absl::Milliseconds(500), absl::Minutes(5),
-                                              absl::Minutes(10)};
+// The kubelet's CrashLoopBackOff: the first restart at once, then 10 s
+// doubling to 5 min, reset after 10 min of running. The operator uses it for
+// the pods it recreates, so a pod recreated by the operator and a container
+// restarted in place by the kubelet back off alike.
+inline constexpr RestartBackoff kKubeletBackoff{absl::ZeroDuration(), absl::Seconds(10),
+                                                absl::Minutes(5), absl::Minutes(10)};
+// `kubetrain run`'s: 0.5 s, 1 s, 2 s, ... doubling to the same 5 min cap; the
+// short start keeps a local retry quick.
+inline constexpr RestartBackoff kLocalBackoff{absl::Milliseconds(500), absl::Seconds(1),
+                                              absl::Minutes(5), absl::Minutes(10)};
 
 enum class TaskPhase {
   kPending,    // not started yet, or being (re)created

@@ -60,10 +60,11 @@ TEST(RestartBackoffTest, DoublesFromZeroToTheCapLikeTheKubelet) {
                                                   absl::Seconds(20), absl::Seconds(40),
                                                   absl::Seconds(80), absl::Seconds(160),
                                                   absl::Minutes(5), absl::Minutes(5)}));
-  EXPECT_EQ(kLocalBackoff.Delay(1), absl::ZeroDuration());
-  EXPECT_EQ(kLocalBackoff.Delay(2), absl::Milliseconds(500));
-  EXPECT_EQ(kLocalBackoff.Delay(5), absl::Seconds(4));
-  EXPECT_EQ(kLocalBackoff.Delay(12), absl::Minutes(5));  // grows to minutes
+  EXPECT_EQ(kLocalBackoff.Delay(1), absl::Milliseconds(500));
+  EXPECT_EQ(kLocalBackoff.Delay(2), absl::Seconds(1));
+  EXPECT_EQ(kLocalBackoff.Delay(5), absl::Seconds(8));
+  EXPECT_EQ(kLocalBackoff.Delay(10), absl::Seconds(256));
+  EXPECT_EQ(kLocalBackoff.Delay(11), absl::Minutes(5));  // grows to minutes
   EXPECT_EQ(kLocalBackoff.Delay(1000), absl::Minutes(5));
 }
 
@@ -100,9 +101,11 @@ TEST(JobLifecycleTest, ExitCodeRestartsSignalsAndFailsOnErrors) {
   ASSERT_EQ(d.restarts.size(), 1u);
   EXPECT_EQ(d.restarts[0].task.name(), "worker-1");
   EXPECT_EQ(d.restarts[0].exit_code, 137);
-  EXPECT_EQ(d.restarts[0].delay, absl::ZeroDuration());  // the first restart is at once
+  EXPECT_EQ(d.restarts[0].delay, absl::Milliseconds(500));  // the local first restart
   EXPECT_EQ(d.restarts[0].restarts, 1);
-  EXPECT_EQ(d.DueRestarts(kStart + absl::Seconds(5)).size(), 1u);
+  EXPECT_TRUE(d.DueRestarts(kStart + absl::Seconds(5)).empty());
+  EXPECT_EQ(d.DueRestarts(kStart + absl::Milliseconds(5500)).size(), 1u);
+  EXPECT_EQ(*d.wake_at, kStart + absl::Milliseconds(5500));
   Fail(tasks, "worker-1", 1);
   EXPECT_EQ(Decide(job, tasks).failure.kind, FailureKind::kTaskFailed);
 }
@@ -230,18 +233,18 @@ TEST(JobLifecycleTest, RestartsBackOffAndResetAfterALongRun) {
   ASSERT_EQ(d.restarts.size(), 1u);
   EXPECT_EQ(d.restarts[0].consecutive_failures, 4);
   EXPECT_EQ(d.restarts[0].restarts, 4);
-  EXPECT_EQ(d.restarts[0].delay, absl::Seconds(2));  // 0.5 s doubled twice
-  EXPECT_EQ(d.restarts[0].at, kStart + absl::Seconds(4));
-  EXPECT_EQ(*d.wake_at, kStart + absl::Seconds(4));
-  EXPECT_TRUE(d.DueRestarts(kStart + absl::Seconds(3)).empty());
-  EXPECT_EQ(d.DueRestarts(kStart + absl::Seconds(4)).size(), 1u);
+  EXPECT_EQ(d.restarts[0].delay, absl::Seconds(4));  // 1 s doubled twice
+  EXPECT_EQ(d.restarts[0].at, kStart + absl::Seconds(6));
+  EXPECT_EQ(*d.wake_at, kStart + absl::Seconds(6));
+  EXPECT_TRUE(d.DueRestarts(kStart + absl::Seconds(5)).empty());
+  EXPECT_EQ(d.DueRestarts(kStart + absl::Seconds(6)).size(), 1u);
   // The same observation later decides the same restart (idempotent).
   EXPECT_EQ(Decide(job, tasks, kStart + absl::Seconds(3)).restarts[0].at, d.restarts[0].at);
-  // A run of 10 minutes starts the count again: restarted at once.
+  // A run of 10 minutes starts the count again.
   Fail(tasks, "worker-1", 1, kStart + absl::Minutes(10));
   LifecycleDecision reset = Decide(job, tasks, kStart + absl::Minutes(10));
   EXPECT_EQ(reset.restarts[0].consecutive_failures, 1);
-  EXPECT_EQ(reset.restarts[0].delay, absl::ZeroDuration());
+  EXPECT_EQ(reset.restarts[0].delay, absl::Milliseconds(500));
 }
 
 }  // namespace
