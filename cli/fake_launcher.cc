@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> FakeLauncher::Start(const ProcessS
   std::string task = "?";
   auto env = spec.env.find("TF_CONFIG");
   if (env != spec.env.end()) {
-    if (auto tf = ParseTfConfig(env->second); tf.ok()) task = TaskId{tf->task_type, tf->task_index}.name();
+    if (auto tf = ParseTfConfig(env->second); tf.ok()) task = JobTask{tf->task_type, tf->task_index}.name();
   }
   {
     absl::MutexLock l(&state_->mu);

@@ -10,7 +10,7 @@
 namespace kubetrain {
 
 struct JobRunner::Task {
-  TaskId id;
+  JobTask id;
   std::string name;     // "worker-1"
   std::string address;  // its TF_CONFIG address
   int metrics_port = 0;
@@ -58,8 +58,8 @@ int JobRunResult::ExitCode() const {
 JobRunner::JobRunner(TrainingJob job, int64_t target_steps, std::vector<int> ports,
                      JobRunnerOptions options, JobRunnerEnv env)
     : job_(std::move(job)), target_steps_(target_steps), options_(std::move(options)), env_(std::move(env)) {
-  const std::vector<TaskId> ids = JobTasks(job_);
-  auto address = [&](const TaskId& id) {
+  const std::vector<JobTask> ids = JobTasks(job_);
+  auto address = [&](const JobTask& id) {
     for (size_t i = 0; i < ids.size(); ++i) {
       if (ids[i] == id) return absl::StrCat("127.0.0.1:", ports.at(2 * i));
     }

@@ -36,7 +36,7 @@ TEST_P(JobRunnerLifecycleTest, DecidesAsTheTableSays) {
   JobResult result;
   result.status = "Succeeded";
   result.global_step = 100;
-  launcher.PrintOnExit(TaskId{job->chief_task_type(), 0}.name(), 0, FormatReportLine(result));
+  launcher.PrintOnExit(JobTask{job->chief_task_type(), 0}.name(), 0, FormatReportLine(result));
 
   FILE* sink = std::fopen("/dev/null", "w");
   Console console(/*quiet=*/true, sink, &clock);

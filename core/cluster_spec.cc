@@ -16,7 +16,7 @@ const std::vector<std::string>& TfConfig::tasks(const std::string& job) const {
   return it == cluster.end() ? *kEmpty : it->second;
 }
 
-std::string TaskId::name() const { return absl::StrCat(type, "-", index); }
+std::string JobTask::name() const { return absl::StrCat(type, "-", index); }
 
 namespace {
 // Replica spec keys in the order tasks are listed, with their TF_CONFIG types.
@@ -38,8 +38,8 @@ std::string ReplicaKeyOf(const std::string& task_type) {
   return "";
 }
 
-std::vector<TaskId> JobTasks(const TrainingJob& job) {
-  std::vector<TaskId> tasks;
+std::vector<JobTask> JobTasks(const TrainingJob& job) {
+  std::vector<JobTask> tasks;
   for (const auto& [key, type] : kReplicaTypes) {
     auto it = job.replica_specs.find(key);
     if (it == job.replica_specs.end()) continue;
@@ -48,9 +48,9 @@ std::vector<TaskId> JobTasks(const TrainingJob& job) {
   return tasks;
 }
 
-TfConfig BuildTfConfig(const TrainingJob& job, const TaskAddress& address, const TaskId& self) {
+TfConfig BuildTfConfig(const TrainingJob& job, const TaskAddress& address, const JobTask& self) {
   TfConfig tf;
-  for (const TaskId& t : JobTasks(job)) tf.cluster[t.type].push_back(address(t));
+  for (const JobTask& t : JobTasks(job)) tf.cluster[t.type].push_back(address(t));
   tf.task_type = self.type;
   tf.task_index = self.index;
   return tf;

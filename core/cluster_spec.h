@@ -19,14 +19,14 @@ namespace kubetrain {
 
 // One task of a job: its TF_CONFIG type ("chief", "ps", "worker",
 // "evaluator": the replica type lower-cased) and its index in that type.
-struct TaskId {
+struct JobTask {
   std::string type;
   int index = 0;
 
   // "worker-1": the task's name in `kubetrain run` output (pods are "{job}-worker-1").
   std::string name() const;
-  bool operator==(const TaskId& o) const { return type == o.type && index == o.index; }
-  bool operator<(const TaskId& o) const {
+  bool operator==(const JobTask& o) const { return type == o.type && index == o.index; }
+  bool operator<(const JobTask& o) const {
     return type != o.type ? type < o.type : index < o.index;
   }
 };
@@ -38,7 +38,7 @@ std::string ReplicaKeyOf(const std::string& task_type);
 
 // Every task of `job`, in the order both runners list them: Chief, PS,
 // Worker, Evaluator, each by index.
-std::vector<TaskId> JobTasks(const TrainingJob& job);
+std::vector<JobTask> JobTasks(const TrainingJob& job);
 
 struct TfConfig {
   // Job name ("ps", "worker", "chief", "evaluator") -> task addresses "host:port".
@@ -57,11 +57,11 @@ struct TfConfig {
 absl::StatusOr<TfConfig> ParseTfConfig(const std::string& json);
 
 // Where a task listens, "host:port".
-using TaskAddress = std::function<std::string(const TaskId& task)>;
+using TaskAddress = std::function<std::string(const JobTask& task)>;
 
 // The one TF_CONFIG builder: every task of `job` (JobTasks) at its address,
 // and `self` as this task.
-TfConfig BuildTfConfig(const TrainingJob& job, const TaskAddress& address, const TaskId& self);
+TfConfig BuildTfConfig(const TrainingJob& job, const TaskAddress& address, const JobTask& self);
 
 // Byte-compatible with TFJob's (training-operator's Go struct order):
 // {"cluster":{...job names sorted...},"task":{"type":...,"index":...},"environment":...}

@@ -23,11 +23,11 @@ TrainingJob TfJobTestJob(int workers, int ps, int evaluators, const std::string&
 
 std::string TfJobTfConfig(const TrainingJob& job, const std::string& domain) {
   // TFJob's genClusterSpec: {job}-{type}-{i}.{ns}.svc[.{domain}]:{port}.
-  auto address = [&](const TaskId& t) {
+  auto address = [&](const JobTask& t) {
     return absl::StrCat(job.name, "-", t.name(), ".", job.namespace_, ".svc",
                         domain.empty() ? "" : ".", domain, ":2222");
   };
-  return SerializeTfConfig(BuildTfConfig(job, address, TaskId{"worker", 0}));
+  return SerializeTfConfig(BuildTfConfig(job, address, JobTask{"worker", 0}));
 }
 
 TEST(TfConfigTest, SerializesExactlyAsTfJobsOwnTest) {
@@ -42,8 +42,8 @@ TEST(TfConfigTest, SerializesExactlyAsTfJobsOwnTest) {
 TEST(TfConfigTest, RoundTrips) {
   TrainingJob job = TfJobTestJob(2, 1, 1, "ns3");
   job.replica_specs["Chief"].replicas = 1;
-  auto address = [](const TaskId& t) { return absl::StrCat(t.name(), ":2222"); };
-  TfConfig c = BuildTfConfig(job, address, TaskId{"worker", 1});
+  auto address = [](const JobTask& t) { return absl::StrCat(t.name(), ":2222"); };
+  TfConfig c = BuildTfConfig(job, address, JobTask{"worker", 1});
   auto parsed = ParseTfConfig(SerializeTfConfig(c));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->cluster, c.cluster);
@@ -58,7 +58,7 @@ TEST(TfConfigTest, JobTasksListChiefPsWorkerEvaluator) {
   TrainingJob job = TfJobTestJob(2, 2, 1, "ns");
   job.replica_specs["Chief"].replicas = 1;
   std::vector<std::string> names;
-  for (const TaskId& t : JobTasks(job)) names.push_back(t.name());
+  for (const JobTask& t : JobTasks(job)) names.push_back(t.name());
   EXPECT_EQ(names, (std::vector<std::string>{"chief-0", "ps-0", "ps-1", "worker-0", "worker-1",
                                              "evaluator-0"}));
   EXPECT_EQ(TaskTypeOf("PS"), "ps");

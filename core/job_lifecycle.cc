@@ -8,7 +8,7 @@ namespace {
 // Exit code of a task that ended without one (a lost pod), as TFJob counts it.
 constexpr int kLostExitCode = 137;
 
-RestartPolicy PolicyOf(const TrainingJob& job, const TaskId& task) {
+RestartPolicy PolicyOf(const TrainingJob& job, const JobTask& task) {
   auto it = job.replica_specs.find(ReplicaKeyOf(task.type));
   return it == job.replica_specs.end() ? RestartPolicy::kNever : it->second.restart_policy;
 }

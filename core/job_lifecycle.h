@@ -73,7 +73,7 @@ enum class TaskPhase {
 // between decisions (`restarts`, `consecutive_failures`: set them from a
 // Restart once it has been carried out).
 struct TaskState {
-  TaskId task;
+  JobTask task;
   TaskPhase phase = TaskPhase::kPending;
   std::optional<int> exit_code;                // kFailed; nullopt = lost (counts as 137)
   absl::Time started = absl::InfinitePast();   // kFailed: when the run that ended began
@@ -97,7 +97,7 @@ const char* FailureKindName(FailureKind kind);
 // Why the job failed, with what each runner needs to word its own message.
 struct Failure {
   FailureKind kind = FailureKind::kNone;
-  TaskId task;          // kTaskFailed / kBackoffLimitExceeded: the task that decided it
+  JobTask task;          // kTaskFailed / kBackoffLimitExceeded: the task that decided it
   int exit_code = 0;    // of that task (137 for a lost one; 0 if it was restarted in place)
   RestartPolicy policy = RestartPolicy::kNever;  // of that task's replica type
   int64_t restarts = 0;           // kBackoffLimitExceeded: restarts the job would need
@@ -107,7 +107,7 @@ struct Failure {
 
 // A failed task to start again.
 struct Restart {
-  TaskId task;
+  JobTask task;
   int exit_code = 0;  // how it ended (137 for a lost one)
   RestartPolicy policy = RestartPolicy::kNever;
   absl::Duration delay;          // the backoff before this restart

@@ -22,7 +22,7 @@ TrainingJob Job(RestartPolicy worker_policy = RestartPolicy::kNever, int workers
 // Every task of `job`, running.
 std::vector<TaskState> Running(const TrainingJob& job) {
   std::vector<TaskState> tasks;
-  for (const TaskId& id : JobTasks(job)) {
+  for (const JobTask& id : JobTasks(job)) {
     TaskState t;
     t.task = id;
     t.phase = TaskPhase::kRunning;

@@ -59,7 +59,7 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
 }  // namespace
 
 TaskAddress ServiceAddress(const std::string& job, const std::string& ns, const OperatorConfig& config) {
-  return [=](const TaskId& t) {
+  return [=](const JobTask& t) {
     std::string host = absl::StrCat(ReplicaName(job, t.type, t.index), ".", ns, ".svc");
     if (!config.cluster_domain.empty()) absl::StrAppend(&host, ".", config.cluster_domain);
     return absl::StrCat(host, ":", config.port);

@@ -43,7 +43,7 @@ std::vector<TaskState> ObserveTasks(const JobObject& job, const TrainingJob& spe
   const json history = a->status.value("taskRestarts", json::object());
   std::set<std::string> wanted;
   std::vector<TaskState> tasks;
-  for (const TaskId& id : JobTasks(spec)) {
+  for (const JobTask& id : JobTasks(spec)) {
     const std::string name = ReplicaName(job.name, id.type, id.index);
     wanted.insert(name);
     if (!services.count(name)) a->create_services.push_back(BuildService(job, id.type, id.index, config));
