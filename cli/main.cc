@@ -1,5 +1,5 @@
 // kubetrain: the user's command.
-//   kubetrain run FILE.yaml [--summary-json PATH] [--quiet] [--bin-dir DIR]
+//   kubetrain run FILE.yaml [--summary-json PATH] [--quiet] [--bin-dir DIR] ...
 //   kubetrain validate FILE.yaml
 //   kubetrain eval MODEL [--data DIR] [--json]
 #include <signal.h>
@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <climits>
+#include <optional>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "cli/run.h"
 #include "core/flags.h"
 #include "core/job_spec.h"
+#include "core/task_config.h"
 
 namespace {
 
@@ -25,7 +27,7 @@ void OnSignal(int) { g_interrupted.store(true); }
 constexpr char kUsage[] =
     "usage: kubetrain <command> [flags]\n\n"
     "commands:\n"
-    "  run FILE.yaml       run a TrainingJob as local processes (PS and worker tasks)\n"
+    "  run FILE.yaml       run a TrainingJob as local processes (its PS, worker, chief and evaluator tasks)\n"
     "  validate FILE.yaml  check a TrainingJob spec and print what it means\n"
     "  eval MODEL          report a model file's accuracy on the Fashion-MNIST test set\n\n"
     "`kubetrain <command> --help` lists a command's flags.\n";
@@ -40,15 +42,25 @@ std::string SelfDir() {
 
 int Validate(const std::string& file) {
   auto job = kubetrain::LoadTrainingJobFile(file);
-  if (!job.ok()) {
-    std::fprintf(stderr, "error: %s\n", std::string(job.status().message()).c_str());
+  auto steps = job.ok() ? kubetrain::JobTargetSteps(*job) : absl::StatusOr<int64_t>(job.status());
+  if (!steps.ok()) {
+    std::fprintf(stderr, "error: %s%s\n", job.ok() ? (file + ": ").c_str() : "",
+                 std::string(steps.status().message()).c_str());
     return 2;
   }
   std::printf("%s: valid TrainingJob \"%s\": %s mode, %s model, %d PS, %d workers, %lld global steps\n",
               file.c_str(), job->name.c_str(), kubetrain::TrainingModeName(job->training.mode),
               job->training.model.type.c_str(), job->num_ps(), job->num_workers(),
-              static_cast<long long>(job->TargetSteps(60000)));
+              static_cast<long long>(*steps));
   return 0;
+}
+
+std::optional<kubetrain::RestartPolicy> ParseRestartPolicy(const std::string& name) {
+  for (auto p : {kubetrain::RestartPolicy::kNever, kubetrain::RestartPolicy::kOnFailure,
+                 kubetrain::RestartPolicy::kAlways, kubetrain::RestartPolicy::kExitCode}) {
+    if (name == kubetrain::RestartPolicyName(p)) return p;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -79,39 +91,27 @@ int main(int argc, char** argv) {
                   "restart failed tasks per this policy instead of the spec's: Never, OnFailure, Always, ExitCode");
   }
   std::vector<std::string> files;
-  auto st = parser.Parse(argc, argv, 2, &files);
-  if (parser.help_requested()) {
-    std::fputs(parser.Usage().c_str(), stdout);
-    return 0;
-  }
-  if (!st.ok() || files.size() != 1) {
-    std::fprintf(stderr, "error: %s\n\n%s", st.ok() ? "expected exactly one TrainingJob file" : std::string(st.message()).c_str(),
-                 parser.Usage().c_str());
+  if (auto exit_code = parser.ParseMain(argc, argv, 2, &files)) return *exit_code;
+  if (files.size() != 1) {
+    std::fprintf(stderr, "error: expected exactly one TrainingJob file\n\n%s", parser.Usage().c_str());
     return 2;
   }
   if (command == "validate") return Validate(files[0]);
   options.job_file = files[0];
   if (!restart_policy.empty()) {
-    bool known = false;
-    for (auto p : {kubetrain::RestartPolicy::kNever, kubetrain::RestartPolicy::kOnFailure,
-                   kubetrain::RestartPolicy::kAlways, kubetrain::RestartPolicy::kExitCode}) {
-      if (restart_policy == kubetrain::RestartPolicyName(p)) {
-        options.restart_policy = p;
-        known = true;
-      }
-    }
-    if (!known) {
+    options.restart_policy = ParseRestartPolicy(restart_policy);
+    if (!options.restart_policy) {
       std::fprintf(stderr, "error: --restart-policy: \"%s\" is not one of Never, OnFailure, Always, ExitCode\n",
                    restart_policy.c_str());
       return 2;
     }
   }
+  kubetrain::InitProcess(kubetrain::ProcessProfile::kDefault);
   options.interrupted = &g_interrupted;
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
   return kubetrain::RunJob(options);
 }

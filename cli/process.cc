@@ -138,6 +138,13 @@ void Process::JoinReaders() {
   }
 }
 
+absl::StatusOr<std::unique_ptr<ChildProcess>> SubprocessLauncher::Start(const ProcessSpec& spec,
+                                                                          LineHandler on_line) {
+  auto p = Process::Start(spec, std::move(on_line));
+  if (!p.ok()) return p.status();
+  return std::unique_ptr<ChildProcess>(std::move(*p));
+}
+
 absl::StatusOr<std::vector<int>> PickFreePorts(int n) {
   std::vector<int> fds, ports;
   absl::Status status;

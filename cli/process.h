@@ -26,23 +26,42 @@ struct ProcessSpec {
   std::map<std::string, std::string> env;     // added to (or replacing in) the parent's environment
 };
 
-class Process {
+// Called from a reader thread for every complete output line (without the
+// newline); `is_stderr` tells which stream. Must be thread-safe.
+using LineHandler = std::function<void(const std::string& line, bool is_stderr)>;
+
+// A started child, as a launcher's user sees it (the seam that lets
+// `kubetrain run`'s JobRunner be tested with fake processes).
+class ChildProcess {
  public:
-  // Called from a reader thread for every complete output line (without the
-  // newline); `is_stderr` tells which stream. Must be thread-safe.
-  using LineHandler = std::function<void(const std::string& line, bool is_stderr)>;
-
-  static absl::StatusOr<std::unique_ptr<Process>> Start(const ProcessSpec& spec, LineHandler on_line);
-  ~Process();  // kills (SIGKILL) a still-running child and joins the readers
-
-  pid_t pid() const { return pid_; }
+  virtual ~ChildProcess() = default;
   // Exit code if the child has ended (128 + signal number if it was killed,
   // as a shell or Kubernetes reports it); nullopt while it runs. Non-blocking.
-  std::optional<int> Poll();
+  virtual std::optional<int> Poll() = 0;
   // Sends `sig` to the child's process group.
-  void Signal(int sig);
+  virtual void Signal(int sig) = 0;
   // Waits for the end and for all output to be delivered.
-  int Wait();
+  virtual int Wait() = 0;
+};
+
+class ProcessLauncher {
+ public:
+  virtual ~ProcessLauncher() = default;
+  virtual absl::StatusOr<std::unique_ptr<ChildProcess>> Start(const ProcessSpec& spec,
+                                                              LineHandler on_line) = 0;
+};
+
+class Process final : public ChildProcess {
+ public:
+  using LineHandler = ::kubetrain::LineHandler;
+
+  static absl::StatusOr<std::unique_ptr<Process>> Start(const ProcessSpec& spec, LineHandler on_line);
+  ~Process() override;  // kills (SIGKILL) a still-running child and joins the readers
+
+  pid_t pid() const { return pid_; }
+  std::optional<int> Poll() override;
+  void Signal(int sig) override;
+  int Wait() override;
 
  private:
   Process() = default;
@@ -50,6 +69,13 @@ class Process {
   pid_t pid_ = -1;
   std::optional<int> exit_code_;
   std::vector<std::thread> readers_;
+};
+
+// Starts real processes (Process::Start).
+class SubprocessLauncher final : public ProcessLauncher {
+ public:
+  absl::StatusOr<std::unique_ptr<ChildProcess>> Start(const ProcessSpec& spec,
+                                                      LineHandler on_line) override;
 };
 
 // `n` distinct TCP ports on 127.0.0.1 that were free a moment ago (all bound

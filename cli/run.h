@@ -1,7 +1,8 @@
-// `kubetrain run FILE.yaml`: the local mode. Runs a TrainingJob's PS and
-// worker tasks as processes on this machine, with the same two inputs the
-// operator gives pods (the job file and TF_CONFIG), shows progress, and ends
-// with a summary.
+// `kubetrain run FILE.yaml`: the local mode. Runs every task of a TrainingJob
+// (Chief, PS, Worker, Evaluator) as a process on this machine, with the same
+// two inputs the operator gives pods (the job file and TF_CONFIG), shows
+// progress, and ends with a summary. The loop itself is JobRunner
+// (cli/job_runner.h); this wires it to real processes and the wall clock.
 #ifndef KUBETRAIN_CLI_RUN_H_
 #define KUBETRAIN_CLI_RUN_H_
 

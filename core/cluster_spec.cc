@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -13,6 +14,46 @@ const std::vector<std::string>& TfConfig::tasks(const std::string& job) const {
   static const std::vector<std::string>* const kEmpty = new std::vector<std::string>();
   auto it = cluster.find(job);
   return it == cluster.end() ? *kEmpty : it->second;
+}
+
+std::string JobTask::name() const { return absl::StrCat(type, "-", index); }
+
+namespace {
+// Replica spec keys in the order tasks are listed, with their TF_CONFIG types.
+constexpr std::pair<const char*, const char*> kReplicaTypes[] = {
+    {"Chief", "chief"}, {"PS", "ps"}, {"Worker", "worker"}, {"Evaluator", "evaluator"}};
+}  // namespace
+
+std::string TaskTypeOf(const std::string& replica_key) {
+  for (const auto& [key, type] : kReplicaTypes) {
+    if (replica_key == key) return type;
+  }
+  return absl::AsciiStrToLower(replica_key);
+}
+
+std::string ReplicaKeyOf(const std::string& task_type) {
+  for (const auto& [key, type] : kReplicaTypes) {
+    if (task_type == type) return key;
+  }
+  return "";
+}
+
+std::vector<JobTask> JobTasks(const TrainingJob& job) {
+  std::vector<JobTask> tasks;
+  for (const auto& [key, type] : kReplicaTypes) {
+    auto it = job.replica_specs.find(key);
+    if (it == job.replica_specs.end()) continue;
+    for (int i = 0; i < it->second.replicas; ++i) tasks.push_back({type, i});
+  }
+  return tasks;
+}
+
+TfConfig BuildTfConfig(const TrainingJob& job, const TaskAddress& address, const JobTask& self) {
+  TfConfig tf;
+  for (const JobTask& t : JobTasks(job)) tf.cluster[t.type].push_back(address(t));
+  tf.task_type = self.type;
+  tf.task_index = self.index;
+  return tf;
 }
 
 std::string TfConfig::self_address() const {
@@ -85,12 +126,14 @@ absl::StatusOr<TfConfig> ParseTfConfig(const std::string& text) {
 }
 
 std::string SerializeTfConfig(const TfConfig& config) {
-  // nlohmann::json objects are std::map-backed: keys come out sorted.
-  json doc;
-  doc["cluster"] = json::object();
+  // TFJob marshals a Go struct {Cluster, Task{Type, Index}, Environment}: its
+  // fields in that order, the cluster map's keys sorted (std::map order).
+  nlohmann::ordered_json doc;
+  doc["cluster"] = nlohmann::ordered_json::object();
   for (const auto& [job, addresses] : config.cluster) doc["cluster"][job] = addresses;
-  doc["task"] = {{"type", config.task_type}, {"index", config.task_index}};
-  if (!config.environment.empty()) doc["environment"] = config.environment;
+  doc["task"]["type"] = config.task_type;
+  doc["task"]["index"] = config.task_index;
+  doc["environment"] = config.environment;
   return doc.dump();
 }
 

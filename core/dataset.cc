@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -43,18 +44,20 @@ absl::Status CannotOpen(const std::string& path) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": cannot open: ", why));
 }
 
-absl::StatusOr<std::string> ReadGzip(const std::string& path) {
+// Reads the whole file, or its first `limit` bytes.
+absl::StatusOr<std::string> ReadGzip(const std::string& path, size_t limit) {
   errno = 0;
   gzFile raw = gzopen(path.c_str(), "rb");
   if (raw == nullptr) return CannotOpen(path);
   std::unique_ptr<gzFile_s, GzCloser> file(raw);
   gzbuffer(raw, 1 << 17);
   std::string data;
-  constexpr unsigned kChunk = 1 << 20;
-  while (true) {
+  constexpr size_t kChunk = 1 << 20;
+  while (data.size() < limit) {
     const size_t old_size = data.size();
-    data.resize(old_size + kChunk);
-    const int n = gzread(raw, &data[old_size], kChunk);
+    const unsigned chunk = static_cast<unsigned>(std::min(kChunk, limit - old_size));
+    data.resize(old_size + chunk);
+    const int n = gzread(raw, &data[old_size], chunk);
     if (n < 0) {
       data.resize(old_size);
       break;
@@ -82,14 +85,15 @@ absl::StatusOr<std::string> ReadGzip(const std::string& path) {
   return data;
 }
 
-absl::StatusOr<std::string> ReadRaw(const std::string& path) {
+absl::StatusOr<std::string> ReadRaw(const std::string& path, size_t limit) {
   errno = 0;
   std::unique_ptr<FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
   if (file == nullptr) return CannotOpen(path);
   std::string data;
   char buf[1 << 16];
   size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), file.get())) > 0) {
+  while (data.size() < limit &&
+         (n = std::fread(buf, 1, std::min(sizeof(buf), limit - data.size()), file.get())) > 0) {
     data.append(buf, n);
   }
   if (std::ferror(file.get())) {
@@ -99,9 +103,14 @@ absl::StatusOr<std::string> ReadRaw(const std::string& path) {
   return data;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  if (absl::EndsWith(path, ".gz")) return ReadGzip(path);
-  return ReadRaw(path);
+absl::StatusOr<std::string> ReadFile(
+    const std::string& path, size_t limit = std::numeric_limits<size_t>::max()) {
+  if (absl::EndsWith(path, ".gz")) return ReadGzip(path, limit);
+  return ReadRaw(path, limit);
+}
+
+std::string FashionMnistPath(const std::string& dir, bool train, const char* kind) {
+  return absl::StrCat(dir, "/", train ? "train" : "t10k", "-", kind, "-ubyte.gz");
 }
 
 uint32_t BigEndian32(const std::string& data, size_t offset) {
@@ -205,9 +214,19 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
 }
 
 absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train) {
-  const std::string prefix = absl::StrCat(dir, "/", train ? "train" : "t10k");
-  return LoadIdx(absl::StrCat(prefix, "-images-idx3-ubyte.gz"),
-                 absl::StrCat(prefix, "-labels-idx1-ubyte.gz"));
+  return LoadIdx(FashionMnistPath(dir, train, "images-idx3"),
+                 FashionMnistPath(dir, train, "labels-idx1"));
+}
+
+absl::StatusOr<int64_t> CountExamples(const std::string& dir, bool train) {
+  constexpr size_t kLabelsHeader = 8;  // magic, count
+  const std::string path = FashionMnistPath(dir, train, "labels-idx1");
+  absl::StatusOr<std::string> header = ReadFile(path, kLabelsHeader);
+  if (!header.ok()) return header.status();
+  absl::Status status =
+      CheckHeader(path, *header, kLabelsMagic, "IDX1 labels", kLabelsHeader);
+  if (!status.ok()) return status;
+  return int64_t{BigEndian32(*header, 4)};
 }
 
 ShardedBatcher::ShardedBatcher(const Dataset& data, int shard, int num_shards,

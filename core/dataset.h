@@ -32,6 +32,12 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
 // Debian's dataset-fashion-mnist in /usr/share/datasets/fashion-mnist.
 absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train);
 
+// How many examples the dataset in `dir` holds (training or test set), read
+// from the label file's IDX header alone (8 bytes, not the whole file), so
+// `kubetrain validate`, the launcher and every task agree with the data the
+// workers will load. Errors name the file, as LoadIdx's do.
+absl::StatusOr<int64_t> CountExamples(const std::string& dir, bool train);
+
 // Worker `shard` of `num_shards` sees a disjoint ~1/num_shards of the examples
 // (a fixed seed-determined permutation of all examples, strided by shard) and
 // reshuffles its shard at the start of every epoch (seed, epoch, shard).

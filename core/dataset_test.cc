@@ -388,5 +388,32 @@ TEST(FashionMnistTest, LoadsTestSet) { CheckFashionMnist(false, 10000); }
 
 TEST(FashionMnistTest, LoadsTrainSet) { CheckFashionMnist(true, 60000); }
 
+TEST(CountExamplesTest, ReadsTheLabelHeaderOfTheRealData) {
+  EXPECT_EQ(*CountExamples(kFashionMnistDir, /*train=*/true), 60000);
+  EXPECT_EQ(*CountExamples(kFashionMnistDir, /*train=*/false), 10000);
+}
+
+TEST(CountExamplesTest, AgreesWithLoadAndNamesTheFileOnError) {
+  const std::string dir = TestDir();
+  // The count comes from the header, not from the whole file.
+  WriteGzip(dir + "/train-labels-idx1-ubyte.gz", LabelsIdx(3, kLabels));
+  WriteGzip(dir + "/train-images-idx3-ubyte.gz", ImagesIdx(3, 2, 3, kPixels));
+  EXPECT_EQ(*CountExamples(dir, true), 3);
+  EXPECT_EQ(LoadFashionMnist(dir, true)->size, 3);
+
+  auto missing = CountExamples(dir, /*train=*/false);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(Contains(std::string(missing.status().message()), "t10k-labels-idx1-ubyte.gz"));
+
+  WriteGzip(dir + "/t10k-labels-idx1-ubyte.gz", ImagesIdx(3, 2, 3, kPixels));  // wrong magic
+  auto bad = CountExamples(dir, false);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(Contains(std::string(bad.status().message()), "bad magic"));
+  WriteGzip(dir + "/t10k-labels-idx1-ubyte.gz", std::string("\0\0\x08\x01\0", 5));  // short
+  bad = CountExamples(dir, false);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(Contains(std::string(bad.status().message()), "truncated"));
+}
+
 }  // namespace
 }  // namespace kubetrain

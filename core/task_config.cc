@@ -1,12 +1,24 @@
 #include "core/task_config.h"
 
 #include "absl/strings/str_cat.h"
+#include "core/dataset.h"
 
 namespace kubetrain {
 
-absl::StatusOr<int64_t> TrainExamples(const std::string& dataset_name) {
-  if (dataset_name == "fashion-mnist" || dataset_name == "mnist") return 60000;
-  return absl::InvalidArgumentError(absl::StrCat("unknown dataset \"", dataset_name, "\""));
+absl::StatusOr<int64_t> TrainExamples(const TrainingSpec& training) {
+  auto count = CountExamples(training.dataset_path, /*train=*/true);
+  if (!count.ok()) {
+    return absl::Status(count.status().code(),
+                        absl::StrCat("spec.training.dataset.path: ", count.status().message()));
+  }
+  return *count;
+}
+
+absl::StatusOr<int64_t> JobTargetSteps(const TrainingJob& job) {
+  if (!job.training.epochs.has_value()) return job.TargetSteps(0);
+  auto examples = TrainExamples(job.training);
+  if (!examples.ok()) return examples.status();
+  return job.TargetSteps(*examples);
 }
 
 absl::StatusOr<TaskConfig> LoadTaskConfig(const std::string& job_file,
@@ -33,9 +45,12 @@ absl::StatusOr<TaskConfig> LoadTaskConfig(const std::string& job_file,
   c.model = std::make_unique<Model>(std::move(*model));
   c.placement = PlaceVariables(c.model->variables(), c.num_ps,
                                c.job.training.split_threshold_bytes);
-  auto examples = TrainExamples(c.job.training.dataset_name);
-  if (!examples.ok()) return examples.status();
-  c.train_examples = *examples;
+  auto examples = TrainExamples(c.job.training);
+  if (examples.ok()) {
+    c.train_examples = *examples;
+  } else if (c.job.training.epochs.has_value()) {
+    return examples.status();  // epochs cannot be turned into steps without it
+  }
   c.target_steps = c.job.TargetSteps(c.train_examples);
   return c;
 }

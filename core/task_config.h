@@ -23,12 +23,23 @@ struct TaskConfig {
   Placement placement;
   int num_ps = 0;
   int num_workers = 0;
+  // Training-set size, read from the dataset files (CountExamples). 0 when
+  // they cannot be read and the job does not need it (it gives `steps`): the
+  // task that loads the data then reports the file at fault.
   int64_t train_examples = 0;
   int64_t target_steps = 0;
 };
 
-// Training-set size of a supported dataset (fashion-mnist and mnist: 60000).
-absl::StatusOr<int64_t> TrainExamples(const std::string& dataset_name);
+// Training-set size of the job's dataset, read from its files at
+// spec.training.dataset.path (the label file's header): what `kubetrain
+// validate`, `kubetrain run` and the tasks convert epochs to steps with.
+// Errors name the field and the file.
+absl::StatusOr<int64_t> TrainExamples(const TrainingSpec& training);
+
+// The global steps `job` trains: `steps`, or its epochs converted with the
+// dataset's real size (TrainExamples). Reads the data only for epochs, and
+// only then can it fail.
+absl::StatusOr<int64_t> JobTargetSteps(const TrainingJob& job);
 
 // Errors name the input at fault: the job file, or TF_CONFIG (e.g. its ps list
 // has 3 tasks but the job asks for 2).

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/log.h"
 #include "core/metrics.h"
+#include "operator/labels.h"
 
 namespace kubetrain {
 
@@ -51,7 +52,7 @@ void Controller::Enqueue(const json& object, bool is_pod) {
   const json& md = object.value("metadata", json::object());
   const std::string ns = md.value("namespace", "");
   std::string name = md.value("name", "");
-  if (is_pod) name = md.value("/labels/kubetrain.io~1job-name"_json_pointer, std::string());
+  if (is_pod) name = md.value("labels", json::object()).value(kJobNameLabel, std::string());
   if (!ns.empty() && !name.empty()) queue_.Add(ns + "/" + name);
 }
 
@@ -156,7 +157,7 @@ void Controller::Run(const std::atomic<bool>* stop) {
     WatchLoop(TrainingJobs(options_.namespace_), "", false, &jobs_synced_, stop);
   });
   threads.emplace_back([this, stop] {
-    WatchLoop({"/api/v1", "pods", options_.namespace_, "", ""}, "kubetrain.io/job-name", true, &pods_synced_,
+    WatchLoop({"/api/v1", "pods", options_.namespace_, "", ""}, kJobNameLabel, true, &pods_synced_,
               stop);
   });
   for (int i = 0; i < options_.workers; ++i) threads.emplace_back([this, stop] { Work(stop); });

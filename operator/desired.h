@@ -4,12 +4,26 @@
 // every rule (restart policies, backoffLimit, deadlines, TTL, suspend,
 // success) is unit-tested without a cluster (desired_test.cc).
 //
-// Objects per replica (type t in ps/worker/chief/evaluator, index i):
+// The job's lifecycle (restarts, backoffLimit, activeDeadlineSeconds, success
+// policy, restart delays) is core/job_lifecycle.h's, the same `kubetrain run`
+// uses; desired_lifecycle_test.cc runs the shared scenario table through
+// Desired(). Desired() is split by concern (desired_internal.h): objects
+// (desired_objects.cc), per-replica judgement (desired_replicas.cc), deadline
+// (desired_deadline.cc), success (desired_success.cc), progress and result
+// (desired_report.cc), suspend/resume (desired_suspend.cc), finish and
+// cleanup (desired_finish.cc).
+//
+// Objects per replica (type t in ps/worker/chief/evaluator, index i; names
+// and labels in operator/labels.h):
 //   Service {job}-{t}-{i}: headless (clusterIP None), publishNotReadyAddresses,
 //           port "kubetrain" (2222 by default), selecting exactly that pod;
 //   Pod     {job}-{t}-{i}: labels kubetrain.io/{job-name,replica-type,
 //           replica-index}, controller ownerReference to the job, TF_CONFIG
-//           built from the Services' DNS names.
+//           built from the Services' DNS names (core/cluster_spec.h). Without
+//           a container in its template it runs the kubetrain runtime:
+//           kubetrain-ps for ps, kubetrain-worker for worker/chief/evaluator;
+//           the chief task (TrainingJob::IsChiefTask) writes its result to
+//           /dev/termination-log.
 // Plus one ConfigMap {job}-config holding the job (trainingjob.yaml), mounted
 // into kubetrain runtime containers.
 #ifndef KUBETRAIN_OPERATOR_DESIRED_H_
@@ -25,7 +39,10 @@
 
 #include "absl/time/time.h"
 #include "core/cluster_spec.h"
+#include "core/job_lifecycle.h"
+#include "core/job_report.h"
 #include "core/job_spec.h"
+#include "operator/labels.h"
 
 namespace kubetrain {
 
@@ -41,6 +58,10 @@ struct OperatorConfig {
   absl::Duration cleanup_grace = absl::Seconds(30);
   // While a job runs, how often its progress (read from the chief) is refreshed.
   absl::Duration progress_interval = absl::Seconds(5);
+  // Delays before the operator recreates a failed pod (ExitCode replicas,
+  // lost pods); the kubelet backs off OnFailure/Always containers it restarts
+  // in place itself, with the same values.
+  RestartBackoff restart_backoff = kKubeletBackoff;
 };
 
 // The TrainingJob object as read from the API server.
@@ -61,6 +82,8 @@ struct ObservedPod {
   std::string phase;  // Pending, Running, Succeeded, Failed, Unknown
   std::optional<int> exit_code;  // of the training container, when terminated
   std::string termination_message;
+  absl::Time started = absl::InfinitePast();   // its last termination: when that run began
+  absl::Time finished = absl::InfinitePast();  // and when it ended
   int restart_count = 0;  // container restarts done in place by the kubelet
   bool deleting = false;
 };
@@ -70,8 +93,8 @@ struct Observed {
   std::vector<ObservedPod> pods;       // pods labelled with this job's name
   std::vector<std::string> services;   // service names labelled with this job's name
   bool config_map_exists = false;
-  // The chief's latest progress (global step, loss, accuracy...), if known.
-  std::optional<nlohmann::json> progress;
+  // The chief's latest progress (read from its /metrics), if known.
+  std::optional<Progress> progress;
 };
 
 struct JobEvent {
@@ -85,20 +108,26 @@ struct Actions {
   std::vector<nlohmann::json> create_services;
   std::vector<nlohmann::json> create_pods;
   std::vector<std::string> delete_pods;
-  nlohmann::json status;  // the status the job should have now
+  // The status the job should have now: conditions and state
+  // (operator/status.h), startTime, completionTime, replicaStatuses (per
+  // replica type: active, succeeded, failed, restarts, recreated),
+  // taskRestarts (per task: restarts, consecutiveFailures: the restart
+  // backoff's memory), progress and result (camelCase projections of the
+  // chief's report, core/job_report.h).
+  nlohmann::json status;
   std::vector<JobEvent> events;
-  std::optional<absl::Duration> requeue_after;  // a deadline or TTL falls due then
+  // When to look again by itself: a restart backoff, the deadline, the TTL,
+  // the cleanup grace or the next progress refresh falls due then.
+  std::optional<absl::Duration> requeue_after;
   bool delete_job = false;                      // ttlSecondsAfterFinished has passed
 };
 
 Actions Desired(const JobObject& job, const Observed& observed, const OperatorConfig& config);
 
-// Building blocks, exposed for tests and for `kubetrain` tooling.
-std::string ReplicaName(const std::string& job, const std::string& type, int index);
-// "PS" -> "ps", "Worker" -> "worker", ...
-std::string ReplicaTypeLabel(const std::string& spec_key);
-TfConfig BuildTfConfig(const std::string& job, const std::string& ns, const TrainingJob& spec,
-                       const std::string& type, int index, const OperatorConfig& config);
+// Building blocks, exposed for tests.
+// Where a task of `job` listens in the cluster: its Service's DNS name,
+// {job}-{type}-{i}.{ns}.svc[.{cluster_domain}]:{port} (as TFJob's).
+TaskAddress ServiceAddress(const std::string& job, const std::string& ns, const OperatorConfig& config);
 nlohmann::json BuildService(const JobObject& job, const std::string& type, int index,
                             const OperatorConfig& config);
 nlohmann::json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& spec_key,

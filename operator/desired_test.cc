@@ -113,7 +113,7 @@ TEST(DesiredTest, NewJobGetsConfigMapServicesAndPodsWithTfConfig) {
   EXPECT_EQ(EnvOf(*w1, "TF_CONFIG"),
             "{\"cluster\":{\"ps\":[\"mnist-ps-0.ns3.svc:2222\",\"mnist-ps-1.ns3.svc:2222\"],"
             "\"worker\":[\"mnist-worker-0.ns3.svc:2222\",\"mnist-worker-1.ns3.svc:2222\"]},"
-            "\"environment\":\"cloud\",\"task\":{\"index\":1,\"type\":\"worker\"}}");
+            "\"task\":{\"type\":\"worker\",\"index\":1},\"environment\":\"cloud\"}");
   auto tf = ParseTfConfig(EnvOf(*w1, "TF_CONFIG"));
   ASSERT_TRUE(tf.ok());
   EXPECT_EQ(tf->self_address(), "mnist-worker-1.ns3.svc:2222");
@@ -262,7 +262,10 @@ TEST(DesiredTest, ChiefSuccessSucceedsCleansUpAndReportsTheResult) {
   Find(o, "mnist-worker-0")->termination_message = "{\"test_accuracy\":0.88,\"global_step\":100}";
   Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
   EXPECT_EQ(Condition(a.status, "Succeeded"), "True/TrainingJobSucceeded");
-  EXPECT_EQ(a.status["result"]["test_accuracy"], 0.88);
+  // .status.result is the camelCase projection of the chief's JobResult.
+  EXPECT_EQ(a.status["result"]["testAccuracy"], 0.88);
+  EXPECT_EQ(a.status["result"]["globalStep"], 100);
+  EXPECT_FALSE(a.status["result"].contains("test_accuracy"));
   EXPECT_EQ(a.status["progress"]["accuracy"], 0.88);
   EXPECT_EQ(a.status["progress"]["globalStep"], 100);
   EXPECT_TRUE(a.create_pods.empty());
@@ -311,6 +314,104 @@ TEST(DesiredTest, ScaleDownDeletesPodsBeyondReplicas) {
   Observed o = AllPods("Running");
   Actions a = Desired(Job(JobJson("", "Never", /*workers=*/1)), o, OperatorConfig{});
   EXPECT_EQ(a.delete_pods, std::vector<std::string>{"mnist-worker-1"});
+}
+
+TEST(DesiredTest, PodTfConfigIsByteForByteTfJobs) {
+  // training-operator's pkg/controller.v1/tensorflow/pod_test.go ("Test
+  // ClusterSpec"): job test-tfjob in ns3 with 1 worker, 1 PS, 1 evaluator and
+  // cluster domain tf.training.io; this is the string it expects for worker 0.
+  json j = {{"apiVersion", "kubetrain.io/v1"},
+            {"kind", "TrainingJob"},
+            {"metadata", {{"name", "test-tfjob"}, {"namespace", "ns3"}, {"uid", "u"}}},
+            {"spec",
+             {{"replicaSpecs", {{"Worker", {{"replicas", 1}}}, {"PS", {{"replicas", 1}}}, {"Evaluator", {{"replicas", 1}}}}},
+              {"training", {{"steps", 10}}}}}};
+  OperatorConfig cfg;
+  cfg.cluster_domain = "tf.training.io";
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(Job(j), o, cfg);
+  const json* w0 = PodNamed(a, "test-tfjob-worker-0");
+  ASSERT_NE(w0, nullptr);
+  EXPECT_EQ(EnvOf(*w0, "TF_CONFIG"),
+            R"({"cluster":{"evaluator":["test-tfjob-evaluator-0.ns3.svc.tf.training.io:2222"],"ps":["test-tfjob-ps-0.ns3.svc.tf.training.io:2222"],"worker":["test-tfjob-worker-0.ns3.svc.tf.training.io:2222"]},"task":{"type":"worker","index":0},"environment":"cloud"})");
+}
+
+TEST(DesiredTest, EveryReplicaTypeRunsTheRightCommandAndOnlyTheChiefReports) {
+  json j = JobJson();
+  j["spec"]["replicaSpecs"]["Chief"] = {{"replicas", 1}};
+  j["spec"]["replicaSpecs"]["Evaluator"] = {{"replicas", 1}};
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(Job(j), o, OperatorConfig{});
+  ASSERT_EQ(a.create_pods.size(), 6u);
+  auto command = [&](const std::string& pod) { return (*PodNamed(a, pod))["spec"]["containers"][0]["command"][0]; };
+  auto args = [&](const std::string& pod) { return (*PodNamed(a, pod))["spec"]["containers"][0]["args"].dump(); };
+  EXPECT_EQ(command("mnist-ps-1"), "kubetrain-ps");
+  EXPECT_EQ(command("mnist-chief-0"), "kubetrain-worker");
+  EXPECT_EQ(command("mnist-worker-0"), "kubetrain-worker");
+  EXPECT_EQ(command("mnist-evaluator-0"), "kubetrain-worker");
+  EXPECT_NE(args("mnist-chief-0").find("--result_file=/dev/termination-log"), std::string::npos);
+  for (const char* other : {"mnist-worker-0", "mnist-worker-1", "mnist-ps-0", "mnist-evaluator-0"}) {
+    EXPECT_EQ(args(other).find("--result_file"), std::string::npos) << other;
+  }
+  auto tf = ParseTfConfig(EnvOf(*PodNamed(a, "mnist-evaluator-0"), "TF_CONFIG"));
+  ASSERT_TRUE(tf.ok());
+  EXPECT_EQ(tf->task_type, "evaluator");
+  EXPECT_EQ(tf->tasks("chief"), std::vector<std::string>{"mnist-chief-0.ns3.svc:2222"});
+}
+
+TEST(DesiredTest, WithAChiefReplicaTheChiefDecidesAndReports) {
+  json j = JobJson();
+  j["spec"]["replicaSpecs"]["Chief"] = {{"replicas", 1}};
+  Observed o = AllPods("Running");
+  o.pods.push_back(Pod("chief", 0, "Running"));
+  o.services.push_back("mnist-chief-0");
+  *Find(o, "mnist-worker-0") = Pod("worker", 0, "Succeeded", 0);
+  Actions a = Desired(Job(j), o, OperatorConfig{});
+  EXPECT_EQ(a.status["state"], "Running");  // worker 0 is a plain worker now
+  *Find(o, "mnist-chief-0") = Pod("chief", 0, "Succeeded", 0);
+  Find(o, "mnist-chief-0")->termination_message = "{\"test_accuracy\":0.87,\"global_step\":100}\n";
+  Actions b = Desired(Job(j, a.status), o, OperatorConfig{});
+  EXPECT_EQ(b.status["state"], "Succeeded");
+  EXPECT_EQ(b.status["result"]["testAccuracy"], 0.87);
+}
+
+TEST(DesiredTest, LiveProgressIsTheCamelCaseProjection) {
+  Observed o = AllPods("Running");
+  Progress p;
+  p.global_step = 120;
+  p.target_steps = 3750;
+  p.loss = 0.5;
+  o.progress = p;
+  Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
+  EXPECT_EQ(a.status["progress"], (json{{"globalStep", 120}, {"targetSteps", 3750}, {"loss", 0.5}}));
+}
+
+TEST(DesiredTest, RecreatedPodsBackOffLikeTheKubelet) {
+  json job = JobJson("", "ExitCode");
+  Observed o = AllPods("Running");
+  ObservedPod failed = Pod("worker", 1, "Failed", 137);
+  failed.started = kT0 - absl::Seconds(20);
+  failed.finished = kT0;
+  *Find(o, "mnist-worker-1") = failed;
+  Actions a = Desired(Job(job), o, OperatorConfig{});  // the first restart is at once
+  EXPECT_EQ(a.delete_pods, std::vector<std::string>{"mnist-worker-1"});
+  EXPECT_EQ(a.status["taskRestarts"]["worker-1"], (json{{"restarts", 1}, {"consecutiveFailures", 1}}));
+  // It fails again 5 s into its new run: the next recreation waits 10 s.
+  failed.started = kT0 + absl::Seconds(1);
+  failed.finished = kT0 + absl::Seconds(6);
+  *Find(o, "mnist-worker-1") = failed;
+  o.now = kT0 + absl::Seconds(6);
+  Actions b = Desired(Job(job, a.status), o, OperatorConfig{});
+  EXPECT_TRUE(b.delete_pods.empty());
+  EXPECT_EQ(b.status["state"], "Restarting");
+  EXPECT_EQ(*b.requeue_after, absl::Seconds(10));
+  o.now = kT0 + absl::Seconds(16);
+  Actions c = Desired(Job(job, b.status), o, OperatorConfig{});
+  EXPECT_EQ(c.delete_pods, std::vector<std::string>{"mnist-worker-1"});
+  EXPECT_EQ(c.status["taskRestarts"]["worker-1"], (json{{"restarts", 2}, {"consecutiveFailures", 2}}));
+  EXPECT_EQ(c.status["replicaStatuses"]["Worker"]["recreated"], 2);
 }
 
 TEST(DesiredTest, ConditionTransitionTimesOnlyMoveOnChange) {

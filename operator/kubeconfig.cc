@@ -1,5 +1,6 @@
 #include "operator/kubeconfig.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -246,6 +247,21 @@ absl::StatusOr<KubeConfig> LoadInClusterConfig(const InClusterOptions& options) 
     }
   }
   return cfg;
+}
+
+absl::StatusOr<KubeConfig> LoadClientConfig(bool in_cluster, const std::string& kubeconfig_path) {
+  if (in_cluster) {
+    InClusterOptions options;
+    const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
+    const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
+    options.host = host ? host : "";
+    options.port = port ? port : "443";
+    return LoadInClusterConfig(options);
+  }
+  if (kubeconfig_path.empty()) {
+    return absl::InvalidArgumentError("give --kubeconfig (or set KUBECONFIG) or --in-cluster");
+  }
+  return LoadKubeConfigFile(kubeconfig_path);
 }
 
 }  // namespace kubetrain

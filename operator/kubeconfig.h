@@ -75,6 +75,11 @@ struct InClusterOptions {
 
 absl::StatusOr<KubeConfig> LoadInClusterConfig(const InClusterOptions& options);
 
+// The operator's choice: the pod's service account when `in_cluster` (the API
+// server from $KUBERNETES_SERVICE_HOST/PORT), else the kubeconfig file at
+// `kubeconfig_path`; an error names the flags when neither is given.
+absl::StatusOr<KubeConfig> LoadClientConfig(bool in_cluster, const std::string& kubeconfig_path);
+
 }  // namespace kubetrain
 
 #endif  // KUBETRAIN_OPERATOR_KUBECONFIG_H_

@@ -222,5 +222,18 @@ TEST_F(KubeConfigTest, InClusterErrors) {
   EXPECT_CONTAINS(cfg.status().message(), "bad.crt holds no PEM certificate");
 }
 
+TEST(LoadClientConfigTest, NeedsAKubeconfigOrInCluster) {
+  auto none = LoadClientConfig(false, "");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("--kubeconfig"), std::string::npos);
+  ::unsetenv("KUBERNETES_SERVICE_HOST");
+  auto in_cluster = LoadClientConfig(true, "");
+  ASSERT_FALSE(in_cluster.ok());
+  EXPECT_NE(in_cluster.status().message().find("KUBERNETES_SERVICE_HOST"), std::string::npos);
+  auto missing = LoadClientConfig(false, "/nonexistent/kubeconfig");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("/nonexistent/kubeconfig"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kubetrain

@@ -19,6 +19,18 @@ std::string MicroTime(absl::Time t) {
 LeaderElector::LeaderElector(KubeClient* client, const Clock* clock, LeaseOptions options)
     : client_(client), clock_(clock), options_(std::move(options)) {}
 
+LeaderElector::~LeaderElector() {
+  if (renewer_.joinable()) renewer_.join();
+}
+
+void LeaderElector::StartRenewing(const std::atomic<bool>* stop,
+                                  std::function<void(const absl::Status&)> on_lost) {
+  renewer_ = std::thread([this, stop, on_lost = std::move(on_lost)] {
+    absl::Status s = KeepRenewing(stop);
+    if (!s.ok()) on_lost(s);
+  });
+}
+
 absl::Status LeaderElector::TryAcquireOrRenew() {
   const ResourceRef ref{"/apis/coordination.k8s.io/v1", "leases", options_.namespace_, options_.name, ""};
   const absl::Time now = clock_->Now();

@@ -6,7 +6,9 @@
 #define KUBETRAIN_OPERATOR_LEADER_ELECTION_H_
 
 #include <atomic>
+#include <functional>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -27,6 +29,8 @@ class LeaderElector {
  public:
   // `client` and `clock` must outlive the elector.
   LeaderElector(KubeClient* client, const Clock* clock, LeaseOptions options);
+  // Joins the renewing thread (it ends once *stop is set).
+  ~LeaderElector();
 
   // One attempt to take or renew the lease. OK: we hold it now.
   // FailedPrecondition: someone else does. Other errors: the API failed.
@@ -36,11 +40,16 @@ class LeaderElector {
   // Renews every renew_period until *stop; returns (not OK) when leadership
   // is lost, i.e. no successful renewal for lease_duration.
   absl::Status KeepRenewing(const std::atomic<bool>* stop);
+  // KeepRenewing on a thread of the elector's own; when leadership is lost it
+  // calls `on_lost` there (the operator exits at once: another replica may
+  // already be acting). *stop must outlive the elector. Call at most once.
+  void StartRenewing(const std::atomic<bool>* stop, std::function<void(const absl::Status&)> on_lost);
 
  private:
   KubeClient* const client_;
   const Clock* const clock_;
   const LeaseOptions options_;
+  std::thread renewer_;
 };
 
 }  // namespace kubetrain

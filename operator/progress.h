@@ -1,23 +1,21 @@
 // Live progress of a running job, read from its chief's /metrics (the same
-// endpoint Prometheus scrapes), for status.progress and `kubectl get tj`.
+// endpoint Prometheus scrapes) with core/job_report.h's ProgressFromMetrics,
+// for status.progress and `kubectl get tj`.
 #ifndef KUBETRAIN_OPERATOR_PROGRESS_H_
 #define KUBETRAIN_OPERATOR_PROGRESS_H_
 
 #include <optional>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/time/time.h"
+#include "core/job_report.h"
 
 namespace kubetrain {
 
-// From Prometheus text: {"globalStep", "loss", "accuracy" (once evaluated)};
-// nullopt if the text has no kubetrain_global_step.
-std::optional<nlohmann::json> ParseProgress(const std::string& metrics_text);
-
-// GET http://<pod_ip>:<port>/metrics with a short timeout; nullopt on any failure.
-std::optional<nlohmann::json> ScrapeProgress(const std::string& pod_ip, int port, absl::Duration timeout);
+// GET http://<pod_ip>:<port>/metrics with a short timeout; nullopt on any
+// failure (the chief may not be up yet, or already gone) or when the text
+// has no global step yet.
+std::optional<Progress> ScrapeProgress(const std::string& pod_ip, int port, absl::Duration timeout);
 
 }  // namespace kubetrain
 

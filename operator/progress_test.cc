@@ -1,22 +1,51 @@
+// gtest before cpprest: cpprest defines a macro U that breaks gtest's templates.
+#include <gtest/gtest.h>
+
 #include "operator/progress.h"
 
-#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cpprest/http_listener.h>
 
 namespace kubetrain {
 namespace {
 
-TEST(ProgressTest, ParsesTheChiefsGauges) {
-  auto p = ParseProgress(
-      "# HELP kubetrain_global_step x\n# TYPE kubetrain_global_step gauge\nkubetrain_global_step 1200\n"
-      "kubetrain_training_loss 0.4125\nkubetrain_eval_accuracy 0.8712\n"
-      "kubetrain_rpc_duration_seconds_count{method=\"Pull\",side=\"client\"} 5\n");
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(ProgressTest, ScrapesTheChiefsMetrics) {
+  const int port = FreePort();
+  web::http::experimental::listener::http_listener metrics(
+      utility::conversions::to_string_t("http://127.0.0.1:" + std::to_string(port)));
+  metrics.support(web::http::methods::GET, [](web::http::http_request req) {
+    req.reply(web::http::status_codes::OK,
+              "# HELP kubetrain_global_step x\n# TYPE kubetrain_global_step gauge\nkubetrain_global_step 1200\n"
+              "kubetrain_target_steps 3750\nkubetrain_training_loss 0.4125\nkubetrain_eval_accuracy 0.8712\n"
+              "kubetrain_rpc_duration_seconds_count{method=\"Pull\",side=\"client\"} 5\n");
+  });
+  metrics.open().wait();
+  auto p = ScrapeProgress("127.0.0.1", port, absl::Seconds(2));
+  metrics.close().wait();
   ASSERT_TRUE(p.has_value());
-  EXPECT_EQ((*p)["globalStep"], 1200);
-  EXPECT_DOUBLE_EQ((*p)["loss"].get<double>(), 0.4125);
-  EXPECT_DOUBLE_EQ((*p)["accuracy"].get<double>(), 0.8712);
-  EXPECT_FALSE(ParseProgress("kubetrain_eval_accuracy 0\n").has_value());
-  auto before_eval = ParseProgress("kubetrain_global_step 3\nkubetrain_eval_accuracy 0\n");
-  EXPECT_FALSE(before_eval->contains("accuracy"));
+  EXPECT_EQ(p->global_step, 1200);
+  EXPECT_EQ(p->target_steps, 3750);
+  EXPECT_DOUBLE_EQ(*p->loss, 0.4125);
+  EXPECT_DOUBLE_EQ(*p->accuracy, 0.8712);
+}
+
+TEST(ProgressTest, NothingListeningIsNoProgress) {
+  EXPECT_FALSE(ScrapeProgress("127.0.0.1", FreePort(), absl::Milliseconds(500)).has_value());
 }
 
 }  // namespace

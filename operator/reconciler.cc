@@ -5,20 +5,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/log.h"
+#include "operator/labels.h"
+#include "operator/status.h"
 
 namespace kubetrain {
 namespace {
 
 using nlohmann::json;
 
-constexpr char kJobLabel[] = "kubetrain.io/job-name";
-
 ResourceRef Core(const std::string& plural, const std::string& ns, const std::string& name = "") {
   return {"/api/v1", plural, ns, name, ""};
-}
-
-std::string Timestamp(absl::Time t) {
-  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone());
 }
 
 // The training container's status: named kubetrain or tensorflow, else the first.
@@ -37,8 +33,8 @@ ObservedPod ObservePod(const json& pod) {
   ObservedPod p;
   p.name = pod.value("/metadata/name"_json_pointer, std::string());
   const json& labels = pod.value("/metadata/labels"_json_pointer, json::object());
-  p.type = labels.value("kubetrain.io/replica-type", "");
-  p.index = std::atoi(labels.value("kubetrain.io/replica-index", "0").c_str());
+  p.type = labels.value(kReplicaTypeLabel, "");
+  p.index = std::atoi(labels.value(kReplicaIndexLabel, "0").c_str());
   p.phase = pod.value("/status/phase"_json_pointer, std::string());
   p.deleting = pod.contains("metadata") && pod["metadata"].contains("deletionTimestamp");
   if (auto cs = TrainingContainerStatus(pod)) {
@@ -47,6 +43,8 @@ ObservedPod ObservePod(const json& pod) {
     if (terminated.is_object()) {
       p.exit_code = terminated.value("exitCode", 0);
       p.termination_message = terminated.value("message", "");
+      p.started = ParseTimestamp(terminated.value("startedAt", json())).value_or(absl::InfinitePast());
+      p.finished = ParseTimestamp(terminated.value("finishedAt", json())).value_or(absl::InfinitePast());
     }
   }
   return p;
@@ -85,7 +83,7 @@ Reconciler::Reconciler(KubeClient* client, OperatorConfig config, const Clock* c
 absl::Status Reconciler::CleanUpOrphans(const std::string& ns, const std::string& name) {
   // A real cluster's garbage collector removes a deleted job's children via
   // ownerReferences; doing it here too keeps clusters without one clean.
-  const std::string selector = absl::StrCat(kJobLabel, "=", name);
+  const std::string selector = JobSelector(name);
   std::vector<std::function<absl::Status()>> calls;
   for (const char* plural : {"pods", "services", "configmaps"}) {
     auto list = client_->List(Core(plural, ns), selector);
@@ -125,21 +123,23 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
 
     Observed observed;
     observed.now = clock_->Now();
-    const std::string selector = absl::StrCat(kJobLabel, "=", name);
+    const std::string selector = JobSelector(name);
     auto pods = client_->List(Core("pods", ns), selector);
     auto services = client_->List(Core("services", ns), selector);
-    auto config_map = client_->Get(Core("configmaps", ns, name + "-config"));
+    auto config_map = client_->Get(Core("configmaps", ns, ConfigMapName(name)));
     if (!pods.ok()) return {pods.status()};
     if (!services.ok()) return {services.status()};
     if (!config_map.ok() && !absl::IsNotFound(config_map.status())) return {config_map.status()};
     observed.config_map_exists = config_map.ok();
+    // Live progress comes from whichever task is the chief (the Chief
+    // replica's, else worker 0).
+    auto spec = ParseTrainingJob(object->dump());
+    const std::string chief_type = spec.ok() ? spec->chief_task_type() : "worker";
     std::string chief_ip;
     for (const auto& pod : (*pods)["items"]) {
       if (!OwnedBy(pod, job.uid)) continue;  // not ours (e.g. a previous job of the same name)
       observed.pods.push_back(ObservePod(pod));
-      const auto& labels = pod["metadata"].value("labels", json::object());
-      if (labels.value("kubetrain.io/replica-type", "") == "worker" &&
-          labels.value("kubetrain.io/replica-index", "") == "0") {
+      if (observed.pods.back().type == chief_type && observed.pods.back().index == 0) {
         chief_ip = pod.value("/status/podIP"_json_pointer, std::string());
       }
     }

@@ -1,8 +1,9 @@
 // One reconcile of one TrainingJob: observe (the job, its pods, services and
 // ConfigMap, read from the API server every time: level-triggered, so a
-// restarted operator derives everything and never duplicates a pod) ->
-// Desired() (pure, operator/desired.h) -> apply (parallel creates, deletes,
-// status, events). Thread-safe: different jobs may be reconciled concurrently.
+// restarted operator derives everything and never duplicates a pod; and the
+// chief task's live progress) -> Desired() (pure, operator/desired.h) ->
+// apply (parallel creates, deletes, status, events). Thread-safe: different
+// jobs may be reconciled concurrently.
 #ifndef KUBETRAIN_OPERATOR_RECONCILER_H_
 #define KUBETRAIN_OPERATOR_RECONCILER_H_
 
@@ -24,9 +25,9 @@ struct ReconcileOutcome {
   std::string state;                            // the job's state after this pass ("" if gone)
 };
 
-// Reads the chief's live progress (e.g. from its /metrics) given its pod IP;
-// may return nullopt. Optional.
-using ProgressReader = std::function<std::optional<nlohmann::json>(const std::string& pod_ip)>;
+// Reads the chief's live progress (e.g. from its /metrics, see
+// operator/progress.h) given its pod IP; may return nullopt. Optional.
+using ProgressReader = std::function<std::optional<Progress>(const std::string& pod_ip)>;
 
 class Reconciler {
  public:

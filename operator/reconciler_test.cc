@@ -60,7 +60,7 @@ TEST(ReconcilerTest, ObservedPodStatusDrivesTheJobAndDeletedJobsLeaveNothing) {
   ASSERT_TRUE(out.status.ok()) << out.status;
   EXPECT_EQ(out.state, "Succeeded");
   auto job = kube.Get(TrainingJobs("default", "mnist"));
-  EXPECT_EQ((*job)["status"]["result"]["test_accuracy"], 0.9);
+  EXPECT_EQ((*job)["status"]["result"]["testAccuracy"], 0.9);
   ASSERT_TRUE(r.Reconcile("default", "mnist").status.ok());  // the cleanup pass
   // cleanPodPolicy Running: pods still Pending/Running were deleted; the chief stays.
   EXPECT_EQ(kube.Count("/api/v1/namespaces/default/pods"), 1u);
@@ -70,6 +70,30 @@ TEST(ReconcilerTest, ObservedPodStatusDrivesTheJobAndDeletedJobsLeaveNothing) {
   EXPECT_EQ(kube.Count("/api/v1/namespaces/default/pods"), 0u);
   EXPECT_EQ(kube.Count("/api/v1/namespaces/default/services"), 0u);
   EXPECT_EQ(kube.Count("/api/v1/namespaces/default/configmaps"), 0u);
+}
+
+TEST(ReconcilerTest, ProgressIsReadFromTheChiefTasksPod) {
+  FakeKubeClient kube;
+  FakeClock clock(absl::FromUnixSeconds(1800000000));
+  json job = Job();
+  job["spec"]["replicaSpecs"]["Chief"] = {{"replicas", 1}};
+  ASSERT_TRUE(kube.Create(TrainingJobs("default"), job).ok());
+  std::vector<std::string> asked;
+  Reconciler r(&kube, OperatorConfig{}, &clock, [&](const std::string& ip) -> std::optional<Progress> {
+    asked.push_back(ip);
+    Progress p;
+    p.global_step = 7;
+    return p;
+  });
+  ASSERT_TRUE(r.Reconcile("default", "mnist").status.ok());
+  for (const char* pod : {"mnist-chief-0", "mnist-worker-0"}) {
+    ASSERT_TRUE(kube.MergePatch({"/api/v1", "pods", "default", pod, ""},
+                                {{"status", {{"phase", "Running"}, {"podIP", std::string("10.0.0.") + (pod[6] == 'c' ? "1" : "2")}}}})
+                    .ok());
+  }
+  ASSERT_TRUE(r.Reconcile("default", "mnist").status.ok());
+  EXPECT_EQ(asked, std::vector<std::string>{"10.0.0.1"});  // the Chief, not worker 0
+  EXPECT_EQ((*kube.Get(TrainingJobs("default", "mnist")))["status"]["progress"]["globalStep"], 7);
 }
 
 TEST(ReconcilerTest, MalformedObjectIsAnErrorNotACrash) {

@@ -107,6 +107,9 @@ def test_sync_example_succeeds_with_status_and_printer_columns(cluster):
     assert st["state"] == "Succeeded", st
     assert st["progress"]["accuracy"] >= 0.85, st["progress"]
     assert st["progress"]["globalStep"] == 3750
+    # .status.result is the camelCase projection of the chief's report.
+    assert st["result"]["testAccuracy"] == st["progress"]["accuracy"], st["result"]
+    assert st["result"]["globalStep"] == 3750 and "test_accuracy" not in st["result"], st["result"]
     table = k.run("get", "tj", "fashion-mnist-sync").stdout
     assert "Succeeded" in table and "3750" in table and "0.8" in table, table
     # Every pod, PS included, exited by itself with success.
@@ -136,6 +139,32 @@ def test_sync_example_succeeds_with_status_and_printer_columns(cluster):
     describe = k.run("describe", "tj", "fashion-mnist-sync").stdout
     assert "TrainingJobSucceeded" in describe
     assert "SuccessfulCreatePod" in describe and "SuccessfulCreateService" in describe
+
+
+def test_chief_replica_job_succeeds_with_accuracy(cluster):
+    """A Chief replica without a template runs the kubetrain runtime as a real
+    task type: the operator gives it kubetrain-worker and the result file, the
+    chief coordinates (evaluates, reports, ends the job) and the job succeeds
+    with the chief's accuracy in its status."""
+    k = cluster
+    obj = job("chief", steps=300, extra_training={"evaluation": {"everySteps": 100}})
+    obj["spec"]["replicaSpecs"]["Chief"] = {"replicas": 1}
+    apply(k, obj)
+    st = wait_state(k, "chief", {"Succeeded", "Failed"}, timeout=300)
+    assert st["state"] == "Succeeded", st
+    assert st["result"]["testAccuracy"] > 0.5, st["result"]
+    assert st["progress"]["accuracy"] == st["result"]["testAccuracy"], st
+    assert st["progress"]["globalStep"] == 300, st["progress"]
+    assert st["replicaStatuses"]["Chief"]["succeeded"] == 1, st["replicaStatuses"]
+    by_name = {p["metadata"]["name"]: p["spec"]["containers"][0] for p in pods(k, "chief")}
+    assert by_name["chief-chief-0"]["command"] == ["kubetrain-worker"]
+    assert "--result_file=/dev/termination-log" in by_name["chief-chief-0"]["args"]
+    for name, container in by_name.items():
+        if name != "chief-chief-0":
+            assert "--result_file=/dev/termination-log" not in container["args"], name
+            assert container["command"] == ["kubetrain-ps" if "-ps-" in name else "kubetrain-worker"], name
+    table = k.run("get", "tj", "chief").stdout
+    assert "Succeeded" in table and "300" in table, table
 
 
 def test_worker_failing_under_never_fails_the_job_naming_the_replica(cluster):

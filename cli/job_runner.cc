@@ -1,0 +1,295 @@
+#include "cli/job_runner.h"
+
+#include <signal.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kubetrain {
+
+struct JobRunner::Task {
+  JobTask id;
+  std::string name;     // "worker-1"
+  std::string address;  // its TF_CONFIG address
+  int metrics_port = 0;
+  ProcessSpec spec;
+  LineHandler on_line;
+  std::unique_ptr<ChildProcess> process;
+  TaskState state;      // what the lifecycle sees
+  bool announced = false;  // this failure's restart was announced
+};
+
+namespace {
+
+std::string ProgressText(const std::optional<Progress>& p) {
+  if (!p) return "starting...";
+  std::string s = absl::StrFormat("step %d/%d  loss %.4f  %.0f examples/s", p->global_step,
+                                  p->target_steps, p->loss.value_or(0), p->examples_per_second.value_or(0));
+  if (p->accuracy) absl::StrAppend(&s, absl::StrFormat("  accuracy %.4f", *p->accuracy));
+  return s;
+}
+
+// The launcher's words for why the lifecycle failed the job.
+std::string FailureReason(const Failure& f) {
+  switch (f.kind) {
+    case FailureKind::kTaskFailed:
+      return absl::StrCat(f.task.name(), " exited with code ", f.exit_code, " (restartPolicy ",
+                          RestartPolicyName(f.policy), ")");
+    case FailureKind::kBackoffLimitExceeded:
+      return absl::StrCat(f.task.name(), " exited with code ", f.exit_code, "; backoffLimit (",
+                          f.backoff_limit, " restarts) exceeded");
+    case FailureKind::kDeadlineExceeded:
+      return absl::StrCat("activeDeadlineSeconds (", f.deadline_seconds, ") exceeded");
+    case FailureKind::kNone:
+      break;
+  }
+  return "";
+}
+
+}  // namespace
+
+int JobRunResult::ExitCode() const {
+  if (status == "Succeeded") return 0;
+  return status == "Interrupted" ? 130 : 1;
+}
+
+JobRunner::JobRunner(TrainingJob job, int64_t target_steps, std::vector<int> ports,
+                     JobRunnerOptions options, JobRunnerEnv env)
+    : job_(std::move(job)), target_steps_(target_steps), options_(std::move(options)), env_(std::move(env)) {
+  const std::vector<JobTask> ids = JobTasks(job_);
+  auto address = [&](const JobTask& id) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] == id) return absl::StrCat("127.0.0.1:", ports.at(2 * i));
+    }
+    return std::string();
+  };
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto t = std::make_unique<Task>();
+    t->id = ids[i];
+    t->name = ids[i].name();
+    t->address = address(ids[i]);
+    t->metrics_port = ports.at(2 * i + 1);
+    t->state.task = ids[i];
+    const bool ps = t->id.type == "ps";
+    const bool chief = job_.IsChiefTask(t->id.type, t->id.index);
+    t->spec.argv = {ps ? options_.ps_binary : options_.worker_binary, "--config=" + options_.job_path,
+                    absl::StrCat("--metrics_address=127.0.0.1:", t->metrics_port)};
+    if (ps) t->spec.argv.push_back("--bind_host=127.0.0.1");
+    if (chief && !options_.export_model.empty()) {
+      t->spec.argv.push_back("--export_model=" + options_.export_model);
+    }
+    t->spec.env["TF_CONFIG"] = SerializeTfConfig(BuildTfConfig(job_, address, t->id));
+    t->on_line = [this, name = t->name, chief](const std::string& line, bool is_stderr) {
+      if (chief && !is_stderr) {
+        if (auto report = ParseReportLine(line)) {
+          absl::MutexLock l(&report_mu_);
+          if (report->progress) progress_ = report->progress;
+          if (report->result) result_ = report->result;
+          return;
+        }
+      }
+      env_.console->TaskLine(name, line);
+    };
+    tasks_.push_back(std::move(t));
+  }
+}
+
+JobRunner::~JobRunner() = default;
+
+absl::Status JobRunner::StartTask(Task& t) {
+  auto p = env_.launcher->Start(t.spec, t.on_line);
+  if (!p.ok()) return p.status();
+  t.process = std::move(*p);
+  t.state.phase = TaskPhase::kRunning;
+  t.state.started = env_.clock->Now();
+  t.state.exit_code.reset();
+  t.state.finished = absl::InfinitePast();
+  t.announced = false;
+  return absl::OkStatus();
+}
+
+void JobRunner::Announce(const Restart& r, Task& t) {
+  t.announced = true;
+  env_.console->Info(absl::StrCat(
+      "kubetrain run: ", t.name, " exited with code ", r.exit_code, "; restarting ",
+      r.delay == absl::ZeroDuration() ? "now" : absl::StrCat("in ", absl::FormatDuration(r.delay)),
+      " (restart ", r.restarts, ", restartPolicy ", RestartPolicyName(r.policy), ")"));
+}
+
+void JobRunner::StopAll() {
+  for (auto& t : tasks_) {
+    if (t->process && !t->process->Poll()) t->process->Signal(SIGTERM);
+  }
+  const absl::Time deadline = env_.clock->Now() + options_.stop_grace;
+  for (auto& t : tasks_) {
+    if (!t->process) continue;
+    while (!t->process->Poll() && env_.clock->Now() < deadline) env_.sleep(absl::Milliseconds(20));
+    if (!t->process->Poll()) t->process->Signal(SIGKILL);
+  }
+}
+
+std::string JobRunner::ProgressLine(absl::Time start) const {
+  absl::MutexLock l(&report_mu_);
+  return absl::StrFormat("[%s %5.1fs] %s", job_.name, absl::ToDoubleSeconds(env_.clock->Now() - start),
+                         ProgressText(progress_));
+}
+
+JobRunResult JobRunner::Run(const std::atomic<bool>* interrupted) {
+  JobRunResult out;
+  auto count = [&](const char* key, const char* what) -> std::string {
+    auto it = job_.replica_specs.find(key);
+    return it == job_.replica_specs.end() ? "" : absl::StrCat(it->second.replicas, " ", what, ", ");
+  };
+  env_.console->Info(absl::StrCat("kubetrain run: ", job_.name, " (", TrainingModeName(job_.training.mode),
+                                  ", ", job_.training.model.type, ", ", count("Chief", "chief"),
+                                  job_.num_ps(), " PS, ", job_.num_workers(), " workers, ",
+                                  count("Evaluator", "evaluator"), target_steps_, " global steps)"));
+  for (const auto& t : tasks_) {
+    env_.console->Info(absl::StrCat("  ", t->name, ": grpc ", t->address, "  metrics http://127.0.0.1:",
+                                    t->metrics_port, "/metrics"));
+  }
+  const absl::Time start = env_.clock->Now();
+  LifecycleDecision decision;
+  for (auto& t : tasks_) {
+    if (absl::Status s = StartTask(*t); !s.ok()) {
+      out.status = "Failed";
+      out.reason = absl::StrCat("starting ", t->name, ": ", s.message());
+      env_.console->Info("error: " + out.reason);
+      break;
+    }
+  }
+  while (out.status.empty()) {
+    const absl::Time now = env_.clock->Now();
+    if (interrupted && interrupted->load()) {
+      out.status = "Interrupted";
+      out.reason = "stopped by signal";
+      break;
+    }
+    std::vector<TaskState> states;
+    for (auto& t : tasks_) {
+      if (t->state.phase == TaskPhase::kRunning) {
+        if (std::optional<int> code = t->process->Poll()) {
+          t->state.phase = *code == 0 ? TaskPhase::kSucceeded : TaskPhase::kFailed;
+          t->state.exit_code = *code;
+          t->state.finished = now;
+        }
+      }
+      states.push_back(t->state);
+    }
+    decision = DecideJob(job_, states, start, now, options_.backoff);
+    if (decision.outcome == JobOutcome::kSucceeded) {
+      out.status = "Succeeded";
+      break;
+    }
+    if (decision.outcome == JobOutcome::kFailed) {
+      out.status = "Failed";
+      out.failure = decision.failure;
+      out.reason = FailureReason(decision.failure);
+      break;
+    }
+    for (const Restart& r : decision.restarts) {
+      Task* t = nullptr;
+      for (auto& candidate : tasks_) {
+        if (candidate->id == r.task) t = candidate.get();
+      }
+      if (!t->announced) Announce(r, *t);
+      if (r.at > now) continue;
+      t->process->Wait();  // deliver its last output first
+      if (absl::Status s = StartTask(*t); !s.ok()) {
+        out.status = "Failed";
+        out.reason = absl::StrCat("restarting ", t->name, ": ", s.message());
+        break;
+      }
+      t->state.restarts = r.restarts;
+      t->state.consecutive_failures = r.consecutive_failures;
+    }
+    if (!out.status.empty()) break;
+    env_.console->Status(ProgressLine(start));
+    env_.sleep(options_.poll_interval);
+  }
+
+  out.decided_after = env_.clock->Now() - start;
+  if (out.status == "Succeeded") {
+    // The others (PS tasks, other workers) end by themselves once the chief
+    // has ended the job; give them the grace before stopping them.
+    const absl::Time until = env_.clock->Now() + options_.cleanup_grace;
+    auto all_ended = [&] {
+      for (auto& t : tasks_) {
+        if (t->process && !t->process->Poll()) return false;
+      }
+      return true;
+    };
+    while (!all_ended() && env_.clock->Now() < until) env_.sleep(options_.poll_interval);
+  }
+  StopAll();
+  for (auto& t : tasks_) {
+    out.tasks.push_back({t->name, t->process ? t->process->Wait() : -1, t->state.restarts});
+  }
+  env_.console->EndStatus();
+  out.wall_seconds = absl::ToDoubleSeconds(env_.clock->Now() - start);
+  out.replicas = decision.replicas;
+  out.total_restarts = decision.total_restarts;
+  {
+    absl::MutexLock l(&report_mu_);
+    out.result = result_;
+  }
+  if (out.status == "Succeeded" && !out.result) {
+    std::string chief;
+    for (auto& t : tasks_) {
+      if (job_.IsChiefTask(t->id.type, t->id.index)) chief = t->name;
+    }
+    out.status = "Failed";
+    out.reason = absl::StrCat("the chief (", chief, ") exited without reporting a result");
+  }
+  return out;
+}
+
+nlohmann::json SummaryJson(const TrainingJob& job, int64_t target_steps, const JobRunResult& r) {
+  nlohmann::json s = r.result ? ToJson(*r.result) : nlohmann::json::object();
+  if (s.contains("wall_seconds")) {
+    s["training_seconds"] = s["wall_seconds"];  // the chief's; wall_seconds is the whole run
+  }
+  s["name"] = job.name;
+  s["status"] = r.status;
+  if (!r.reason.empty()) s["reason"] = r.reason;
+  s["mode"] = TrainingModeName(job.training.mode);
+  s["model"] = job.training.model.type;
+  s["ps"] = job.num_ps();
+  s["workers"] = job.num_workers();
+  if (job.has_chief_replica()) s["chief"] = 1;
+  if (job.replica_specs.count("Evaluator")) s["evaluators"] = job.replica_specs.at("Evaluator").replicas;
+  s["target_steps"] = target_steps;
+  s["wall_seconds"] = r.wall_seconds;
+  nlohmann::json exit_codes = nlohmann::json::object(), restarts = nlohmann::json::object();
+  for (const TaskOutcome& t : r.tasks) {
+    exit_codes[t.name] = t.exit_code;
+    restarts[t.name] = t.restarts;
+  }
+  s["exit_codes"] = exit_codes;
+  s["restarts"] = restarts;
+  s["total_restarts"] = r.total_restarts;
+  return s;
+}
+
+std::string SummaryText(const TrainingJob& job, int64_t target_steps, const JobRunResult& r) {
+  std::string text = absl::StrCat("\nTrainingJob ", job.name, " ", r.status,
+                                  absl::StrFormat(" in %.1f s", r.wall_seconds),
+                                  r.reason.empty() ? "" : ": " + r.reason, "\n");
+  if (r.result) {
+    const JobResult& res = *r.result;
+    absl::StrAppend(&text, absl::StrFormat(
+        "  %s mode, %d PS, %d workers: global step %d/%d\n  test accuracy %.4f, final loss %.4f\n"
+        "  %.0f examples/s, stale gradients dropped %d, task restarts %d\n",
+        TrainingModeName(job.training.mode), job.num_ps(), job.num_workers(), res.global_step, target_steps,
+        res.test_accuracy, res.final_loss, res.examples_per_second, res.stale_gradients_dropped,
+        r.total_restarts));
+    if (!res.model_path.empty()) {
+      absl::StrAppend(&text, "  model: ", res.model_path, " (kubetrain eval ", res.model_path, ")\n");
+    }
+  }
+  return text;
+}
+
+}  // namespace kubetrain

@@ -1,0 +1,66 @@
+#include "core/task_config.h"
+
+#include <sys/stat.h>
+
+#include <gtest/gtest.h>
+
+#include "core/testing/temp_files.h"
+
+namespace kubetrain {
+namespace {
+
+constexpr char kTfConfig[] =
+    R"({"cluster":{"ps":["127.0.0.1:2222"],"worker":["127.0.0.1:2223"]},"task":{"type":"worker","index":0}})";
+
+// A job file whose dataset lives in `data_dir`; `size` is "steps: N" or "epochs: N".
+std::string WriteJob(const std::string& dir, const std::string& data_dir, const std::string& size) {
+  const std::string path = dir + "/job.yaml";
+  WriteFile(path, "apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: {name: t}\n"
+                  "spec:\n  replicaSpecs: {PS: {replicas: 1}, Worker: {replicas: 1}}\n"
+                  "  training:\n    batchSize: 10\n    " + size + "\n"
+                  "    dataset: {name: fashion-mnist, path: " + data_dir + "}\n");
+  return path;
+}
+
+// An IDX1 label file header promising `count` labels (the body is not read).
+void WriteLabelHeader(const std::string& data_dir, uint32_t count) {
+  ASSERT_EQ(::mkdir(data_dir.c_str(), 0755), 0);
+  std::string header = {0, 0, 8, 1, static_cast<char>(count >> 24), static_cast<char>(count >> 16),
+                        static_cast<char>(count >> 8), static_cast<char>(count)};
+  WriteFile(data_dir + "/train-labels-idx1-ubyte", header);
+  // The dataset directory holds gzip files (train-labels-idx1-ubyte.gz).
+  ASSERT_EQ(std::system(("gzip -c " + data_dir + "/train-labels-idx1-ubyte > " + data_dir +
+                         "/train-labels-idx1-ubyte.gz").c_str()),
+            0);
+}
+
+TEST(TaskConfigTest, EpochsUseTheDatasetsRealSize) {
+  const std::string dir = NewTestDir("taskconfig");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  WriteLabelHeader(dir + "/data", 1000);
+  auto c = LoadTaskConfig(WriteJob(dir, dir + "/data", "epochs: 2"), kTfConfig);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->train_examples, 1000);
+  EXPECT_EQ(c->target_steps, 200);  // 2 x 1000 / (10 x 1 worker)
+  TrainingSpec spec;
+  spec.dataset_path = dir + "/data";
+  EXPECT_EQ(*TrainExamples(spec), 1000);
+  EXPECT_EQ(*JobTargetSteps(c->job), 200);
+}
+
+TEST(TaskConfigTest, MissingDataFailsOnlyWhenEpochsNeedIt) {
+  const std::string dir = NewTestDir("taskconfig");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  auto with_steps = LoadTaskConfig(WriteJob(dir, dir + "/none", "steps: 7"), kTfConfig);
+  ASSERT_TRUE(with_steps.ok()) << with_steps.status();
+  EXPECT_EQ(with_steps->target_steps, 7);
+  EXPECT_EQ(with_steps->train_examples, 0);
+  auto with_epochs = LoadTaskConfig(WriteJob(dir, dir + "/none", "epochs: 1"), kTfConfig);
+  ASSERT_FALSE(with_epochs.ok());
+  EXPECT_CONTAINS(std::string(with_epochs.status().message()), "spec.training.dataset.path");
+  EXPECT_CONTAINS(std::string(with_epochs.status().message()), "train-labels-idx1-ubyte.gz");
+  EXPECT_EQ(*JobTargetSteps(with_steps->job), 7);  // steps need no data
+}
+
+}  // namespace
+}  // namespace kubetrain

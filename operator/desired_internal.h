@@ -1,0 +1,71 @@
+// Desired()'s parts, one file per concern. Internal to operator/desired*.cc:
+// every function is pure (no I/O, no clock reads) and changes only the
+// Actions it is given.
+#ifndef KUBETRAIN_OPERATOR_DESIRED_INTERNAL_H_
+#define KUBETRAIN_OPERATOR_DESIRED_INTERNAL_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/job_lifecycle.h"
+#include "core/job_spec.h"
+#include "operator/desired.h"
+
+namespace kubetrain {
+namespace desired_internal {
+
+// desired_finish.cc: the end of a job and what comes after it.
+// Pods to delete per cleanPodPolicy ("All", "Running": running and pending, "None").
+std::vector<std::string> PodsToClean(const std::vector<ObservedPod>& pods, const std::string& policy);
+// Sets the final condition (`type`: condition::kSucceeded or kFailed) and
+// completionTime, records the event and deletes pods per `clean_policy`.
+void Finish(const char* type, const std::string& reason, const std::string& message,
+            const std::vector<ObservedPod>& pods, const std::string& clean_policy, absl::Time now, Actions* a);
+// A finished job: cleanPodPolicy after the cleanup grace (after success),
+// ttlSecondsAfterFinished.
+void AfterFinish(const TrainingJob& spec, const Observed& observed, const OperatorConfig& config, Actions* a);
+
+// desired_suspend.cc: runPolicy.suspend.
+void Suspend(const JobObject& job, const Observed& observed, Actions* a);
+void ResumeIfSuspended(const JobObject& job, absl::Time now, Actions* a);
+
+// desired_deadline.cc: activeDeadlineSeconds counts from status.startTime
+// (set on the first reconcile and again on resume).
+absl::Time StartTime(absl::Time now, Actions* a);
+void FailPastDeadline(const JobObject& job, const TrainingJob& spec, const Failure& failure,
+                      const Observed& observed, Actions* a);
+
+// desired_replicas.cc: per-replica judgement through the lifecycle.
+// Every task's state from its pod (or its absence) and status.taskRestarts;
+// queues the Services and Pods that are missing.
+std::vector<TaskState> ObserveTasks(const JobObject& job, const TrainingJob& spec, const Observed& observed,
+                                    const OperatorConfig& config, Actions* a);
+// Carries out a running job's decision: recreates the pods whose restart is
+// due (deleting the failed pod; it is created again next time), waits for
+// the others, sets Running/Restarting and the per-replica counts.
+void ApplyRunning(const JobObject& job, const TrainingJob& spec, const LifecycleDecision& decision,
+                  const Observed& observed, const OperatorConfig& config, Actions* a);
+// Writes status.replicaStatuses from the decision (plus `restarting_now`
+// restarts being carried out this pass).
+void WriteReplicaStatuses(const LifecycleDecision& decision, const std::vector<Restart>& restarting_now,
+                          Actions* a);
+// A task failed for good, or backoffLimit was exceeded.
+void FailForTask(const JobObject& job, const TrainingJob& spec, const Failure& failure,
+                 const Observed& observed, Actions* a);
+
+// desired_success.cc: the success policy was met.
+void Succeed(const JobObject& job, const TrainingJob& spec, const Observed& observed,
+             const OperatorConfig& config, Actions* a);
+
+// desired_report.cc: the chief's report in status (camelCase, core/job_report.h).
+// status.progress from the chief's live metrics.
+void ProjectProgress(const Observed& observed, Actions* a);
+// status.result and the final status.progress from the chief's termination
+// message; false (status unchanged) if it holds no result.
+bool ProjectResult(const std::string& termination_message, Actions* a);
+
+}  // namespace desired_internal
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_OPERATOR_DESIRED_INTERNAL_H_

@@ -1,0 +1,153 @@
+// Desired(), creation: the Service, Pod and ConfigMap objects of a job.
+#include <algorithm>
+#include <cctype>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "operator/desired.h"
+
+namespace kubetrain {
+namespace {
+
+using nlohmann::json;
+
+// The replica spec object for `key` in the raw job, matching keys case-insensitively
+// as the parser does.
+json RawReplicaSpec(const json& object, const std::string& key) {
+  const json& specs = object.value("/spec/replicaSpecs"_json_pointer, json::object());
+  for (auto& [k, v] : specs.items()) {
+    if (absl::AsciiStrToLower(k) == absl::AsciiStrToLower(key)) return v;
+  }
+  return json::object();
+}
+
+// The job as controller of an object: garbage-collected with it, and how the
+// operator tells its own objects from others of the same name.
+json OwnerReferences(const JobObject& job) {
+  return json::array({{{"apiVersion", "kubetrain.io/v1"},
+                       {"kind", "TrainingJob"},
+                       {"name", job.name},
+                       {"uid", job.uid},
+                       {"controller", true},
+                       {"blockOwnerDeletion", true}}});
+}
+
+json TaskLabels(const std::string& job, const std::string& type, int index) {
+  return {{kJobNameLabel, job}, {kReplicaTypeLabel, type}, {kReplicaIndexLabel, std::to_string(index)}};
+}
+
+// The kubetrain runtime container: kubetrain-ps for ps tasks, kubetrain-worker
+// for worker, chief and evaluator tasks, reading the job from the ConfigMap.
+json RuntimeContainer(const TrainingJob& spec, const std::string& type, int index, const OperatorConfig& config) {
+  const bool ps = type == "ps";
+  json args = json::array({absl::StrCat("--config=", config.config_dir, "/", kConfigFileName),
+                           absl::StrCat("--metrics_address=$(POD_IP):", config.metrics_port)});
+  if (ps) args.push_back("--bind_host=$(POD_IP)");
+  // The chief reports its result through the termination message.
+  if (spec.IsChiefTask(type, index)) args.push_back("--result_file=/dev/termination-log");
+  return {{"name", "kubetrain"},
+          {"image", config.runtime_image},
+          {"imagePullPolicy", config.image_pull_policy},
+          {"command", json::array({ps ? "kubetrain-ps" : "kubetrain-worker"})},
+          {"args", args},
+          {"ports", json::array({{{"name", "kubetrain"}, {"containerPort", config.port}},
+                                 {{"name", "metrics"}, {"containerPort", config.metrics_port}}})},
+          {"volumeMounts",
+           json::array({{{"name", "kubetrain-config"}, {"mountPath", config.config_dir}, {"readOnly", true}}})}};
+}
+
+}  // namespace
+
+TaskAddress ServiceAddress(const std::string& job, const std::string& ns, const OperatorConfig& config) {
+  return [=](const JobTask& t) {
+    std::string host = absl::StrCat(ReplicaName(job, t.type, t.index), ".", ns, ".svc");
+    if (!config.cluster_domain.empty()) absl::StrAppend(&host, ".", config.cluster_domain);
+    return absl::StrCat(host, ":", config.port);
+  };
+}
+
+json BuildService(const JobObject& job, const std::string& type, int index, const OperatorConfig& config) {
+  const json selector = TaskLabels(job.name, type, index);
+  return {{"apiVersion", "v1"},
+          {"kind", "Service"},
+          {"metadata",
+           {{"name", ReplicaName(job.name, type, index)},
+            {"namespace", job.namespace_},
+            {"labels", selector},
+            {"ownerReferences", OwnerReferences(job)}}},
+          {"spec",
+           {{"clusterIP", "None"},
+            {"publishNotReadyAddresses", true},  // DNS resolves before the pod is ready
+            {"selector", selector},
+            {"ports", json::array({{{"name", "kubetrain"}, {"port", config.port}, {"targetPort", config.port}}})}}}};
+}
+
+json BuildConfigMap(const JobObject& job) {
+  // JSON is YAML: the tasks read this file with the same parser as kubetrain run.
+  json doc = {{"apiVersion", job.object.value("apiVersion", "kubetrain.io/v1")},
+              {"kind", "TrainingJob"},
+              {"metadata", {{"name", job.name}, {"namespace", job.namespace_}}},
+              {"spec", job.object.value("spec", json::object())}};
+  return {{"apiVersion", "v1"},
+          {"kind", "ConfigMap"},
+          {"metadata",
+           {{"name", ConfigMapName(job.name)},
+            {"namespace", job.namespace_},
+            {"labels", {{kJobNameLabel, job.name}}},
+            {"ownerReferences", OwnerReferences(job)}}},
+          {"data", {{kConfigFileName, doc.dump(2) + "\n"}}}};
+}
+
+json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& spec_key, int index,
+              const OperatorConfig& config) {
+  const std::string type = TaskTypeOf(spec_key);
+  const ReplicaSpec& replica = spec.replica_specs.at(spec_key);
+  json tmpl = RawReplicaSpec(job.object, spec_key).value("template", json::object());
+  json pod_spec = tmpl.value("spec", json::object());
+  json labels = tmpl.value("/metadata/labels"_json_pointer, json::object());
+  labels.update(TaskLabels(job.name, type, index));
+  json annotations = tmpl.value("/metadata/annotations"_json_pointer, json::object());
+
+  const std::string tf_config =
+      SerializeTfConfig(BuildTfConfig(spec, ServiceAddress(job.name, job.namespace_, config), {type, index}));
+  json& containers = pod_spec["containers"];
+  if (!containers.is_array() || containers.empty()) {
+    containers = json::array({RuntimeContainer(spec, type, index, config)});
+    json& volumes = pod_spec["volumes"];
+    if (!volumes.is_array()) volumes = json::array();
+    volumes.push_back({{"name", "kubetrain-config"}, {"configMap", {{"name", ConfigMapName(job.name)}}}});
+  }
+  // TF_CONFIG (and the pod IP) go into the training container: the one named
+  // kubetrain or tensorflow, else the first.
+  size_t target = 0;
+  for (size_t i = 0; i < containers.size(); ++i) {
+    const std::string n = containers[i].value("name", "");
+    for (const char* want : kTrainingContainerNames) {
+      if (n == want) target = i;
+    }
+  }
+  json& env = containers[target]["env"];
+  if (!env.is_array()) env = json::array();
+  env.erase(std::remove_if(env.begin(), env.end(),
+                           [](const json& e) {
+                             const std::string n = e.value("name", "");
+                             return n == "TF_CONFIG" || n == "POD_IP";
+                           }),
+            env.end());
+  env.insert(env.begin(), json{{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}});
+  env.push_back({{"name", "TF_CONFIG"}, {"value", tf_config}});
+  // OnFailure/Always: the kubelet restarts in place. Never/ExitCode: the
+  // operator decides, from the exit code, whether to recreate the pod.
+  pod_spec["restartPolicy"] =
+      replica.restart_policy == RestartPolicy::kOnFailure || replica.restart_policy == RestartPolicy::kAlways
+          ? RestartPolicyName(replica.restart_policy)
+          : "Never";
+  json metadata = {{"name", ReplicaName(job.name, type, index)},
+                   {"namespace", job.namespace_},
+                   {"labels", labels},
+                   {"ownerReferences", OwnerReferences(job)}};
+  if (!annotations.empty()) metadata["annotations"] = annotations;
+  return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", metadata}, {"spec", pod_spec}};
+}
+
+}  // namespace kubetrain

@@ -1,0 +1,41 @@
+// The names and labels of everything the operator creates for a TrainingJob,
+// in one place: Desired() builds objects with them, the reconciler and the
+// controller select by them.
+//
+//   {job}-{type}-{i}   Service and Pod of task i of replica type `type`
+//                      ("ps", "worker", "chief", "evaluator")
+//   {job}-config       ConfigMap holding the job as trainingjob.yaml
+#ifndef KUBETRAIN_OPERATOR_LABELS_H_
+#define KUBETRAIN_OPERATOR_LABELS_H_
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace kubetrain {
+
+// On every object of a job.
+inline constexpr char kJobNameLabel[] = "kubetrain.io/job-name";
+// On pods and services: which task.
+inline constexpr char kReplicaTypeLabel[] = "kubetrain.io/replica-type";
+inline constexpr char kReplicaIndexLabel[] = "kubetrain.io/replica-index";
+
+// The job file's name in the ConfigMap (and where it is mounted).
+inline constexpr char kConfigFileName[] = "trainingjob.yaml";
+// The container kubetrain injects TF_CONFIG into when a template has several.
+inline constexpr const char* kTrainingContainerNames[] = {"kubetrain", "tensorflow"};
+
+// "{job}-{type}-{index}": a task's Pod and Service.
+inline std::string ReplicaName(const std::string& job, const std::string& type, int index) {
+  return absl::StrCat(job, "-", type, "-", index);
+}
+
+// "{job}-config".
+inline std::string ConfigMapName(const std::string& job) { return job + "-config"; }
+
+// The label selector of a job's objects: "kubetrain.io/job-name={job}".
+inline std::string JobSelector(const std::string& job) { return absl::StrCat(kJobNameLabel, "=", job); }
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_OPERATOR_LABELS_H_

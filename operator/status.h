@@ -1,0 +1,73 @@
+// A TrainingJob's .status, typed: condition types and reasons as constants,
+// and the helpers every part of Desired() reads and changes conditions with
+// (after TFJob's JobStatus and its pkg/util/status.go helpers).
+//
+// Conditions (type: reason when it turns True):
+//   Created     TrainingJobCreated
+//   Running     TrainingJobRunning
+//   Restarting  TrainingJobRestarting
+//   Suspended   TrainingJobSuspended   (False again: TrainingJobResumed)
+//   Succeeded   TrainingJobSucceeded
+//   Failed      TrainingJobFailed | BackoffLimitExceeded | DeadlineExceeded | InvalidSpec
+// `.status.state` (the State printer column) is StateOf(status).
+#ifndef KUBETRAIN_OPERATOR_STATUS_H_
+#define KUBETRAIN_OPERATOR_STATUS_H_
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/time/time.h"
+
+namespace kubetrain {
+
+namespace condition {
+inline constexpr char kCreated[] = "Created";
+inline constexpr char kRunning[] = "Running";
+inline constexpr char kRestarting[] = "Restarting";
+inline constexpr char kSuspended[] = "Suspended";
+inline constexpr char kSucceeded[] = "Succeeded";
+inline constexpr char kFailed[] = "Failed";
+}  // namespace condition
+
+namespace reason {
+inline constexpr char kCreated[] = "TrainingJobCreated";
+inline constexpr char kRunning[] = "TrainingJobRunning";
+inline constexpr char kRestarting[] = "TrainingJobRestarting";
+inline constexpr char kSuspended[] = "TrainingJobSuspended";
+inline constexpr char kResumed[] = "TrainingJobResumed";
+inline constexpr char kSucceeded[] = "TrainingJobSucceeded";
+inline constexpr char kFailed[] = "TrainingJobFailed";  // a task failed for good
+inline constexpr char kBackoffLimitExceeded[] = "BackoffLimitExceeded";
+inline constexpr char kDeadlineExceeded[] = "DeadlineExceeded";
+inline constexpr char kInvalidSpec[] = "InvalidSpec";
+}  // namespace reason
+
+// metav1.Time: RFC 3339 in UTC, whole seconds ("2027-01-15T08:00:00Z").
+std::string Timestamp(absl::Time t);
+// nullopt if `v` is not such a string.
+std::optional<absl::Time> ParseTimestamp(const nlohmann::json& v);
+
+// The condition of `type` in status.conditions, or nullptr.
+const nlohmann::json* FindCondition(const nlohmann::json& status, const std::string& type);
+bool IsConditionTrue(const nlohmann::json& status, const std::string& type);
+
+// Sets condition `type` to `value`: lastTransitionTime moves only when its
+// status changes, lastUpdateTime when anything does. An absent condition
+// set to False is not added (absent is already false).
+void SetCondition(nlohmann::json* status, const std::string& type, bool value,
+                  const std::string& reason, const std::string& message, absl::Time now);
+
+bool IsSucceeded(const nlohmann::json& status);
+bool IsFailed(const nlohmann::json& status);
+bool IsFinished(const nlohmann::json& status);  // Succeeded or Failed
+
+// The job's state for `.status.state` and the printer column: the first true
+// condition of Failed, Succeeded, Suspended, Restarting, Running, Created;
+// "Pending" if none is.
+std::string StateOf(const nlohmann::json& status);
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_OPERATOR_STATUS_H_
