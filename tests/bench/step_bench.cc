@@ -49,7 +49,7 @@ metadata:
   name: bench-step
 spec:
   replicaSpecs:
-    PS: {replicas: 1}
+    PS: {replicas: )", f.ps, R"(}
     Worker: {replicas: 1}
   training:
     mode: sync
