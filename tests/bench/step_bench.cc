@@ -11,7 +11,6 @@
 // --warmup steps. A tiny gRPC round trip (ShardChannel::GetInfo) measured in
 // the same run shows the fixed cost of one RPC. The last line is key=value
 // pairs. Never fails on a time.
-#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <numeric>
@@ -25,6 +24,7 @@
 #include "core/task_config.h"
 #include "ps/optimizer.h"
 #include "tests/bench/bench_util.h"
+#include "worker/grpc_shard_channel.h"
 #include "worker/ps_client.h"
 
 namespace kubetrain {
@@ -179,7 +179,7 @@ int Run(const Flags& f) {
     channels.push_back(NewGrpcShardChannel(absl::StrCat("127.0.0.1:", port), spec.chunk_bytes));
   }
   PsClient::Options options;
-  options.worker_index = 0;
+  options.task_index = 0;
   options.fingerprint = config->placement.Fingerprint();
   options.chunk_bytes = spec.chunk_bytes;
   options.retry_timeout = absl::Seconds(30);
@@ -222,7 +222,7 @@ int Run(const Flags& f) {
     const int calls = static_cast<int>(std::max<int64_t>(1, f.rtt_calls));
     for (int i = 0; i < calls + 10; ++i) {
       const double t0 = NowSeconds();
-      auto info = channel->GetInfo(0, absl::Seconds(5));
+      auto info = channel->GetInfo(v1::InfoRequest(), absl::Seconds(5));
       const double t1 = NowSeconds();
       if (!info.ok()) return Fail("GetInfo: ", info.status());
       if (i >= 10) rtt.push_back(t1 - t0);
@@ -296,12 +296,7 @@ int main(int argc, char** argv) {
   parser.Int("rtt_calls", &flags.rtt_calls, "GetInfo round trips timed");
   parser.Int("ps", &flags.ps, "PS tasks (each a kubetrain-ps child; the model is placed over them)");
   parser.Bool("keep_temp", &flags.keep_temp, "keep the temp dir (job file, PS log)");
-  auto st = parser.Parse(argc, argv, 1, nullptr);
-  if (!st.ok() || parser.help_requested()) {
-    std::fprintf(stderr, "%s%s\n", st.ok() ? "" : ("error: " + std::string(st.message()) + "\n\n").c_str(),
-                 parser.Usage().c_str());
-    return st.ok() ? 0 : 2;
-  }
-  std::signal(SIGPIPE, SIG_IGN);
+  if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
+  kubetrain::InitProcess(kubetrain::ProcessProfile::kDefault);
   return kubetrain::bench::Run(flags);
 }
