@@ -150,7 +150,7 @@ absl::Status InProcessPs::Restart(std::optional<ShardCheckpoint> from) {
     if (absl::Status s = (*fresh)->Restore(*from); !s.ok()) return s;
   }
   std::shared_ptr<Shard> old;
-  std::set<uint64_t> held;
+  std::map<uint64_t, TaskRole> held;
   {
     absl::MutexLock l(&mu_);
     old = std::move(shard_);
@@ -158,13 +158,15 @@ absl::Status InProcessPs::Restart(std::optional<ShardCheckpoint> from) {
     ++restarts_;
     held.swap(pulls_in_flight_);
   }
-  for (uint64_t ticket : held) old->CancelPull(ticket);  // their callers see UNAVAILABLE
+  for (const auto& [ticket, role] : held) old->CancelPull(ticket);  // their callers see UNAVAILABLE
   return absl::OkStatus();
 }
 
-int InProcessPs::held_pulls() const {
+int InProcessPs::held_pulls(std::optional<TaskRole> role) const {
   absl::MutexLock l(&mu_);
-  return static_cast<int>(pulls_in_flight_.size());
+  int n = 0;
+  for (const auto& [ticket, r] : pulls_in_flight_) n += !role.has_value() || r == *role;
+  return n;
 }
 
 void InProcessPs::Tick() { shard()->Tick(clock_->Now()); }
@@ -180,7 +182,7 @@ uint64_t InProcessPs::StartPull(const Shard::PullWait& wait, absl::Time deadline
   absl::MutexLock l(&mu_);
   *shard = shard_;
   const uint64_t ticket = shard_->Pull(wait, deadline, std::move(done));
-  if (ticket != 0) pulls_in_flight_.insert(ticket);
+  if (ticket != 0) pulls_in_flight_[ticket] = wait.role;
   return ticket;
 }
 

@@ -49,8 +49,9 @@ class InProcessPs {
   // The shard serving now (a restart replaces it).
   std::shared_ptr<Shard> shard() const;
   int restarts() const;
-  // Pulls the current shard is holding (e.g. to act while a worker waits).
-  int held_pulls() const;
+  // Pulls the current shard is holding (of tasks with `role`, if given), so a
+  // test can act while a task waits.
+  int held_pulls(std::optional<TaskRole> role = std::nullopt) const;
 
   // The task dies and starts again: a new Shard with the next incarnation,
   // restored from `from` if given (else at version 0). Pulls held by the old
@@ -80,7 +81,7 @@ class InProcessPs {
   mutable absl::Mutex mu_;
   std::shared_ptr<Shard> shard_ ABSL_GUARDED_BY(mu_);
   int restarts_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<uint64_t> pulls_in_flight_ ABSL_GUARDED_BY(mu_);  // tickets on shard_
+  std::map<uint64_t, TaskRole> pulls_in_flight_ ABSL_GUARDED_BY(mu_);  // tickets on shard_
 };
 
 enum class ShardRpc { kGetInfo, kPull, kPush, kLeave, kShutdown };

@@ -189,18 +189,26 @@ absl::StatusOr<PsClient::PullResult> PsClient::Pull(bool next_version, int64_t w
                                                     const std::vector<VariableSpec>& variables,
                                                     Params* params) {
   return PullImpl([&](int s) { return next_version ? shards_[s].version + 1 : 0; }, worker_clock,
-                  variables, params);
+                  variables, params, options_.hold_timeout, /*reask=*/true);
 }
 
 absl::StatusOr<PsClient::PullResult> PsClient::PullAtLeast(int64_t version, int64_t worker_clock,
                                                            const std::vector<VariableSpec>& variables,
                                                            Params* params) {
-  return PullImpl([version](int) { return version; }, worker_clock, variables, params);
+  return PullImpl([version](int) { return version; }, worker_clock, variables, params,
+                  options_.hold_timeout, /*reask=*/true);
+}
+
+absl::StatusOr<PsClient::PullResult> PsClient::PullAtLeastWithin(int64_t version, absl::Duration hold,
+                                                                 const std::vector<VariableSpec>& variables,
+                                                                 Params* params) {
+  return PullImpl([version](int) { return version; }, 0, variables, params,
+                  std::max(hold, absl::Milliseconds(1)), /*reask=*/false);
 }
 
 absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
     const std::function<int64_t(int)>& min_version, int64_t worker_clock,
-    const std::vector<VariableSpec>& variables, Params* params) {
+    const std::vector<VariableSpec>& variables, Params* params, absl::Duration hold, bool reask) {
   params->resize(variables.size());
   for (size_t v = 0; v < variables.size(); ++v) {
     (*params)[v].resize(variables[v].num_elements());
@@ -216,7 +224,7 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
     req.set_min_version(min_version(s));
     if (is_worker()) req.set_worker_clock(worker_clock);
     req.set_incarnation(shards_[s].incarnation);
-    req.set_wait_timeout_ms(absl::ToInt64Milliseconds(options_.hold_timeout));
+    req.set_wait_timeout_ms(absl::ToInt64Milliseconds(hold));
     auto sink = [&](const v1::TensorChunk& c) -> absl::Status {
       auto it = parts.find(c.part());
       uint64_t n = c.data().size() / 4;
@@ -237,6 +245,7 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
       });
       if (rs.code() == absl::StatusCode::kDeadlineExceeded) {
         if (cancelled_) return absl::CancelledError(absl::StrCat("pull from ps:", s, " cancelled"));
+        if (!reask) return rs;
         Log(TaskName(), " still waiting on ps:", s, " for version ", req.min_version(), " (",
             rs.message(), ")");
         continue;  // the PS let go of a long hold; ask again

@@ -99,9 +99,15 @@ class PsClient {
   // in steps_lost.
   absl::StatusOr<PullResult> Pull(bool next_version, int64_t worker_clock,
                                   const std::vector<VariableSpec>& variables, Params* params);
-  // Like Pull, but waits until every shard has reached `version`.
+  // Like Pull, but waits until every shard has reached `version`. A shard
+  // that gets there answers at that moment, with its values at `version`.
   absl::StatusOr<PullResult> PullAtLeast(int64_t version, int64_t worker_clock,
                                          const std::vector<VariableSpec>& variables, Params* params);
+  // PullAtLeast that waits at most `hold` on each shard and then ends with
+  // DEADLINE_EXCEEDED (`params` incomplete) instead of asking again.
+  absl::StatusOr<PullResult> PullAtLeastWithin(int64_t version, absl::Duration hold,
+                                               const std::vector<VariableSpec>& variables,
+                                               Params* params);
   // Every shard's version (a handshake each; no values move).
   absl::StatusOr<StepResult> PollStep();
   // Pushes each shard its part of `grads`, tagged with the version and
@@ -128,9 +134,12 @@ class PsClient {
     bool done = false;
   };
   bool is_worker() const { return options_.task_type == v1::TASK_TYPE_WORKER; }
+  // hold: how long each shard may hold the pull; reask: ask again after a
+  // hold ran out (else DEADLINE_EXCEEDED).
   absl::StatusOr<PullResult> PullImpl(const std::function<int64_t(int)>& min_version,
                                       int64_t worker_clock,
-                                      const std::vector<VariableSpec>& variables, Params* params);
+                                      const std::vector<VariableSpec>& variables, Params* params,
+                                      absl::Duration hold, bool reask);
   // The versions shard `s` lost if `incarnation` is a restart of it; records
   // the shard's new state.
   int64_t Observe(int s, int64_t incarnation, int64_t version, bool done);

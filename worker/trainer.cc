@@ -214,35 +214,50 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
     if (options.is_chief) on_progress(progress);
   };
 
-  int64_t next_eval = every > 0 ? every : target;
-  while (true) {
-    if (client->cancelled()) return absl::CancelledError("stopped");
+  // The chief wakes up every progress interval to report; the evaluator
+  // only at boundaries.
+  const absl::Duration hold =
+      options.is_chief ? std::max(options.progress_interval, absl::Milliseconds(10)) : absl::ZeroDuration();
+  auto poll_and_report = [&]() -> absl::Status {
     auto step = client->PollStep();
     if (!step.ok()) return step.status();
     CountLost(step->steps_lost, &result, metrics);
     if (metrics.global_step) metrics.global_step->Set(static_cast<double>(step->version));
-    result.global_step = step->version;
-    const absl::Time now = clock->Now();
-    if (last_report_step < 0 || now - last_report >= options.progress_interval) report(step->version, now);
-    if (step->done || step->version >= target) break;
-    if (step->version < next_eval) {
-      clock->SleepFor(options.poll_interval);
+    report(step->version, clock->Now());
+    return absl::OkStatus();
+  };
+  if (options.is_chief) {
+    if (absl::Status s = poll_and_report(); !s.ok()) return s;
+  }
+  int64_t next_eval = every > 0 ? every : target;
+  absl::StatusOr<PsClient::PullResult> final_pull;
+  while (true) {
+    if (client->cancelled()) return absl::CancelledError("stopped");
+    // Wait on the PS for the next boundary: it answers the moment its
+    // version gets there, with the values at exactly that version. A
+    // reader's pull joins no barrier and no staleness bound.
+    const int64_t boundary = std::min(next_eval, target);
+    auto pulled = hold > absl::ZeroDuration()
+                      ? client->PullAtLeastWithin(boundary, hold, model.variables(), &params)
+                      : client->PullAtLeast(boundary, 0, model.variables(), &params);
+    if (absl::IsDeadlineExceeded(pulled.status())) {  // the chief's progress interval
+      if (absl::Status s = poll_and_report(); !s.ok()) return s;
       continue;
     }
-    // An evaluation boundary: read the values there (a reader's pull joins no barrier).
-    auto pulled = client->PullAtLeast(next_eval, 0, model.variables(), &params);
     if (!pulled.ok()) return pulled.status();
     CountLost(pulled->steps_lost, &result, metrics);
-    if (pulled->done || pulled->version >= target) break;
+    if (metrics.global_step) metrics.global_step->Set(static_cast<double>(pulled->version));
+    if (pulled->version >= target) {
+      final_pull = std::move(pulled);
+      break;
+    }
+    if (pulled->version < boundary) continue;  // a restarted PS answered at once: wait again
     evaluate(pulled->version);
     report(pulled->version, clock->Now());
     next_eval = (pulled->version / every + 1) * every;
   }
 
-  // The final model: every shard at the target version.
-  auto final_pull = client->PullAtLeast(target, 0, model.variables(), &params);
-  if (!final_pull.ok()) return final_pull.status();
-  CountLost(final_pull->steps_lost, &result, metrics);
+  // `params` hold the final model: every shard at the target version.
   result.global_step = final_pull->version;
   result.test_accuracy = evaluate(final_pull->version);
   if (progress.loss.has_value()) result.final_loss = *progress.loss;

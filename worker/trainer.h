@@ -6,12 +6,13 @@
 //           evaluation.everySteps and at the end, exports the model, reports
 //           progress, and ends the job on every PS.
 //   Follow  the chief of a job with a Chief replica (a coordinator: it
-//           computes no gradients) and the evaluator: they follow the global
-//           step, read the values at evaluation boundaries and at the end
-//           (without joining the barrier or the staleness bound) and
-//           evaluate them. The chief also exports the model, reports
-//           progress and ends the job; the evaluator leaves when training is
-//           done and never ends the job.
+//           computes no gradients) and the evaluator: each waits on the PS
+//           for the next evaluation boundary (the PS answers when its version
+//           gets there, with the values at that version; the wait joins no
+//           barrier and no staleness bound), evaluates, and so on to the
+//           target. The chief also reports progress every progress_interval,
+//           exports the model and ends the job; the evaluator leaves when
+//           training is done and never ends the job.
 //
 // Time (progress cadence, waits, the simulated straggler) comes from the
 // injected clock. A PsClient::Cancel() ends either loop with CANCELLED.
@@ -83,8 +84,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
 
 struct FollowOptions {
   bool is_chief = true;  // false: the evaluator
-  absl::Duration poll_interval = absl::Milliseconds(100);  // how often the global step is read
-  absl::Duration progress_interval = absl::Seconds(1);
+  absl::Duration progress_interval = absl::Seconds(1);  // chief
   std::string export_model;  // chief: write the final model file here (empty: don't)
 };
 
@@ -94,7 +94,9 @@ struct FollowOptions {
 inline constexpr int64_t kLossSampleExamples = 2048;
 
 // `loss_sample` may be null (no loss is reported). `on_progress` (chief) is
-// called every progress_interval, after each evaluation and once at the end.
+// called at the start, every progress_interval, after each evaluation and
+// once at the end. Boundaries are evaluated at the first version at or after
+// them (exactly at them when the wait was already on the PS).
 absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions& options,
                                    PsClient* client, const Dataset& test, const Dataset* loss_sample,
                                    const Clock* clock, TrainerMetrics metrics,

@@ -204,14 +204,18 @@ TEST_F(JobTest, ACoordinatorChiefFollowsEvaluatesAndEndsTheJobWithoutPushing) {
   Make({.ps = 2, .workers = 2, .chief = true, .steps = 30, .training = "    evaluation: {everySteps: 10}\n"});
   std::vector<FaultyShardChannel*> chief_channels;
   auto chief = NewClient(0, v1::TASK_TYPE_CHIEF, &chief_channels);
-  // Worker 0 does not start step 11 (21) before the chief has read the
-  // values at version 10 (20): the chief reads only at evaluation boundaries.
-  faulty_[0][0]->Before(ShardRpc::kPush, [&](int call) {
-    for (int boundary : {1, 2}) {
-      if (call == 10 * boundary + 1) {
-        while (chief_channels[0]->calls(ShardRpc::kPull) < boundary) absl::SleepFor(absl::Milliseconds(1));
+  // The chief waits on both PS tasks for each boundary while the workers
+  // train: worker 0 starts steps 1, 11 and 21 only once it does.
+  auto chief_waits_for = [&](int nth_pull) {
+    for (int ps = 0; ps < 2; ++ps) {
+      while (chief_channels[ps]->calls(ShardRpc::kPull) < nth_pull ||
+             cluster_->ps(ps)->held_pulls(TaskRole::kChief) == 0) {
+        absl::SleepFor(absl::Milliseconds(1));
       }
     }
+  };
+  faulty_[0][0]->Before(ShardRpc::kPush, [&](int call) {
+    if (call % 10 == 1) chief_waits_for(call / 10 + 1);
     return absl::OkStatus();
   });
   std::vector<Progress> reports;
@@ -222,8 +226,7 @@ TEST_F(JobTest, ACoordinatorChiefFollowsEvaluatesAndEndsTheJobWithoutPushing) {
       return;
     }
     FollowOptions o;
-    o.poll_interval = absl::Milliseconds(1);  // on the fake clock: polls back to back
-    o.progress_interval = absl::Seconds(1);
+    o.progress_interval = absl::Seconds(1);  // on the fake clock: never passes
     followed = Follow(*config_, o, chief.get(), test_, &train_, &clock_, TrainerMetrics{},
                       [&](const Progress& p) { reports.push_back(p); });
   });
@@ -244,7 +247,7 @@ TEST_F(JobTest, ACoordinatorChiefFollowsEvaluatesAndEndsTheJobWithoutPushing) {
     EXPECT_EQ(Stats(ps).gradients_applied, 30 * 2);
     EXPECT_TRUE(cluster_->ps(ps)->shard()->shutdown_requested());
   }
-  // Evaluated at 10, 20 and the end; each evaluation is reported.
+  // Evaluated exactly at 10, 20 and the end, each read once; each evaluation is reported.
   EXPECT_EQ(chief_channels[0]->calls(ShardRpc::kPush), 0);
   EXPECT_EQ(chief_channels[0]->calls(ShardRpc::kPull), 3);
   std::vector<int64_t> evaluated_at;

@@ -195,7 +195,6 @@ absl::Status WorkerTask::Run() {
         spec.eval_every_steps > 0 ? absl::StrCat(spec.eval_every_steps, " steps and ") : "", "at the end");
     FollowOptions options;
     options.is_chief = is_chief_;
-    options.poll_interval = options_.poll_interval;
     options.progress_interval = options_.progress_interval;
     if (is_chief_) options.export_model = options_.export_model;
     result = Follow(config_, options, client_.get(), *data_.test, data_.train.get(), clock_,

@@ -51,8 +51,6 @@ struct WorkerTaskOptions {
   // Chief: write the final model here ("" = <checkpoint.directory>/model.ktm
   // when checkpoints are on, else nowhere).
   std::string export_model;
-  // Chief and evaluator of a job with a Chief replica: read the global step this often.
-  absl::Duration poll_interval = absl::Milliseconds(100);
   // The chief's report lines, without newline ("" default: stdout, flushed).
   std::function<void(const std::string& line)> report_sink;
 };

@@ -57,7 +57,6 @@ class WorkerTaskTest : public ::testing::Test {
     auto config = TaskConfigFor(yaml_, type, index);
     if (!config.ok()) return config.status();
     options.metrics_address = "";
-    options.poll_interval = absl::Milliseconds(5);
     options.report_sink = [this, out](const std::string& line) {
       absl::MutexLock l(&mu_);
       out->lines.push_back(line);
