@@ -140,7 +140,6 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   }
 
   result.final_loss = mean_loss();
-  Params final_params;
   if (options.is_chief) {
     // The final model: every shard at the target version.
     auto final_pull = client->PullAtLeast(target, result.local_steps, model.variables(), &params);
