@@ -1,5 +1,6 @@
 #include "ps/ps_task.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
