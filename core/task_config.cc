@@ -40,6 +40,13 @@ absl::StatusOr<TaskConfig> LoadTaskConfig(const std::string& job_file,
         "TF_CONFIG has ", c.num_ps, " ps and ", c.num_workers, " worker tasks, but ", job_file,
         " asks for ", c.job.num_ps(), " and ", c.job.num_workers()));
   }
+  // The PS learn from the job who the chief is; TF_CONFIG must agree.
+  const int chiefs = static_cast<int>(c.tf.tasks("chief").size());
+  if (chiefs != (c.job.has_chief_replica() ? 1 : 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TF_CONFIG has ", chiefs, " chief tasks, but ", job_file,
+        c.job.has_chief_replica() ? " has a Chief replica" : " has no Chief replica"));
+  }
   auto model = Model::Create(c.job.training.model);
   if (!model.ok()) return model.status();
   c.model = std::make_unique<Model>(std::move(*model));

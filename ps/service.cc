@@ -10,20 +10,10 @@
 #include <prometheus/histogram.h>
 
 #include "absl/strings/str_cat.h"
+#include "ps/shard_wire.h"
 
 namespace kubetrain {
 namespace {
-
-void FillStats(const ShardStatsSnapshot& s, v1::ShardStats* out) {
-  out->set_version(s.version);
-  out->set_gradients_applied(s.gradients_applied);
-  out->set_stale_gradients_dropped(s.stale_gradients_dropped);
-  out->set_pushes_rejected(s.pushes_rejected);
-  out->set_staleness_sum(s.staleness_sum);
-  out->set_staleness_max(s.staleness_max);
-  out->set_barrier_timeouts(s.barrier_timeouts);
-  out->set_restored_version(s.restored_version);
-}
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const grpc::Status& status) {
   auto* reactor = ctx->DefaultReactor();
@@ -83,8 +73,9 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         start_(clock->Now()) {
     absl::Duration wait = req.wait_timeout_ms() > 0 ? absl::Milliseconds(req.wait_timeout_ms())
                                                     : options.default_pull_wait;
-    uint64_t ticket = shard_->Pull({req.worker_index(), req.min_version(), req.worker_clock(),
-                                    req.incarnation()},
+    const TaskId task = TaskIdFromWire(req.task_type(), req.worker_index());
+    uint64_t ticket = shard_->Pull({task.index, req.min_version(), req.worker_clock(),
+                                    req.incarnation(), task.role},
                                    start_ + wait,
                                    [this](absl::StatusOr<Shard::Snapshot> s) { OnSnapshot(std::move(s)); });
     absl::MutexLock l(&mu_);
@@ -182,14 +173,14 @@ class RejectReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 };
 
-// Reassembles a pushed gradient chunk by chunk, rejecting bad chunks at once.
+// Reassembles a pushed gradient chunk by chunk (ps/shard_wire.h), rejecting
+// bad chunks at once.
 class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
  public:
   PushReactor(Shard* shard, const Clock* clock, const PsServiceMetrics& metrics,
               v1::PushResponse* resp)
-      : shard_(shard), clock_(clock), metrics_(metrics), resp_(resp), start_(clock->Now()) {
-    grads_ = shard_->AcquireGradientBuffers();
-    filled_.assign(grads_.size(), 0);
+      : shard_(shard), clock_(clock), metrics_(metrics), resp_(resp), start_(clock->Now()),
+        assembler_(shard) {
     StartRead(&msg_);
   }
 
@@ -198,10 +189,13 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
       Complete();
       return;
     }
-    absl::Status s = Absorb();
+    absl::Status s = assembler_.Add(msg_);
     if (!s.ok()) {
       Finish(ToGrpcStatus(s));
       return;
+    }
+    if (metrics_.push_bytes && msg_.has_chunk()) {
+      metrics_.push_bytes->Increment(static_cast<double>(msg_.chunk().data().size()));
     }
     StartRead(&msg_);
   }
@@ -209,55 +203,8 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
   void OnDone() override { delete this; }
 
  private:
-  absl::Status Absorb() {
-    if (msg_.has_header()) {
-      if (have_header_) return absl::InvalidArgumentError("push: second header");
-      have_header_ = true;
-      header_ = {msg_.header().worker_index(), msg_.header().version(),
-                 msg_.header().worker_clock(), msg_.header().incarnation()};
-      return absl::OkStatus();
-    }
-    if (!have_header_) return absl::InvalidArgumentError("push: chunk before header");
-    if (!msg_.has_chunk()) return absl::InvalidArgumentError("push: empty message");
-    const auto& c = msg_.chunk();
-    int part = shard_->PartIndex(c.part());
-    if (part < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push: unknown variable part \"", c.part(), "\" on this PS shard"));
-    }
-    if (c.data().size() % 4 != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("push: chunk of ", c.part(), " has ",
-                                                     c.data().size(), " bytes, not float32"));
-    }
-    uint64_t n = c.data().size() / 4;
-    // Chunks of a part arrive in order, so "filled" both checks offsets and
-    // proves the part is covered exactly once.
-    if (c.offset() != filled_[part] || c.offset() + n > grads_[part].size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push: chunk of ", c.part(), " at element ", c.offset(), " (+", n, ") does not follow ",
-          filled_[part], " of ", grads_[part].size()));
-    }
-    std::memcpy(grads_[part].data() + c.offset(), c.data().data(), c.data().size());
-    filled_[part] += n;
-    if (metrics_.push_bytes) metrics_.push_bytes->Increment(static_cast<double>(c.data().size()));
-    return absl::OkStatus();
-  }
-
   void Complete() {
-    if (!have_header_) {
-      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "push: no header"));
-      return;
-    }
-    for (size_t i = 0; i < grads_.size(); ++i) {
-      if (filled_[i] != grads_[i].size()) {
-        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("push: gradient of ", shard_->parts()[i].name,
-                                         " incomplete: ", filled_[i], " of ", grads_[i].size(),
-                                         " elements")));
-        return;
-      }
-    }
-    auto r = shard_->Push(header_, std::move(grads_));
+    auto r = assembler_.Finish();
     if (!r.ok()) {
       Finish(ToGrpcStatus(r.status()));
       return;
@@ -279,10 +226,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
   v1::PushResponse* const resp_;
   const absl::Time start_;
   v1::PushRequest msg_;
-  bool have_header_ = false;
-  Shard::PushHeader header_;
-  std::vector<std::vector<float>> grads_;
-  std::vector<uint64_t> filled_;
+  PushAssembler assembler_;
 };
 
 }  // namespace
@@ -298,22 +242,7 @@ PsService::PsService(Shard* shard, const Clock* clock, PsServiceOptions options,
 
 grpc::ServerUnaryReactor* PsService::GetInfo(grpc::CallbackServerContext* ctx,
                                              const v1::InfoRequest* req, v1::ShardInfo* resp) {
-  const auto& o = shard_->options();
-  resp->set_shard_index(o.shard_index);
-  resp->set_model_fingerprint(options_.model_fingerprint);
-  for (const auto& p : shard_->parts()) {
-    auto* info = resp->add_parts();
-    info->set_name(p.name);
-    info->set_rows(p.row_end - p.row_begin);
-    info->set_cols(p.cols);
-    info->set_row_offset(p.row_begin);
-  }
-  resp->set_version(shard_->version());
-  resp->set_target_steps(o.target_steps);
-  resp->set_max_chunk_bytes(options_.max_chunk_bytes);
-  resp->set_mode(TrainingModeName(o.mode));
-  resp->set_incarnation(shard_->incarnation());
-  resp->set_worker_clock(shard_->WorkerClock(req->worker_index()));
+  FillShardInfo(shard_, options_.model_fingerprint, options_.max_chunk_bytes, *req, resp);
   return Done(ctx, grpc::Status::OK);
 }
 
@@ -336,24 +265,22 @@ grpc::ServerReadReactor<v1::PushRequest>* PsService::Push(grpc::CallbackServerCo
 
 grpc::ServerUnaryReactor* PsService::Leave(grpc::CallbackServerContext* ctx,
                                            const v1::LeaveRequest* req, v1::LeaveResponse*) {
-  return Done(ctx, ToGrpcStatus(shard_->Leave(req->worker_index())));
+  return Done(ctx, ToGrpcStatus(shard_->Leave(TaskIdFromWire(req->task_type(), req->worker_index()))));
 }
 
 grpc::ServerUnaryReactor* PsService::Shutdown(grpc::CallbackServerContext* ctx,
                                               const v1::ShutdownRequest* req,
                                               v1::ShardStats* resp) {
-  if (req->worker_index() != 0) {
-    return Done(ctx, grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                                  "only the chief (worker 0) may shut the PS down"));
-  }
-  shard_->RequestShutdown();
-  FillStats(shard_->stats(), resp);
+  absl::Status allowed =
+      shard_->RequestShutdown(TaskIdFromWire(req->task_type(), req->worker_index()));
+  if (!allowed.ok()) return Done(ctx, ToGrpcStatus(allowed));
+  FillShardStats(shard_->stats(), resp);
   return Done(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* PsService::GetStats(grpc::CallbackServerContext* ctx,
                                               const v1::InfoRequest*, v1::ShardStats* resp) {
-  FillStats(shard_->stats(), resp);
+  FillShardStats(shard_->stats(), resp);
   return Done(ctx, grpc::Status::OK);
 }
 

@@ -13,6 +13,35 @@
 
 namespace kubetrain {
 
+std::string TaskName(const TaskId& task) {
+  const char* role = task.role == TaskRole::kChief       ? "chief"
+                     : task.role == TaskRole::kEvaluator ? "evaluator"
+                                                         : "worker";
+  return absl::StrCat(role, ":", task.index);
+}
+
+ShardOptions ShardOptions::ForTask(const TaskConfig& config, int64_t incarnation) {
+  const TrainingJob& job = config.job;
+  ShardOptions o;
+  o.shard_index = config.tf.task_index;
+  o.num_workers = config.num_workers;
+  o.has_chief_task = job.has_chief_replica();
+  auto evaluators = job.replica_specs.find("Evaluator");
+  o.num_evaluators = evaluators == job.replica_specs.end() ? 0 : evaluators->second.replicas;
+  o.mode = job.training.mode;
+  o.replicas_to_aggregate = job.effective_replicas_to_aggregate();
+  o.max_staleness = job.training.max_staleness;
+  o.target_steps = config.target_steps;
+  o.seed = job.training.seed;
+  o.barrier_timeout = absl::Seconds(job.training.barrier_timeout_seconds);
+  o.incarnation = incarnation;
+  o.checkpoint_every_steps = job.training.checkpoint_dir.empty() ? 0 : job.training.checkpoint_every_steps;
+  o.job_name = job.name;
+  o.fingerprint = config.placement.Fingerprint();
+  o.optimizer_type = job.training.optimizer.type;
+  return o;
+}
+
 absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options,
                                                      const Model& model,
                                                      const Placement& placement,
@@ -78,7 +107,8 @@ bool Shard::CanServe(const PullWait& w, absl::Time now) const {
   if (Done() || shutdown_) return true;
   if (w.incarnation != 0 && w.incarnation != options_.incarnation) return true;
   if (version_ < w.min_version) return false;
-  if (options_.mode == TrainingMode::kAsync && options_.max_staleness.has_value()) {
+  if (w.role == TaskRole::kWorker && options_.mode == TrainingMode::kAsync &&
+      options_.max_staleness.has_value()) {
     int64_t slowest = w.worker_clock;
     for (const auto& [worker, c] : worker_clock_) {
       if (worker == w.worker || Alive(worker, now)) slowest = std::min(slowest, c);
@@ -138,18 +168,36 @@ void Shard::ReleaseGradientBuffers(std::vector<std::vector<float>> buffers) {
   }
 }
 
+absl::Status Shard::CheckTask(const TaskId& task) const {
+  switch (task.role) {
+    case TaskRole::kWorker:
+      if (task.index >= 0 && task.index < options_.num_workers) return absl::OkStatus();
+      return absl::InvalidArgumentError(absl::StrCat("unknown worker index ", task.index,
+                                                     " (job has ", options_.num_workers, ")"));
+    case TaskRole::kChief:
+      if (options_.has_chief_task && task.index == 0) return absl::OkStatus();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown task ", TaskName(task),
+          options_.has_chief_task ? " (the job has one chief)" : " (the job has no Chief replica)"));
+    case TaskRole::kEvaluator:
+      if (task.index >= 0 && task.index < options_.num_evaluators) return absl::OkStatus();
+      return absl::InvalidArgumentError(absl::StrCat("unknown task ", TaskName(task), " (job has ",
+                                                     options_.num_evaluators, " evaluators)"));
+  }
+  return absl::InvalidArgumentError("unknown task role");
+}
+
 uint64_t Shard::Pull(const PullWait& wait, absl::Time deadline, PullCallback done) {
   absl::Time now = clock_->Now();
-  if (wait.worker < 0 || wait.worker >= options_.num_workers) {
-    done(absl::InvalidArgumentError(absl::StrCat("unknown worker index ", wait.worker,
-                                                  " (job has ", options_.num_workers, ")")));
+  if (absl::Status valid = CheckTask({wait.role, wait.worker}); !valid.ok()) {
+    done(valid);
     return 0;
   }
   std::optional<Snapshot> snap;
   uint64_t ticket = 0;
   {
     absl::MutexLock l(&mu_);
-    last_seen_[wait.worker] = now;
+    if (wait.role == TaskRole::kWorker) last_seen_[wait.worker] = now;
     if (CanServe(wait, now)) {
       snap = MakeSnapshot(now, now);
     } else {
@@ -363,22 +411,30 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(const PushHeader& header,
   return result;
 }
 
-absl::Status Shard::Leave(int worker) {
-  if (worker < 0 || worker >= options_.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown worker index ", worker));
-  }
+absl::Status Shard::Leave(const TaskId& task) {
+  if (absl::Status valid = CheckTask(task); !valid.ok()) return valid;
+  if (task.role == TaskRole::kChief) return absl::OkStatus();
   std::vector<std::pair<Waiter, Snapshot>> ready;
   {
     absl::MutexLock l(&mu_);
-    left_.insert(worker);
-    worker_clock_.erase(worker);
+    if (task.role == TaskRole::kEvaluator) {
+      evaluators_left_.insert(task.index);
+      return absl::OkStatus();
+    }
+    left_.insert(task.index);
+    worker_clock_.erase(task.index);
     ready = TakeReadyWaiters(clock_->Now());
   }
   RunReady(std::move(ready));
   return absl::OkStatus();
 }
 
-void Shard::RequestShutdown() {
+absl::Status Shard::RequestShutdown(const TaskId& from) {
+  const TaskId chief{options_.has_chief_task ? TaskRole::kChief : TaskRole::kWorker, 0};
+  if (from.role != chief.role || from.index != chief.index) {
+    return absl::PermissionDeniedError(absl::StrCat("only the chief (", TaskName(chief),
+                                                    ") may end the job, not ", TaskName(from)));
+  }
   std::vector<std::pair<Waiter, Snapshot>> ready;
   {
     absl::MutexLock l(&mu_);
@@ -386,6 +442,7 @@ void Shard::RequestShutdown() {
     ready = TakeReadyWaiters(clock_->Now());
   }
   RunReady(std::move(ready));
+  return absl::OkStatus();
 }
 
 bool Shard::shutdown_requested() const {
@@ -396,6 +453,11 @@ bool Shard::shutdown_requested() const {
 bool Shard::all_workers_left() const {
   absl::MutexLock l(&mu_);
   return static_cast<int>(left_.size()) >= options_.num_workers;
+}
+
+bool Shard::all_evaluators_left() const {
+  absl::MutexLock l(&mu_);
+  return static_cast<int>(evaluators_left_.size()) >= options_.num_evaluators;
 }
 
 int64_t Shard::version() const {

@@ -27,6 +27,12 @@
 // (pulls) or dropped as stale (pushes), so workers resynchronise with a shard
 // that restarted from an older checkpoint.
 //
+// Readers: besides the training workers, a job's chief (when the job has a
+// Chief replica) and its evaluators pull values. They are never workers: their
+// pulls wait only for min_version, they are not in the barrier, the staleness
+// bound or the worker clocks, and their Leave is not a worker's. Only the task
+// that does the chief's duties (the chief, else worker 0) may end the job.
+//
 // Thread safety: all methods are thread-safe. Pull callbacks run without the
 // shard's lock held, exactly once per Pull.
 #ifndef KUBETRAIN_PS_SHARD_H_
@@ -48,6 +54,7 @@
 #include "core/job_spec.h"
 #include "core/model.h"
 #include "core/placement.h"
+#include "core/task_config.h"
 #include "ps/checkpoint.h"
 #include "ps/optimizer.h"
 
@@ -59,9 +66,22 @@ class Histogram;
 
 namespace kubetrain {
 
+// Who sends a request: a training worker, or a task that only reads.
+enum class TaskRole { kWorker, kChief, kEvaluator };
+struct TaskId {
+  TaskRole role = TaskRole::kWorker;
+  int index = 0;
+};
+// "worker:0", "chief:0", "evaluator:0".
+std::string TaskName(const TaskId& task);
+
 struct ShardOptions {
   int shard_index = 0;
   int num_workers = 1;
+  // The job has a Chief replica: its task ("chief", 0) does the chief's
+  // duties and is the only one that may end the job; else worker 0 is.
+  bool has_chief_task = false;
+  int num_evaluators = 0;
   TrainingMode mode = TrainingMode::kSync;
   int replicas_to_aggregate = 1;
   std::optional<int64_t> max_staleness;
@@ -75,6 +95,10 @@ struct ShardOptions {
   std::string job_name;
   std::string fingerprint;
   std::string optimizer_type;
+
+  // The options of PS task config.tf.task_index of a job, as kubetrain-ps
+  // uses them.
+  static ShardOptions ForTask(const TaskConfig& config, int64_t incarnation);
 };
 
 // Where the shard reports what happens; any pointer may be null.
@@ -102,10 +126,11 @@ struct ShardStatsSnapshot {
 class Shard {
  public:
   struct PullWait {
-    int worker = 0;
+    int worker = 0;  // the task's index within its role
     int64_t min_version = 0;
-    int64_t worker_clock = 0;
+    int64_t worker_clock = 0;  // ignored for readers
     int64_t incarnation = 0;  // 0: none known yet
+    TaskRole role = TaskRole::kWorker;
   };
   struct Snapshot {
     int64_t version = 0;
@@ -146,7 +171,7 @@ class Shard {
   // Calls `done` once: at once if the shard can serve the pull, else when it
   // can, when `deadline` passes (DEADLINE_EXCEEDED, via ExpireWaiters), or on
   // CancelPull (CANCELLED). Returns a ticket for CancelPull.
-  // Invalid requests (unknown worker) get INVALID_ARGUMENT.
+  // Invalid requests (a task the job does not have) get INVALID_ARGUMENT.
   uint64_t Pull(const PullWait& wait, absl::Time deadline, PullCallback done);
   void CancelPull(uint64_t ticket);
   // Called periodically by the server: fails pulls whose deadline passed,
@@ -164,16 +189,22 @@ class Shard {
   // again on every RPC. Push() takes them back.
   std::vector<std::vector<float>> AcquireGradientBuffers();
 
-  // The worker sends nothing more; it no longer holds back bounded staleness.
-  absl::Status Leave(int worker);
-  void RequestShutdown();
+  // A worker sends nothing more (it no longer holds back bounded staleness);
+  // an evaluator reads nothing more. A chief's Leave changes nothing.
+  absl::Status Leave(const TaskId& task);
+  // Training is over: every held pull is answered. PERMISSION_DENIED unless
+  // `from` is the task that does the chief's duties.
+  absl::Status RequestShutdown(const TaskId& from);
   bool shutdown_requested() const;
   bool all_workers_left() const;
+  bool all_evaluators_left() const;
   int64_t version() const;
   int64_t incarnation() const { return options_.incarnation; }
   ShardStatsSnapshot stats() const;
   // Steps `worker` had done as far as this shard knows; also marks it alive.
   int64_t WorkerClock(int worker);
+  // INVALID_ARGUMENT naming the task if the job has no such task.
+  absl::Status CheckTask(const TaskId& task) const;
 
   // A consistent copy of the shard's state for a checkpoint file.
   ShardCheckpoint Checkpoint() const;
@@ -233,6 +264,7 @@ class Shard {
   // Steps completed per worker (bounded staleness); left workers are removed.
   std::map<int, int64_t> worker_clock_ ABSL_GUARDED_BY(mu_);
   std::set<int> left_ ABSL_GUARDED_BY(mu_);
+  std::set<int> evaluators_left_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

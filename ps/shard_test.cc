@@ -12,7 +12,7 @@ namespace {
 struct Fixture {
   Fixture(TrainingMode mode, int workers, int aggregate, std::optional<int64_t> tau = {},
           int64_t target = 100, absl::Duration barrier_timeout = absl::ZeroDuration(),
-          int64_t incarnation = 1) {
+          int64_t incarnation = 1, bool has_chief = false, int evaluators = 0) {
     ModelSpec spec;
     spec.type = "softmax";
     spec.input_dim = 2;
@@ -27,6 +27,8 @@ struct Fixture {
     o.target_steps = target;
     o.barrier_timeout = barrier_timeout;
     o.incarnation = incarnation;
+    o.has_chief_task = has_chief;
+    o.num_evaluators = evaluators;
     OptimizerSpec opt;
     opt.type = "sgd";
     opt.learning_rate = 1.0;
@@ -146,7 +148,7 @@ TEST(ShardAsyncTest, BoundedStalenessHoldsFastWorkerUntilSlowOneCatchesUpOrLeave
   ASSERT_TRUE(f.shard->Push({0, f.shard->version(), 3}, f.Grads(0)).ok());
   f.shard->Pull({0, 0, 3}, f.clock.Now() + absl::Seconds(10), [&](auto s) { served = s.ok(); });
   EXPECT_FALSE(served);
-  ASSERT_TRUE(f.shard->Leave(1).ok());
+  ASSERT_TRUE(f.shard->Leave({TaskRole::kWorker, 1}).ok());
   EXPECT_TRUE(served);
 }
 
@@ -232,6 +234,85 @@ TEST(ShardFailureTest, OtherIncarnationsAreServedAtOnceAndTheirPushesDropped) {
   ASSERT_TRUE(stale.ok());
   EXPECT_TRUE(stale->dropped);
   EXPECT_EQ(f.shard->version(), 1);
+}
+
+// A job with a Chief replica and an evaluator: 2 sync workers.
+Fixture ReadersFixture(TrainingMode mode = TrainingMode::kSync, std::optional<int64_t> tau = {}) {
+  return Fixture(mode, 2, mode == TrainingMode::kSync ? 2 : 1, tau, 100, absl::ZeroDuration(), 1,
+                 /*has_chief=*/true, /*evaluators=*/1);
+}
+
+TEST(ShardReadersTest, ChiefAndEvaluatorPullsWaitOnlyForTheirVersionAndJoinNoBarrier) {
+  Fixture f = ReadersFixture();
+  int64_t chief_saw = -1, evaluator_saw = -1;
+  f.shard->Pull({0, 0, 0, 0, TaskRole::kChief}, f.clock.Now() + absl::Seconds(5),
+                [&](auto s) { chief_saw = s.ok() ? s->version : -2; });
+  EXPECT_EQ(chief_saw, 0);  // served at once
+  f.shard->Pull({0, 1, 0, 0, TaskRole::kEvaluator}, f.clock.Now() + absl::Seconds(5),
+                [&](auto s) { evaluator_saw = s.ok() ? s->version : -2; });
+  EXPECT_EQ(evaluator_saw, -1);  // held for version 1
+  // The step needs both workers: the readers did not count as replicas.
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(1)).ok());
+  EXPECT_EQ(f.shard->version(), 0);
+  EXPECT_EQ(evaluator_saw, -1);
+  ASSERT_TRUE(f.shard->Push({1, 0, 1}, f.Grads(1)).ok());
+  EXPECT_EQ(f.shard->version(), 1);
+  EXPECT_EQ(evaluator_saw, 1);
+}
+
+TEST(ShardReadersTest, ReadersAreNotInTheStalenessBoundOrTheWorkerClocks) {
+  Fixture f = ReadersFixture(TrainingMode::kAsync, /*tau=*/0);
+  // A reader's pull with any clock is never held by the bound ...
+  bool served = false;
+  f.shard->Pull({0, 0, 1000, 0, TaskRole::kChief}, f.clock.Now() + absl::Seconds(5),
+                [&](auto s) { served = s.ok(); });
+  EXPECT_TRUE(served);
+  // ... and does not hold anyone: worker 0 (clock 1) is held by worker 1 (clock 0) only.
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(0)).ok());
+  served = false;
+  f.shard->Pull({0, 0, 1}, f.clock.Now() + absl::Seconds(5), [&](auto s) { served = s.ok(); });
+  EXPECT_FALSE(served);
+  // A reader's handshake and Leave change no worker's clock or departure.
+  EXPECT_TRUE(f.shard->Leave({TaskRole::kChief, 0}).ok());
+  EXPECT_TRUE(f.shard->Leave({TaskRole::kEvaluator, 0}).ok());
+  EXPECT_FALSE(served);
+  EXPECT_FALSE(f.shard->all_workers_left());
+  EXPECT_TRUE(f.shard->all_evaluators_left());
+  ASSERT_TRUE(f.shard->Leave({TaskRole::kWorker, 1}).ok());
+  EXPECT_TRUE(served);
+}
+
+TEST(ShardReadersTest, OnlyTheChiefTaskMayEndTheJob) {
+  // With a Chief replica: the chief, not worker 0.
+  Fixture with_chief = ReadersFixture();
+  auto denied = with_chief.shard->RequestShutdown({TaskRole::kWorker, 0});
+  EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(denied.message().find("only the chief (chief:0)"), std::string::npos) << denied;
+  EXPECT_FALSE(with_chief.shard->shutdown_requested());
+  EXPECT_EQ(with_chief.shard->RequestShutdown({TaskRole::kEvaluator, 0}).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(with_chief.shard->RequestShutdown({TaskRole::kChief, 0}).ok());
+  EXPECT_TRUE(with_chief.shard->shutdown_requested());
+  // Without one: worker 0.
+  Fixture plain(TrainingMode::kSync, 2, 2);
+  EXPECT_EQ(plain.shard->RequestShutdown({TaskRole::kChief, 0}).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(plain.shard->RequestShutdown({TaskRole::kWorker, 1}).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_FALSE(plain.shard->shutdown_requested());
+  EXPECT_TRUE(plain.shard->RequestShutdown({TaskRole::kWorker, 0}).ok());
+}
+
+TEST(ShardReadersTest, TasksTheJobDoesNotHaveAreRefused) {
+  Fixture plain(TrainingMode::kSync, 2, 2);
+  absl::Status status;
+  plain.shard->Pull({0, 0, 0, 0, TaskRole::kChief}, plain.clock.Now() + absl::Seconds(1),
+                    [&](auto s) { status = s.status(); });
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("no Chief replica"), std::string::npos) << status;
+  EXPECT_EQ(plain.shard->Leave({TaskRole::kEvaluator, 0}).code(), absl::StatusCode::kInvalidArgument);
+  Fixture f = ReadersFixture();
+  EXPECT_EQ(f.shard->Leave({TaskRole::kEvaluator, 1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.shard->Leave({TaskRole::kChief, 1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(plain.shard->all_evaluators_left());  // a job without evaluators waits for none
 }
 
 TEST(ShardCheckpointTest, CheckpointRestoresValuesOptimizerStateVersionAndClocks) {

@@ -2,156 +2,113 @@
 
 #include <algorithm>
 #include <cstring>
-#include <future>
-#include <map>
+#include <thread>
 
-#include <grpcpp/grpcpp.h>
 #include <prometheus/counter.h>
 #include <prometheus/histogram.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "core/log.h"
-#include "proto/ps.grpc.pb.h"
 
 namespace kubetrain {
-namespace {
 
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
-class GrpcShardChannel final : public ShardChannel {
+// Runs fn(i) for every i in [0, n) at once: i = 0 on the calling thread, each
+// other i on a thread of its own, started once (not per call: a pull and a
+// push per step must not pay for thread creation).
+class PsClient::Lanes {
  public:
-  GrpcShardChannel(const std::string& address, int64_t chunk_bytes) : address_(address) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(static_cast<int>(chunk_bytes + (64 << 10)));
-    args.SetMaxSendMessageSize(static_cast<int>(chunk_bytes + (64 << 10)));
-    // Reconnect quickly after a PS restart instead of gRPC's default 1..120 s backoff.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-    stub_ = v1::ParameterServer::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
-  }
-
-  absl::StatusOr<v1::ShardInfo> GetInfo(int worker, absl::Duration timeout) override {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
-    // Wait for the channel to connect (until the deadline) rather than failing
-    // fast: a PS that is still starting is the normal case here.
-    ctx.set_wait_for_ready(true);
-    v1::InfoRequest req;
-    req.set_worker_index(worker);
-    v1::ShardInfo info;
-    auto s = stub_->GetInfo(&ctx, req, &info);
-    if (!s.ok()) return Annotate(s);
-    return info;
-  }
-
-  absl::StatusOr<v1::PullResponse::Header> Pull(
-      const v1::PullRequest& request,
-      const std::function<absl::Status(const v1::TensorChunk&)>& sink) override {
-    grpc::ClientContext ctx;
-    // The PS answers a held pull by its wait timeout; allow for the transfer on top.
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(request.wait_timeout_ms() + 60000));
-    auto reader = stub_->Pull(&ctx, request);
-    v1::PullResponse msg;
-    v1::PullResponse::Header header;
-    bool have_header = false;
-    absl::Status sink_status;
-    while (reader->Read(&msg)) {
-      if (msg.has_header()) {
-        header = msg.header();
-        have_header = true;
-      } else if (sink_status.ok()) {
-        sink_status = sink(msg.chunk());
-        if (!sink_status.ok()) ctx.TryCancel();
-      }
+  explicit Lanes(int n) {
+    for (int i = 1; i < n; ++i) {
+      auto lane = std::make_unique<Lane>();
+      lane->index = i;
+      lane->thread = std::thread(&Lanes::Loop, lane.get());
+      lanes_.push_back(std::move(lane));
     }
-    auto s = reader->Finish();
-    if (!sink_status.ok()) return sink_status;
-    if (!s.ok()) return Annotate(s);
-    if (!have_header) return absl::DataLossError(absl::StrCat("pull from ", address_, ": no header"));
-    return header;
   }
 
-  absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
-                                        const std::vector<ChunkRef>& chunks) override {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    v1::PushResponse resp;
-    auto writer = stub_->Push(&ctx, &resp);
-    v1::PushRequest msg;
-    *msg.mutable_header() = header;
-    bool ok = writer->Write(msg);
-    for (size_t i = 0; ok && i < chunks.size(); ++i) {
-      msg.Clear();
-      auto* c = msg.mutable_chunk();
-      c->set_part(*chunks[i].part);
-      c->set_offset(chunks[i].offset);
-      c->set_data(reinterpret_cast<const char*>(chunks[i].data), chunks[i].count * sizeof(float));
-      ok = writer->Write(msg);
+  ~Lanes() {
+    for (auto& lane : lanes_) {
+      absl::MutexLock l(&lane->mu);
+      lane->stop = true;
     }
-    if (ok) writer->WritesDone();
-    auto s = writer->Finish();
-    if (!s.ok()) return Annotate(s);
-    return resp;
+    for (auto& lane : lanes_) lane->thread.join();
   }
 
-  absl::Status Leave(int worker) override {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    v1::LeaveRequest req;
-    req.set_worker_index(worker);
-    v1::LeaveResponse resp;
-    return Annotate(stub_->Leave(&ctx, req, &resp));
-  }
-
-  absl::StatusOr<v1::ShardStats> Shutdown(int worker) override {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    v1::ShutdownRequest req;
-    req.set_worker_index(worker);
-    v1::ShardStats stats;
-    auto s = stub_->Shutdown(&ctx, req, &stats);
-    if (!s.ok()) return Annotate(s);
-    return stats;
+  absl::Status Run(const std::function<absl::Status(int)>& fn) {
+    for (auto& lane : lanes_) {
+      absl::MutexLock l(&lane->mu);
+      lane->done = false;
+      lane->work = &fn;
+    }
+    absl::Status first = fn(0);
+    for (auto& lane : lanes_) {
+      absl::MutexLock l(&lane->mu);
+      lane->mu.Await(absl::Condition(&lane->done));
+      if (first.ok()) first = lane->result;
+    }
+    return first;
   }
 
  private:
-  absl::Status Annotate(const grpc::Status& s) {
-    absl::Status st = FromGrpc(s);
-    if (st.ok()) return st;
-    return absl::Status(st.code(), absl::StrCat("ps at ", address_, ": ", st.message()));
+  struct Lane {
+    int index = 0;
+    std::thread thread;
+    absl::Mutex mu;
+    const std::function<absl::Status(int)>* work ABSL_GUARDED_BY(mu) = nullptr;
+    bool done ABSL_GUARDED_BY(mu) = true;
+    bool stop ABSL_GUARDED_BY(mu) = false;
+    absl::Status result ABSL_GUARDED_BY(mu);
+  };
+
+  static void Loop(Lane* lane) {
+    while (true) {
+      const std::function<absl::Status(int)>* work;
+      {
+        absl::MutexLock l(&lane->mu);
+        lane->mu.Await(absl::Condition(
+            +[](Lane* x) ABSL_EXCLUSIVE_LOCKS_REQUIRED(x->mu) { return x->work != nullptr || x->stop; },
+            lane));
+        if (lane->work == nullptr) return;  // stopped
+        work = lane->work;
+      }
+      absl::Status result = (*work)(lane->index);
+      absl::MutexLock l(&lane->mu);
+      lane->work = nullptr;
+      lane->result = std::move(result);
+      lane->done = true;
+    }
   }
-  std::string address_;
-  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+
+  std::vector<std::unique_ptr<Lane>> lanes_;
 };
-
-}  // namespace
-
-std::unique_ptr<ShardChannel> NewGrpcShardChannel(const std::string& address, int64_t chunk_bytes) {
-  return std::make_unique<GrpcShardChannel>(address, chunk_bytes);
-}
 
 PsClient::PsClient(Options options, const Placement* placement, const Clock* clock,
                    std::vector<std::unique_ptr<ShardChannel>> channels, PsClientMetrics metrics)
     : options_(std::move(options)), placement_(placement), clock_(clock),
-      channels_(std::move(channels)), metrics_(metrics), shards_(channels_.size()) {}
+      channels_(std::move(channels)), metrics_(metrics),
+      chunk_elements_(static_cast<uint64_t>(std::max<int64_t>(1, options_.chunk_bytes / 4))),
+      shard_parts_(channels_.size()), parts_by_name_(channels_.size()),
+      lanes_(std::make_unique<Lanes>(static_cast<int>(channels_.size()))),
+      shards_(channels_.size()) {
+  for (size_t s = 0; s < channels_.size(); ++s) {
+    shard_parts_[s] = placement_->PartsOfShard(static_cast<int>(s));
+    for (const PartPlacement* p : shard_parts_[s]) parts_by_name_[s][p->name] = p;
+  }
+}
+
+PsClient::~PsClient() = default;
+
+std::string PsClient::TaskName() const {
+  const char* type = options_.task_type == v1::TASK_TYPE_CHIEF       ? "chief"
+                     : options_.task_type == v1::TASK_TYPE_EVALUATOR ? "evaluator"
+                                                                     : "worker";
+  return absl::StrCat(type, ":", options_.task_index);
+}
 
 absl::Status PsClient::ForEachShard(const std::function<absl::Status(int)>& fn) {
-  const int n = static_cast<int>(channels_.size());
-  if (n == 1) return fn(0);
-  std::vector<std::future<absl::Status>> results;
-  for (int s = 1; s < n; ++s) results.push_back(std::async(std::launch::async, fn, s));
-  absl::Status first = fn(0);
-  for (auto& r : results) {
-    absl::Status st = r.get();
-    if (first.ok() && !st.ok()) first = st;
-  }
-  return first;
+  if (channels_.size() == 1) return fn(0);
+  return lanes_->Run(fn);
 }
 
 absl::Status PsClient::WithRetry(const std::string& what, int shard,
@@ -160,6 +117,7 @@ absl::Status PsClient::WithRetry(const std::string& what, int shard,
   absl::Duration backoff = absl::Milliseconds(100);
   int attempts = 0;
   while (true) {
+    if (cancelled_) return absl::CancelledError(absl::StrCat(what, " to ps:", shard, " cancelled"));
     absl::Status s = fn();
     if (s.code() != absl::StatusCode::kUnavailable) return s;
     ++attempts;
@@ -170,12 +128,25 @@ absl::Status PsClient::WithRetry(const std::string& what, int shard,
                                                  ": ", s.message()));
     }
     if (attempts == 1 || attempts % 10 == 0) {
-      Log("worker:", options_.worker_index, " ", what, " to ps:", shard, " unavailable (",
-          s.message(), "); retrying");
+      Log(TaskName(), " ", what, " to ps:", shard, " unavailable (", s.message(), "); retrying");
     }
-    absl::SleepFor(backoff);
+    clock_->SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
+}
+
+int64_t PsClient::Observe(int s, int64_t incarnation, int64_t version, bool done) {
+  ShardState& state = shards_[s];
+  int64_t lost = 0;
+  if (state.incarnation != 0 && incarnation != state.incarnation) {
+    lost = std::max<int64_t>(0, state.version - version);
+    Log(TaskName(), " ps:", s, " restarted: now at version ", version, ", was ", state.version, " (",
+        lost, " steps lost)");
+  }
+  state.incarnation = incarnation;
+  state.version = version;
+  state.done = done;
+  return lost;
 }
 
 absl::Status PsClient::Connect() {
@@ -185,9 +156,12 @@ absl::Status PsClient::Connect() {
   }
   std::vector<int64_t> clocks(channels_.size(), 0);
   absl::Status st = ForEachShard([&](int s) {
+    v1::InfoRequest req;
+    req.set_worker_index(options_.task_index);
+    req.set_task_type(options_.task_type);
     absl::StatusOr<v1::ShardInfo> info;
     absl::Status st = WithRetry("connect", s, [&] {
-      info = channels_[s]->GetInfo(options_.worker_index, absl::Seconds(5));
+      info = channels_[s]->GetInfo(req, absl::Seconds(5));
       // A deadline on the handshake means "not there yet" too.
       if (info.status().code() == absl::StatusCode::kDeadlineExceeded) {
         return absl::UnavailableError(info.status().message());
@@ -198,7 +172,7 @@ absl::Status PsClient::Connect() {
     if (info->model_fingerprint() != options_.fingerprint || info->shard_index() != s) {
       return absl::FailedPreconditionError(absl::StrCat(
           "ps:", s, " holds model/placement ", info->model_fingerprint(), " as shard ",
-          info->shard_index(), ", this worker expects ", options_.fingerprint,
+          info->shard_index(), ", this task expects ", options_.fingerprint,
           ": the tasks were started with different TrainingJob specs"));
     }
     shards_[s].incarnation = info->incarnation();
@@ -215,18 +189,26 @@ absl::StatusOr<PsClient::PullResult> PsClient::Pull(bool next_version, int64_t w
                                                     const std::vector<VariableSpec>& variables,
                                                     Params* params) {
   return PullImpl([&](int s) { return next_version ? shards_[s].version + 1 : 0; }, worker_clock,
-                  variables, params);
+                  variables, params, options_.hold_timeout, /*reask=*/true);
 }
 
 absl::StatusOr<PsClient::PullResult> PsClient::PullAtLeast(int64_t version, int64_t worker_clock,
                                                            const std::vector<VariableSpec>& variables,
                                                            Params* params) {
-  return PullImpl([version](int) { return version; }, worker_clock, variables, params);
+  return PullImpl([version](int) { return version; }, worker_clock, variables, params,
+                  options_.hold_timeout, /*reask=*/true);
+}
+
+absl::StatusOr<PsClient::PullResult> PsClient::PullAtLeastWithin(int64_t version, absl::Duration hold,
+                                                                 const std::vector<VariableSpec>& variables,
+                                                                 Params* params) {
+  return PullImpl([version](int) { return version; }, 0, variables, params,
+                  std::max(hold, absl::Milliseconds(1)), /*reask=*/false);
 }
 
 absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
     const std::function<int64_t(int)>& min_version, int64_t worker_clock,
-    const std::vector<VariableSpec>& variables, Params* params) {
+    const std::vector<VariableSpec>& variables, Params* params, absl::Duration hold, bool reask) {
   params->resize(variables.size());
   for (size_t v = 0; v < variables.size(); ++v) {
     (*params)[v].resize(variables[v].num_elements());
@@ -235,14 +217,14 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
   std::vector<int64_t> lost(channels_.size(), 0);
   absl::Time start = clock_->Now();
   absl::Status st = ForEachShard([&](int s) {
-    std::map<std::string, const PartPlacement*> parts;
-    for (const auto* p : placement_->PartsOfShard(s)) parts[p->name] = p;
+    const auto& parts = parts_by_name_[s];
     v1::PullRequest req;
-    req.set_worker_index(options_.worker_index);
+    req.set_worker_index(options_.task_index);
+    req.set_task_type(options_.task_type);
     req.set_min_version(min_version(s));
-    req.set_worker_clock(worker_clock);
+    if (is_worker()) req.set_worker_clock(worker_clock);
     req.set_incarnation(shards_[s].incarnation);
-    req.set_wait_timeout_ms(absl::ToInt64Milliseconds(options_.hold_timeout));
+    req.set_wait_timeout_ms(absl::ToInt64Milliseconds(hold));
     auto sink = [&](const v1::TensorChunk& c) -> absl::Status {
       auto it = parts.find(c.part());
       uint64_t n = c.data().size() / 4;
@@ -262,21 +244,15 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
         return h.status();
       });
       if (rs.code() == absl::StatusCode::kDeadlineExceeded) {
-        Log("worker:", options_.worker_index, " still waiting on ps:", s, " for version ",
-            req.min_version(), " (", rs.message(), ")");
+        if (cancelled_) return absl::CancelledError(absl::StrCat("pull from ps:", s, " cancelled"));
+        if (!reask) return rs;
+        Log(TaskName(), " still waiting on ps:", s, " for version ", req.min_version(), " (",
+            rs.message(), ")");
         continue;  // the PS let go of a long hold; ask again
       }
       if (!rs.ok()) return rs;
       headers[s] = *h;
-      ShardState& state = shards_[s];
-      if (state.incarnation != 0 && h->incarnation() != state.incarnation) {
-        lost[s] = std::max<int64_t>(0, state.version - h->version());
-        Log("worker:", options_.worker_index, " ps:", s, " restarted: now at version ",
-            h->version(), ", was ", state.version, " (", lost[s], " steps lost)");
-      }
-      state.incarnation = h->incarnation();
-      state.version = h->version();
-      state.done = h->done();
+      lost[s] = Observe(s, h->incarnation(), h->version(), h->done());
       return absl::OkStatus();
     }
   });
@@ -294,23 +270,57 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
   return r;
 }
 
+absl::StatusOr<PsClient::StepResult> PsClient::PollStep() {
+  std::vector<v1::ShardInfo> infos(channels_.size());
+  std::vector<int64_t> lost(channels_.size(), 0);
+  absl::Status st = ForEachShard([&](int s) {
+    v1::InfoRequest req;
+    req.set_worker_index(options_.task_index);
+    req.set_task_type(options_.task_type);
+    absl::StatusOr<v1::ShardInfo> info;
+    absl::Status rs = WithRetry("poll", s, [&] {
+      info = channels_[s]->GetInfo(req, absl::Seconds(5));
+      if (info.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        return absl::UnavailableError(info.status().message());
+      }
+      return info.status();
+    });
+    if (!rs.ok()) return rs;
+    infos[s] = *info;
+    lost[s] = Observe(s, info->incarnation(), info->version(), info->version() >= info->target_steps());
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
+  StepResult r;
+  r.version = infos[0].version();
+  r.done = true;
+  for (size_t s = 0; s < infos.size(); ++s) {
+    r.version = std::min<int64_t>(r.version, infos[s].version());
+    r.done = r.done && infos[s].version() >= infos[s].target_steps();
+    r.steps_lost += lost[s];
+  }
+  return r;
+}
+
 absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t worker_clock) {
+  if (!is_worker()) {
+    return absl::FailedPreconditionError(absl::StrCat(TaskName(), " only reads: it cannot push gradients"));
+  }
   std::vector<v1::PushResponse> responses(channels_.size());
   absl::Time start = clock_->Now();
-  const uint64_t chunk_elems = std::max<int64_t>(1, options_.chunk_bytes / 4);
   absl::Status st = ForEachShard([&](int s) {
     std::vector<ChunkRef> chunks;
     uint64_t bytes = 0;
-    for (const auto* p : placement_->PartsOfShard(s)) {
+    for (const PartPlacement* p : shard_parts_[s]) {
       const float* base = grads[p->variable].data() + p->element_offset();
       const uint64_t n = p->num_elements();
-      for (uint64_t off = 0; off < n; off += chunk_elems) {
-        chunks.push_back({&p->name, off, base + off, std::min(chunk_elems, n - off)});
+      for (uint64_t off = 0; off < n; off += chunk_elements_) {
+        chunks.push_back({&p->name, off, base + off, std::min(chunk_elements_, n - off)});
       }
       bytes += n * 4;
     }
     v1::PushRequest::Header h;
-    h.set_worker_index(options_.worker_index);
+    h.set_worker_index(options_.task_index);
     h.set_version(shards_[s].version);
     h.set_worker_clock(worker_clock);
     h.set_incarnation(shards_[s].incarnation);
@@ -338,13 +348,19 @@ absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t
 }
 
 absl::Status PsClient::Leave() {
-  return ForEachShard([this](int s) { return channels_[s]->Leave(options_.worker_index); });
+  v1::LeaveRequest req;
+  req.set_worker_index(options_.task_index);
+  req.set_task_type(options_.task_type);
+  return ForEachShard([&](int s) { return channels_[s]->Leave(req); });
 }
 
 absl::StatusOr<v1::ShardStats> PsClient::Shutdown() {
+  v1::ShutdownRequest req;
+  req.set_worker_index(options_.task_index);
+  req.set_task_type(options_.task_type);
   std::vector<v1::ShardStats> stats(channels_.size());
   absl::Status st = ForEachShard([&](int s) {
-    auto r = channels_[s]->Shutdown(options_.worker_index);
+    auto r = channels_[s]->Shutdown(req);
     if (!r.ok()) return r.status();
     stats[s] = *r;
     return absl::OkStatus();

@@ -1,18 +1,28 @@
 // The worker's view of the parameter servers: one ShardChannel per PS task
-// (the transport seam; gRPC today) and a PsClient that fans pulls and pushes
-// out over all shards in parallel and maps parts onto whole variables.
+// (ps/shard_channel.h; gRPC in production, in-process in tests) and a
+// PsClient that fans pulls and pushes out over all shards at once and maps
+// parts onto whole variables. No gRPC here.
 //
 // Key contract (as in ps-lite): every variable of the model lives on exactly
 // one shard or is split by rows over several (core/placement.h); a pull fills
 // every element of every variable, a push sends every element of every
 // gradient. Params/grads are laid out as Model::variables().
+//
+// A client speaks for one task: a training worker, or a chief/evaluator that
+// only reads (its pulls never count as a worker's; it cannot push).
+//
+// Thread safety: one call at a time (a task's training loop), except
+// Cancel(), which any thread may call. Each shard beyond the first is served
+// by a thread of the client's own, started once.
 #ifndef KUBETRAIN_WORKER_PS_CLIENT_H_
 #define KUBETRAIN_WORKER_PS_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -20,7 +30,7 @@
 #include "core/clock.h"
 #include "core/model.h"
 #include "core/placement.h"
-#include "proto/ps.pb.h"
+#include "ps/shard_channel.h"
 
 namespace prometheus {
 class Counter;
@@ -28,32 +38,6 @@ class Histogram;
 }  // namespace prometheus
 
 namespace kubetrain {
-
-// A contiguous run of float32 elements of one part.
-struct ChunkRef {
-  const std::string* part;
-  uint64_t offset;  // elements
-  const float* data;
-  uint64_t count;   // elements
-};
-
-// One PS task. Implementations must be thread-safe.
-class ShardChannel {
- public:
-  virtual ~ShardChannel() = default;
-  virtual absl::StatusOr<v1::ShardInfo> GetInfo(int worker, absl::Duration timeout) = 0;
-  // Streams the shard's values into `sink`, chunk by chunk, after the PS's hold.
-  virtual absl::StatusOr<v1::PullResponse::Header> Pull(
-      const v1::PullRequest& request, const std::function<absl::Status(const v1::TensorChunk&)>& sink) = 0;
-  virtual absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
-                                                const std::vector<ChunkRef>& chunks) = 0;
-  virtual absl::Status Leave(int worker) = 0;
-  virtual absl::StatusOr<v1::ShardStats> Shutdown(int worker) = 0;
-};
-
-// A gRPC channel to `address` ("host:port"); messages never exceed
-// chunk_bytes plus framing, on both ends.
-std::unique_ptr<ShardChannel> NewGrpcShardChannel(const std::string& address, int64_t chunk_bytes);
 
 struct PsClientMetrics {  // any pointer may be null
   prometheus::Histogram* pull_seconds = nullptr;
@@ -65,7 +49,8 @@ struct PsClientMetrics {  // any pointer may be null
 class PsClient {
  public:
   struct Options {
-    int worker_index = 0;
+    v1::TaskType task_type = v1::TASK_TYPE_WORKER;  // the task this client speaks for
+    int task_index = 0;
     std::string fingerprint;       // expected from every shard
     int64_t chunk_bytes = 1 << 20;
     absl::Duration retry_timeout = absl::Seconds(300);  // PS unreachable: retry this long
@@ -83,14 +68,24 @@ class PsClient {
     bool done = false;
     int64_t staleness = 0;  // largest over shards
   };
+  // Where training is, without moving any values.
+  struct StepResult {
+    int64_t version = 0;     // lowest version over shards (the global step)
+    bool done = false;       // every shard reached the target
+    int64_t steps_lost = 0;  // as in PullResult
+  };
 
   // `placement` and `clock` must outlive the client. channels[i] talks to ps task i.
   PsClient(Options options, const Placement* placement, const Clock* clock,
            std::vector<std::unique_ptr<ShardChannel>> channels, PsClientMetrics metrics);
+  ~PsClient();
+  PsClient(const PsClient&) = delete;
+  PsClient& operator=(const PsClient&) = delete;
 
   // Handshake with every shard, retrying unreachable ones with exponential
-  // backoff until options.retry_timeout (their DNS names may not resolve yet).
-  // Fails at once on a fingerprint mismatch (different model or placement).
+  // backoff (100 ms doubling to 2 s, slept on the clock) until
+  // options.retry_timeout (their DNS names may not resolve yet). Fails at
+  // once on a fingerprint mismatch (different model or placement).
   absl::Status Connect();
   // Steps this worker had done before it (re)started, as the shards recall
   // (valid after Connect): a restarted worker resumes its clock from here.
@@ -98,22 +93,39 @@ class PsClient {
 
   // Fills `params` (resized to the model layout). With `next_version`, each
   // shard holds the pull until its version passes the one last pulled from it
-  // (the sync barrier); the shard may also hold it for bounded staleness
-  // (worker_clock). A shard that restarted answers at once; its lost
-  // versions are reported in steps_lost.
+  // (the sync barrier); the shard may also hold a worker's pull for bounded
+  // staleness (worker_clock). A hold that times out on the PS is asked again.
+  // A shard that restarted answers at once; its lost versions are reported
+  // in steps_lost.
   absl::StatusOr<PullResult> Pull(bool next_version, int64_t worker_clock,
                                   const std::vector<VariableSpec>& variables, Params* params);
-  // Like Pull, but waits until every shard has reached `version`.
+  // Like Pull, but waits until every shard has reached `version`. A shard
+  // that gets there answers at that moment, with its values at `version`.
   absl::StatusOr<PullResult> PullAtLeast(int64_t version, int64_t worker_clock,
                                          const std::vector<VariableSpec>& variables, Params* params);
+  // PullAtLeast that waits at most `hold` on each shard and then ends with
+  // DEADLINE_EXCEEDED (`params` incomplete) instead of asking again.
+  absl::StatusOr<PullResult> PullAtLeastWithin(int64_t version, absl::Duration hold,
+                                               const std::vector<VariableSpec>& variables,
+                                               Params* params);
+  // Every shard's version (a handshake each; no values move).
+  absl::StatusOr<StepResult> PollStep();
   // Pushes each shard its part of `grads`, tagged with the version and
-  // incarnation last pulled from that shard.
+  // incarnation last pulled from that shard. Workers only.
   absl::StatusOr<PushResult> Push(const Params& grads, int64_t worker_clock);
+  // A worker stops training; an evaluator stops reading.
   absl::Status Leave();
-  // Chief only: ends training on every shard and returns the summed stats.
+  // The chief only: ends training on every shard and returns the summed stats.
   absl::StatusOr<v1::ShardStats> Shutdown();
 
+  // Stops retrying and re-asking held pulls: calls in progress end with
+  // CANCELLED at their next retry or re-ask (a call the PS is holding ends
+  // when the PS answers it). Thread-safe.
+  void Cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+
  private:
+  class Lanes;
   // Per-shard state from the last pull; each element is written only by the
   // thread serving that shard.
   struct ShardState {
@@ -121,19 +133,36 @@ class PsClient {
     int64_t incarnation = 0;
     bool done = false;
   };
+  bool is_worker() const { return options_.task_type == v1::TASK_TYPE_WORKER; }
+  // hold: how long each shard may hold the pull; reask: ask again after a
+  // hold ran out (else DEADLINE_EXCEEDED).
   absl::StatusOr<PullResult> PullImpl(const std::function<int64_t(int)>& min_version,
                                       int64_t worker_clock,
-                                      const std::vector<VariableSpec>& variables, Params* params);
-  // Runs fn(shard) for every shard concurrently; the first error wins.
+                                      const std::vector<VariableSpec>& variables, Params* params,
+                                      absl::Duration hold, bool reask);
+  // The versions shard `s` lost if `incarnation` is a restart of it; records
+  // the shard's new state.
+  int64_t Observe(int s, int64_t incarnation, int64_t version, bool done);
+  // Runs fn(shard) for every shard at once; the first error (by shard) wins.
   absl::Status ForEachShard(const std::function<absl::Status(int)>& fn);
   // Retries fn while it returns UNAVAILABLE, with backoff, until retry_timeout.
   absl::Status WithRetry(const std::string& what, int shard, const std::function<absl::Status()>& fn);
+  std::string TaskName() const;
 
+  // Constant after construction.
   const Options options_;
   const Placement* const placement_;
   const Clock* const clock_;
-  std::vector<std::unique_ptr<ShardChannel>> channels_;
+  const std::vector<std::unique_ptr<ShardChannel>> channels_;
   const PsClientMetrics metrics_;
+  const uint64_t chunk_elements_;
+  // Per shard: its parts, and the same by name (built once).
+  std::vector<std::vector<const PartPlacement*>> shard_parts_;
+  std::vector<std::unordered_map<std::string, const PartPlacement*>> parts_by_name_;
+  std::unique_ptr<Lanes> lanes_;
+
+  std::atomic<bool> cancelled_{false};
+  // The calling thread's (see the class comment).
   std::vector<ShardState> shards_;
   int64_t resume_clock_ = 0;
 };

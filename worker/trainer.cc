@@ -12,6 +12,44 @@
 #include "core/model_file.h"
 
 namespace kubetrain {
+namespace {
+
+// Training examples consumed by one global step.
+int64_t ExamplesPerStep(const TaskConfig& config) {
+  const TrainingSpec& spec = config.job.training;
+  const bool sync = spec.mode == TrainingMode::kSync;
+  return static_cast<int64_t>(spec.batch_size) * (sync ? config.job.effective_replicas_to_aggregate() : 1);
+}
+
+void CountLost(int64_t steps_lost, TrainResult* result, const TrainerMetrics& metrics) {
+  if (steps_lost <= 0) return;
+  result->steps_lost += steps_lost;
+  ++result->ps_restarts_seen;
+  if (metrics.steps_lost) metrics.steps_lost->Increment(static_cast<double>(steps_lost));
+}
+
+// Test accuracy of `params`, logged as "<who>: global step v/T test accuracy a".
+double Evaluate(const TaskConfig& config, const Params& params, const Dataset& test, int64_t version,
+                const char* who, const TrainerMetrics& metrics, Progress* progress) {
+  const double acc =
+      config.model->Accuracy(params, test.images.data(), test.labels.data(), test.size);
+  progress->accuracy = acc;
+  if (metrics.accuracy) metrics.accuracy->Set(acc);
+  Log(who, ": global step ", version, "/", config.target_steps, " test accuracy ", acc);
+  return acc;
+}
+
+absl::Status Export(const TaskConfig& config, const Params& params, int64_t version,
+                    const std::string& path, TrainResult* result) {
+  if (path.empty()) return absl::OkStatus();
+  ModelFile file{config.model->spec(), params, version, config.job.name};
+  if (absl::Status s = WriteModelFile(path, file); !s.ok()) return s;
+  result->model_path = path;
+  Log("chief: exported the final model to ", path, " (kubetrain eval ", path, ")");
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions& options,
                                   PsClient* client, const Dataset& train, const Dataset* test,
@@ -21,8 +59,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   const Model& model = *config.model;
   const bool sync = spec.mode == TrainingMode::kSync;
   const int64_t target = config.target_steps;
-  const int64_t examples_per_step =
-      static_cast<int64_t>(spec.batch_size) * (sync ? config.job.effective_replicas_to_aggregate() : 1);
+  const int64_t examples_per_step = ExamplesPerStep(config);
   if (options.is_chief && test == nullptr) return absl::InvalidArgumentError("chief needs a test set");
 
   ShardedBatcher batcher(train, options.worker_index, config.num_workers, spec.seed);
@@ -40,13 +77,6 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   absl::Time last_report = start;
   int64_t last_report_step = 0;
 
-  auto evaluate = [&](int64_t version) {
-    double acc = model.Accuracy(params, test->images.data(), test->labels.data(), test->size);
-    progress.accuracy = acc;
-    if (metrics.accuracy) metrics.accuracy->Set(acc);
-    Log("chief: global step ", version, "/", target, " test accuracy ", acc);
-    return acc;
-  };
   auto mean_loss = [&] {
     return recent_losses.empty() ? 0.0
                                  : std::accumulate(recent_losses.begin(), recent_losses.end(), 0.0) /
@@ -54,13 +84,10 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   };
 
   while (true) {
+    if (client->cancelled()) return absl::CancelledError("training stopped");
     auto pulled = client->Pull(sync && pushed, result.local_steps, model.variables(), &params);
     if (!pulled.ok()) return pulled.status();
-    if (pulled->steps_lost > 0) {
-      result.steps_lost += pulled->steps_lost;
-      ++result.ps_restarts_seen;
-      if (metrics.steps_lost) metrics.steps_lost->Increment(static_cast<double>(pulled->steps_lost));
-    }
+    CountLost(pulled->steps_lost, &result, metrics);
     if (sync && pushed && metrics.barrier_wait_seconds) {
       metrics.barrier_wait_seconds->Observe(pulled->waited_seconds);
     }
@@ -72,11 +99,11 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     if (pulled->done || pulled->version >= target) break;
 
     if (options.is_chief && pulled->version >= next_eval) {
-      evaluate(pulled->version);
+      Evaluate(config, params, *test, pulled->version, "chief", metrics, &progress);
       next_eval = (pulled->version / spec.eval_every_steps + 1) * spec.eval_every_steps;
     }
 
-    if (options.step_delay > absl::ZeroDuration()) absl::SleepFor(options.step_delay);
+    if (options.step_delay > absl::ZeroDuration()) clock->SleepFor(options.step_delay);
     absl::Time t0 = clock->Now();
     batcher.Next(spec.batch_size, &x, &y);
     float loss = model.LossAndGradients(params, x.data(), y.data(), spec.batch_size, &grads);
@@ -95,7 +122,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
 
     absl::Time now = clock->Now();
     if (now - last_report >= options.progress_interval) {
-      double secs = absl::ToDoubleSeconds(now - last_report);
+      double secs = std::max(1e-9, absl::ToDoubleSeconds(now - last_report));
       progress.global_step = push->version;
       progress.loss = mean_loss();
       progress.examples_per_second =
@@ -103,10 +130,11 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
       last_report = now;
       last_report_step = push->version;
       if (options.is_chief) {
+        if (metrics.examples_per_second) metrics.examples_per_second->Set(*progress.examples_per_second);
         on_progress(progress);
       } else {
         Log("worker:", options.worker_index, " step ", push->version, "/", target, " loss ",
-            progress.loss);
+            *progress.loss);
       }
     }
   }
@@ -116,28 +144,140 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     // The final model: every shard at the target version.
     auto final_pull = client->PullAtLeast(target, result.local_steps, model.variables(), &params);
     if (!final_pull.ok()) return final_pull.status();
+    CountLost(final_pull->steps_lost, &result, metrics);
     result.global_step = final_pull->version;
-    result.test_accuracy = evaluate(final_pull->version);
-    if (!options.export_model.empty()) {
-      ModelFile file{model.spec(), params, final_pull->version, config.job.name};
-      if (absl::Status s = WriteModelFile(options.export_model, file); !s.ok()) return s;
-      result.model_path = options.export_model;
-      Log("chief: exported the final model to ", options.export_model,
-          " (kubetrain eval ", options.export_model, ")");
+    result.test_accuracy = Evaluate(config, params, *test, final_pull->version, "chief", metrics, &progress);
+    if (absl::Status s = Export(config, params, final_pull->version, options.export_model, &result); !s.ok()) {
+      return s;
     }
   }
   result.wall_seconds = absl::ToDoubleSeconds(clock->Now() - start);
   result.examples_per_second =
       result.wall_seconds > 0 ? result.global_step * examples_per_step / result.wall_seconds : 0;
-  progress.global_step = result.global_step;
-  progress.loss = result.final_loss;
-  progress.examples_per_second = result.examples_per_second;
-  if (options.is_chief) on_progress(progress);
+  if (options.is_chief) {
+    progress.global_step = result.global_step;
+    progress.loss = result.final_loss;
+    progress.examples_per_second = result.examples_per_second;
+    if (metrics.examples_per_second) metrics.examples_per_second->Set(result.examples_per_second);
+    on_progress(progress);
+  }
   if (absl::Status s = client->Leave(); !s.ok()) Log("warning: leave: ", s.message());
   if (options.is_chief) {
     auto stats = client->Shutdown();
     if (!stats.ok()) return stats.status();
     result.ps_stats = *stats;
+  }
+  return result;
+}
+
+absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions& options,
+                                   PsClient* client, const Dataset& test, const Dataset* loss_sample,
+                                   const Clock* clock, TrainerMetrics metrics,
+                                   const std::function<void(const Progress&)>& on_progress) {
+  const TrainingSpec& spec = config.job.training;
+  const Model& model = *config.model;
+  const int64_t target = config.target_steps;
+  const int64_t every = spec.eval_every_steps;
+  const int64_t examples_per_step = ExamplesPerStep(config);
+  const char* who = options.is_chief ? "chief" : "evaluator";
+  Params params, grads;
+  TrainResult result;
+  Progress progress;
+  progress.target_steps = target;
+  const absl::Time start = clock->Now();
+  absl::Time last_report = start;
+  int64_t last_report_step = -1;  // the first poll sets the base of the rate
+
+  // Evaluates the values in `params` (read at `version`).
+  auto evaluate = [&](int64_t version) {
+    const double acc = Evaluate(config, params, test, version, who, metrics, &progress);
+    if (loss_sample != nullptr && loss_sample->size > 0) {
+      const int n = static_cast<int>(std::min<int64_t>(kLossSampleExamples, loss_sample->size));
+      const double loss =
+          model.LossAndGradients(params, loss_sample->images.data(), loss_sample->labels.data(), n, &grads);
+      progress.loss = loss;
+      if (metrics.loss) metrics.loss->Set(loss);
+    }
+    return acc;
+  };
+  auto report = [&](int64_t version, absl::Time now) {
+    progress.global_step = version;
+    const double secs = absl::ToDoubleSeconds(now - last_report);
+    if (last_report_step >= 0 && secs > 0) {
+      progress.examples_per_second =
+          std::max<int64_t>(0, version - last_report_step) * examples_per_step / secs;
+      if (metrics.examples_per_second) metrics.examples_per_second->Set(*progress.examples_per_second);
+    }
+    last_report = now;
+    last_report_step = version;
+    if (options.is_chief) on_progress(progress);
+  };
+
+  // The chief wakes up every progress interval to report; the evaluator
+  // only at boundaries.
+  const absl::Duration hold =
+      options.is_chief ? std::max(options.progress_interval, absl::Milliseconds(10)) : absl::ZeroDuration();
+  auto poll_and_report = [&]() -> absl::Status {
+    auto step = client->PollStep();
+    if (!step.ok()) return step.status();
+    CountLost(step->steps_lost, &result, metrics);
+    if (metrics.global_step) metrics.global_step->Set(static_cast<double>(step->version));
+    report(step->version, clock->Now());
+    return absl::OkStatus();
+  };
+  if (options.is_chief) {
+    if (absl::Status s = poll_and_report(); !s.ok()) return s;
+  }
+  int64_t next_eval = every > 0 ? every : target;
+  absl::StatusOr<PsClient::PullResult> final_pull;
+  while (true) {
+    if (client->cancelled()) return absl::CancelledError("stopped");
+    // Wait on the PS for the next boundary: it answers the moment its
+    // version gets there, with the values at exactly that version. A
+    // reader's pull joins no barrier and no staleness bound.
+    const int64_t boundary = std::min(next_eval, target);
+    auto pulled = hold > absl::ZeroDuration()
+                      ? client->PullAtLeastWithin(boundary, hold, model.variables(), &params)
+                      : client->PullAtLeast(boundary, 0, model.variables(), &params);
+    if (absl::IsDeadlineExceeded(pulled.status())) {  // the chief's progress interval
+      if (absl::Status s = poll_and_report(); !s.ok()) return s;
+      continue;
+    }
+    if (!pulled.ok()) return pulled.status();
+    CountLost(pulled->steps_lost, &result, metrics);
+    if (metrics.global_step) metrics.global_step->Set(static_cast<double>(pulled->version));
+    if (pulled->version >= target) {
+      final_pull = std::move(pulled);
+      break;
+    }
+    if (pulled->version < boundary) continue;  // a restarted PS answered at once: wait again
+    evaluate(pulled->version);
+    report(pulled->version, clock->Now());
+    next_eval = (pulled->version / every + 1) * every;
+  }
+
+  // `params` hold the final model: every shard at the target version.
+  result.global_step = final_pull->version;
+  result.test_accuracy = evaluate(final_pull->version);
+  if (progress.loss.has_value()) result.final_loss = *progress.loss;
+  if (options.is_chief) {
+    if (absl::Status s = Export(config, params, final_pull->version, options.export_model, &result); !s.ok()) {
+      return s;
+    }
+  }
+  result.wall_seconds = absl::ToDoubleSeconds(clock->Now() - start);
+  result.examples_per_second =
+      result.wall_seconds > 0 ? result.global_step * examples_per_step / result.wall_seconds : 0;
+  if (options.is_chief) {
+    progress.global_step = result.global_step;
+    progress.examples_per_second = result.examples_per_second;
+    if (metrics.examples_per_second) metrics.examples_per_second->Set(result.examples_per_second);
+    on_progress(progress);
+    auto stats = client->Shutdown();
+    if (!stats.ok()) return stats.status();
+    result.ps_stats = *stats;
+  } else if (absl::Status s = client->Leave(); !s.ok()) {
+    Log("warning: leave: ", s.message());
   }
   return result;
 }

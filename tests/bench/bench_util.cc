@@ -86,9 +86,16 @@ std::string ReadFileOrEmpty(const std::string& path) {
 }
 
 std::string TfConfigJson(int ps_port, int worker_port, const std::string& task_type) {
-  return absl::StrCat(R"({"cluster":{"ps":["127.0.0.1:)", ps_port, R"("],"worker":["127.0.0.1:)",
-                      worker_port, R"("]},"task":{"type":")", task_type,
-                      R"(","index":0},"environment":"cloud"})");
+  return TfConfigJson(std::vector<int>{ps_port}, worker_port, task_type, 0);
+}
+
+std::string TfConfigJson(const std::vector<int>& ps_ports, int worker_port,
+                         const std::string& task_type, int index) {
+  std::string ps;
+  for (int port : ps_ports) absl::StrAppend(&ps, ps.empty() ? "" : ",", "\"127.0.0.1:", port, "\"");
+  return absl::StrCat(R"({"cluster":{"ps":[)", ps, R"(],"worker":["127.0.0.1:)", worker_port,
+                      R"("]},"task":{"type":")", task_type, R"(","index":)", index,
+                      R"(},"environment":"cloud"})");
 }
 
 std::string DefaultPsBinary() {

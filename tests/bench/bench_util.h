@@ -39,6 +39,10 @@ std::string ReadFileOrEmpty(const std::string& path);
 
 // TF_CONFIG JSON for 1 PS and 1 worker on 127.0.0.1.
 std::string TfConfigJson(int ps_port, int worker_port, const std::string& task_type);
+// TF_CONFIG JSON for one PS per port and 1 worker on 127.0.0.1; this task is
+// `task_type`:`index`.
+std::string TfConfigJson(const std::vector<int>& ps_ports, int worker_port,
+                         const std::string& task_type, int index);
 
 // Default location of kubetrain-ps: $BUILD_WORKSPACE_DIRECTORY/bin (bazel run),
 // else bin/ under the current directory.

@@ -11,7 +11,6 @@
 // --warmup steps. A tiny gRPC round trip (ShardChannel::GetInfo) measured in
 // the same run shows the fixed cost of one RPC. The last line is key=value
 // pairs. Never fails on a time.
-#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <numeric>
@@ -25,6 +24,7 @@
 #include "core/task_config.h"
 #include "ps/optimizer.h"
 #include "tests/bench/bench_util.h"
+#include "worker/grpc_shard_channel.h"
 #include "worker/ps_client.h"
 
 namespace kubetrain {
@@ -38,6 +38,7 @@ struct Flags {
   int64_t warmup = 20;
   int64_t batch = 128;
   int64_t rtt_calls = 200;
+  int64_t ps = 1;
   bool keep_temp = false;
 };
 
@@ -48,7 +49,7 @@ metadata:
   name: bench-step
 spec:
   replicaSpecs:
-    PS: {replicas: 1}
+    PS: {replicas: )", f.ps, R"(}
     Worker: {replicas: 1}
   training:
     mode: sync
@@ -101,32 +102,39 @@ int Run(const Flags& f) {
       if (!keep) RemoveTree(dir);
     }
   } cleanup{*dir, f.keep_temp};
-  auto ps_port = FreeLoopbackPort();
+  const int num_ps = static_cast<int>(std::max<int64_t>(1, f.ps));
+  std::vector<int> ps_ports;
+  for (int i = 0; i < num_ps; ++i) {
+    auto port = FreeLoopbackPort();
+    if (!port.ok()) return Fail("", port.status());
+    ps_ports.push_back(*port);
+  }
   auto worker_port = FreeLoopbackPort();
-  if (!ps_port.ok()) return Fail("", ps_port.status());
   if (!worker_port.ok()) return Fail("", worker_port.status());
   const std::string job_file = *dir + "/job.yaml";
   if (auto s = WriteFile(job_file, JobYaml(f)); !s.ok()) return Fail("", s);
-  auto config = LoadTaskConfig(job_file, TfConfigJson(*ps_port, *worker_port, "worker"));
+  auto config = LoadTaskConfig(job_file, TfConfigJson(ps_ports, *worker_port, "worker", 0));
   if (!config.ok()) return Fail("", config.status());
   const TrainingSpec& spec = config->job.training;
   const Model& model = *config->model;
   const int batch = spec.batch_size;
 
-  // Fork the PS before any thread exists; it initialises while we load data.
-  PsProcess ps;
-  if (auto s = ps.Start(f.ps_binary, job_file, TfConfigJson(*ps_port, *worker_port, "ps"),
-                        *dir + "/ps.log");
-      !s.ok()) {
-    return Fail("", s);
+  // Fork the PS tasks before any thread exists; they initialise while we load data.
+  std::vector<PsProcess> ps(num_ps);
+  for (int i = 0; i < num_ps; ++i) {
+    if (auto s = ps[i].Start(f.ps_binary, job_file, TfConfigJson(ps_ports, *worker_port, "ps", i),
+                             absl::StrCat(*dir, "/ps-", i, ".log"));
+        !s.ok()) {
+      return Fail("", s);
+    }
   }
   auto train = LoadFashionMnist(spec.dataset_path, true);
   if (!train.ok()) return Fail("", train.status());
   int64_t model_bytes = 0;
   for (const auto& v : model.variables()) model_bytes += v.num_bytes();
-  std::printf("step benchmark: mlp 784-256-128-10 (%lld bytes), adam, batch %d, sync, 1 PS + 1 "
+  std::printf("step benchmark: mlp 784-256-128-10 (%lld bytes), adam, batch %d, sync, %d PS + 1 "
               "worker; %d steps after %d warm-up\n",
-              static_cast<long long>(model_bytes), batch, steps, warmup);
+              static_cast<long long>(model_bytes), batch, num_ps, steps, warmup);
   std::fflush(stdout);
 
   // Local: one process, no RPC.
@@ -161,13 +169,17 @@ int Run(const Flags& f) {
   }
 
   // Distributed: the worker's sync loop against the real PS.
-  if (auto s = ps.WaitReady(*ps_port, 60); !s.ok()) return Fail("", s);
-  const std::string address = absl::StrCat("127.0.0.1:", *ps_port);
+  for (int i = 0; i < num_ps; ++i) {
+    if (auto s = ps[i].WaitReady(ps_ports[i], 60); !s.ok()) return Fail("", s);
+  }
+  const std::string address = absl::StrCat("127.0.0.1:", ps_ports[0]);
   RealClock clock;
   std::vector<std::unique_ptr<ShardChannel>> channels;
-  channels.push_back(NewGrpcShardChannel(address, spec.chunk_bytes));
+  for (int port : ps_ports) {
+    channels.push_back(NewGrpcShardChannel(absl::StrCat("127.0.0.1:", port), spec.chunk_bytes));
+  }
   PsClient::Options options;
-  options.worker_index = 0;
+  options.task_index = 0;
   options.fingerprint = config->placement.Fingerprint();
   options.chunk_bytes = spec.chunk_bytes;
   options.retry_timeout = absl::Seconds(30);
@@ -210,7 +222,7 @@ int Run(const Flags& f) {
     const int calls = static_cast<int>(std::max<int64_t>(1, f.rtt_calls));
     for (int i = 0; i < calls + 10; ++i) {
       const double t0 = NowSeconds();
-      auto info = channel->GetInfo(0, absl::Seconds(5));
+      auto info = channel->GetInfo(v1::InfoRequest(), absl::Seconds(5));
       const double t1 = NowSeconds();
       if (!info.ok()) return Fail("GetInfo: ", info.status());
       if (i >= 10) rtt.push_back(t1 - t0);
@@ -219,14 +231,18 @@ int Run(const Flags& f) {
 
   absl::Status left = client.Leave();
   auto stats = client.Shutdown();
-  const int exit_code = ps.WaitOrKill(10);
+  int exit_code = 0;
+  for (auto& p : ps) {
+    const int code = p.WaitOrKill(10);
+    if (code != 0) {
+      std::fprintf(stderr, "warning: kubetrain-ps exit code %d (-1: killed after 10 s); its log:\n%s\n",
+                   code, ReadFileOrEmpty(p.log_path()).c_str());
+      exit_code = code;
+    }
+  }
   if (!left.ok()) std::fprintf(stderr, "warning: leave: %s\n", std::string(left.message()).c_str());
   if (!stats.ok()) {
     std::fprintf(stderr, "warning: shutdown: %s\n", std::string(stats.status().message()).c_str());
-  }
-  if (exit_code != 0) {
-    std::fprintf(stderr, "warning: kubetrain-ps exit code %d (-1: killed after 10 s); its log:\n%s\n",
-                 exit_code, ReadFileOrEmpty(ps.log_path()).c_str());
   }
 
   std::printf("local (one process, no RPC):\n");
@@ -254,12 +270,12 @@ int Run(const Flags& f) {
   const double dist_ms = Ms(Summarize(dist_step).median);
   std::printf("local_ms=%.3f distributed_ms=%.3f ratio=%.2f pull_ms=%.3f push_ms=%.3f rtt_us=%.0f "
               "steps=%d compute_ms=%.3f local_compute_ms=%.3f local_apply_ms=%.3f hold_ms=%.3f "
-              "model_bytes=%lld\n",
+              "model_bytes=%lld ps=%d\n",
               local_ms, dist_ms, local_ms > 0 ? dist_ms / local_ms : 0.0,
               Ms(Summarize(dist_pull).median), Ms(Summarize(dist_push).median),
               Summarize(rtt).median * 1e6, steps, Ms(Summarize(dist_compute).median),
               Ms(Summarize(local_compute).median), Ms(Summarize(local_apply).median),
-              Ms(Summarize(dist_wait).median), static_cast<long long>(model_bytes));
+              Ms(Summarize(dist_wait).median), static_cast<long long>(model_bytes), num_ps);
   std::fflush(stdout);
   return 0;
 }
@@ -278,13 +294,9 @@ int main(int argc, char** argv) {
   parser.Int("warmup", &flags.warmup, "untimed steps before them");
   parser.Int("batch", &flags.batch, "batch size");
   parser.Int("rtt_calls", &flags.rtt_calls, "GetInfo round trips timed");
+  parser.Int("ps", &flags.ps, "PS tasks (each a kubetrain-ps child; the model is placed over them)");
   parser.Bool("keep_temp", &flags.keep_temp, "keep the temp dir (job file, PS log)");
-  auto st = parser.Parse(argc, argv, 1, nullptr);
-  if (!st.ok() || parser.help_requested()) {
-    std::fprintf(stderr, "%s%s\n", st.ok() ? "" : ("error: " + std::string(st.message()) + "\n\n").c_str(),
-                 parser.Usage().c_str());
-    return st.ok() ? 0 : 2;
-  }
-  std::signal(SIGPIPE, SIG_IGN);
+  if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
+  kubetrain::InitProcess(kubetrain::ProcessProfile::kDefault);
   return kubetrain::bench::Run(flags);
 }

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -28,6 +27,7 @@
 #include "core/flags.h"
 #include "core/task_config.h"
 #include "tests/bench/bench_util.h"
+#include "worker/grpc_shard_channel.h"
 #include "worker/ps_client.h"
 
 namespace kubetrain {
@@ -215,7 +215,7 @@ int Run(const Flags& f) {
   std::vector<std::unique_ptr<ShardChannel>> channels;
   channels.push_back(NewGrpcShardChannel(absl::StrCat("127.0.0.1:", *ps_port), f.chunk_bytes));
   PsClient::Options options;
-  options.worker_index = 0;
+  options.task_index = 0;
   options.fingerprint = config->placement.Fingerprint();
   options.chunk_bytes = f.chunk_bytes;
   options.retry_timeout = absl::Seconds(30);
@@ -310,12 +310,7 @@ int main(int argc, char** argv) {
   parser.Int("hidden_units", &flags.hidden_units, "hidden layer width of the MLP (sets the model size)");
   parser.Int("chunk_bytes", &flags.chunk_bytes, "transport.chunkBytes of the job");
   parser.Bool("keep_temp", &flags.keep_temp, "keep the temp dir (job file, PS log)");
-  auto st = parser.Parse(argc, argv, 1, nullptr);
-  if (!st.ok() || parser.help_requested()) {
-    std::fprintf(stderr, "%s%s\n", st.ok() ? "" : ("error: " + std::string(st.message()) + "\n\n").c_str(),
-                 parser.Usage().c_str());
-    return st.ok() ? 0 : 2;
-  }
-  std::signal(SIGPIPE, SIG_IGN);
+  if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
+  kubetrain::InitProcess(kubetrain::ProcessProfile::kDefault);
   return kubetrain::bench::Run(flags);
 }

@@ -24,7 +24,7 @@ def binary(name):
 
 def job_yaml(name, *, ps=1, workers=2, mode="sync", extra_training="", model="mlp", hidden="[32]",
              steps=200, batch=32, optimizer="adam", lr=0.002, eval_every=0, aggregate=None,
-             max_staleness=None, dataset_path=None):
+             max_staleness=None, dataset_path=None, chief=False, evaluator=False):
     lines = [
         "apiVersion: kubetrain.io/v1",
         "kind: TrainingJob",
@@ -36,6 +36,12 @@ def job_yaml(name, *, ps=1, workers=2, mode="sync", extra_training="", model="ml
         f"      replicas: {ps}",
         "    Worker:",
         f"      replicas: {workers}",
+    ]
+    if chief:
+        lines += ["    Chief:", "      replicas: 1"]
+    if evaluator:
+        lines += ["    Evaluator:", "      replicas: 1"]
+    lines += [
         "  training:",
         f"    mode: {mode}",
         "    model:",
@@ -114,22 +120,24 @@ def free_ports(n):
 
 
 class Cluster:
-    """PS and worker processes started directly with TF_CONFIG (no launcher)."""
+    """PS, worker, chief and evaluator processes started directly with
+    TF_CONFIG (no launcher); chief and evaluator run kubetrain-worker."""
 
-    def __init__(self, tmp_path, job_text, ps, workers):
+    def __init__(self, tmp_path, job_text, ps, workers, chief=0, evaluator=0):
         self.tmp = tmp_path
         self.job = write(tmp_path, job_text)
-        ports = free_ports(2 * (ps + workers))
-        self.addr = {"ps": [f"127.0.0.1:{p}" for p in ports[:ps]],
-                     "worker": [f"127.0.0.1:{p}" for p in ports[ps:ps + workers]]}
-        self.metrics = {("ps", i): ports[ps + workers + i] for i in range(ps)}
-        self.metrics.update({("worker", i): ports[2 * ps + workers + i] for i in range(workers)})
+        counts = {"ps": ps, "worker": workers, "chief": chief, "evaluator": evaluator}
+        counts = {kind: n for kind, n in counts.items() if n}
+        ports = iter(free_ports(2 * sum(counts.values())))
+        self.addr = {kind: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for kind, n in counts.items()}
+        self.metrics = {(kind, i): next(ports) for kind, n in counts.items() for i in range(n)}
         self.procs = {}
 
     def start(self, kind, index, *flags):
         tf = {"cluster": self.addr, "task": {"type": kind, "index": index}}
         env = dict(os.environ, TF_CONFIG=json.dumps(tf))
-        cmd = [binary(f"kubetrain-{kind}"), f"--config={self.job}",
+        program = "kubetrain-ps" if kind == "ps" else "kubetrain-worker"
+        cmd = [binary(program), f"--config={self.job}",
                f"--metrics_address=127.0.0.1:{self.metrics[(kind, index)]}", *flags]
         if kind == "ps":
             cmd.append("--bind_host=127.0.0.1")
@@ -161,8 +169,8 @@ class Cluster:
 def cluster_factory(tmp_path):
     made = []
 
-    def make(job_text, ps, workers):
-        c = Cluster(tmp_path, job_text, ps, workers)
+    def make(job_text, ps, workers, chief=0, evaluator=0):
+        c = Cluster(tmp_path, job_text, ps, workers, chief, evaluator)
         made.append(c)
         return c
 

@@ -1,22 +1,24 @@
-// The gRPC adapter on a real loopback socket: chunked pulls and pushes round
-// trip, and malformed pushes are refused with INVALID_ARGUMENT while the
-// server stays up and its state stays unchanged.
-#include "ps/service.h"
-
+// Both gRPC sides together on a real loopback socket: the PS's service
+// (ps/service.h) and the worker's channel (worker/grpc_shard_channel.h).
+// Chunked pulls and pushes round trip, malformed pushes are refused with
+// INVALID_ARGUMENT while the server stays up and its state stays unchanged,
+// and the task a request names (worker, chief, evaluator) reaches the shard.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
-#include "worker/ps_client.h"
+#include "ps/service.h"
+#include "worker/grpc_shard_channel.h"
 
 namespace kubetrain {
 namespace {
 
 class ServiceTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Start(/*has_chief=*/false); }
+  void Start(bool has_chief) {
     ModelSpec spec;
     spec.type = "mlp";
     spec.hidden_units = {300};
@@ -26,6 +28,7 @@ class ServiceTest : public ::testing::Test {
     o.num_workers = 2;
     o.replicas_to_aggregate = 2;
     o.target_steps = 100;
+    o.has_chief_task = has_chief;
     OptimizerSpec opt;
     opt.type = "sgd";
     opt.learning_rate = 1;
@@ -43,6 +46,13 @@ class ServiceTest : public ::testing::Test {
     channel_ = NewGrpcShardChannel("127.0.0.1:" + std::to_string(port_), 64 << 10);
   }
   void TearDown() override { server_->Shutdown(); }
+
+  absl::StatusOr<v1::ShardStats> Shutdown(v1::TaskType type, int index) {
+    v1::ShutdownRequest req;
+    req.set_task_type(type);
+    req.set_worker_index(index);
+    return channel_->Shutdown(req);
+  }
 
   // Pulls everything into a flat map part -> values.
   std::map<std::string, std::vector<float>> PullAll(int64_t* version = nullptr) {
@@ -70,7 +80,7 @@ class ServiceTest : public ::testing::Test {
 };
 
 TEST_F(ServiceTest, ChunkedPullReturnsEveryPart) {
-  auto info = channel_->GetInfo(0, absl::Seconds(5));
+  auto info = channel_->GetInfo(v1::InfoRequest(), absl::Seconds(5));
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->model_fingerprint(), placement_.Fingerprint());
   auto values = PullAll();
@@ -126,8 +136,9 @@ TEST_F(ServiceTest, MalformedPushesAreRefusedAndChangeNothing) {
   h.set_version(0);
   h.set_worker_index(5);
   EXPECT_EQ(channel_->Push(h, chunks_of(grads)).status().code(), absl::StatusCode::kInvalidArgument);
-  // Only the chief may end the job.
-  EXPECT_EQ(channel_->Shutdown(1).status().code(), absl::StatusCode::kPermissionDenied);
+  // Only the chief (worker 0: this job has no Chief replica) may end the job.
+  EXPECT_EQ(Shutdown(v1::TASK_TYPE_WORKER, 1).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Shutdown(v1::TASK_TYPE_CHIEF, 0).status().code(), absl::StatusCode::kPermissionDenied);
 
   // The server is still up and nothing changed.
   int64_t version = -1;
@@ -144,6 +155,42 @@ TEST_F(ServiceTest, MalformedPushesAreRefusedAndChangeNothing) {
   for (const auto& [name, v] : after) {
     for (size_t k = 0; k < v.size(); k += 997) EXPECT_FLOAT_EQ(v[k], before[name][k] - 1.0f);
   }
+}
+
+}  // namespace
+}  // namespace kubetrain
+
+namespace kubetrain {
+namespace {
+
+TEST_F(ServiceTest, TheTaskTypeOnTheWireReachesTheShard) {
+  server_->Shutdown();
+  Start(/*has_chief=*/true);
+  // A chief's pull is served at once: it joins no barrier.
+  v1::PullRequest chief_pull;
+  chief_pull.set_task_type(v1::TASK_TYPE_CHIEF);
+  chief_pull.set_min_version(0);
+  auto h = channel_->Pull(chief_pull, [](const v1::TensorChunk&) { return absl::OkStatus(); });
+  ASSERT_TRUE(h.ok()) << h.status();
+  // An evaluator the job does not have is refused.
+  v1::PullRequest evaluator_pull;
+  evaluator_pull.set_task_type(v1::TASK_TYPE_EVALUATOR);
+  EXPECT_EQ(channel_->Pull(evaluator_pull, [](const v1::TensorChunk&) { return absl::OkStatus(); })
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // With a Chief replica, worker 0 may not end the job; the chief may.
+  auto denied = Shutdown(v1::TASK_TYPE_WORKER, 0);
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_FALSE(shard_->shutdown_requested());
+  auto stats = Shutdown(v1::TASK_TYPE_CHIEF, 0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(shard_->shutdown_requested());
+  // A chief's Leave is not a worker's.
+  v1::LeaveRequest leave;
+  leave.set_task_type(v1::TASK_TYPE_CHIEF);
+  ASSERT_TRUE(channel_->Leave(leave).ok());
+  EXPECT_FALSE(shard_->all_workers_left());
 }
 
 }  // namespace

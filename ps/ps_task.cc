@@ -1,0 +1,224 @@
+#include "ps/ps_task.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/strings/str_cat.h"
+#include "core/job_report.h"
+#include "core/log.h"
+
+namespace kubetrain {
+
+PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
+  auto counter = [&](const char* name, const char* help) -> prometheus::Counter* {
+    return &prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add({});
+  };
+  auto gauge = [&](const char* name, const char* help) -> prometheus::Gauge* {
+    return &prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
+  };
+  auto& rpc = prometheus::BuildHistogram()
+                  .Name("kubetrain_rpc_duration_seconds")
+                  .Help("RPC duration by method, measured where the RPC is handled or issued")
+                  .Register(registry);
+  Metrics m;
+  m.shard.staleness =
+      &prometheus::BuildHistogram()
+           .Name("kubetrain_gradient_staleness_steps")
+           .Help("Global steps between the version a gradient was computed on and the version it was applied to (async)")
+           .Register(registry)
+           .Add({}, StalenessBuckets());
+  m.shard.stale_dropped = counter("kubetrain_stale_gradients_dropped_total",
+                                  "Sync-mode gradients dropped because they were computed on an older version");
+  m.shard.applied = counter("kubetrain_gradients_applied_total", "Worker gradients applied to this PS shard");
+  m.shard.rejected =
+      counter("kubetrain_pushes_rejected_total",
+              "Pushes refused as invalid (unknown worker, wrong size, non-finite values, future version)");
+  m.shard.version = gauge(kGlobalStepMetric, "Optimizer steps applied (the shard's version)");
+  m.shard.hold_seconds = &prometheus::BuildHistogram()
+                              .Name("kubetrain_pull_hold_seconds")
+                              .Help("How long the PS held pulls for the sync barrier or the staleness bound")
+                              .Register(registry)
+                              .Add({}, LatencyBuckets());
+  m.shard.barrier_timeouts =
+      counter("kubetrain_barrier_timeouts_total",
+              "Sync steps applied after barrierTimeoutSeconds without every expected gradient");
+  m.service.pull_seconds = &rpc.Add({{"method", "Pull"}, {"side", "server"}}, LatencyBuckets());
+  m.service.push_seconds = &rpc.Add({{"method", "Push"}, {"side", "server"}}, LatencyBuckets());
+  m.service.pull_bytes = counter("kubetrain_pull_bytes_total", "Tensor bytes sent by pulls");
+  m.service.push_bytes = counter("kubetrain_push_bytes_total", "Tensor bytes received by pushes");
+  m.checkpoints_written = counter("kubetrain_checkpoints_written_total", "Shard checkpoints written");
+  m.checkpoint_restores =
+      counter("kubetrain_checkpoint_restores_total", "Times this PS task started from a checkpoint");
+  m.restored_version = gauge("kubetrain_restored_version",
+                             "Version restored from a checkpoint when this PS task started (0: none)");
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<PsTask>> PsTask::Create(TaskConfig config, PsTaskOptions options,
+                                                       const Clock* clock,
+                                                       std::shared_ptr<prometheus::Registry> registry) {
+  if (config.tf.task_type != "ps") {
+    return absl::InvalidArgumentError(absl::StrCat("TF_CONFIG task type is \"", config.tf.task_type,
+                                                   "\", kubetrain-ps runs \"ps\" tasks"));
+  }
+  if (options.port < 0) {
+    auto port = PortOf(config.tf.self_address());
+    if (!port.ok()) return port.status();
+    options.port = *port;
+  }
+  if (options.incarnation == 0) options.incarnation = std::max<int64_t>(1, absl::ToUnixMicros(clock->Now()));
+  Metrics metrics = RegisterMetrics(*registry);
+  std::unique_ptr<PsTask> task(
+      new PsTask(std::move(config), std::move(options), clock, std::move(registry), metrics));
+  const TaskConfig& c = task->config_;
+  auto shard = Shard::Create(ShardOptions::ForTask(c, task->options_.incarnation), *c.model,
+                             c.placement, c.job.training.optimizer, clock, metrics.shard);
+  if (!shard.ok()) return shard.status();
+  task->shard_ = std::move(*shard);
+  if (absl::Status s = task->Restore(); !s.ok()) return s;
+  if (!task->options_.metrics_address.empty()) {
+    auto m = MetricsServer::Start(task->options_.metrics_address, task->registry_);
+    if (!m.ok()) return m.status();
+    task->metrics_server_ = std::move(*m);
+    task->metrics_port_ = task->metrics_server_->port();
+  }
+  task->saved_version_ = task->shard_->version();
+  task->saved_at_ = clock->Now();
+  return task;
+}
+
+PsTask::PsTask(TaskConfig config, PsTaskOptions options, const Clock* clock,
+               std::shared_ptr<prometheus::Registry> registry, Metrics metrics)
+    : config_(std::move(config)), options_(std::move(options)), clock_(clock),
+      registry_(std::move(registry)), metrics_(metrics), index_(config_.tf.task_index) {}
+
+PsTask::~PsTask() {
+  if (server_) server_->Shutdown(std::chrono::system_clock::now());
+}
+
+absl::Status PsTask::Restore() {
+  const std::string& dir = config_.job.training.checkpoint_dir;
+  if (dir.empty()) return absl::OkStatus();
+  auto ckpt = RestoreShardCheckpoint(dir, index_, config_.placement.Fingerprint(),
+                                     config_.job.training.optimizer.type,
+                                     [](const std::string& warning) { Log("warning: ", warning); });
+  if (absl::IsNotFound(ckpt.status())) {
+    Log("ps:", index_, " no checkpoint in ", ShardCheckpointDir(dir, index_), "; starting fresh");
+    return absl::OkStatus();
+  }
+  if (!ckpt.ok()) return ckpt.status();
+  if (absl::Status s = shard_->Restore(*ckpt); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("cannot restore checkpoint of ps:", index_, ": ", s.message()));
+  }
+  metrics_.checkpoint_restores->Increment();
+  metrics_.restored_version->Set(static_cast<double>(ckpt->version));
+  Log("ps:", index_, " restored version ", ckpt->version, " from ", ShardCheckpointDir(dir, index_));
+  return absl::OkStatus();
+}
+
+absl::Status PsTask::Start() {
+  if (server_) return absl::OkStatus();
+  const TrainingJob& job = config_.job;
+  PsServiceOptions service_options;
+  service_options.model_fingerprint = config_.placement.Fingerprint();
+  service_options.max_chunk_bytes = job.training.chunk_bytes;
+  service_ = std::make_unique<PsService>(shard_.get(), clock_, service_options, metrics_.service);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  const std::string listen = absl::StrCat(options_.bind_host, ":", options_.port);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port_);
+  // Both ends agree on the chunk size; leave headroom for the message framing.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(job.training.chunk_bytes + (64 << 10)));
+  builder.SetMaxSendMessageSize(static_cast<int>(job.training.chunk_bytes + (64 << 10)));
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (!server_ || port_ == 0) {
+    server_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen, " (port in use?)"));
+  }
+  const ShardOptions& o = shard_->options();
+  Log("ps:", index_, " serving ", job.name, " on ", options_.bind_host, ":", port_, ", metrics on ",
+      metrics_server_ ? absl::StrCat(metrics_port_) : std::string("(off)"), "; mode ",
+      TrainingModeName(job.training.mode), ", ", config_.num_workers, " workers, aggregate ",
+      o.replicas_to_aggregate, ", target ", config_.target_steps, " steps");
+  Log("placement (fingerprint ", config_.placement.Fingerprint(), "):\n", config_.placement.Describe());
+  return absl::OkStatus();
+}
+
+absl::Status PsTask::Serve() {
+  if (absl::Status s = Start(); !s.ok()) return s;
+  while (!RunRound(options_.tick)) {
+  }
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return absl::OkStatus();
+}
+
+void PsTask::Stop() { stop_requested_ = true; }
+
+bool PsTask::RunRound(absl::Duration wait) {
+  if (finished_) return true;
+  // Waits unless a checkpoint boundary is crossed sooner: then it is written
+  // at once, so a restart loses at most about everySteps steps.
+  auto snapshot = shard_->TakePendingCheckpoint(wait);
+  const absl::Time now = clock_->Now();
+  shard_->Tick(now);
+  const int64_t every_seconds = config_.job.training.checkpoint_every_seconds;
+  if (snapshot) {
+    SaveCheckpoint("every checkpoint.everySteps", std::move(snapshot));
+  } else if (every_seconds > 0 && shard_->version() != saved_version_ &&
+             now - saved_at_ >= absl::Seconds(every_seconds)) {
+    SaveCheckpoint("every checkpoint.everySeconds");
+  }
+  bool over = stop_requested_;
+  // The end: the chief's Shutdown, then every worker's (and evaluator's)
+  // Leave, bounded by the grace period for tasks that died.
+  if (!over && shard_->shutdown_requested()) {
+    if (shutdown_at_ == absl::InfiniteFuture()) shutdown_at_ = now;
+    if (shard_->all_workers_left() && shard_->all_evaluators_left()) {
+      over = true;
+    } else if (now - shutdown_at_ > options_.shutdown_grace) {
+      Log("ps:", index_, " not every ", shard_->all_workers_left() ? "evaluator" : "worker",
+          " left within ", absl::ToInt64Seconds(options_.shutdown_grace),
+          " s of the chief's shutdown; exiting anyway");
+      over = true;
+    }
+  }
+  if (over) Finish();
+  return over;
+}
+
+void PsTask::SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snapshot) {
+  const std::string& dir = config_.job.training.checkpoint_dir;
+  if (dir.empty()) return;
+  ShardCheckpoint state = snapshot.has_value() ? std::move(*snapshot) : shard_->Checkpoint();
+  const absl::Time t0 = absl::Now();
+  if (absl::Status s = WriteShardCheckpoint(dir, state); !s.ok()) {
+    Log("warning: checkpoint of ps:", index_, " at version ", state.version, " failed: ", s.message());
+    return;
+  }
+  metrics_.checkpoints_written->Increment();
+  saved_version_ = state.version;
+  saved_at_ = clock_->Now();
+  Log("ps:", index_, " checkpoint at version ", state.version, " (", why, ", ",
+      absl::FormatDuration(absl::Now() - t0), ")");
+}
+
+void PsTask::Finish() {
+  if (finished_) return;
+  finished_ = true;
+  if (shard_->version() != saved_version_) SaveCheckpoint("final");
+  const ShardStatsSnapshot stats = shard_->stats();
+  Log("ps:", index_, " done at version ", stats.version, ": ", stats.gradients_applied,
+      " gradients applied, ", stats.stale_gradients_dropped, " stale dropped, ", stats.pushes_rejected,
+      " rejected");
+}
+
+}  // namespace kubetrain

@@ -1,0 +1,131 @@
+// One parameter-server task (kubetrain-ps) as an object: built from the task's
+// config (the TrainingJob + TF_CONFIG), it holds its shard of the model,
+// serves it over gRPC and its metrics over HTTP, writes checkpoints, and ends
+// once the chief has ended the job and every worker and evaluator has left
+// (or the shutdown grace has passed). main() only turns flags into options.
+//
+// Checkpoints (with checkpoint.directory): restored on Create (the newest
+// valid one; another model's is refused), written the moment the version
+// crosses a multiple of checkpoint.everySteps, every checkpoint.everySeconds
+// (of the injected clock) when the version moved, and a final one at the end.
+//
+// Thread safety: Create, Start, Serve and RunRound are called from one thread
+// (Serve runs the rounds itself); Stop may be called from any thread.
+#ifndef KUBETRAIN_PS_PS_TASK_H_
+#define KUBETRAIN_PS_PS_TASK_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/clock.h"
+#include "core/metrics.h"
+#include "core/task_config.h"
+#include "ps/checkpoint.h"
+#include "ps/service.h"
+#include "ps/shard.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Registry;
+}  // namespace prometheus
+
+namespace kubetrain {
+
+struct PsTaskOptions {
+  std::string bind_host = "0.0.0.0";
+  // The port to listen on: -1 = this task's port in TF_CONFIG; 0 = any free
+  // port (see PsTask::port()).
+  int port = -1;
+  std::string metrics_address = "0.0.0.0:9090";  // "" = no /metrics
+  // After the chief's shutdown, how long to wait for workers and evaluators
+  // to leave.
+  absl::Duration shutdown_grace = absl::Seconds(30);
+  // Unique per start of the task; 0 = microseconds since the epoch on the clock.
+  int64_t incarnation = 0;
+  // Serve's round: expire held pulls, write due checkpoints, check for the end.
+  absl::Duration tick = absl::Milliseconds(50);
+};
+
+class PsTask {
+ public:
+  // Checks the task (TF_CONFIG type "ps"), registers the PS metrics in
+  // `registry` and serves them on options.metrics_address, builds the shard
+  // and restores its checkpoint. Every error is a configuration error
+  // (kubetrain-ps exits 2). `clock` must outlive the task.
+  static absl::StatusOr<std::unique_ptr<PsTask>> Create(
+      TaskConfig config, PsTaskOptions options, const Clock* clock,
+      std::shared_ptr<prometheus::Registry> registry);
+  ~PsTask();
+  PsTask(const PsTask&) = delete;
+  PsTask& operator=(const PsTask&) = delete;
+
+  // Serves the PS service over gRPC. Errors name the address.
+  absl::Status Start();
+  // Start()s if needed, then runs a round every options.tick until the job
+  // is over (see RunRound) and stops the server.
+  absl::Status Serve();
+  // One round of Serve: waits up to `wait` for a checkpoint boundary, expires
+  // held pulls and timed-out barriers, writes a due checkpoint, and checks
+  // for the end. Returns true once serving is over; the final checkpoint is
+  // then written (once).
+  bool RunRound(absl::Duration wait);
+  // Ends serving at the next round, as if the job had ended. Thread-safe.
+  void Stop();
+
+  Shard* shard() const { return shard_.get(); }
+  int port() const { return port_; }                  // after Start
+  int metrics_port() const { return metrics_port_; }  // 0 = off
+
+ private:
+  struct Metrics {
+    ShardMetrics shard;
+    PsServiceMetrics service;
+    prometheus::Counter* checkpoints_written = nullptr;
+    prometheus::Counter* checkpoint_restores = nullptr;
+    prometheus::Gauge* restored_version = nullptr;
+  };
+  static Metrics RegisterMetrics(prometheus::Registry& registry);
+
+  PsTask(TaskConfig config, PsTaskOptions options, const Clock* clock,
+         std::shared_ptr<prometheus::Registry> registry, Metrics metrics);
+  absl::Status Restore();
+  void SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snapshot = std::nullopt);
+  void Finish();
+
+  // Constant after construction.
+  const TaskConfig config_;
+  const PsTaskOptions options_;
+  const Clock* const clock_;
+  const std::shared_ptr<prometheus::Registry> registry_;
+  const Metrics metrics_;
+  const int index_;
+  std::unique_ptr<Shard> shard_;  // set by Create
+
+  std::atomic<bool> stop_requested_{false};
+
+  std::unique_ptr<MetricsServer> metrics_server_;  // set by Create
+  int metrics_port_ = 0;
+
+  // Serve's thread only.
+  std::unique_ptr<PsService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  int64_t saved_version_ = 0;
+  absl::Time saved_at_;
+  absl::Time shutdown_at_ = absl::InfiniteFuture();
+  bool finished_ = false;
+};
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_PS_PS_TASK_H_

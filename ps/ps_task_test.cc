@@ -1,0 +1,217 @@
+// PsTask on a fake clock, driven round by round (RunRound) as Serve drives
+// it: checkpoint cadence (everySteps boundaries, everySeconds), the final
+// save, restore on start (and refusal of another model's checkpoint), the
+// shutdown grace, waiting for evaluators, Stop(), and the metric names.
+#include "ps/ps_task.h"
+
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include "absl/strings/str_cat.h"
+#include "core/testing/task_config_for.h"
+#include "core/testing/temp_files.h"
+
+namespace kubetrain {
+namespace {
+
+struct JobOptions {
+  int workers = 1;
+  bool evaluator = false;
+  std::string mode = "async";
+  std::string hidden;  // "" = softmax; else an mlp's hiddenUnits, e.g. "[8]"
+  std::string training;  // more lines under spec.training
+};
+
+// The config of ps:0 of a small job.
+TaskConfig PsConfig(const JobOptions& o) {
+  const std::string model =
+      o.hidden.empty() ? "{type: softmax}" : absl::StrCat("{type: mlp, hiddenUnits: ", o.hidden, "}");
+  const std::string yaml = absl::StrCat(
+      "apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: {name: pstask}\nspec:\n",
+      "  replicaSpecs:\n    PS: {replicas: 1}\n    Worker: {replicas: ", o.workers, "}\n",
+      o.evaluator ? "    Evaluator: {replicas: 1}\n" : "", "  training:\n    mode: ", o.mode, "\n",
+      "    model: ", model, "\n    optimizer: {type: adam}\n    steps: 100\n", o.training);
+  auto config = TaskConfigFor(yaml, "ps", 0);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return std::move(*config);
+}
+
+PsTaskOptions Quiet() {
+  PsTaskOptions o;
+  o.metrics_address = "";
+  o.bind_host = "127.0.0.1";
+  o.port = 0;
+  return o;
+}
+
+std::vector<std::vector<float>> Grads(const Shard& shard) {
+  std::vector<std::vector<float>> g;
+  for (const auto& p : shard.parts()) g.emplace_back(p.num_elements(), 0.01f);
+  return g;
+}
+
+// One async step from worker `w`.
+void Step(Shard* shard, int w = 0) {
+  ASSERT_TRUE(shard->Push({w, shard->version(), shard->version() + 1}, Grads(*shard)).ok());
+}
+
+std::vector<std::string> Checkpoints(const std::string& ckpt_dir) {
+  return ListDir(ShardCheckpointDir(ckpt_dir, 0));
+}
+
+class PsTaskTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<PsTask> Create(const JobOptions& o, PsTaskOptions options = Quiet()) {
+    auto task = PsTask::Create(PsConfig(o), options, &clock_,
+                               std::make_shared<prometheus::Registry>());
+    EXPECT_TRUE(task.ok()) << task.status();
+    return task.ok() ? std::move(*task) : nullptr;
+  }
+  std::string CheckpointYaml(const std::string& extra) {
+    ckpt_dir_ = NewTestDir("ckpt");
+    return absl::StrCat("    checkpoint:\n      directory: ", ckpt_dir_, "\n", extra);
+  }
+
+  FakeClock clock_{absl::FromUnixSeconds(1700000000)};
+  std::string ckpt_dir_;
+};
+
+TEST_F(PsTaskTest, WritesACheckpointAtEveryStepsBoundaryAndAFinalOne) {
+  auto task = Create({.training = CheckpointYaml("      everySteps: 5\n")});
+  ASSERT_NE(task, nullptr);
+  for (int i = 0; i < 12; ++i) {
+    Step(task->shard());
+    EXPECT_FALSE(task->RunRound(absl::ZeroDuration()));
+  }
+  EXPECT_EQ(Checkpoints(ckpt_dir_),
+            (std::vector<std::string>{"ckpt-000000000005.ktc", "ckpt-000000000010.ktc"}));
+  // The chief (worker 0 here) ends the job and the only worker leaves.
+  ASSERT_TRUE(task->shard()->RequestShutdown({TaskRole::kWorker, 0}).ok());
+  ASSERT_TRUE(task->shard()->Leave({TaskRole::kWorker, 0}).ok());
+  EXPECT_TRUE(task->RunRound(absl::ZeroDuration()));
+  EXPECT_TRUE(task->RunRound(absl::ZeroDuration()));  // over stays over; no second save
+  EXPECT_EQ(Checkpoints(ckpt_dir_), (std::vector<std::string>{"ckpt-000000000005.ktc",
+                                                              "ckpt-000000000010.ktc",
+                                                              "ckpt-000000000012.ktc"}));
+}
+
+TEST_F(PsTaskTest, EverySecondsFollowsTheClockAndSkipsAnUnchangedVersion) {
+  auto task = Create({.training = CheckpointYaml("      everySeconds: 10\n")});
+  ASSERT_NE(task, nullptr);
+  Step(task->shard());
+  task->RunRound(absl::ZeroDuration());
+  clock_.Advance(absl::Seconds(9));
+  task->RunRound(absl::ZeroDuration());
+  EXPECT_TRUE(Checkpoints(ckpt_dir_).empty());
+  clock_.Advance(absl::Seconds(1));
+  task->RunRound(absl::ZeroDuration());
+  EXPECT_EQ(Checkpoints(ckpt_dir_), (std::vector<std::string>{"ckpt-000000000001.ktc"}));
+  clock_.Advance(absl::Seconds(25));  // nothing new to save
+  task->RunRound(absl::ZeroDuration());
+  EXPECT_EQ(Checkpoints(ckpt_dir_).size(), 1u);
+  Step(task->shard());
+  Step(task->shard());
+  task->RunRound(absl::ZeroDuration());  // 25 s since the last save, and the version moved
+  EXPECT_EQ(Checkpoints(ckpt_dir_),
+            (std::vector<std::string>{"ckpt-000000000001.ktc", "ckpt-000000000003.ktc"}));
+}
+
+TEST_F(PsTaskTest, RestoresTheNewestCheckpointOnStartAndRefusesAnotherModels) {
+  const std::string training = CheckpointYaml("");
+  int64_t first_incarnation = 0;
+  {
+    auto task = Create({.training = training});
+    ASSERT_NE(task, nullptr);
+    first_incarnation = task->shard()->incarnation();
+    for (int i = 0; i < 3; ++i) Step(task->shard());
+    task->Stop();
+    EXPECT_TRUE(task->RunRound(absl::ZeroDuration()));  // the final save
+  }
+  clock_.Advance(absl::Seconds(1));
+  auto again = Create({.training = training});
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->shard()->version(), 3);
+  EXPECT_EQ(again->shard()->stats().restored_version, 3);
+  EXPECT_NE(again->shard()->incarnation(), first_incarnation);
+
+  // The same directory for a different model: refused, naming the file.
+  auto other = PsTask::Create(PsConfig({.hidden = "[8]", .training = training}),
+                              Quiet(), &clock_, std::make_shared<prometheus::Registry>());
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_CONTAINS(std::string(other.status().message()), "ckpt-000000000003.ktc");
+  EXPECT_CONTAINS(std::string(other.status().message()), "refusing to load it");
+}
+
+TEST_F(PsTaskTest, ShutdownGraceExpiresWhenAWorkerNeverLeaves) {
+  PsTaskOptions options = Quiet();
+  options.shutdown_grace = absl::Seconds(30);
+  auto task = Create({.workers = 2}, options);
+  ASSERT_NE(task, nullptr);
+  EXPECT_FALSE(task->RunRound(absl::ZeroDuration()));
+  ASSERT_TRUE(task->shard()->RequestShutdown({TaskRole::kWorker, 0}).ok());
+  ASSERT_TRUE(task->shard()->Leave({TaskRole::kWorker, 0}).ok());
+  EXPECT_FALSE(task->RunRound(absl::ZeroDuration()));  // worker 1 is still expected
+  clock_.Advance(absl::Seconds(30));
+  EXPECT_FALSE(task->RunRound(absl::ZeroDuration()));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(task->RunRound(absl::ZeroDuration()));
+}
+
+TEST_F(PsTaskTest, EndsOnlyAfterTheChiefsShutdownAndEveryWorkerAndEvaluatorLeft) {
+  auto task = Create({.workers = 1, .evaluator = true});
+  ASSERT_NE(task, nullptr);
+  ASSERT_TRUE(task->shard()->Leave({TaskRole::kWorker, 0}).ok());
+  EXPECT_FALSE(task->RunRound(absl::ZeroDuration()));  // no shutdown yet
+  ASSERT_TRUE(task->shard()->RequestShutdown({TaskRole::kWorker, 0}).ok());
+  EXPECT_FALSE(task->RunRound(absl::ZeroDuration()));  // the evaluator still reads
+  ASSERT_TRUE(task->shard()->Leave({TaskRole::kEvaluator, 0}).ok());
+  EXPECT_TRUE(task->RunRound(absl::ZeroDuration()));
+}
+
+TEST_F(PsTaskTest, StopEndsServeWithAFinalCheckpoint) {
+  PsTaskOptions options = Quiet();
+  options.tick = absl::Milliseconds(1);
+  auto task = Create({.training = CheckpointYaml("")}, options);
+  ASSERT_NE(task, nullptr);
+  ASSERT_TRUE(task->Start().ok());
+  EXPECT_GT(task->port(), 0);
+  absl::Status served = absl::UnknownError("not returned");
+  std::thread serve([&] { served = task->Serve(); });
+  Step(task->shard());
+  Step(task->shard());
+  task->Stop();
+  serve.join();
+  EXPECT_TRUE(served.ok()) << served;
+  EXPECT_EQ(Checkpoints(ckpt_dir_), (std::vector<std::string>{"ckpt-000000000002.ktc"}));
+}
+
+TEST_F(PsTaskTest, RefusesATaskThatIsNotAPs) {
+  TaskConfig config = PsConfig({});
+  config.tf.task_type = "worker";
+  auto task = PsTask::Create(std::move(config), Quiet(), &clock_, std::make_shared<prometheus::Registry>());
+  ASSERT_FALSE(task.ok());
+  EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(std::string(task.status().message()), "kubetrain-ps runs \"ps\" tasks");
+}
+
+TEST_F(PsTaskTest, RegistersThePsMetricsUnderTheirDocumentedNames) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto task = PsTask::Create(PsConfig({}), Quiet(), &clock_, registry);
+  ASSERT_TRUE(task.ok()) << task.status();
+  std::set<std::string> names;
+  for (const auto& family : registry->Collect()) names.insert(family.name);
+  EXPECT_EQ(names, (std::set<std::string>{
+                       "kubetrain_barrier_timeouts_total", "kubetrain_checkpoint_restores_total",
+                       "kubetrain_checkpoints_written_total", "kubetrain_global_step",
+                       "kubetrain_gradient_staleness_steps", "kubetrain_gradients_applied_total",
+                       "kubetrain_pull_bytes_total", "kubetrain_pull_hold_seconds",
+                       "kubetrain_push_bytes_total", "kubetrain_pushes_rejected_total",
+                       "kubetrain_restored_version", "kubetrain_rpc_duration_seconds",
+                       "kubetrain_stale_gradients_dropped_total"}));
+}
+
+}  // namespace
+}  // namespace kubetrain

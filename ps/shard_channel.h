@@ -1,0 +1,86 @@
+// The PS's published API: how a task talks to one PS task. This is the only
+// ps/ header worker/ may include. Implementations: the gRPC client
+// (worker/grpc_shard_channel.h) and, for tests, an in-process channel over a
+// Shard (ps/in_process_shard_channel.h); ShardChannelWrapper forwards to
+// another channel, so a test can change one call (a fault) and keep the rest.
+//
+// Messages are those of proto/ps.proto; a request names its task (worker,
+// chief or evaluator, and index). Errors:
+//   UNAVAILABLE        the PS cannot be reached (not up yet, restarting): retry;
+//   DEADLINE_EXCEEDED  the PS let go of a held pull after its wait timeout;
+//   INVALID_ARGUMENT   the PS refused the request (its state is unchanged);
+//   PERMISSION_DENIED  Shutdown from a task that is not the chief.
+#ifndef KUBETRAIN_PS_SHARD_CHANNEL_H_
+#define KUBETRAIN_PS_SHARD_CHANNEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/ps.pb.h"
+
+namespace kubetrain {
+
+// A contiguous run of float32 elements of one part (not owned).
+struct ChunkRef {
+  const std::string* part;
+  uint64_t offset;  // elements
+  const float* data;
+  uint64_t count;   // elements
+};
+
+// One PS task. Implementations must be thread-safe.
+class ShardChannel {
+ public:
+  using ChunkSink = std::function<absl::Status(const v1::TensorChunk&)>;
+
+  virtual ~ShardChannel() = default;
+  // The handshake; waits up to `timeout` for the PS to become reachable.
+  virtual absl::StatusOr<v1::ShardInfo> GetInfo(const v1::InfoRequest& request,
+                                                absl::Duration timeout) = 0;
+  // Streams the shard's values into `sink`, chunk by chunk, after the PS's
+  // hold. An error from `sink` ends the pull with that error.
+  virtual absl::StatusOr<v1::PullResponse::Header> Pull(const v1::PullRequest& request,
+                                                        const ChunkSink& sink) = 0;
+  virtual absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
+                                                const std::vector<ChunkRef>& chunks) = 0;
+  virtual absl::Status Leave(const v1::LeaveRequest& request) = 0;
+  virtual absl::StatusOr<v1::ShardStats> Shutdown(const v1::ShutdownRequest& request) = 0;
+};
+
+// Forwards every call to `target` (leveldb's EnvWrapper): subclass it and
+// override only the calls to change.
+class ShardChannelWrapper : public ShardChannel {
+ public:
+  explicit ShardChannelWrapper(std::unique_ptr<ShardChannel> target) : target_(std::move(target)) {}
+  ShardChannel* target() const { return target_.get(); }
+
+  absl::StatusOr<v1::ShardInfo> GetInfo(const v1::InfoRequest& request,
+                                        absl::Duration timeout) override {
+    return target_->GetInfo(request, timeout);
+  }
+  absl::StatusOr<v1::PullResponse::Header> Pull(const v1::PullRequest& request,
+                                                const ChunkSink& sink) override {
+    return target_->Pull(request, sink);
+  }
+  absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
+                                        const std::vector<ChunkRef>& chunks) override {
+    return target_->Push(header, chunks);
+  }
+  absl::Status Leave(const v1::LeaveRequest& request) override { return target_->Leave(request); }
+  absl::StatusOr<v1::ShardStats> Shutdown(const v1::ShutdownRequest& request) override {
+    return target_->Shutdown(request);
+  }
+
+ private:
+  const std::unique_ptr<ShardChannel> target_;
+};
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_PS_SHARD_CHANNEL_H_

@@ -1,0 +1,53 @@
+// What both transports of the PS (the gRPC service and the in-process channel
+// used by tests) do the same way between wire messages (proto/ps.proto) and a
+// Shard: the task a request names, the handshake, the stats, and the
+// chunk-by-chunk reassembly of a push with its wire-level checks. No gRPC.
+#ifndef KUBETRAIN_PS_SHARD_WIRE_H_
+#define KUBETRAIN_PS_SHARD_WIRE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/ps.pb.h"
+#include "ps/shard.h"
+
+namespace kubetrain {
+
+TaskId TaskIdFromWire(v1::TaskType type, int index);
+
+// The handshake answer: what the shard holds, its version and incarnation,
+// and (for a worker) the steps it had done, which also marks it alive.
+void FillShardInfo(Shard* shard, const std::string& model_fingerprint, uint64_t max_chunk_bytes,
+                   const v1::InfoRequest& request, v1::ShardInfo* info);
+
+void FillShardStats(const ShardStatsSnapshot& stats, v1::ShardStats* out);
+
+// Reassembles one push into buffers from the shard's pool: the header first,
+// then every part's chunks in order, each part covered exactly once. A bad
+// message is refused at once (INVALID_ARGUMENT saying what is wrong) and the
+// shard is not touched. Not thread-safe: one per push.
+class PushAssembler {
+ public:
+  // `shard` must outlive the assembler.
+  explicit PushAssembler(Shard* shard);
+
+  absl::Status Add(const v1::PushRequest& message);
+  absl::Status SetHeader(const v1::PushRequest::Header& header);
+  absl::Status AddChunk(const std::string& part, uint64_t offset, absl::string_view data);
+  // Checks that every part is complete, then hands the gradient to the shard.
+  absl::StatusOr<Shard::PushResult> Finish();
+
+ private:
+  Shard* const shard_;
+  bool have_header_ = false;
+  Shard::PushHeader header_;
+  std::vector<std::vector<float>> grads_;
+  std::vector<uint64_t> filled_;  // elements received per part
+};
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_PS_SHARD_WIRE_H_

@@ -1,0 +1,127 @@
+#include "worker/grpc_shard_channel.h"
+
+#include <chrono>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "proto/ps.grpc.pb.h"
+
+namespace kubetrain {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+class GrpcShardChannel final : public ShardChannel {
+ public:
+  GrpcShardChannel(const std::string& address, int64_t chunk_bytes) : address_(address) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(static_cast<int>(chunk_bytes + (64 << 10)));
+    args.SetMaxSendMessageSize(static_cast<int>(chunk_bytes + (64 << 10)));
+    // Reconnect quickly after a PS restart instead of gRPC's default 1..120 s backoff.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    stub_ = v1::ParameterServer::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
+
+  absl::StatusOr<v1::ShardInfo> GetInfo(const v1::InfoRequest& request,
+                                        absl::Duration timeout) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+    // Wait for the channel to connect (until the deadline) rather than failing
+    // fast: a PS that is still starting is the normal case here.
+    ctx.set_wait_for_ready(true);
+    v1::ShardInfo info;
+    auto s = stub_->GetInfo(&ctx, request, &info);
+    if (!s.ok()) return Annotate(s);
+    return info;
+  }
+
+  absl::StatusOr<v1::PullResponse::Header> Pull(const v1::PullRequest& request,
+                                                const ChunkSink& sink) override {
+    grpc::ClientContext ctx;
+    // The PS answers a held pull by its wait timeout; allow for the transfer on top.
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(request.wait_timeout_ms() + 60000));
+    auto reader = stub_->Pull(&ctx, request);
+    v1::PullResponse msg;
+    v1::PullResponse::Header header;
+    bool have_header = false;
+    absl::Status sink_status;
+    while (reader->Read(&msg)) {
+      if (msg.has_header()) {
+        header = msg.header();
+        have_header = true;
+      } else if (sink_status.ok()) {
+        sink_status = sink(msg.chunk());
+        if (!sink_status.ok()) ctx.TryCancel();
+      }
+    }
+    auto s = reader->Finish();
+    if (!sink_status.ok()) return sink_status;
+    if (!s.ok()) return Annotate(s);
+    if (!have_header) return absl::DataLossError(absl::StrCat("pull from ", address_, ": no header"));
+    return header;
+  }
+
+  absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
+                                        const std::vector<ChunkRef>& chunks) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    v1::PushResponse resp;
+    auto writer = stub_->Push(&ctx, &resp);
+    v1::PushRequest msg;
+    *msg.mutable_header() = header;
+    bool ok = writer->Write(msg);
+    for (size_t i = 0; ok && i < chunks.size(); ++i) {
+      msg.Clear();
+      auto* c = msg.mutable_chunk();
+      c->set_part(*chunks[i].part);
+      c->set_offset(chunks[i].offset);
+      c->set_data(reinterpret_cast<const char*>(chunks[i].data), chunks[i].count * sizeof(float));
+      ok = writer->Write(msg);
+    }
+    if (ok) writer->WritesDone();
+    auto s = writer->Finish();
+    if (!s.ok()) return Annotate(s);
+    return resp;
+  }
+
+  absl::Status Leave(const v1::LeaveRequest& request) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::LeaveResponse resp;
+    return Annotate(stub_->Leave(&ctx, request, &resp));
+  }
+
+  absl::StatusOr<v1::ShardStats> Shutdown(const v1::ShutdownRequest& request) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ShardStats stats;
+    auto s = stub_->Shutdown(&ctx, request, &stats);
+    if (!s.ok()) return Annotate(s);
+    return stats;
+  }
+
+ private:
+  absl::Status Annotate(const grpc::Status& s) {
+    absl::Status st = FromGrpc(s);
+    if (st.ok()) return st;
+    return absl::Status(st.code(), absl::StrCat("ps at ", address_, ": ", st.message()));
+  }
+  std::string address_;
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<ShardChannel> NewGrpcShardChannel(const std::string& address, int64_t chunk_bytes) {
+  return std::make_unique<GrpcShardChannel>(address, chunk_bytes);
+}
+
+}  // namespace kubetrain

@@ -1,0 +1,203 @@
+// PsClient over in-process PS tasks on a fake clock (sleeping on it moves it
+// forward at once): retry with backoff until the deadline, no retry of real
+// errors, the re-issue of a held pull after the PS let go of it, restart
+// (incarnation) detection with the steps lost, and the mapping of parts —
+// including variables split over two PS tasks — onto whole variables.
+#include "worker/ps_client.h"
+
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "worker/testing.h"
+
+namespace kubetrain {
+namespace {
+
+using testjob::InProcessCluster;
+using testjob::JobShape;
+using testjob::JobYaml;
+
+class PsClientTest : public ::testing::Test {
+ protected:
+  void Make(const JobShape& shape) {
+    auto config = TaskConfigFor(JobYaml(shape), "worker", 0);
+    ASSERT_TRUE(config.ok()) << config.status();
+    config_ = std::make_unique<TaskConfig>(std::move(*config));
+    auto cluster = InProcessCluster::Create(*config_, &clock_);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+  }
+  // A client for worker `index` (or another task type); its channels' fault
+  // switches in `faulty`.
+  std::unique_ptr<PsClient> Client(int index, std::vector<FaultyShardChannel*>* faulty = nullptr,
+                                   v1::TaskType type = v1::TASK_TYPE_WORKER) {
+    PsClient::Options o;
+    o.task_type = type;
+    o.task_index = index;
+    o.fingerprint = config_->placement.Fingerprint();
+    o.chunk_bytes = 4096;
+    o.retry_timeout = absl::Seconds(10);
+    o.hold_timeout = absl::Seconds(1);
+    return std::make_unique<PsClient>(o, &config_->placement, &clock_, cluster_->Channels(faulty),
+                                      PsClientMetrics{});
+  }
+  Params Grads(float value) const {
+    Params g;
+    for (const auto& v : config_->model->variables()) g.emplace_back(v.num_elements(), value);
+    return g;
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<TaskConfig> config_;
+  std::unique_ptr<InProcessCluster> cluster_;
+};
+
+TEST_F(PsClientTest, RetriesAnUnavailablePsWithBackoffUntilTheDeadline) {
+  Make({.ps = 1, .workers = 1});
+  std::vector<FaultyShardChannel*> faulty;
+  auto client = Client(0, &faulty);
+  faulty[0]->FailNext(ShardRpc::kGetInfo, -1, absl::UnavailableError("connection refused"));
+  const absl::Time start = clock_.Now();
+  absl::Status s = client->Connect();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  // Backoff 0.1, 0.2, 0.4, 0.8, 1.6, then 2 s: attempts at 0, 0.1, 0.3, 0.7,
+  // 1.5, 3.1, 5.1, 7.1, 9.1 s; the next would come after the 10 s deadline.
+  EXPECT_EQ(faulty[0]->calls(ShardRpc::kGetInfo), 9);
+  EXPECT_EQ(clock_.Now() - start, absl::Milliseconds(9100));
+  EXPECT_NE(s.message().find("gave up on connect to ps:0 after 9 attempts"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("connection refused"), std::string::npos) << s;
+}
+
+TEST_F(PsClientTest, RetriesALostPushUntilItGoesThroughOnceAndNeverRetriesRealErrors) {
+  Make({.ps = 1, .workers = 1, .mode = "async"});
+  std::vector<FaultyShardChannel*> faulty;
+  auto client = Client(0, &faulty);
+  ASSERT_TRUE(client->Connect().ok());
+  Params params;
+  ASSERT_TRUE(client->Pull(false, 0, config_->model->variables(), &params).ok());
+  faulty[0]->DropNext(ShardRpc::kPush, 3);
+  const absl::Time start = clock_.Now();
+  auto pushed = client->Push(Grads(0.1f), 1);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(faulty[0]->calls(ShardRpc::kPush), 4);
+  EXPECT_EQ(clock_.Now() - start, absl::Milliseconds(100 + 200 + 400));
+  EXPECT_EQ(cluster_->ps(0)->shard()->stats().gradients_applied, 1);  // the PS saw it once
+
+  faulty[0]->FailNext(ShardRpc::kPush, 1, absl::InvalidArgumentError("bad gradient"));
+  EXPECT_EQ(client->Push(Grads(0.1f), 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(faulty[0]->calls(ShardRpc::kPush), 5);
+}
+
+TEST_F(PsClientTest, ReissuesAHeldBarrierPullAfterTheHoldTimeout) {
+  Make({.ps = 1, .workers = 2});
+  std::vector<FaultyShardChannel*> faulty;
+  auto client = Client(0, &faulty);
+  ASSERT_TRUE(client->Connect().ok());
+  Params params;
+  ASSERT_TRUE(client->Pull(false, 0, config_->model->variables(), &params).ok());
+  ASSERT_TRUE(client->Push(Grads(0.1f), 1).ok());
+  absl::StatusOr<PsClient::PullResult> barrier;
+  std::thread waiter([&] { barrier = client->Pull(/*next_version=*/true, 1, config_->model->variables(), &params); });
+  // Worker 1 is slow: the PS lets go of the held pull after its 1 s timeout
+  // and the client asks again.
+  while (faulty[0]->calls(ShardRpc::kPull) < 3) {
+    clock_.Advance(absl::Seconds(2));
+    cluster_->TickAll();
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  Shard* shard = cluster_->ps(0)->shard().get();
+  std::vector<std::vector<float>> g;
+  for (const auto& p : shard->parts()) g.emplace_back(p.num_elements(), 0.1f);
+  ASSERT_TRUE(shard->Push({1, 0, 1}, g).ok());  // worker 1 arrives: the barrier opens
+  waiter.join();
+  ASSERT_TRUE(barrier.ok()) << barrier.status();
+  EXPECT_EQ(barrier->version, 1);
+  EXPECT_EQ(faulty[0]->calls(ShardRpc::kPull), 3);  // the first pull, the held one, its re-issue
+}
+
+TEST_F(PsClientTest, DetectsAPsRestartAndCountsTheStepsLost) {
+  Make({.ps = 1, .workers = 1, .mode = "async"});
+  auto client = Client(0);
+  ASSERT_TRUE(client->Connect().ok());
+  Params params;
+  ShardCheckpoint at_2;
+  for (int step = 0; step < 5; ++step) {
+    ASSERT_TRUE(client->Pull(false, step, config_->model->variables(), &params).ok());
+    if (step == 2) at_2 = cluster_->ps(0)->shard()->Checkpoint();
+    ASSERT_TRUE(client->Push(Grads(0.1f), step + 1).ok());
+  }
+  auto seen = client->Pull(false, 5, config_->model->variables(), &params);
+  ASSERT_TRUE(seen.ok());
+  EXPECT_EQ(seen->version, 5);
+  EXPECT_EQ(seen->steps_lost, 0);
+  ASSERT_TRUE(cluster_->ps(0)->Restart(at_2).ok());
+  auto after = client->Pull(false, 5, config_->model->variables(), &params);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->version, 2);
+  EXPECT_EQ(after->steps_lost, 3);
+  // A push tagged with the old incarnation could not have reached the new
+  // shard: the client now tags the new one, and the step is applied.
+  auto pushed = client->Push(Grads(0.1f), 6);
+  ASSERT_TRUE(pushed.ok());
+  EXPECT_FALSE(pushed->dropped);
+  EXPECT_EQ(pushed->version, 3);
+}
+
+TEST_F(PsClientTest, MapsPartsOfVariablesSplitOverTwoPsTasksOntoWholeVariables) {
+  Make({.ps = 2, .workers = 1, .mode = "async"});
+  // The 784x10 kernel (31 KB) is above the 16 KB threshold: split by rows.
+  int kernel_parts = 0;
+  for (const auto& p : config_->placement.parts) kernel_parts += p.name.rfind("dense0/kernel/part", 0) == 0;
+  ASSERT_EQ(kernel_parts, 2);
+  auto client = Client(0);
+  ASSERT_TRUE(client->Connect().ok());
+  Params params;
+  ASSERT_TRUE(client->Pull(false, 0, config_->model->variables(), &params).ok());
+  const Params initial = config_->model->InitialParams(config_->job.training.seed);
+  EXPECT_EQ(params, initial);
+  // Every element gets its own gradient; SGD with learning rate 0.5.
+  Params grads = Grads(0);
+  for (auto& v : grads) {
+    for (size_t k = 0; k < v.size(); ++k) v[k] = static_cast<float>(k % 97) / 64.0f;
+  }
+  ASSERT_TRUE(client->Push(grads, 1).ok());
+  auto pulled = client->PullAtLeast(1, 1, config_->model->variables(), &params);
+  ASSERT_TRUE(pulled.ok());
+  EXPECT_EQ(pulled->version, 1);
+  for (size_t v = 0; v < params.size(); ++v) {
+    for (size_t k = 0; k < params[v].size(); ++k) {
+      ASSERT_FLOAT_EQ(params[v][k], initial[v][k] - 0.5f * grads[v][k]) << "variable " << v << " element " << k;
+    }
+  }
+}
+
+TEST_F(PsClientTest, AReaderCannotPushAndOnlyTheChiefEndsTheJob) {
+  Make({.ps = 2, .workers = 1, .chief = true});
+  auto worker0 = Client(0);
+  auto chief = Client(0, nullptr, v1::TASK_TYPE_CHIEF);
+  ASSERT_TRUE(worker0->Connect().ok());
+  ASSERT_TRUE(chief->Connect().ok());
+  EXPECT_EQ(chief->Push(Grads(0.1f), 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(worker0->Shutdown().status().code(), absl::StatusCode::kPermissionDenied);
+  auto stats = chief->Shutdown();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(cluster_->ps(0)->shard()->shutdown_requested());
+  EXPECT_TRUE(cluster_->ps(1)->shard()->shutdown_requested());
+}
+
+TEST_F(PsClientTest, CancelStopsRetrying) {
+  Make({.ps = 2, .workers = 1});
+  std::vector<FaultyShardChannel*> faulty;
+  auto client = Client(0, &faulty);
+  faulty[1]->Before(ShardRpc::kGetInfo, [&](int call) {
+    if (call == 3) client->Cancel();
+    return absl::OkStatus();
+  });
+  faulty[1]->FailNext(ShardRpc::kGetInfo, -1, absl::UnavailableError("not yet"));
+  EXPECT_EQ(client->Connect().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(faulty[1]->calls(ShardRpc::kGetInfo), 3);
+}
+
+}  // namespace
+}  // namespace kubetrain

@@ -1,0 +1,266 @@
+// Whole jobs in one process: several in-process PS shards and several
+// training loops (Train) on threads, on a fake clock, with faults injected
+// through FaultyShardChannel. Sync (exact applied-gradient counts), backup
+// workers, async (staleness recorded), bounded staleness (a slowed worker
+// holds the fast one within maxStaleness + 1), a PS restart mid-job, and the
+// chief of a job with a Chief replica following training without
+// computing a gradient (Follow).
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/notification.h"
+#include "worker/testing.h"
+
+namespace kubetrain {
+namespace {
+
+using testjob::InProcessCluster;
+using testjob::JobShape;
+using testjob::JobYaml;
+using testjob::TinyDataset;
+
+class JobTest : public ::testing::Test {
+ protected:
+  void Make(const JobShape& shape) {
+    auto config = TaskConfigFor(JobYaml(shape), "worker", 0);
+    ASSERT_TRUE(config.ok()) << config.status();
+    config_ = std::make_unique<TaskConfig>(std::move(*config));
+    auto cluster = InProcessCluster::Create(*config_, &clock_);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    for (int i = 0; i < config_->num_workers; ++i) {
+      faulty_.emplace_back();
+      clients_.push_back(NewClient(i, v1::TASK_TYPE_WORKER, &faulty_.back()));
+    }
+  }
+  std::unique_ptr<PsClient> NewClient(int index, v1::TaskType type,
+                                      std::vector<FaultyShardChannel*>* faulty = nullptr) {
+    PsClient::Options o;
+    o.task_type = type;
+    o.task_index = index;
+    o.fingerprint = config_->placement.Fingerprint();
+    o.chunk_bytes = 4096;
+    o.retry_timeout = absl::Seconds(30);
+    return std::make_unique<PsClient>(o, &config_->placement, &clock_, cluster_->Channels(faulty),
+                                      PsClientMetrics{});
+  }
+  // Runs Train for every worker on its own thread (worker 0 is the chief
+  // unless the job has a Chief replica) and waits for all of them.
+  std::vector<absl::StatusOr<TrainResult>> RunWorkers() {
+    std::vector<absl::StatusOr<TrainResult>> results(clients_.size(), absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < clients_.size(); ++i) {
+      threads.emplace_back([this, i, &results] {
+        TrainerOptions o;
+        o.worker_index = static_cast<int>(i);
+        o.is_chief = config_->job.IsChiefTask("worker", o.worker_index);
+        o.progress_interval = absl::Hours(1);
+        if (absl::Status s = clients_[i]->Connect(); !s.ok()) {
+          results[i] = s;
+          return;
+        }
+        results[i] = Train(*config_, o, clients_[i].get(), train_, o.is_chief ? &test_ : nullptr, &clock_,
+                           TrainerMetrics{}, [](const Progress&) {});
+      });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  }
+  ShardStatsSnapshot Stats(int ps) const { return cluster_->ps(ps)->shard()->stats(); }
+
+  FakeClock clock_;
+  Dataset train_ = TinyDataset(600, 1);
+  Dataset test_ = TinyDataset(300, 2);
+  std::unique_ptr<TaskConfig> config_;
+  std::unique_ptr<InProcessCluster> cluster_;
+  std::vector<std::unique_ptr<PsClient>> clients_;
+  std::vector<std::vector<FaultyShardChannel*>> faulty_;  // per worker, per PS
+};
+
+TEST_F(JobTest, SyncTwoPsThreeWorkersAppliesExactlyEveryGradientOfEveryStep) {
+  Make({.ps = 2, .workers = 3, .steps = 30});
+  auto results = RunWorkers();
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->global_step, 30);
+  }
+  for (int ps = 0; ps < 2; ++ps) {
+    EXPECT_EQ(Stats(ps).version, 30);
+    EXPECT_EQ(Stats(ps).gradients_applied, 30 * 3);
+    EXPECT_EQ(Stats(ps).stale_gradients_dropped, 0);
+    EXPECT_TRUE(cluster_->ps(ps)->shard()->shutdown_requested());
+    EXPECT_TRUE(cluster_->ps(ps)->shard()->all_workers_left());
+  }
+  // The chief's view: summed over both shards, and a model that learned.
+  EXPECT_EQ(results[0]->ps_stats.gradients_applied(), 2 * 30 * 3);
+  EXPECT_GT(results[0]->test_accuracy, 0.5);
+  EXPECT_LT(results[1]->test_accuracy, 0);  // only the chief evaluates
+  int local_steps = 0;
+  for (const auto& r : results) local_steps += r->local_steps;
+  EXPECT_EQ(local_steps, 30 * 3);
+}
+
+TEST_F(JobTest, SyncBackupWorkersApplyExactlyReplicasToAggregatePerStep) {
+  Make({.ps = 1, .workers = 3, .steps = 30, .training = "    replicasToAggregate: 2\n"});
+  auto results = RunWorkers();
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Stats(0).version, 30);
+  EXPECT_EQ(Stats(0).gradients_applied, 30 * 2);
+}
+
+TEST_F(JobTest, AsyncAppliesEveryPushOnArrivalAndRecordsStaleness) {
+  Make({.ps = 2, .workers = 2, .mode = "async", .steps = 40});
+  // Both workers compute their first gradient on version 0: the second one
+  // to arrive is one step stale.
+  std::atomic<int> arrived{0};
+  absl::Notification both_pulled;
+  for (auto& channels : faulty_) {
+    channels[0]->Before(ShardRpc::kPush, [&](int call) {
+      if (call == 1) {
+        if (++arrived == 2) both_pulled.Notify();
+        both_pulled.WaitForNotification();
+      }
+      return absl::OkStatus();
+    });
+  }
+  auto results = RunWorkers();
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
+  for (int ps = 0; ps < 2; ++ps) {
+    EXPECT_EQ(Stats(ps).version, 40);
+    EXPECT_EQ(Stats(ps).gradients_applied, 40);  // every push until the target, none after
+  }
+  EXPECT_GE(Stats(0).staleness_max, 1);
+  EXPECT_GE(results[0]->ps_stats.staleness_sum(), 1);
+  EXPECT_EQ(results[0]->ps_stats.gradients_applied(), 2 * 40);
+}
+
+TEST_F(JobTest, BoundedStalenessHoldsTheFastWorkerWithinTauPlusOneOfTheSlowOne) {
+  constexpr int kTau = 2;
+  Make({.ps = 1, .workers = 2, .mode = "async", .steps = 40, .training = "    maxStaleness: 2\n"});
+  // Worker 1 is the slow one: its first push waits until the test lets it go.
+  absl::Notification release;
+  std::atomic<int> slow_clock{0};  // the highest clock worker 1 started pushing
+  std::atomic<int> worst_gap{0};
+  faulty_[1][0]->Before(ShardRpc::kPush, [&](int call) {
+    if (call == 1) release.WaitForNotification();
+    slow_clock = call;  // one push per step, no retries: the call is its clock
+    return absl::OkStatus();
+  });
+  faulty_[0][0]->Before(ShardRpc::kPush, [&](int call) {
+    worst_gap = std::max(worst_gap.load(), call - slow_clock.load());
+    return absl::OkStatus();
+  });
+  std::vector<absl::StatusOr<TrainResult>> results;
+  std::thread job([&] { results = RunWorkers(); });
+  // With worker 1 stuck at clock 0, worker 0 gets exactly tau + 1 steps
+  // ahead and is then held by the PS.
+  while (faulty_[0][0]->calls(ShardRpc::kPush) < kTau + 1 || cluster_->ps(0)->held_pulls() == 0) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(faulty_[0][0]->calls(ShardRpc::kPush), kTau + 1);
+  EXPECT_EQ(cluster_->ps(0)->held_pulls(), 1);
+  release.Notify();
+  job.join();
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Stats(0).gradients_applied, 40);
+  EXPECT_LE(worst_gap.load(), kTau + 1);
+}
+
+TEST_F(JobTest, APsRestartMidJobIsDetectedTheLostStepsCountedAndTheJobFinishes) {
+  Make({.ps = 2, .workers = 2, .steps = 40});
+  // Worker 0's 10th pull from ps:1 snapshots it; its 25th restarts it from there.
+  InProcessPs* ps1 = cluster_->ps(1);
+  ShardCheckpoint snapshot;
+  faulty_[0][1]->Before(ShardRpc::kPull, [&](int call) {
+    if (call == 10) snapshot = ps1->shard()->Checkpoint();
+    if (call == 25) return ps1->Restart(snapshot);
+    return absl::OkStatus();
+  });
+  auto results = RunWorkers();
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->global_step, 40);
+    // Every worker saw ps:1 come back older.
+    EXPECT_EQ(r->ps_restarts_seen, 1);
+    EXPECT_GT(r->steps_lost, 0);
+    EXPECT_LE(r->steps_lost, 25);
+  }
+  EXPECT_EQ(ps1->restarts(), 1);
+  ASSERT_GT(snapshot.version, 0);
+  EXPECT_EQ(Stats(1).restored_version, snapshot.version);
+  EXPECT_EQ(Stats(1).version, 40);
+  // The new ps:1 applied every step from its checkpoint on, with both workers.
+  EXPECT_EQ(Stats(1).gradients_applied, 2 * (40 - snapshot.version));
+  EXPECT_EQ(Stats(0).version, 40);
+}
+
+TEST_F(JobTest, ACoordinatorChiefFollowsEvaluatesAndEndsTheJobWithoutPushing) {
+  Make({.ps = 2, .workers = 2, .chief = true, .steps = 30, .training = "    evaluation: {everySteps: 10}\n"});
+  std::vector<FaultyShardChannel*> chief_channels;
+  auto chief = NewClient(0, v1::TASK_TYPE_CHIEF, &chief_channels);
+  // The chief waits on both PS tasks for each boundary while the workers
+  // train: worker 0 starts steps 1, 11 and 21 only once it does.
+  auto chief_waits_for = [&](int nth_pull) {
+    for (int ps = 0; ps < 2; ++ps) {
+      while (chief_channels[ps]->calls(ShardRpc::kPull) < nth_pull ||
+             cluster_->ps(ps)->held_pulls(TaskRole::kChief) == 0) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
+  };
+  faulty_[0][0]->Before(ShardRpc::kPush, [&](int call) {
+    if (call % 10 == 1) chief_waits_for(call / 10 + 1);
+    return absl::OkStatus();
+  });
+  std::vector<Progress> reports;
+  absl::StatusOr<TrainResult> followed = absl::UnknownError("not run");
+  std::thread follower([&] {
+    if (absl::Status s = chief->Connect(); !s.ok()) {
+      followed = s;
+      return;
+    }
+    FollowOptions o;
+    o.progress_interval = absl::Seconds(1);  // on the fake clock: never passes
+    followed = Follow(*config_, o, chief.get(), test_, &train_, &clock_, TrainerMetrics{},
+                      [&](const Progress& p) { reports.push_back(p); });
+  });
+  auto results = RunWorkers();
+  follower.join();
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_LT(r->test_accuracy, 0);  // worker 0 is a plain worker here
+  }
+  ASSERT_TRUE(followed.ok()) << followed.status();
+  EXPECT_EQ(followed->global_step, 30);
+  EXPECT_GT(followed->test_accuracy, 0.5);
+  EXPECT_GT(followed->final_loss, 0);
+  EXPECT_EQ(followed->local_steps, 0);
+  // Only the two workers' gradients, every step, on both shards.
+  EXPECT_EQ(followed->ps_stats.gradients_applied(), 2 * 30 * 2);
+  for (int ps = 0; ps < 2; ++ps) {
+    EXPECT_EQ(Stats(ps).gradients_applied, 30 * 2);
+    EXPECT_TRUE(cluster_->ps(ps)->shard()->shutdown_requested());
+  }
+  // Evaluated exactly at 10, 20 and the end, each read once; each evaluation is reported.
+  EXPECT_EQ(chief_channels[0]->calls(ShardRpc::kPush), 0);
+  EXPECT_EQ(chief_channels[0]->calls(ShardRpc::kPull), 3);
+  std::vector<int64_t> evaluated_at;
+  for (const Progress& p : reports) {
+    if (p.accuracy.has_value() &&
+        (evaluated_at.empty() || evaluated_at.back() != p.global_step)) {
+      evaluated_at.push_back(p.global_step);
+    }
+  }
+  EXPECT_EQ(evaluated_at, (std::vector<int64_t>{10, 20, 30}));
+  ASSERT_TRUE(reports.back().accuracy.has_value());
+  EXPECT_DOUBLE_EQ(*reports.back().accuracy, followed->test_accuracy);
+}
+
+}  // namespace
+}  // namespace kubetrain

@@ -1,0 +1,213 @@
+// WorkerTask for each task type, over in-process PS tasks: a job with a Chief
+// replica (a coordinator chief, two workers, an evaluator) and one without
+// (worker 0 is the chief). The chief's report goes through the contract of
+// core/job_report.h and is read back with its parser; the chief's gauges
+// carry the metric names the operator reads.
+#include "worker/worker_task.h"
+
+#include <sys/stat.h>
+
+#include <map>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include "absl/synchronization/mutex.h"
+#include "core/testing/temp_files.h"
+#include "worker/testing.h"
+
+namespace kubetrain {
+namespace {
+
+using testjob::InProcessCluster;
+using testjob::JobShape;
+using testjob::JobYaml;
+using testjob::TinyDataset;
+
+// The value of the unlabelled gauge `name` in `registry`, or nullopt.
+std::optional<double> Gauge(prometheus::Registry& registry, const std::string& name) {
+  for (const auto& family : registry.Collect()) {
+    if (family.name == name && !family.metric.empty()) return family.metric[0].gauge.value;
+  }
+  return std::nullopt;
+}
+
+class WorkerTaskTest : public ::testing::Test {
+ protected:
+  struct Task {
+    std::unique_ptr<WorkerTask> task;
+    std::shared_ptr<prometheus::Registry> registry;
+    std::vector<std::string> lines;  // its report lines
+    absl::Status run = absl::UnknownError("not run");
+  };
+
+  void Make(const JobShape& shape) {
+    yaml_ = JobYaml(shape);
+    auto config = TaskConfigFor(yaml_, "worker", 0);
+    ASSERT_TRUE(config.ok()) << config.status();
+    ps_config_ = std::make_unique<TaskConfig>(std::move(*config));
+    auto cluster = InProcessCluster::Create(*ps_config_, &clock_);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+  }
+
+  absl::StatusOr<std::unique_ptr<WorkerTask>> CreateTask(const std::string& type, int index, Task* out,
+                                                         WorkerTaskOptions options = {}) {
+    auto config = TaskConfigFor(yaml_, type, index);
+    if (!config.ok()) return config.status();
+    options.metrics_address = "";
+    options.report_sink = [this, out](const std::string& line) {
+      absl::MutexLock l(&mu_);
+      out->lines.push_back(line);
+    };
+    out->registry = std::make_shared<prometheus::Registry>();
+    return WorkerTask::Create(std::move(*config), options, &clock_, out->registry, cluster_->Channels(),
+                              data_);
+  }
+
+  void Add(const std::string& type, int index, WorkerTaskOptions options = {}) {
+    Task& t = tasks_[type + ":" + std::to_string(index)];
+    auto task = CreateTask(type, index, &t, std::move(options));
+    ASSERT_TRUE(task.ok()) << task.status();
+    t.task = std::move(*task);
+  }
+
+  void RunAll() {
+    std::vector<std::thread> threads;
+    for (auto& [name, t] : tasks_) {
+      threads.emplace_back([&t] { t.run = t.task->Run(); });
+    }
+    for (auto& th : threads) th.join();
+  }
+
+  // The chief's report lines, parsed with the contract's parser.
+  std::vector<ReportLine> Reports(const Task& t) {
+    std::vector<ReportLine> out;
+    for (const auto& line : t.lines) {
+      auto parsed = ParseReportLine(line);
+      EXPECT_TRUE(parsed.has_value()) << line;
+      if (parsed) out.push_back(*parsed);
+    }
+    return out;
+  }
+
+  FakeClock clock_;
+  WorkerData data_{std::make_shared<const Dataset>(TinyDataset(600, 1)),
+                   std::make_shared<const Dataset>(TinyDataset(300, 2))};
+  std::string yaml_;
+  std::unique_ptr<TaskConfig> ps_config_;
+  std::unique_ptr<InProcessCluster> cluster_;
+  absl::Mutex mu_;
+  std::map<std::string, Task> tasks_;
+};
+
+TEST_F(WorkerTaskTest, AJobWithAChiefReplicaEndsWithTheCoordinatorsResult) {
+  Make({.ps = 2, .workers = 2, .chief = true, .evaluator = true, .steps = 30,
+        .training = "    evaluation: {everySteps: 10}\n"});
+  const std::string dir = NewTestDir("chief");
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  WorkerTaskOptions chief_options;
+  chief_options.export_model = dir + "/model.ktm";
+  chief_options.result_file = dir + "/result.json";
+  Add("chief", 0, chief_options);
+  Add("worker", 0);
+  Add("worker", 1);
+  Add("evaluator", 0);
+  RunAll();
+  for (auto& [name, t] : tasks_) EXPECT_TRUE(t.run.ok()) << name << ": " << t.run;
+
+  Task& chief = tasks_["chief:0"];
+  EXPECT_TRUE(chief.task->is_chief());
+  std::vector<ReportLine> reports = Reports(chief);
+  ASSERT_GE(reports.size(), 2u);
+  for (size_t i = 0; i + 1 < reports.size(); ++i) EXPECT_TRUE(reports[i].progress.has_value());
+  ASSERT_TRUE(reports.back().result.has_value());
+  const JobResult& result = *reports.back().result;
+  EXPECT_EQ(result.status, "Succeeded");
+  EXPECT_EQ(result.mode, "sync");
+  EXPECT_EQ(result.global_step, 30);
+  EXPECT_EQ(result.target_steps, 30);
+  EXPECT_EQ(result.gradients_applied, 2 * 30 * 2);  // 2 shards x 30 steps x 2 workers: not the chief
+  EXPECT_EQ(result.stale_gradients_dropped, 0);
+  EXPECT_GT(result.test_accuracy, 0.5);
+  EXPECT_GT(result.final_loss, 0);
+  EXPECT_EQ(result.model_path, dir + "/model.ktm");
+  EXPECT_FALSE(ReadFile(dir + "/model.ktm").empty());
+  ASSERT_TRUE(chief.task->result().has_value());
+  EXPECT_EQ(ToJson(*chief.task->result()), ToJson(result));
+  EXPECT_EQ(ReadFile(dir + "/result.json"), ToJson(result).dump() + "\n");
+  // The gauges the operator reads, under core/job_report.h's names.
+  EXPECT_EQ(Gauge(*chief.registry, kTargetStepsMetric), 30);
+  EXPECT_EQ(Gauge(*chief.registry, kGlobalStepMetric), 30);
+  EXPECT_EQ(Gauge(*chief.registry, kEvalAccuracyMetric), result.test_accuracy);
+  EXPECT_TRUE(Gauge(*chief.registry, kExamplesPerSecondMetric).has_value());
+
+  // Nobody else reports or ends the job; the evaluator evaluated on its own.
+  for (const char* name : {"worker:0", "worker:1", "evaluator:0"}) {
+    EXPECT_FALSE(tasks_[name].task->is_chief()) << name;
+    EXPECT_TRUE(tasks_[name].lines.empty()) << name;
+    EXPECT_FALSE(tasks_[name].task->result().has_value()) << name;
+    EXPECT_FALSE(Gauge(*tasks_[name].registry, kTargetStepsMetric).has_value()) << name;
+  }
+  EXPECT_GT(*Gauge(*tasks_["evaluator:0"].registry, kEvalAccuracyMetric), 0.5);
+  for (int ps = 0; ps < 2; ++ps) {
+    Shard* shard = cluster_->ps(ps)->shard().get();
+    EXPECT_TRUE(shard->shutdown_requested());
+    EXPECT_TRUE(shard->all_workers_left());
+    EXPECT_TRUE(shard->all_evaluators_left());
+    EXPECT_EQ(shard->stats().gradients_applied, 30 * 2);
+  }
+}
+
+TEST_F(WorkerTaskTest, WithoutAChiefReplicaWorkerZeroTrainsAndReports) {
+  Make({.ps = 1, .workers = 2, .mode = "async", .steps = 40});
+  Add("worker", 0);
+  Add("worker", 1);
+  RunAll();
+  for (auto& [name, t] : tasks_) ASSERT_TRUE(t.run.ok()) << name << ": " << t.run;
+  Task& chief = tasks_["worker:0"];
+  EXPECT_TRUE(chief.task->is_chief());
+  std::vector<ReportLine> reports = Reports(chief);
+  ASSERT_FALSE(reports.empty());
+  ASSERT_TRUE(reports.back().result.has_value());
+  EXPECT_EQ(reports.back().result->mode, "async");
+  EXPECT_EQ(reports.back().result->global_step, 40);
+  EXPECT_EQ(reports.back().result->gradients_applied, 40);
+  EXPECT_EQ(Gauge(*chief.registry, kTargetStepsMetric), 40);
+  EXPECT_TRUE(tasks_["worker:1"].lines.empty());
+}
+
+TEST_F(WorkerTaskTest, RefusesTaskTypesItDoesNotRun) {
+  Make({.ps = 1, .workers = 1});
+  Task t;
+  auto ps = CreateTask("ps", 0, &t);
+  ASSERT_FALSE(ps.ok());
+  EXPECT_EQ(ps.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(std::string(ps.status().message()),
+                  "kubetrain-worker runs \"worker\", \"chief\" and \"evaluator\" tasks");
+  auto config = TaskConfigFor(yaml_, "worker", 0);
+  ASSERT_TRUE(config.ok());
+  config->tf.task_type = "chief";  // a job without a Chief replica
+  auto chief = WorkerTask::Create(std::move(*config), WorkerTaskOptions{.metrics_address = ""}, &clock_,
+                                  std::make_shared<prometheus::Registry>(), cluster_->Channels(), data_);
+  ASSERT_FALSE(chief.ok());
+  EXPECT_CONTAINS(std::string(chief.status().message()), "has no Chief replica");
+}
+
+TEST_F(WorkerTaskTest, StopEndsRunWithCancelled) {
+  Make({.ps = 1, .workers = 2});
+  Add("worker", 0);  // worker 1 never comes: worker 0 waits at the first barrier
+  Task& t = tasks_["worker:0"];
+  std::thread run([&t] { t.run = t.task->Run(); });
+  while (cluster_->ps(0)->held_pulls() == 0) absl::SleepFor(absl::Milliseconds(1));
+  t.task->Stop();
+  clock_.Advance(absl::Minutes(1));  // the PS lets go of the held pull ...
+  cluster_->TickAll();
+  run.join();  // ... and the task does not ask again
+  EXPECT_EQ(t.run.code(), absl::StatusCode::kCancelled) << t.run;
+  EXPECT_CONTAINS(std::string(t.run.message()), "worker:0: ");
+}
+
+}  // namespace
+}  // namespace kubetrain
