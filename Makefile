@@ -13,7 +13,7 @@ BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker operator/kubet
 # The first python3 on PATH that has pytest (Debian's python3-pytest otherwise).
 PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest" 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: all deps build demo demo-async demo-softmax test unit-test integration-test operator-test packaging-test \
+.PHONY: all deps lint build demo demo-async demo-softmax test unit-test integration-test operator-test packaging-test \
   cluster-up cluster-down asan tsan clean
 
 all: build
@@ -66,7 +66,11 @@ packaging-test: build
 	tests/cluster/build_helm.sh
 	$(PYTHON) -m pytest -q tests/packaging tests/dashboards
 
-test: unit-test operator-test packaging-test integration-test
+# The house rules: the layering of ps/, worker/, cli/, operator/ and core/.
+lint:
+	tests/lint/layering.sh
+
+test: lint unit-test operator-test packaging-test integration-test
 
 asan: deps
 	$(BAZEL) test --config=asan //...
