@@ -8,12 +8,13 @@ BAZEL ?= bazel
 BAZEL_FLAGS ?=
 DEB_PACKAGES := bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev \
   protobuf-compiler libcpprest-dev libeigen3-dev prometheus-cpp-dev libyaml-cpp-dev zlib1g-dev \
-  libgtest-dev nlohmann-json3-dev dataset-fashion-mnist prometheus python3 python3-pytest curl openssl util-linux
+  libgtest-dev nlohmann-json3-dev dataset-fashion-mnist prometheus python3 python3-pytest curl openssl util-linux \
+  clang-format
 BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker operator/kubetrain-operator
 # The first python3 on PATH that has pytest (Debian's python3-pytest otherwise).
 PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest" 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: all deps lint build demo demo-async demo-softmax test unit-test integration-test operator-test packaging-test \
+.PHONY: all deps lint format build demo demo-async demo-softmax test unit-test integration-test operator-test packaging-test \
   cluster-up cluster-down asan tsan clean
 
 all: build
@@ -66,9 +67,14 @@ packaging-test: build
 	tests/cluster/build_helm.sh
 	$(PYTHON) -m pytest -q tests/packaging tests/dashboards
 
-# The house rules: the layering of ps/, worker/, cli/, operator/ and core/.
-lint:
+# The house rules: the layering of ps/, worker/, cli/, operator/ and core/,
+# and the C++ format (.clang-format; `make format` applies it).
+lint: deps
 	tests/lint/layering.sh
+	tests/lint/format.sh
+
+format: deps
+	tests/lint/format.sh --fix
 
 test: lint unit-test operator-test packaging-test integration-test
 

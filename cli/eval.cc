@@ -23,7 +23,8 @@ std::string ModelSummary(const ModelSpec& spec) {
   return absl::StrCat(spec.type, " ", absl::StrJoin(dims, "-"));
 }
 
-absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path, const std::string& data_dir) {
+absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path,
+                                             const std::string& data_dir) {
   auto file = ReadModelFile(model_path);
   if (!file.ok()) return file.status();
   auto model = Model::Create(file->spec);
@@ -34,8 +35,8 @@ absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path, cons
   if (!data.ok()) return data.status();
   if (data->feature_dim() != file->spec.input_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
-        model_path, ": the model takes ", file->spec.input_dim, " input features, the test set in ", data_dir,
-        " has ", data->feature_dim(), " (", data->rows, "x", data->cols, " images)"));
+        model_path, ": the model takes ", file->spec.input_dim, " input features, the test set in ",
+        data_dir, " has ", data->feature_dim(), " (", data->rows, "x", data->cols, " images)"));
   }
   EvalResult result;
   result.model_path = model_path;
@@ -43,7 +44,8 @@ absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path, cons
   result.job_name = file->job_name;
   result.global_step = file->global_step;
   result.examples = data->size;
-  result.test_accuracy = model->Accuracy(file->params, data->images.data(), data->labels.data(), data->size);
+  result.test_accuracy =
+      model->Accuracy(file->params, data->images.data(), data->labels.data(), data->size);
   return result;
 }
 
@@ -51,7 +53,8 @@ int EvalCommand(int argc, char** argv, std::FILE* out, std::FILE* err) {
   std::string data_dir = kDefaultFashionMnistDir;
   bool json = false;
   FlagParser parser("kubetrain eval MODEL");
-  parser.String("data", &data_dir, "directory holding the Fashion-MNIST test set (t10k-*-ubyte.gz)");
+  parser.String("data", &data_dir,
+                "directory holding the Fashion-MNIST test set (t10k-*-ubyte.gz)");
   parser.Bool("json", &json, "print the result as a JSON object");
   std::vector<std::string> files;
   absl::Status st = parser.Parse(argc, argv, 2, &files);
@@ -72,16 +75,19 @@ int EvalCommand(int argc, char** argv, std::FILE* out, std::FILE* err) {
   }
   if (json) {
     nlohmann::json j = {
-        {"model", result->model_path},         {"spec", result->model_summary},
-        {"job_name", result->job_name},         {"global_step", result->global_step},
-        {"test_accuracy", result->test_accuracy}, {"examples", result->examples},
+        {"model", result->model_path},
+        {"spec", result->model_summary},
+        {"job_name", result->job_name},
+        {"global_step", result->global_step},
+        {"test_accuracy", result->test_accuracy},
+        {"examples", result->examples},
     };
     std::fprintf(out, "%s\n", j.dump().c_str());
   } else {
     std::fprintf(out, "%s\n",
-                 absl::StrFormat("%s: %s, global step %d, test accuracy %.4f on %d examples", result->model_path,
-                                 result->model_summary, result->global_step, result->test_accuracy,
-                                 result->examples)
+                 absl::StrFormat("%s: %s, global step %d, test accuracy %.4f on %d examples",
+                                 result->model_path, result->model_summary, result->global_step,
+                                 result->test_accuracy, result->examples)
                      .c_str());
   }
   std::fflush(out);

@@ -30,7 +30,8 @@ std::string ModelSummary(const ModelSpec& spec);
 
 // Reads the model file and evaluates it on the test split found in
 // `data_dir`. Errors name the file that is missing or wrong.
-absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path, const std::string& data_dir);
+absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path,
+                                             const std::string& data_dir);
 
 // The command: argv[0] is the program, argv[1] "eval", flags and MODEL follow.
 // Prints the result to `out` (a line, or a JSON object with --json) and

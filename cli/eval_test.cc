@@ -18,7 +18,8 @@ namespace kubetrain {
 namespace {
 
 bool HaveDataset() {
-  return ::access(absl::StrCat(kDefaultFashionMnistDir, "/t10k-images-idx3-ubyte.gz").c_str(), R_OK) == 0;
+  return ::access(absl::StrCat(kDefaultFashionMnistDir, "/t10k-images-idx3-ubyte.gz").c_str(),
+                  R_OK) == 0;
 }
 
 // Runs EvalCommand with the given arguments after "kubetrain eval".
@@ -81,7 +82,8 @@ TEST(EvalTest, ZeroSoftmaxScoresOneTenth) {
 
   EvalRun r = RunEval({path});
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.out, path + ": softmax 784-10, global step 42, test accuracy 0.1000 on 10000 examples\n");
+  EXPECT_EQ(r.out,
+            path + ": softmax 784-10, global step 42, test accuracy 0.1000 on 10000 examples\n");
 }
 
 TEST(EvalTest, Json) {

@@ -7,7 +7,9 @@ namespace kubetrain {
 class FakeLauncher::Child final : public ChildProcess {
  public:
   Child(std::shared_ptr<State> state, std::string task, LineHandler on_line)
-      : state_(std::move(state)), task_(std::move(task)), on_line_(std::move(on_line)),
+      : state_(std::move(state)),
+        task_(std::move(task)),
+        on_line_(std::move(on_line)),
         started_(state_->clock->Now()) {}
 
   std::optional<int> Poll() override {
@@ -67,11 +69,13 @@ std::vector<FakeLauncher::Launch> FakeLauncher::starts() const {
   return state_->starts;
 }
 
-absl::StatusOr<std::unique_ptr<ChildProcess>> FakeLauncher::Start(const ProcessSpec& spec, LineHandler on_line) {
+absl::StatusOr<std::unique_ptr<ChildProcess>> FakeLauncher::Start(const ProcessSpec& spec,
+                                                                  LineHandler on_line) {
   std::string task = "?";
   auto env = spec.env.find("TF_CONFIG");
   if (env != spec.env.end()) {
-    if (auto tf = ParseTfConfig(env->second); tf.ok()) task = JobTask{tf->task_type, tf->task_index}.name();
+    if (auto tf = ParseTfConfig(env->second); tf.ok())
+      task = JobTask{tf->task_type, tf->task_index}.name();
   }
   {
     absl::MutexLock l(&state_->mu);

@@ -28,7 +28,9 @@ class FakeLauncher final : public ProcessLauncher {
     ProcessSpec spec;
   };
 
-  explicit FakeLauncher(const Clock* clock) : state_(std::make_shared<State>()) { state_->clock = clock; }
+  explicit FakeLauncher(const Clock* clock) : state_(std::make_shared<State>()) {
+    state_->clock = clock;
+  }
 
   // The run of `task` that is alive at `at` ends then with `exit_code`.
   void ExitAt(const std::string& task, absl::Time at, int exit_code);
@@ -39,7 +41,8 @@ class FakeLauncher final : public ProcessLauncher {
   void FailNextStart(const std::string& task, absl::Status error);
   std::vector<Launch> starts() const;
 
-  absl::StatusOr<std::unique_ptr<ChildProcess>> Start(const ProcessSpec& spec, LineHandler on_line) override;
+  absl::StatusOr<std::unique_ptr<ChildProcess>> Start(const ProcessSpec& spec,
+                                                      LineHandler on_line) override;
 
  private:
   struct State {

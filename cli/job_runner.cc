@@ -17,7 +17,7 @@ struct JobRunner::Task {
   ProcessSpec spec;
   LineHandler on_line;
   std::unique_ptr<ChildProcess> process;
-  TaskState state;      // what the lifecycle sees
+  TaskState state;         // what the lifecycle sees
   bool announced = false;  // this failure's restart was announced
 };
 
@@ -25,8 +25,9 @@ namespace {
 
 std::string ProgressText(const std::optional<Progress>& p) {
   if (!p) return "starting...";
-  std::string s = absl::StrFormat("step %d/%d  loss %.4f  %.0f examples/s", p->global_step,
-                                  p->target_steps, p->loss.value_or(0), p->examples_per_second.value_or(0));
+  std::string s =
+      absl::StrFormat("step %d/%d  loss %.4f  %.0f examples/s", p->global_step, p->target_steps,
+                      p->loss.value_or(0), p->examples_per_second.value_or(0));
   if (p->accuracy) absl::StrAppend(&s, absl::StrFormat("  accuracy %.4f", *p->accuracy));
   return s;
 }
@@ -57,7 +58,10 @@ int JobRunResult::ExitCode() const {
 
 JobRunner::JobRunner(TrainingJob job, int64_t target_steps, std::vector<int> ports,
                      JobRunnerOptions options, JobRunnerEnv env)
-    : job_(std::move(job)), target_steps_(target_steps), options_(std::move(options)), env_(std::move(env)) {
+    : job_(std::move(job)),
+      target_steps_(target_steps),
+      options_(std::move(options)),
+      env_(std::move(env)) {
   const std::vector<JobTask> ids = JobTasks(job_);
   auto address = [&](const JobTask& id) {
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -74,7 +78,8 @@ JobRunner::JobRunner(TrainingJob job, int64_t target_steps, std::vector<int> por
     t->state.task = ids[i];
     const bool ps = t->id.type == "ps";
     const bool chief = job_.IsChiefTask(t->id.type, t->id.index);
-    t->spec.argv = {ps ? options_.ps_binary : options_.worker_binary, "--config=" + options_.job_path,
+    t->spec.argv = {ps ? options_.ps_binary : options_.worker_binary,
+                    "--config=" + options_.job_path,
                     absl::StrCat("--metrics_address=127.0.0.1:", t->metrics_port)};
     if (ps) t->spec.argv.push_back("--bind_host=127.0.0.1");
     if (chief && !options_.export_model.empty()) {
@@ -132,8 +137,8 @@ void JobRunner::StopAll() {
 
 std::string JobRunner::ProgressLine(absl::Time start) const {
   absl::MutexLock l(&report_mu_);
-  return absl::StrFormat("[%s %5.1fs] %s", job_.name, absl::ToDoubleSeconds(env_.clock->Now() - start),
-                         ProgressText(progress_));
+  return absl::StrFormat("[%s %5.1fs] %s", job_.name,
+                         absl::ToDoubleSeconds(env_.clock->Now() - start), ProgressText(progress_));
 }
 
 JobRunResult JobRunner::Run(const std::atomic<bool>* interrupted) {
@@ -142,13 +147,14 @@ JobRunResult JobRunner::Run(const std::atomic<bool>* interrupted) {
     auto it = job_.replica_specs.find(key);
     return it == job_.replica_specs.end() ? "" : absl::StrCat(it->second.replicas, " ", what, ", ");
   };
-  env_.console->Info(absl::StrCat("kubetrain run: ", job_.name, " (", TrainingModeName(job_.training.mode),
-                                  ", ", job_.training.model.type, ", ", count("Chief", "chief"),
-                                  job_.num_ps(), " PS, ", job_.num_workers(), " workers, ",
-                                  count("Evaluator", "evaluator"), target_steps_, " global steps)"));
+  env_.console->Info(
+      absl::StrCat("kubetrain run: ", job_.name, " (", TrainingModeName(job_.training.mode), ", ",
+                   job_.training.model.type, ", ", count("Chief", "chief"), job_.num_ps(), " PS, ",
+                   job_.num_workers(), " workers, ", count("Evaluator", "evaluator"), target_steps_,
+                   " global steps)"));
   for (const auto& t : tasks_) {
-    env_.console->Info(absl::StrCat("  ", t->name, ": grpc ", t->address, "  metrics http://127.0.0.1:",
-                                    t->metrics_port, "/metrics"));
+    env_.console->Info(absl::StrCat("  ", t->name, ": grpc ", t->address,
+                                    "  metrics http://127.0.0.1:", t->metrics_port, "/metrics"));
   }
   const absl::Time start = env_.clock->Now();
   LifecycleDecision decision;
@@ -259,7 +265,8 @@ nlohmann::json SummaryJson(const TrainingJob& job, int64_t target_steps, const J
   s["ps"] = job.num_ps();
   s["workers"] = job.num_workers();
   if (job.has_chief_replica()) s["chief"] = 1;
-  if (job.replica_specs.count("Evaluator")) s["evaluators"] = job.replica_specs.at("Evaluator").replicas;
+  if (job.replica_specs.count("Evaluator"))
+    s["evaluators"] = job.replica_specs.at("Evaluator").replicas;
   s["target_steps"] = target_steps;
   s["wall_seconds"] = r.wall_seconds;
   nlohmann::json exit_codes = nlohmann::json::object(), restarts = nlohmann::json::object();
@@ -279,14 +286,17 @@ std::string SummaryText(const TrainingJob& job, int64_t target_steps, const JobR
                                   r.reason.empty() ? "" : ": " + r.reason, "\n");
   if (r.result) {
     const JobResult& res = *r.result;
-    absl::StrAppend(&text, absl::StrFormat(
-        "  %s mode, %d PS, %d workers: global step %d/%d\n  test accuracy %.4f, final loss %.4f\n"
-        "  %.0f examples/s, stale gradients dropped %d, task restarts %d\n",
-        TrainingModeName(job.training.mode), job.num_ps(), job.num_workers(), res.global_step, target_steps,
-        res.test_accuracy, res.final_loss, res.examples_per_second, res.stale_gradients_dropped,
-        r.total_restarts));
+    absl::StrAppend(
+        &text,
+        absl::StrFormat("  %s mode, %d PS, %d workers: global step %d/%d\n  test accuracy %.4f, "
+                        "final loss %.4f\n"
+                        "  %.0f examples/s, stale gradients dropped %d, task restarts %d\n",
+                        TrainingModeName(job.training.mode), job.num_ps(), job.num_workers(),
+                        res.global_step, target_steps, res.test_accuracy, res.final_loss,
+                        res.examples_per_second, res.stale_gradients_dropped, r.total_restarts));
     if (!res.model_path.empty()) {
-      absl::StrAppend(&text, "  model: ", res.model_path, " (kubetrain eval ", res.model_path, ")\n");
+      absl::StrAppend(&text, "  model: ", res.model_path, " (kubetrain eval ", res.model_path,
+                      ")\n");
     }
   }
   return text;

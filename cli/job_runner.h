@@ -66,7 +66,7 @@ struct TaskOutcome {
 struct JobRunResult {
   std::string status;  // "Succeeded" | "Failed" | "Interrupted"
   std::string reason;  // why, unless Succeeded
-  Failure failure;  // the lifecycle's, when it failed the job
+  Failure failure;     // the lifecycle's, when it failed the job
   // When the outcome was decided, from the start (wall_seconds also counts
   // the tasks' stopping).
   absl::Duration decided_after;
@@ -85,8 +85,8 @@ class JobRunner {
   // `ports`: two per task in JobTasks order (its TF_CONFIG port, its metrics
   // port). `target_steps` is only shown. Restart policies are the job's
   // (apply a --restart-policy override to `job` first).
-  JobRunner(TrainingJob job, int64_t target_steps, std::vector<int> ports,
-            JobRunnerOptions options, JobRunnerEnv env);
+  JobRunner(TrainingJob job, int64_t target_steps, std::vector<int> ports, JobRunnerOptions options,
+            JobRunnerEnv env);
   ~JobRunner();
 
   // Runs the job to its end; *interrupted (may be null) stops it early.

@@ -20,7 +20,9 @@ namespace {
 
 const absl::Time kStart = absl::FromUnixSeconds(1800000000);
 
-std::string At(absl::Duration since_start) { return absl::StrCat(" @", absl::ToInt64Seconds(since_start)); }
+std::string At(absl::Duration since_start) {
+  return absl::StrCat(" @", absl::ToInt64Seconds(since_start));
+}
 
 class JobRunnerLifecycleTest : public ::testing::TestWithParam<LifecycleScenario> {};
 
@@ -52,14 +54,16 @@ TEST_P(JobRunnerLifecycleTest, DecidesAsTheTableSays) {
   options.worker_binary = "/bin/kubetrain-worker";
   options.backoff = kKubeletBackoff;
   std::vector<int> ports;
-  for (size_t i = 0; i < 2 * JobTasks(*job).size(); ++i) ports.push_back(20000 + static_cast<int>(i));
+  for (size_t i = 0; i < 2 * JobTasks(*job).size(); ++i)
+    ports.push_back(20000 + static_cast<int>(i));
   JobRunResult r = JobRunner(*job, 100, ports, options, env).Run(&give_up);
   std::fclose(sink);
 
   std::vector<std::string> trace;
   std::set<std::string> started;
   for (const auto& start : launcher.starts()) {
-    if (!started.insert(start.task).second) trace.push_back("restart " + start.task + At(start.at - kStart));
+    if (!started.insert(start.task).second)
+      trace.push_back("restart " + start.task + At(start.at - kStart));
   }
   if (r.status == "Succeeded") trace.push_back("succeed" + At(r.decided_after));
   if (r.status == "Failed") {

@@ -16,7 +16,8 @@ namespace {
 
 const absl::Time kStart = absl::FromUnixSeconds(1800000000);
 
-TrainingJob Job(const std::string& extra_replicas = "", const std::string& worker_policy = "Never") {
+TrainingJob Job(const std::string& extra_replicas = "",
+                const std::string& worker_policy = "Never") {
   auto job = ParseTrainingJob(
       "apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: {name: mnist}\nspec:\n"
       "  replicaSpecs:\n    PS: {replicas: 2}\n    Worker: {replicas: 2, restartPolicy: " +
@@ -43,7 +44,8 @@ JobResult Result() {
 // A JobRunner on fake processes and a fake clock, with its console captured.
 class JobRunnerTest : public ::testing::Test {
  protected:
-  JobRunnerTest() : clock_(kStart), launcher_(&clock_), out_(std::tmpfile()), console_(false, out_, &clock_) {
+  JobRunnerTest()
+      : clock_(kStart), launcher_(&clock_), out_(std::tmpfile()), console_(false, out_, &clock_) {
     options_.ps_binary = "/bin/kubetrain-ps";
     options_.worker_binary = "/bin/kubetrain-worker";
     options_.job_path = "/jobs/mnist.yaml";
@@ -52,8 +54,10 @@ class JobRunnerTest : public ::testing::Test {
 
   JobRunResult Run(const TrainingJob& job, const std::atomic<bool>* interrupted = nullptr) {
     std::vector<int> ports;
-    for (size_t i = 0; i < 2 * JobTasks(job).size(); ++i) ports.push_back(30000 + static_cast<int>(i));
-    JobRunnerEnv env{&launcher_, &clock_, [this](absl::Duration d) { clock_.Advance(d); }, &console_};
+    for (size_t i = 0; i < 2 * JobTasks(job).size(); ++i)
+      ports.push_back(30000 + static_cast<int>(i));
+    JobRunnerEnv env{&launcher_, &clock_, [this](absl::Duration d) { clock_.Advance(d); },
+                     &console_};
     return JobRunner(job, 100, ports, options_, env).Run(interrupted);
   }
   std::string Output() {
@@ -83,12 +87,13 @@ TEST_F(JobRunnerTest, StartsEveryReplicaTypeWithItsBinaryFlagsAndTfConfig) {
   std::map<std::string, ProcessSpec> specs;
   for (const auto& s : launcher_.starts()) specs[s.task] = s.spec;
   ASSERT_EQ(specs.size(), 6u);
-  EXPECT_EQ(specs["ps-1"].argv, (std::vector<std::string>{"/bin/kubetrain-ps", "--config=/jobs/mnist.yaml",
-                                                          "--metrics_address=127.0.0.1:30005",
-                                                          "--bind_host=127.0.0.1"}));
+  EXPECT_EQ(specs["ps-1"].argv, (std::vector<std::string>{
+                                    "/bin/kubetrain-ps", "--config=/jobs/mnist.yaml",
+                                    "--metrics_address=127.0.0.1:30005", "--bind_host=127.0.0.1"}));
   EXPECT_EQ(specs["chief-0"].argv,
             (std::vector<std::string>{"/bin/kubetrain-worker", "--config=/jobs/mnist.yaml",
-                                      "--metrics_address=127.0.0.1:30001", "--export_model=/tmp/out.ktm"}));
+                                      "--metrics_address=127.0.0.1:30001",
+                                      "--export_model=/tmp/out.ktm"}));
   EXPECT_EQ(specs["worker-0"].argv.size(), 3u);  // not the chief: no --export_model
   EXPECT_EQ(specs["evaluator-0"].argv[0], "/bin/kubetrain-worker");
   auto tf = ParseTfConfig(specs["evaluator-0"].env["TF_CONFIG"]);
@@ -98,8 +103,9 @@ TEST_F(JobRunnerTest, StartsEveryReplicaTypeWithItsBinaryFlagsAndTfConfig) {
   EXPECT_EQ(tf->tasks("ps"), (std::vector<std::string>{"127.0.0.1:30002", "127.0.0.1:30004"}));
   EXPECT_EQ(tf->tasks("worker"), (std::vector<std::string>{"127.0.0.1:30006", "127.0.0.1:30008"}));
   EXPECT_EQ(tf->self_address(), "127.0.0.1:30010");
-  EXPECT_CONTAINS(Output(), "kubetrain run: mnist (sync, softmax, 1 chief, 2 PS, 2 workers, 1 evaluator, "
-                            "100 global steps)");
+  EXPECT_CONTAINS(Output(),
+                  "kubetrain run: mnist (sync, softmax, 1 chief, 2 PS, 2 workers, 1 evaluator, "
+                  "100 global steps)");
 }
 
 TEST_F(JobRunnerTest, TheChiefsReportMakesTheSummary) {
@@ -126,7 +132,8 @@ TEST_F(JobRunnerTest, TheChiefsReportMakesTheSummary) {
   EXPECT_EQ(s["training_seconds"], 12.5);  // the chief's
   EXPECT_NEAR(s["wall_seconds"].get<double>(), 21, 0.2);
   EXPECT_EQ(s["model_path"], "/tmp/m.ktm");
-  EXPECT_EQ(s["exit_codes"], (nlohmann::json{{"ps-0", 0}, {"ps-1", 0}, {"worker-0", 0}, {"worker-1", 0}}));
+  EXPECT_EQ(s["exit_codes"],
+            (nlohmann::json{{"ps-0", 0}, {"ps-1", 0}, {"worker-0", 0}, {"worker-1", 0}}));
   EXPECT_EQ(s["total_restarts"], 0);
   EXPECT_EQ(s["ps"], 2);
   EXPECT_FALSE(s.contains("reason"));
@@ -165,8 +172,12 @@ TEST_F(JobRunnerTest, RestartsAreAnnouncedAndCounted) {
   JobRunResult r = Run(Job("", "ExitCode"));
   EXPECT_EQ(r.status, "Succeeded");
   const std::string out = Output();
-  EXPECT_CONTAINS(out, "kubetrain run: worker-1 exited with code 137; restarting in 500ms (restart 1, restartPolicy ExitCode)");
-  EXPECT_CONTAINS(out, "kubetrain run: worker-1 exited with code 137; restarting in 1s (restart 2, restartPolicy ExitCode)");
+  EXPECT_CONTAINS(out,
+                  "kubetrain run: worker-1 exited with code 137; restarting in 500ms (restart 1, "
+                  "restartPolicy ExitCode)");
+  EXPECT_CONTAINS(out,
+                  "kubetrain run: worker-1 exited with code 137; restarting in 1s (restart 2, "
+                  "restartPolicy ExitCode)");
   std::vector<absl::Time> restarts;
   for (const auto& s : launcher_.starts()) {
     if (s.task == "worker-1") restarts.push_back(s.at);
@@ -212,7 +223,8 @@ TEST_F(JobRunnerTest, InterruptStopsEveryTask) {
   EXPECT_EQ(r.status, "Interrupted");
   EXPECT_EQ(r.ExitCode(), 130);
   EXPECT_EQ(r.reason, "stopped by signal");
-  for (const auto& t : r.tasks) EXPECT_EQ(t.exit_code, t.name == "worker-1" ? 0 : 128 + SIGTERM) << t.name;
+  for (const auto& t : r.tasks)
+    EXPECT_EQ(t.exit_code, t.name == "worker-1" ? 0 : 128 + SIGTERM) << t.name;
 }
 
 }  // namespace

@@ -45,10 +45,12 @@ int DecodeWaitStatus(int status) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Process>> Process::Start(const ProcessSpec& spec, LineHandler on_line) {
+absl::StatusOr<std::unique_ptr<Process>> Process::Start(const ProcessSpec& spec,
+                                                        LineHandler on_line) {
   if (spec.argv.empty()) return absl::InvalidArgumentError("empty command");
   if (::access(spec.argv[0].c_str(), X_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat("cannot execute ", spec.argv[0], ": ", std::strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat("cannot execute ", spec.argv[0], ": ", std::strerror(errno)));
   }
   // Build argv/envp before fork: the child may only call async-signal-safe functions.
   std::map<std::string, std::string> env;
@@ -139,7 +141,7 @@ void Process::JoinReaders() {
 }
 
 absl::StatusOr<std::unique_ptr<ChildProcess>> SubprocessLauncher::Start(const ProcessSpec& spec,
-                                                                          LineHandler on_line) {
+                                                                        LineHandler on_line) {
   auto p = Process::Start(spec, std::move(on_line));
   if (!p.ok()) return p.status();
   return std::unique_ptr<ChildProcess>(std::move(*p));

@@ -22,8 +22,8 @@
 namespace kubetrain {
 
 struct ProcessSpec {
-  std::vector<std::string> argv;              // argv[0] is the executable path
-  std::map<std::string, std::string> env;     // added to (or replacing in) the parent's environment
+  std::vector<std::string> argv;           // argv[0] is the executable path
+  std::map<std::string, std::string> env;  // added to (or replacing in) the parent's environment
 };
 
 // Called from a reader thread for every complete output line (without the
@@ -55,7 +55,8 @@ class Process final : public ChildProcess {
  public:
   using LineHandler = ::kubetrain::LineHandler;
 
-  static absl::StatusOr<std::unique_ptr<Process>> Start(const ProcessSpec& spec, LineHandler on_line);
+  static absl::StatusOr<std::unique_ptr<Process>> Start(const ProcessSpec& spec,
+                                                        LineHandler on_line);
   ~Process() override;  // kills (SIGKILL) a still-running child and joins the readers
 
   pid_t pid() const { return pid_; }

@@ -13,12 +13,13 @@ namespace {
 TEST(ProcessTest, DeliversLinesEnvAndExitCode) {
   absl::Mutex mu;
   std::vector<std::string> out, err;
-  auto p = Process::Start({{"/bin/sh", "-c", "echo one; echo \"$GREETING\"; echo oops >&2; printf tail; exit 3"},
-                           {{"GREETING", "hello"}}},
-                          [&](const std::string& line, bool is_stderr) {
-                            absl::MutexLock l(&mu);
-                            (is_stderr ? err : out).push_back(line);
-                          });
+  auto p = Process::Start(
+      {{"/bin/sh", "-c", "echo one; echo \"$GREETING\"; echo oops >&2; printf tail; exit 3"},
+       {{"GREETING", "hello"}}},
+      [&](const std::string& line, bool is_stderr) {
+        absl::MutexLock l(&mu);
+        (is_stderr ? err : out).push_back(line);
+      });
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ((*p)->Wait(), 3);
   EXPECT_EQ(out, (std::vector<std::string>{"one", "hello", "tail"}));

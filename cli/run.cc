@@ -1,7 +1,9 @@
 #include "cli/run.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdio>
 #include <fstream>
 
@@ -14,6 +16,30 @@
 #include "core/task_config.h"
 
 namespace kubetrain {
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+
+void OnInterrupt(int) { g_interrupted.store(true); }
+
+}  // namespace
+
+std::string ExecutableDir() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+const std::atomic<bool>* InterruptOnSignals() {
+  struct sigaction sa {};
+  sa.sa_handler = OnInterrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  return &g_interrupted;
+}
 
 int RunJob(const RunOptions& options) {
   auto job = LoadTrainingJobFile(options.job_file);
@@ -22,7 +48,8 @@ int RunJob(const RunOptions& options) {
     return 2;
   }
   if (options.restart_policy) {
-    for (auto& [key, replica] : job->replica_specs) replica.restart_policy = *options.restart_policy;
+    for (auto& [key, replica] : job->replica_specs)
+      replica.restart_policy = *options.restart_policy;
   }
   auto target = JobTargetSteps(*job);
   if (!target.ok()) {
@@ -35,7 +62,8 @@ int RunJob(const RunOptions& options) {
   runner.worker_binary = options.bin_dir + "/kubetrain-worker";
   for (const auto& bin : {runner.ps_binary, runner.worker_binary}) {
     if (::access(bin.c_str(), X_OK) != 0) {
-      std::fprintf(stderr, "error: cannot find %s (build with `make build`, or pass --bin-dir)\n", bin.c_str());
+      std::fprintf(stderr, "error: cannot find %s (build with `make build`, or pass --bin-dir)\n",
+                   bin.c_str());
       return 2;
     }
   }

@@ -32,6 +32,13 @@ struct RunOptions {
 // 130 interrupted.
 int RunJob(const RunOptions& options);
 
+// The directory of the running executable (where `make build` puts
+// kubetrain-ps and kubetrain-worker beside kubetrain); "." if unknown.
+std::string ExecutableDir();
+// Installs SIGINT/SIGTERM handlers that set the returned flag (for
+// RunOptions::interrupted). Call once.
+const std::atomic<bool>* InterruptOnSignals();
+
 }  // namespace kubetrain
 
 #endif  // KUBETRAIN_CLI_RUN_H_

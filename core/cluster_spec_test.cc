@@ -31,12 +31,15 @@ std::string TfJobTfConfig(const TrainingJob& job, const std::string& domain) {
 }
 
 TEST(TfConfigTest, SerializesExactlyAsTfJobsOwnTest) {
-  EXPECT_EQ(TfJobTfConfig(TfJobTestJob(1, 1, 0, "ns2"), "tf.training.org"),
-            R"({"cluster":{"ps":["test-tfjob-ps-0.ns2.svc.tf.training.org:2222"],"worker":["test-tfjob-worker-0.ns2.svc.tf.training.org:2222"]},"task":{"type":"worker","index":0},"environment":"cloud"})");
-  EXPECT_EQ(TfJobTfConfig(TfJobTestJob(1, 1, 1, "ns3"), "tf.training.io"),
-            R"({"cluster":{"evaluator":["test-tfjob-evaluator-0.ns3.svc.tf.training.io:2222"],"ps":["test-tfjob-ps-0.ns3.svc.tf.training.io:2222"],"worker":["test-tfjob-worker-0.ns3.svc.tf.training.io:2222"]},"task":{"type":"worker","index":0},"environment":"cloud"})");
-  EXPECT_EQ(TfJobTfConfig(TfJobTestJob(1, 1, 1, "ns3"), ""),
-            R"({"cluster":{"evaluator":["test-tfjob-evaluator-0.ns3.svc:2222"],"ps":["test-tfjob-ps-0.ns3.svc:2222"],"worker":["test-tfjob-worker-0.ns3.svc:2222"]},"task":{"type":"worker","index":0},"environment":"cloud"})");
+  EXPECT_EQ(
+      TfJobTfConfig(TfJobTestJob(1, 1, 0, "ns2"), "tf.training.org"),
+      R"({"cluster":{"ps":["test-tfjob-ps-0.ns2.svc.tf.training.org:2222"],"worker":["test-tfjob-worker-0.ns2.svc.tf.training.org:2222"]},"task":{"type":"worker","index":0},"environment":"cloud"})");
+  EXPECT_EQ(
+      TfJobTfConfig(TfJobTestJob(1, 1, 1, "ns3"), "tf.training.io"),
+      R"({"cluster":{"evaluator":["test-tfjob-evaluator-0.ns3.svc.tf.training.io:2222"],"ps":["test-tfjob-ps-0.ns3.svc.tf.training.io:2222"],"worker":["test-tfjob-worker-0.ns3.svc.tf.training.io:2222"]},"task":{"type":"worker","index":0},"environment":"cloud"})");
+  EXPECT_EQ(
+      TfJobTfConfig(TfJobTestJob(1, 1, 1, "ns3"), ""),
+      R"({"cluster":{"evaluator":["test-tfjob-evaluator-0.ns3.svc:2222"],"ps":["test-tfjob-ps-0.ns3.svc:2222"],"worker":["test-tfjob-worker-0.ns3.svc:2222"]},"task":{"type":"worker","index":0},"environment":"cloud"})");
 }
 
 TEST(TfConfigTest, RoundTrips) {
@@ -80,7 +83,9 @@ TEST(TfConfigTest, ParsesTensorFlowExample) {
 
 TEST(TfConfigTest, RejectsMalformed) {
   const char* bad[] = {
-      "", "[]", "{\"task\":{\"type\":\"ps\",\"index\":0}}",
+      "",
+      "[]",
+      "{\"task\":{\"type\":\"ps\",\"index\":0}}",
       R"({"cluster":{"ps":"h:1"},"task":{"type":"ps","index":0}})",
       R"({"cluster":{"ps":["h"]},"task":{"type":"ps","index":0}})",
       R"({"cluster":{"ps":["h:1"]},"task":{"type":"ps","index":3}})",

@@ -70,17 +70,15 @@ absl::StatusOr<std::string> ReadGzip(const std::string& path, size_t limit) {
   int errnum = Z_OK;
   const char* message = gzerror(raw, &errnum);
   if (errnum == Z_ERRNO) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": read error: ", std::strerror(errno)));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": read error: ", std::strerror(errno)));
   }
   if (errnum != Z_OK) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": corrupt gzip data: ", message));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": corrupt gzip data: ", message));
   }
   const int close_result = gzclose(file.release());
   if (close_result != Z_OK) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": corrupt gzip data: gzclose returned ", close_result));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": corrupt gzip data: gzclose returned ", close_result));
   }
   return data;
 }
@@ -97,14 +95,13 @@ absl::StatusOr<std::string> ReadRaw(const std::string& path, size_t limit) {
     data.append(buf, n);
   }
   if (std::ferror(file.get())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": read error: ", std::strerror(errno)));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": read error: ", std::strerror(errno)));
   }
   return data;
 }
 
-absl::StatusOr<std::string> ReadFile(
-    const std::string& path, size_t limit = std::numeric_limits<size_t>::max()) {
+absl::StatusOr<std::string> ReadFile(const std::string& path,
+                                     size_t limit = std::numeric_limits<size_t>::max()) {
   if (absl::EndsWith(path, ".gz")) return ReadGzip(path, limit);
   return ReadRaw(path, limit);
 }
@@ -115,78 +112,71 @@ std::string FashionMnistPath(const std::string& dir, bool train, const char* kin
 
 uint32_t BigEndian32(const std::string& data, size_t offset) {
   const auto* p = reinterpret_cast<const unsigned char*>(data.data()) + offset;
-  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) |
-         (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
 // Checks the magic and that the file holds a full header.
-absl::Status CheckHeader(const std::string& path, const std::string& data,
-                         uint32_t magic, const char* kind,
-                         size_t header_bytes) {
+absl::Status CheckHeader(const std::string& path, const std::string& data, uint32_t magic,
+                         const char* kind, size_t header_bytes) {
   if (data.size() < 4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": truncated: file has ", data.size(),
-        " bytes, too short for an IDX magic number"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": truncated: file has ", data.size(),
+                                                   " bytes, too short for an IDX magic number"));
   }
   const uint32_t got = BigEndian32(data, 0);
   if (got != magic) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("%s: bad magic 0x%08x (expected 0x%08x for %s)", path,
-                        got, magic, kind));
+        absl::StrFormat("%s: bad magic 0x%08x (expected 0x%08x for %s)", path, got, magic, kind));
   }
   if (data.size() < header_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": truncated: header needs ", header_bytes,
-                     " bytes, file has ", data.size()));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": truncated: header needs ", header_bytes,
+                                                   " bytes, file has ", data.size()));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
-                                const std::string& labels_path) {
+absl::StatusOr<Dataset> LoadIdx(const std::string& images_path, const std::string& labels_path) {
   absl::StatusOr<std::string> images = ReadFile(images_path);
   if (!images.ok()) return images.status();
   absl::StatusOr<std::string> labels = ReadFile(labels_path);
   if (!labels.ok()) return labels.status();
 
   constexpr size_t kImagesHeader = 16, kLabelsHeader = 8;
-  absl::Status status = CheckHeader(images_path, *images, kImagesMagic,
-                                    "IDX3 images", kImagesHeader);
+  absl::Status status =
+      CheckHeader(images_path, *images, kImagesMagic, "IDX3 images", kImagesHeader);
   if (!status.ok()) return status;
-  status = CheckHeader(labels_path, *labels, kLabelsMagic, "IDX1 labels",
-                       kLabelsHeader);
+  status = CheckHeader(labels_path, *labels, kLabelsMagic, "IDX1 labels", kLabelsHeader);
   if (!status.ok()) return status;
 
   const uint32_t count = BigEndian32(*images, 4);
   const uint32_t rows = BigEndian32(*images, 8);
   const uint32_t cols = BigEndian32(*images, 12);
   if (rows == 0 || cols == 0 || rows > kMaxSide || cols > kMaxSide) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(images_path, ": bad image size ", rows, "x", cols,
-                     " (each side must be in [1, ", kMaxSide, "])"));
+    return absl::InvalidArgumentError(absl::StrCat(images_path, ": bad image size ", rows, "x",
+                                                   cols, " (each side must be in [1, ", kMaxSide,
+                                                   "])"));
   }
   // count < 2^32 and rows*cols <= 2^30, so this fits in 64 bits.
   const uint64_t pixel_bytes = uint64_t{count} * rows * cols;
   const uint64_t have_pixels = images->size() - kImagesHeader;
   if (have_pixels < pixel_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        images_path, ": truncated: header promises ", pixel_bytes,
-        " bytes of pixels, file has ", have_pixels));
+    return absl::InvalidArgumentError(absl::StrCat(images_path, ": truncated: header promises ",
+                                                   pixel_bytes, " bytes of pixels, file has ",
+                                                   have_pixels));
   }
 
   const uint32_t label_count = BigEndian32(*labels, 4);
   const uint64_t have_labels = labels->size() - kLabelsHeader;
   if (have_labels < label_count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        labels_path, ": truncated: header promises ", label_count,
-        " bytes of labels, file has ", have_labels));
+    return absl::InvalidArgumentError(absl::StrCat(labels_path, ": truncated: header promises ",
+                                                   label_count, " bytes of labels, file has ",
+                                                   have_labels));
   }
   if (label_count != count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "image count ", count, " (", images_path, ") != label count ",
-        label_count, " (", labels_path, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("image count ", count, " (", images_path,
+                                                   ") != label count ", label_count, " (",
+                                                   labels_path, ")"));
   }
 
   Dataset data;
@@ -194,19 +184,17 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
   data.rows = static_cast<int>(rows);
   data.cols = static_cast<int>(cols);
   data.labels.resize(count);
-  const auto* label_bytes =
-      reinterpret_cast<const unsigned char*>(labels->data()) + kLabelsHeader;
+  const auto* label_bytes = reinterpret_cast<const unsigned char*>(labels->data()) + kLabelsHeader;
   for (uint32_t i = 0; i < count; ++i) {
     if (label_bytes[i] >= kNumClasses) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(labels_path, ": label ", int{label_bytes[i]},
-                       " out of range [0,", kNumClasses, ") at index ", i));
+      return absl::InvalidArgumentError(absl::StrCat(labels_path, ": label ", int{label_bytes[i]},
+                                                     " out of range [0,", kNumClasses,
+                                                     ") at index ", i));
     }
     data.labels[i] = label_bytes[i];
   }
   data.images.resize(pixel_bytes);
-  const auto* pixels =
-      reinterpret_cast<const unsigned char*>(images->data()) + kImagesHeader;
+  const auto* pixels = reinterpret_cast<const unsigned char*>(images->data()) + kImagesHeader;
   for (uint64_t i = 0; i < pixel_bytes; ++i) {
     data.images[i] = pixels[i] * (1.0f / 255.0f);
   }
@@ -223,14 +211,12 @@ absl::StatusOr<int64_t> CountExamples(const std::string& dir, bool train) {
   const std::string path = FashionMnistPath(dir, train, "labels-idx1");
   absl::StatusOr<std::string> header = ReadFile(path, kLabelsHeader);
   if (!header.ok()) return header.status();
-  absl::Status status =
-      CheckHeader(path, *header, kLabelsMagic, "IDX1 labels", kLabelsHeader);
+  absl::Status status = CheckHeader(path, *header, kLabelsMagic, "IDX1 labels", kLabelsHeader);
   if (!status.ok()) return status;
   return int64_t{BigEndian32(*header, 4)};
 }
 
-ShardedBatcher::ShardedBatcher(const Dataset& data, int shard, int num_shards,
-                               uint64_t seed)
+ShardedBatcher::ShardedBatcher(const Dataset& data, int shard, int num_shards, uint64_t seed)
     : data_(data), seed_(seed), shard_(shard) {
   // An invalid shard assignment yields an empty shard; Next() then returns
   // empty batches rather than reading out of bounds.
@@ -252,10 +238,8 @@ ShardedBatcher::ShardedBatcher(const Dataset& data, int shard, int num_shards,
 void ShardedBatcher::Reshuffle() {
   // Hand-rolled Fisher-Yates (std::shuffle's algorithm is unspecified), so the
   // order is identical across standard libraries.
-  std::seed_seq seq{static_cast<uint32_t>(seed_),
-                    static_cast<uint32_t>(seed_ >> 32),
-                    static_cast<uint32_t>(epoch_),
-                    static_cast<uint32_t>(epoch_ >> 32),
+  std::seed_seq seq{static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32),
+                    static_cast<uint32_t>(epoch_), static_cast<uint32_t>(epoch_ >> 32),
                     static_cast<uint32_t>(shard_)};
   std::mt19937_64 rng(seq);
   for (size_t i = indices_.size(); i > 1; --i) {
@@ -264,8 +248,7 @@ void ShardedBatcher::Reshuffle() {
   cursor_ = 0;
 }
 
-void ShardedBatcher::Next(int batch, std::vector<float>* x,
-                          std::vector<int32_t>* y) {
+void ShardedBatcher::Next(int batch, std::vector<float>* x, std::vector<int32_t>* y) {
   if (indices_.empty() || batch <= 0) {
     x->clear();
     y->clear();
@@ -280,8 +263,8 @@ void ShardedBatcher::Next(int batch, std::vector<float>* x,
       Reshuffle();
     }
     const int64_t example = indices_[cursor_++];
-    std::memcpy(x->data() + static_cast<size_t>(i) * dim,
-                data_.images.data() + example * dim, dim * sizeof(float));
+    std::memcpy(x->data() + static_cast<size_t>(i) * dim, data_.images.data() + example * dim,
+                dim * sizeof(float));
     (*y)[i] = data_.labels[example];
   }
 }

@@ -16,7 +16,7 @@ struct Dataset {
   int64_t size = 0;
   int rows = 28;
   int cols = 28;
-  std::vector<float> images;  // size x (rows*cols), pixel/255 in [0, 1]
+  std::vector<float> images;    // size x (rows*cols), pixel/255 in [0, 1]
   std::vector<int32_t> labels;  // size, in [0, 10)
   int feature_dim() const { return rows * cols; }
 };
@@ -25,8 +25,7 @@ struct Dataset {
 // zlib; anything else is read raw). Errors name the file and what is wrong:
 // missing/unreadable, bad magic, truncated (fewer bytes than the header
 // promises), corrupt gzip, image/label count mismatch, label out of range.
-absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
-                                const std::string& labels_path);
+absl::StatusOr<Dataset> LoadIdx(const std::string& images_path, const std::string& labels_path);
 
 // `dir`/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz, as installed by
 // Debian's dataset-fashion-mnist in /usr/share/datasets/fashion-mnist.

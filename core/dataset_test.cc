@@ -20,8 +20,7 @@ namespace {
 
 constexpr char kFashionMnistDir[] = "/usr/share/datasets/fashion-mnist";
 
-::testing::AssertionResult Contains(const std::string& text,
-                                    const std::string& phrase) {
+::testing::AssertionResult Contains(const std::string& text, const std::string& phrase) {
   if (text.find(phrase) != std::string::npos) {
     return ::testing::AssertionSuccess();
   }
@@ -37,8 +36,7 @@ void AppendBigEndian32(uint32_t v, std::string* out) {
 }
 
 std::string ImagesIdx(uint32_t count, uint32_t rows, uint32_t cols,
-                      const std::vector<uint8_t>& pixels,
-                      uint32_t magic = 0x00000803) {
+                      const std::vector<uint8_t>& pixels, uint32_t magic = 0x00000803) {
   std::string out;
   AppendBigEndian32(magic, &out);
   AppendBigEndian32(count, &out);
@@ -59,8 +57,7 @@ std::string LabelsIdx(uint32_t count, const std::vector<uint8_t>& labels,
 
 // A fresh directory per test, under bazel's TEST_TMPDIR.
 std::string TestDir() {
-  const ::testing::TestInfo* info =
-      ::testing::UnitTest::GetInstance()->current_test_info();
+  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::string dir = ::testing::TempDir();
   if (!dir.empty() && dir.back() != '/') dir += '/';
   dir += std::string(info->test_suite_name()) + "." + info->name();
@@ -77,8 +74,7 @@ void WriteRaw(const std::string& path, const std::string& bytes) {
 void WriteGzip(const std::string& path, const std::string& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr) << path;
-  ASSERT_EQ(gzwrite(f, bytes.data(), bytes.size()),
-            static_cast<int>(bytes.size()));
+  ASSERT_EQ(gzwrite(f, bytes.data(), bytes.size()), static_cast<int>(bytes.size()));
   ASSERT_EQ(gzclose(f), Z_OK);
 }
 
@@ -105,8 +101,7 @@ void ExpectSmallDataset(const Dataset& data) {
   EXPECT_EQ(data.labels, std::vector<int32_t>({7, 0, 9}));
 }
 
-void ExpectError(const absl::StatusOr<Dataset>& result,
-                 const std::vector<std::string>& phrases) {
+void ExpectError(const absl::StatusOr<Dataset>& result, const std::vector<std::string>& phrases) {
   ASSERT_FALSE(result.ok());
   const std::string message(result.status().message());
   for (const std::string& phrase : phrases) {
@@ -127,8 +122,7 @@ TEST(LoadIdxTest, ParsesGzipFiles) {
   const std::string dir = TestDir();
   WriteGzip(dir + "/images.gz", ImagesIdx(3, 2, 3, kPixels));
   WriteGzip(dir + "/labels.gz", LabelsIdx(3, kLabels));
-  absl::StatusOr<Dataset> data =
-      LoadIdx(dir + "/images.gz", dir + "/labels.gz");
+  absl::StatusOr<Dataset> data = LoadIdx(dir + "/images.gz", dir + "/labels.gz");
   ASSERT_TRUE(data.ok()) << data.status();
   ExpectSmallDataset(*data);
 }
@@ -161,11 +155,9 @@ TEST(LoadIdxTest, BadMagic) {
   WriteRaw(dir + "/images", ImagesIdx(3, 2, 3, kPixels));
   WriteRaw(dir + "/labels", LabelsIdx(3, kLabels));
   ExpectError(LoadIdx(dir + "/labels", dir + "/images"),
-              {dir + "/labels",
-               "bad magic 0x00000801 (expected 0x00000803 for IDX3 images)"});
+              {dir + "/labels", "bad magic 0x00000801 (expected 0x00000803 for IDX3 images)"});
   ExpectError(LoadIdx(dir + "/images", dir + "/images"),
-              {dir + "/images",
-               "bad magic 0x00000803 (expected 0x00000801 for IDX1 labels)"});
+              {dir + "/images", "bad magic 0x00000803 (expected 0x00000801 for IDX1 labels)"});
   // A text file behind a .gz name is read transparently, then fails the
   // magic check.
   WriteRaw(dir + "/text.gz", "hello, world\n");
@@ -179,8 +171,7 @@ TEST(LoadIdxTest, TruncatedRawFile) {
   WriteRaw(dir + "/images", ImagesIdx(3, 2, 3, short_pixels));
   WriteRaw(dir + "/labels", LabelsIdx(3, kLabels));
   ExpectError(LoadIdx(dir + "/images", dir + "/labels"),
-              {dir + "/images",
-               "truncated: header promises 18 bytes of pixels, file has 10"});
+              {dir + "/images", "truncated: header promises 18 bytes of pixels, file has 10"});
 
   WriteRaw(dir + "/short_header", ImagesIdx(3, 2, 3, {}).substr(0, 9));
   ExpectError(LoadIdx(dir + "/short_header", dir + "/labels"),
@@ -235,8 +226,7 @@ TEST(LoadIdxTest, CountMismatch) {
   WriteRaw(dir + "/images", ImagesIdx(3, 2, 3, kPixels));
   WriteRaw(dir + "/labels", LabelsIdx(2, {1, 2}));
   ExpectError(LoadIdx(dir + "/images", dir + "/labels"),
-              {"image count 3", "!= label count 2", dir + "/images",
-               dir + "/labels"});
+              {"image count 3", "!= label count 2", dir + "/images", dir + "/labels"});
 }
 
 TEST(LoadIdxTest, LabelOutOfRange) {
@@ -262,8 +252,7 @@ Dataset Synthetic(int64_t n) {
 
 // The next `n` example indices from the batcher, fetched in batches of
 // `batch` (n must be a multiple).
-std::vector<int64_t> Take(ShardedBatcher* batcher, const Dataset& data,
-                          int64_t n, int batch = 1) {
+std::vector<int64_t> Take(ShardedBatcher* batcher, const Dataset& data, int64_t n, int batch = 1) {
   std::vector<int64_t> out;
   std::vector<float> x;
   std::vector<int32_t> y;
@@ -288,13 +277,11 @@ TEST(ShardedBatcherTest, ShardsAreDisjointAndCoverAll) {
     for (int shard = 0; shard < num_shards; ++shard) {
       ShardedBatcher batcher(data, shard, num_shards, /*seed=*/9);
       EXPECT_NEAR(batcher.shard_size(), 103.0 / num_shards, 1.0);
-      const std::vector<int64_t> epoch =
-          Take(&batcher, data, batcher.shard_size());
+      const std::vector<int64_t> epoch = Take(&batcher, data, batcher.shard_size());
       EXPECT_EQ(batcher.epoch(), 0);
       for (int64_t i : epoch) {
         EXPECT_TRUE(seen.insert(i).second)
-            << "example " << i << " in two shards (num_shards=" << num_shards
-            << ")";
+            << "example " << i << " in two shards (num_shards=" << num_shards << ")";
       }
       total += epoch.size();
     }
@@ -353,8 +340,7 @@ TEST(ShardedBatcherTest, CopiesFeatureRows) {
   for (int i = 0; i < 3; ++i) {
     // Find the example by its label (unique here) and compare its row.
     const int64_t example =
-        std::find(data->labels.begin(), data->labels.end(), y[i]) -
-        data->labels.begin();
+        std::find(data->labels.begin(), data->labels.end(), y[i]) - data->labels.begin();
     for (int k = 0; k < 6; ++k) {
       EXPECT_EQ(x[i * 6 + k], data->images[example * 6 + k]);
     }
@@ -363,16 +349,14 @@ TEST(ShardedBatcherTest, CopiesFeatureRows) {
 
 void CheckFashionMnist(bool train, int64_t size) {
   absl::StatusOr<Dataset> data = LoadFashionMnist(kFashionMnistDir, train);
-  ASSERT_TRUE(data.ok())
-      << data.status() << "\nFashion-MNIST is required in " << kFashionMnistDir
-      << ": install the dataset-fashion-mnist package.";
+  ASSERT_TRUE(data.ok()) << data.status() << "\nFashion-MNIST is required in " << kFashionMnistDir
+                         << ": install the dataset-fashion-mnist package.";
   EXPECT_EQ(data->size, size);
   EXPECT_EQ(data->rows, 28);
   EXPECT_EQ(data->cols, 28);
   ASSERT_EQ(static_cast<int64_t>(data->images.size()), size * 784);
   ASSERT_EQ(static_cast<int64_t>(data->labels.size()), size);
-  const auto [lo, hi] =
-      std::minmax_element(data->images.begin(), data->images.end());
+  const auto [lo, hi] = std::minmax_element(data->images.begin(), data->images.end());
   EXPECT_EQ(*lo, 0.0f);
   EXPECT_EQ(*hi, 1.0f);
   std::vector<int64_t> counts(10, 0);

@@ -11,8 +11,11 @@
 namespace kubetrain {
 
 void FlagParser::String(const std::string& name, std::string* value, const std::string& help) {
-  flags_.push_back({name, help, "string", "\"" + *value + "\"", false,
-                    [value](const std::string& v) { *value = v; return true; }});
+  flags_.push_back(
+      {name, help, "string", "\"" + *value + "\"", false, [value](const std::string& v) {
+         *value = v;
+         return true;
+       }});
 }
 
 void FlagParser::Int(const std::string& name, int64_t* value, const std::string& help) {

@@ -22,14 +22,16 @@ TEST(FlagsTest, ParsesFormsAndRejectsBadInput) {
   p.Int("metrics_port", &n, "");
   p.Double("rate", &d, "");
   p.Bool("verbose", &b, "");
-  ASSERT_TRUE(ParseArgs(p, {"--config=a.yaml", "--metrics-port", "9", "--rate=0.5", "--verbose"}).ok());
+  ASSERT_TRUE(
+      ParseArgs(p, {"--config=a.yaml", "--metrics-port", "9", "--rate=0.5", "--verbose"}).ok());
   EXPECT_EQ(s, "a.yaml");
   EXPECT_EQ(n, 9);
   EXPECT_EQ(d, 0.5);
   EXPECT_TRUE(b);
   auto st = ParseArgs(p, {"--metrics_port=nine"});
   EXPECT_NE(st.message().find("--metrics-port"), std::string::npos) << st;
-  EXPECT_NE(ParseArgs(p, {"--confgi=x"}).message().find("unknown flag --confgi"), std::string::npos);
+  EXPECT_NE(ParseArgs(p, {"--confgi=x"}).message().find("unknown flag --confgi"),
+            std::string::npos);
   EXPECT_FALSE(ParseArgs(p, {"--config"}).ok());
   EXPECT_FALSE(ParseArgs(p, {"stray"}).ok());
   std::vector<std::string> pos;

@@ -21,7 +21,8 @@ constexpr size_t kTrailerBytes = 4;
 std::string ErrnoText(int err) { return std::strerror(err); }
 
 uint32_t Crc32(std::string_view data) {
-  return static_cast<uint32_t>(::crc32_z(0L, reinterpret_cast<const Bytef*>(data.data()), data.size()));
+  return static_cast<uint32_t>(
+      ::crc32_z(0L, reinterpret_cast<const Bytef*>(data.data()), data.size()));
 }
 
 // ---------------------------------------------------------------------------
@@ -39,7 +40,8 @@ absl::Status MakeDirs(const std::string& path) {
     start = slash + 1;
     if (partial.empty()) continue;  // leading '/'
     if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::InternalError(absl::StrCat("cannot create directory ", partial, ": ", ErrnoText(errno)));
+      return absl::InternalError(
+          absl::StrCat("cannot create directory ", partial, ": ", ErrnoText(errno)));
     }
   }
   struct stat st;
@@ -86,7 +88,8 @@ absl::Status AtomicWriteFile(const std::string& path, const std::string& data) {
     st = absl::InternalError(absl::StrCat("cannot close ", tmp, ": ", ErrnoText(errno)));
   }
   if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    st = absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ErrnoText(errno)));
+    st = absl::InternalError(
+        absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ErrnoText(errno)));
   }
   if (!st.ok()) {
     ::unlink(tmp.c_str());
@@ -94,7 +97,8 @@ absl::Status AtomicWriteFile(const std::string& path, const std::string& data) {
   }
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) {
-    return absl::InternalError(absl::StrCat("cannot open directory ", dir, " to fsync it: ", ErrnoText(errno)));
+    return absl::InternalError(
+        absl::StrCat("cannot open directory ", dir, " to fsync it: ", ErrnoText(errno)));
   }
   if (::fsync(dfd) != 0) {
     int err = errno;
@@ -153,14 +157,16 @@ absl::Status WriteFramedFile(const std::string& path, std::string_view magic, ui
   return AtomicWriteFile(path, file.data());
 }
 
-absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_view magic, uint32_t version,
-                                           std::string_view what) {
+absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_view magic,
+                                           uint32_t version, std::string_view what) {
   absl::StatusOr<std::string> file = ReadWholeFile(path);
   if (!file.ok()) return file.status();
   const std::string_view data = *file;
   const size_t header_bytes = magic.size() + kVersionAndLengthBytes;
   const size_t min_bytes = header_bytes + kTrailerBytes;
-  auto data_loss = [&path](const auto&... parts) { return absl::DataLossError(absl::StrCat(path, ": ", parts...)); };
+  auto data_loss = [&path](const auto&... parts) {
+    return absl::DataLossError(absl::StrCat(path, ": ", parts...));
+  };
 
   if (data.substr(0, magic.size()) != magic) {
     if (data.size() < magic.size() && magic.substr(0, data.size()) == data) {
@@ -174,15 +180,15 @@ absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_
   BinaryReader header(data.substr(magic.size(), kVersionAndLengthBytes));
   uint32_t format = 0;
   uint64_t payload_len = 0;
-  header.GetU32(&format).IgnoreError();        // cannot fail: the size is checked above
+  header.GetU32(&format).IgnoreError();  // cannot fail: the size is checked above
   header.GetU64(&payload_len).IgnoreError();
   if (format != version) {
-    return data_loss("unsupported ", std::string(what), " format version ", format, " (this build reads version ",
-                     version, ")");
+    return data_loss("unsupported ", std::string(what), " format version ", format,
+                     " (this build reads version ", version, ")");
   }
   if (payload_len > data.size()) {  // also keeps the sum below from overflowing
-    return data_loss("truncated (or a damaged header): the header promises a payload of ", payload_len,
-                     " bytes, the file has ", data.size(), " bytes in all");
+    return data_loss("truncated (or a damaged header): the header promises a payload of ",
+                     payload_len, " bytes, the file has ", data.size(), " bytes in all");
   }
   const uint64_t expected = header_bytes + payload_len + kTrailerBytes;
   if (data.size() < expected) {
@@ -198,8 +204,8 @@ absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_
   trailer.GetU32(&stored_crc).IgnoreError();  // cannot fail: the size is checked above
   const uint32_t crc = Crc32(payload);
   if (crc != stored_crc) {
-    return absl::DataLossError(
-        absl::StrFormat("%s: checksum mismatch (stored %08x, computed %08x)", path, stored_crc, crc));
+    return absl::DataLossError(absl::StrFormat("%s: checksum mismatch (stored %08x, computed %08x)",
+                                               path, stored_crc, crc));
   }
   file->erase(0, header_bytes);
   file->resize(payload_len);
@@ -235,13 +241,15 @@ void BinaryWriter::PutFloats(const std::vector<float>& v) {
 // BinaryReader.
 
 absl::Status BinaryReader::EndsEarly(std::string_view what) const {
-  return absl::DataLossError(absl::StrCat("payload ends early at byte ", pos_, " (reading ", std::string(what), ")"));
+  return absl::DataLossError(
+      absl::StrCat("payload ends early at byte ", pos_, " (reading ", std::string(what), ")"));
 }
 
 absl::Status BinaryReader::GetU32(uint32_t* v) {
   if (remaining() < 4) return EndsEarly("4-byte integer");
   *v = 0;
-  for (int i = 0; i < 4; ++i) *v |= static_cast<uint32_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
+  for (int i = 0; i < 4; ++i)
+    *v |= static_cast<uint32_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
   pos_ += 4;
   return absl::OkStatus();
 }
@@ -249,7 +257,8 @@ absl::Status BinaryReader::GetU32(uint32_t* v) {
 absl::Status BinaryReader::GetU64(uint64_t* v) {
   if (remaining() < 8) return EndsEarly("8-byte integer");
   *v = 0;
-  for (int i = 0; i < 8; ++i) *v |= static_cast<uint64_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    *v |= static_cast<uint64_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
   pos_ += 8;
   return absl::OkStatus();
 }

@@ -49,8 +49,8 @@ inline constexpr char kFramedFileTempInfix[] = ".tmp.";
 //     "truncated: expected N bytes, found M"
 //     "corrupt: expected N bytes, found M (trailing data or a damaged header)"
 //     "checksum mismatch (stored xxxxxxxx, computed xxxxxxxx)"
-absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_view magic, uint32_t version,
-                                           std::string_view what);
+absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_view magic,
+                                           uint32_t version, std::string_view what);
 
 // Appends little-endian fields to a payload.
 class BinaryWriter {

@@ -60,7 +60,8 @@ TEST(FramedFileTest, EmptyPayloadAndOverwrite) {
 TEST(FramedFileTest, WriteErrorNamesPath) {
   const std::string dir = NewTestDir("framed");
   ASSERT_TRUE(WriteFramedFile(dir + "/f.bin", kMagic, kVersion, "x").ok());
-  absl::Status st = WriteFramedFile(dir + "/f.bin/g.bin", kMagic, kVersion, "x");  // a file as directory
+  absl::Status st =
+      WriteFramedFile(dir + "/f.bin/g.bin", kMagic, kVersion, "x");  // a file as directory
   EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
   EXPECT_CONTAINS(std::string(st.message()), dir + "/f.bin");
 }
@@ -99,9 +100,11 @@ TEST(FramedFileTest, TruncationIsDetected) {
   EXPECT_EQ(Read(path).status().message(),
             absl::StrCat(path, ": truncated: expected ", full, " bytes, found ", full - 1));
   TruncateFile(path, 5);
-  EXPECT_EQ(Read(path).status().message(), absl::StrCat(path, ": truncated: expected at least 24 bytes, found 5"));
+  EXPECT_EQ(Read(path).status().message(),
+            absl::StrCat(path, ": truncated: expected at least 24 bytes, found 5"));
   TruncateFile(path, 0);
-  EXPECT_EQ(Read(path).status().message(), absl::StrCat(path, ": truncated: expected at least 24 bytes, found 0"));
+  EXPECT_EQ(Read(path).status().message(),
+            absl::StrCat(path, ": truncated: expected at least 24 bytes, found 0"));
   for (size_t n = 0; n < full; ++n) {
     WriteFile(path, good.substr(0, n));
     auto read = Read(path);
@@ -115,8 +118,10 @@ TEST(FramedFileTest, TrailingDataIsCorrupt) {
   const std::string path = NewTestDir("framed") + "/f.bin";
   ASSERT_TRUE(WriteFramedFile(path, kMagic, kVersion, "abc").ok());
   WriteFile(path, ReadFile(path) + "!");
-  EXPECT_EQ(Read(path).status().message(),
-            absl::StrCat(path, ": corrupt: expected 27 bytes, found 28 (trailing data or a damaged header)"));
+  EXPECT_EQ(
+      Read(path).status().message(),
+      absl::StrCat(path,
+                   ": corrupt: expected 27 bytes, found 28 (trailing data or a damaged header)"));
 }
 
 TEST(FramedFileTest, BadMagic) {
@@ -146,9 +151,10 @@ TEST(FramedFileTest, HugeLengthIsTruncatedWithoutAllocating) {
   WriteFile(path, data);
   auto read = Read(path);
   EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(read.status().message(),
-            absl::StrCat(path, ": truncated (or a damaged header): the header promises a payload of ",
-                         std::numeric_limits<uint64_t>::max(), " bytes, the file has 27 bytes in all"));
+  EXPECT_EQ(
+      read.status().message(),
+      absl::StrCat(path, ": truncated (or a damaged header): the header promises a payload of ",
+                   std::numeric_limits<uint64_t>::max(), " bytes, the file has 27 bytes in all"));
 }
 
 TEST(FramedFileTest, MissingFileAndDirectory) {

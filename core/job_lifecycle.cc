@@ -85,8 +85,8 @@ std::vector<Restart> LifecycleDecision::DueRestarts(absl::Time now) const {
 LifecycleDecision DecideJob(const TrainingJob& job, const std::vector<TaskState>& tasks,
                             absl::Time start, absl::Time now, const RestartBackoff& backoff) {
   LifecycleDecision d;
-  const TaskState* permanent = nullptr;    // the first task that failed for good
-  std::vector<const TaskState*> retryable; // failed tasks their policy restarts
+  const TaskState* permanent = nullptr;     // the first task that failed for good
+  std::vector<const TaskState*> retryable;  // failed tasks their policy restarts
   const TaskState* restarted_most = nullptr;
   for (const TaskState& t : tasks) {
     const RestartPolicy policy = PolicyOf(job, t.task);
@@ -94,8 +94,9 @@ LifecycleDecision DecideJob(const TrainingJob& job, const std::vector<TaskState>
     c.restarts += t.restarts + t.in_place_restarts;
     c.recreated += t.restarts;
     d.total_restarts += t.restarts + t.in_place_restarts;
-    if (restarted_most == nullptr || t.restarts + t.in_place_restarts >
-                                         restarted_most->restarts + restarted_most->in_place_restarts) {
+    if (restarted_most == nullptr ||
+        t.restarts + t.in_place_restarts >
+            restarted_most->restarts + restarted_most->in_place_restarts) {
       restarted_most = &t;
     }
     switch (t.phase) {

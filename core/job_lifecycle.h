@@ -63,7 +63,7 @@ inline constexpr RestartBackoff kLocalBackoff{absl::Milliseconds(500), absl::Sec
                                               absl::Minutes(5), absl::Minutes(10)};
 
 enum class TaskPhase {
-  kPending,    // not started yet, or being (re)created
+  kPending,  // not started yet, or being (re)created
   kRunning,
   kSucceeded,  // ended with exit code 0
   kFailed,     // ended with a non-zero exit code, or was lost (no exit code)
@@ -97,12 +97,12 @@ const char* FailureKindName(FailureKind kind);
 // Why the job failed, with what each runner needs to word its own message.
 struct Failure {
   FailureKind kind = FailureKind::kNone;
-  JobTask task;          // kTaskFailed / kBackoffLimitExceeded: the task that decided it
-  int exit_code = 0;    // of that task (137 for a lost one; 0 if it was restarted in place)
+  JobTask task;       // kTaskFailed / kBackoffLimitExceeded: the task that decided it
+  int exit_code = 0;  // of that task (137 for a lost one; 0 if it was restarted in place)
   RestartPolicy policy = RestartPolicy::kNever;  // of that task's replica type
-  int64_t restarts = 0;           // kBackoffLimitExceeded: restarts the job would need
-  int backoff_limit = 0;          // kBackoffLimitExceeded
-  int64_t deadline_seconds = 0;   // kDeadlineExceeded
+  int64_t restarts = 0;          // kBackoffLimitExceeded: restarts the job would need
+  int backoff_limit = 0;         // kBackoffLimitExceeded
+  int64_t deadline_seconds = 0;  // kDeadlineExceeded
 };
 
 // A failed task to start again.
@@ -117,11 +117,11 @@ struct Restart {
 };
 
 struct ReplicaCounts {
-  int active = 0;        // running
+  int active = 0;  // running
   int succeeded = 0;
-  int failed = 0;        // failed for good (not restarted)
-  int64_t restarts = 0;  // restarts so far, in place or by the runner
-  int64_t recreated = 0; // of which by the runner
+  int failed = 0;         // failed for good (not restarted)
+  int64_t restarts = 0;   // restarts so far, in place or by the runner
+  int64_t recreated = 0;  // of which by the runner
 };
 
 struct LifecycleDecision {

@@ -56,10 +56,10 @@ LifecycleDecision Decide(const TrainingJob& job, const std::vector<TaskState>& t
 TEST(RestartBackoffTest, DoublesFromZeroToTheCapLikeTheKubelet) {
   std::vector<absl::Duration> kubelet;
   for (int n = 1; n <= 8; ++n) kubelet.push_back(kKubeletBackoff.Delay(n));
-  EXPECT_EQ(kubelet, (std::vector<absl::Duration>{absl::ZeroDuration(), absl::Seconds(10),
-                                                  absl::Seconds(20), absl::Seconds(40),
-                                                  absl::Seconds(80), absl::Seconds(160),
-                                                  absl::Minutes(5), absl::Minutes(5)}));
+  EXPECT_EQ(kubelet,
+            (std::vector<absl::Duration>{absl::ZeroDuration(), absl::Seconds(10), absl::Seconds(20),
+                                         absl::Seconds(40), absl::Seconds(80), absl::Seconds(160),
+                                         absl::Minutes(5), absl::Minutes(5)}));
   EXPECT_EQ(kLocalBackoff.Delay(1), absl::Milliseconds(500));
   EXPECT_EQ(kLocalBackoff.Delay(2), absl::Seconds(1));
   EXPECT_EQ(kLocalBackoff.Delay(5), absl::Seconds(8));

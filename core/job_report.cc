@@ -77,7 +77,8 @@ json Write(const T& value, const std::vector<Field<T>>& fields, NameStyle style)
 
 template <typename T>
 absl::StatusOr<T> Read(const json& j, const std::vector<Field<T>>& fields, const char* what) {
-  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(what, ": expected a JSON object"));
+  if (!j.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(what, ": expected a JSON object"));
   T out;
   for (const auto& f : fields) {
     const json* v = nullptr;
@@ -91,13 +92,19 @@ absl::StatusOr<T> Read(const json& j, const std::vector<Field<T>>& fields, const
           auto& dst = out.*member;
           using V = std::decay_t<decltype(dst)>;
           if constexpr (std::is_same_v<V, std::string>) {
-            if (!v->is_string()) return absl::InvalidArgumentError(absl::StrCat(what, ".", f.name, ": expected a string"));
+            if (!v->is_string())
+              return absl::InvalidArgumentError(
+                  absl::StrCat(what, ".", f.name, ": expected a string"));
             dst = v->get<std::string>();
           } else if constexpr (std::is_same_v<V, int64_t>) {
-            if (!v->is_number()) return absl::InvalidArgumentError(absl::StrCat(what, ".", f.name, ": expected a number"));
+            if (!v->is_number())
+              return absl::InvalidArgumentError(
+                  absl::StrCat(what, ".", f.name, ": expected a number"));
             dst = v->get<int64_t>();
           } else {
-            if (!v->is_number()) return absl::InvalidArgumentError(absl::StrCat(what, ".", f.name, ": expected a number"));
+            if (!v->is_number())
+              return absl::InvalidArgumentError(
+                  absl::StrCat(what, ".", f.name, ": expected a number"));
             dst = v->get<double>();
           }
           return absl::OkStatus();
@@ -136,8 +143,12 @@ std::string CamelCase(const std::string& snake) {
 json ToJson(const Progress& p, NameStyle style) { return Write(p, ProgressFields(), style); }
 json ToJson(const JobResult& r, NameStyle style) { return Write(r, JobResultFields(), style); }
 
-absl::StatusOr<Progress> ProgressFromJson(const json& j) { return Read(j, ProgressFields(), "progress"); }
-absl::StatusOr<JobResult> JobResultFromJson(const json& j) { return Read(j, JobResultFields(), "result"); }
+absl::StatusOr<Progress> ProgressFromJson(const json& j) {
+  return Read(j, ProgressFields(), "progress");
+}
+absl::StatusOr<JobResult> JobResultFromJson(const json& j) {
+  return Read(j, JobResultFields(), "result");
+}
 
 Progress FinalProgress(const JobResult& r) {
   Progress p;
@@ -149,8 +160,12 @@ Progress FinalProgress(const JobResult& r) {
   return p;
 }
 
-std::string FormatReportLine(const Progress& p) { return absl::StrCat(kProgressTag, " ", ToJson(p).dump()); }
-std::string FormatReportLine(const JobResult& r) { return absl::StrCat(kResultTag, " ", ToJson(r).dump()); }
+std::string FormatReportLine(const Progress& p) {
+  return absl::StrCat(kProgressTag, " ", ToJson(p).dump());
+}
+std::string FormatReportLine(const JobResult& r) {
+  return absl::StrCat(kResultTag, " ", ToJson(r).dump());
+}
 
 std::optional<ReportLine> ParseReportLine(const std::string& line) {
   if (auto j = Tagged(line, kProgressTag)) {
@@ -176,7 +191,8 @@ std::optional<Progress> ProgressFromMetrics(const std::string& text) {
     auto space = line.rfind(' ');
     if (space == std::string::npos) continue;
     std::string name = line.substr(0, space);
-    if (name.size() > 2 && name.compare(name.size() - 2, 2, "{}") == 0) name.resize(name.size() - 2);
+    if (name.size() > 2 && name.compare(name.size() - 2, 2, "{}") == 0)
+      name.resize(name.size() - 2);
     double v = 0;
     if (!absl::SimpleAtod(line.substr(space + 1), &v)) continue;
     if (name == kGlobalStepMetric) {

@@ -52,8 +52,7 @@ std::string Join(absl::string_view path, absl::string_view key) {
 
 std::string Quote(absl::string_view s) {
   constexpr size_t kMax = 60;
-  if (s.size() > kMax)
-    return absl::StrCat("\"", absl::CEscape(s.substr(0, kMax)), "...\"");
+  if (s.size() > kMax) return absl::StrCat("\"", absl::CEscape(s.substr(0, kMax)), "...\"");
   return absl::StrCat("\"", absl::CEscape(s), "\"");
 }
 
@@ -71,10 +70,8 @@ std::string Describe(const YAML::Node& node) {
   }
 }
 
-absl::Status TypeError(absl::string_view path, absl::string_view expected,
-                       const YAML::Node& got) {
-  return FieldError(
-      path, absl::StrCat("expected ", expected, ", got ", Describe(got)));
+absl::Status TypeError(absl::string_view path, absl::string_view expected, const YAML::Node& got) {
+  return FieldError(path, absl::StrCat("expected ", expected, ", got ", Describe(got)));
 }
 
 // Levenshtein distance, for "did you mean" hints on typos.
@@ -86,9 +83,7 @@ size_t EditDistance(absl::string_view a, absl::string_view b) {
     row[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
       size_t up = row[j];
-      size_t cost =
-          absl::ascii_tolower(a[i - 1]) == absl::ascii_tolower(b[j - 1]) ? 0
-                                                                         : 1;
+      size_t cost = absl::ascii_tolower(a[i - 1]) == absl::ascii_tolower(b[j - 1]) ? 0 : 1;
       row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + cost});
       diag = up;
     }
@@ -96,12 +91,10 @@ size_t EditDistance(absl::string_view a, absl::string_view b) {
   return row[b.size()];
 }
 
-std::string Suggestion(absl::string_view got,
-                       const std::vector<std::string>& known) {
+std::string Suggestion(absl::string_view got, const std::vector<std::string>& known) {
   const std::string* best = nullptr;
   // Only near misses: short words are all a couple of edits apart.
-  size_t best_distance =
-      std::min<size_t>(2, std::max<size_t>(1, got.size() / 4)) + 1;
+  size_t best_distance = std::min<size_t>(2, std::max<size_t>(1, got.size() / 4)) + 1;
   for (const std::string& k : known) {
     size_t d = EditDistance(got, k);
     if (d < best_distance) {
@@ -126,18 +119,14 @@ class Fields {
     std::set<std::string> seen;
     for (auto it = node.begin(); it != node.end(); ++it) {
       if (!it->first.IsScalar()) {
-        return FieldError(path, absl::StrCat("keys must be strings, got ",
-                                             Describe(it->first)));
+        return FieldError(path, absl::StrCat("keys must be strings, got ", Describe(it->first)));
       }
       const std::string& key = it->first.Scalar();
-      if (!seen.insert(key).second)
-        return FieldError(Join(path, key), "duplicate key");
-      if (!known.empty() &&
-          std::find(known.begin(), known.end(), key) == known.end()) {
-        return FieldError(
-            Join(path, key),
-            absl::StrCat("unknown field (known: ", absl::StrJoin(known, ", "),
-                         ")", Suggestion(key, known)));
+      if (!seen.insert(key).second) return FieldError(Join(path, key), "duplicate key");
+      if (!known.empty() && std::find(known.begin(), known.end(), key) == known.end()) {
+        return FieldError(Join(path, key),
+                          absl::StrCat("unknown field (known: ", absl::StrJoin(known, ", "), ")",
+                                       Suggestion(key, known)));
       }
       if (!it->second.IsNull()) out->values_.emplace(key, it->second);
     }
@@ -169,10 +158,8 @@ bool IsDecimalInteger(absl::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), absl::ascii_isdigit);
 }
 
-absl::Status ToInt64(const YAML::Node& node, const std::string& path,
-                     int64_t* out) {
-  if (!node.IsScalar() || IsString(node))
-    return TypeError(path, "an integer", node);
+absl::Status ToInt64(const YAML::Node& node, const std::string& path, int64_t* out) {
+  if (!node.IsScalar() || IsString(node)) return TypeError(path, "an integer", node);
   const std::string& text = node.Scalar();
   if (!IsDecimalInteger(text)) return TypeError(path, "an integer", node);
   if (!absl::SimpleAtoi(text, out))
@@ -180,36 +167,28 @@ absl::Status ToInt64(const YAML::Node& node, const std::string& path,
   return absl::OkStatus();
 }
 
-absl::Status ToInt32(const YAML::Node& node, const std::string& path,
-                     int* out) {
+absl::Status ToInt32(const YAML::Node& node, const std::string& path, int* out) {
   int64_t v;
   KT_RETURN_IF_ERROR(ToInt64(node, path, &v));
-  if (v < std::numeric_limits<int>::min() ||
-      v > std::numeric_limits<int>::max()) {
+  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
     return FieldError(path, absl::StrCat("out of range, got ", v));
   }
   *out = static_cast<int>(v);
   return absl::OkStatus();
 }
 
-absl::Status ToUint64(const YAML::Node& node, const std::string& path,
-                      uint64_t* out) {
-  if (!node.IsScalar() || IsString(node))
-    return TypeError(path, "a non-negative integer", node);
+absl::Status ToUint64(const YAML::Node& node, const std::string& path, uint64_t* out) {
+  if (!node.IsScalar() || IsString(node)) return TypeError(path, "a non-negative integer", node);
   const std::string& text = node.Scalar();
-  if (!IsDecimalInteger(text))
-    return TypeError(path, "a non-negative integer", node);
-  if (text[0] == '-')
-    return FieldError(path, absl::StrCat("must be >= 0, got ", text));
+  if (!IsDecimalInteger(text)) return TypeError(path, "a non-negative integer", node);
+  if (text[0] == '-') return FieldError(path, absl::StrCat("must be >= 0, got ", text));
   if (!absl::SimpleAtoi(text, out))
     return FieldError(path, absl::StrCat("out of range, got ", text));
   return absl::OkStatus();
 }
 
-absl::Status ToDouble(const YAML::Node& node, const std::string& path,
-                      double* out) {
-  if (!node.IsScalar() || IsString(node))
-    return TypeError(path, "a number", node);
+absl::Status ToDouble(const YAML::Node& node, const std::string& path, double* out) {
+  if (!node.IsScalar() || IsString(node)) return TypeError(path, "a number", node);
   std::string text = node.Scalar();
   // YAML's spellings of infinity and NaN; validation decides whether they are
   // allowed.
@@ -227,18 +206,16 @@ absl::Status ToDouble(const YAML::Node& node, const std::string& path,
     return absl::OkStatus();
   }
   // Only plain decimal notation: no "inf", "nan", hex or "1_000".
-  bool ok = std::any_of(text.begin(), text.end(), absl::ascii_isdigit) &&
-            std::all_of(text.begin(), text.end(), [](char c) {
-              return absl::ascii_isdigit(c) || c == '.' || c == 'e' ||
-                     c == 'E' || c == '+' || c == '-';
-            });
-  if (!ok || !absl::SimpleAtod(text, out))
-    return TypeError(path, "a number", node);
+  bool ok =
+      std::any_of(text.begin(), text.end(), absl::ascii_isdigit) &&
+      std::all_of(text.begin(), text.end(), [](char c) {
+        return absl::ascii_isdigit(c) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
+      });
+  if (!ok || !absl::SimpleAtod(text, out)) return TypeError(path, "a number", node);
   return absl::OkStatus();
 }
 
-absl::Status ToBool(const YAML::Node& node, const std::string& path,
-                    bool* out) {
+absl::Status ToBool(const YAML::Node& node, const std::string& path, bool* out) {
   if (node.IsScalar() && !IsString(node)) {
     const std::string& t = node.Scalar();
     if (t == "true" || t == "True" || t == "TRUE") {
@@ -253,8 +230,7 @@ absl::Status ToBool(const YAML::Node& node, const std::string& path,
   return TypeError(path, "true or false", node);
 }
 
-absl::Status ToString(const YAML::Node& node, const std::string& path,
-                      std::string* out) {
+absl::Status ToString(const YAML::Node& node, const std::string& path, std::string* out) {
   if (!node.IsScalar()) return TypeError(path, "a string", node);
   *out = node.Scalar();
   return absl::OkStatus();
@@ -266,8 +242,7 @@ absl::Status ReadInt64(const Fields& f, const std::string& key, int64_t* out) {
   return n == nullptr ? absl::OkStatus() : ToInt64(*n, f.PathOf(key), out);
 }
 
-absl::Status ReadInt64(const Fields& f, const std::string& key,
-                       std::optional<int64_t>* out) {
+absl::Status ReadInt64(const Fields& f, const std::string& key, std::optional<int64_t>* out) {
   const YAML::Node* n = f.Get(key);
   if (n == nullptr) return absl::OkStatus();
   int64_t v;
@@ -281,8 +256,7 @@ absl::Status ReadInt32(const Fields& f, const std::string& key, int* out) {
   return n == nullptr ? absl::OkStatus() : ToInt32(*n, f.PathOf(key), out);
 }
 
-absl::Status ReadInt32(const Fields& f, const std::string& key,
-                       std::optional<int>* out) {
+absl::Status ReadInt32(const Fields& f, const std::string& key, std::optional<int>* out) {
   const YAML::Node* n = f.Get(key);
   if (n == nullptr) return absl::OkStatus();
   int v;
@@ -301,16 +275,14 @@ absl::Status ReadBool(const Fields& f, const std::string& key, bool* out) {
   return n == nullptr ? absl::OkStatus() : ToBool(*n, f.PathOf(key), out);
 }
 
-absl::Status ReadString(const Fields& f, const std::string& key,
-                        std::string* out) {
+absl::Status ReadString(const Fields& f, const std::string& key, std::string* out) {
   const YAML::Node* n = f.Get(key);
   return n == nullptr ? absl::OkStatus() : ToString(*n, f.PathOf(key), out);
 }
 
 // Reads a nested mapping; `*present` tells whether it was there at all.
 absl::Status ReadSection(const Fields& parent, const std::string& key,
-                         const std::vector<std::string>& known, Fields* out,
-                         bool* present) {
+                         const std::vector<std::string>& known, Fields* out, bool* present) {
   const YAML::Node* n = parent.Get(key);
   *present = n != nullptr;
   if (n == nullptr) return absl::OkStatus();
@@ -323,26 +295,18 @@ std::string OneOf(const std::vector<std::string>& allowed) {
 
 absl::Status CheckOneOf(const std::string& path, const std::string& value,
                         const std::vector<std::string>& allowed) {
-  if (std::find(allowed.begin(), allowed.end(), value) != allowed.end())
-    return absl::OkStatus();
-  return FieldError(path, absl::StrCat(OneOf(allowed), ", got ", Quote(value),
-                                       Suggestion(value, allowed)));
+  if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) return absl::OkStatus();
+  return FieldError(
+      path, absl::StrCat(OneOf(allowed), ", got ", Quote(value), Suggestion(value, allowed)));
 }
 
 absl::Status ParseRestartPolicy(const YAML::Node& node, const std::string& path,
                                 RestartPolicy* out) {
   std::string s;
   KT_RETURN_IF_ERROR(ToString(node, path, &s));
-  static const std::vector<std::pair<std::string, RestartPolicy>> kPolicies = {
-      {"Never", RestartPolicy::kNever},
-      {"OnFailure", RestartPolicy::kOnFailure},
-      {"Always", RestartPolicy::kAlways},
-      {"ExitCode", RestartPolicy::kExitCode}};
-  for (const auto& [name, policy] : kPolicies) {
-    if (s == name) {
-      *out = policy;
-      return absl::OkStatus();
-    }
+  if (auto policy = RestartPolicyFromName(s)) {
+    *out = *policy;
+    return absl::OkStatus();
   }
   return CheckOneOf(path, s, {"Never", "OnFailure", "Always", "ExitCode"});
 }
@@ -362,44 +326,36 @@ absl::Status ParseReplicaSpecs(const YAML::Node& node, const std::string& path,
   if (!node.IsMap()) return TypeError(path, "a mapping", node);
   for (auto it = node.begin(); it != node.end(); ++it) {
     if (!it->first.IsScalar()) {
-      return FieldError(path, absl::StrCat("keys must be strings, got ",
-                                           Describe(it->first)));
+      return FieldError(path, absl::StrCat("keys must be strings, got ", Describe(it->first)));
     }
     const std::string& key = it->first.Scalar();
     std::string type = NormalizeReplicaType(key);
     if (type.empty()) {
-      std::string hint =
-          absl::AsciiStrToLower(key) == "master" ? "; use Chief" : "";
+      std::string hint = absl::AsciiStrToLower(key) == "master" ? "; use Chief" : "";
       return FieldError(
           Join(path, key),
-          absl::StrCat(
-              "unknown replica type (known: PS, Worker, Chief, Evaluator)",
-              hint));
+          absl::StrCat("unknown replica type (known: PS, Worker, Chief, Evaluator)", hint));
     }
     std::string rpath = Join(path, type);
     if (out->count(type) > 0) {
-      return FieldError(rpath,
-                        "duplicate replica type (keys are case-insensitive)");
+      return FieldError(rpath, "duplicate replica type (keys are case-insensitive)");
     }
     ReplicaSpec spec;
     if (!it->second.IsNull()) {
       Fields f;
-      KT_RETURN_IF_ERROR(Fields::Read(
-          it->second, rpath, {"replicas", "restartPolicy", "template"}, &f));
+      KT_RETURN_IF_ERROR(
+          Fields::Read(it->second, rpath, {"replicas", "restartPolicy", "template"}, &f));
       KT_RETURN_IF_ERROR(ReadInt32(f, "replicas", &spec.replicas));
       if (const YAML::Node* n = f.Get("restartPolicy")) {
-        KT_RETURN_IF_ERROR(ParseRestartPolicy(*n, f.PathOf("restartPolicy"),
-                                              &spec.restart_policy));
+        KT_RETURN_IF_ERROR(ParseRestartPolicy(*n, f.PathOf("restartPolicy"), &spec.restart_policy));
       }
       if (const YAML::Node* n = f.Get("template")) {
-        if (!n->IsMap())
-          return TypeError(f.PathOf("template"), "a mapping", *n);
+        if (!n->IsMap()) return TypeError(f.PathOf("template"), "a mapping", *n);
         YAML::Emitter emitter;
         emitter << *n;
         if (!emitter.good()) {
-          return FieldError(
-              f.PathOf("template"),
-              absl::StrCat("cannot re-emit: ", emitter.GetLastError()));
+          return FieldError(f.PathOf("template"),
+                            absl::StrCat("cannot re-emit: ", emitter.GetLastError()));
         }
         spec.template_yaml = emitter.c_str();
       }
@@ -412,17 +368,14 @@ absl::Status ParseReplicaSpecs(const YAML::Node& node, const std::string& path,
 absl::Status ParseRunPolicy(const Fields& spec, RunPolicy* out) {
   Fields f;
   bool present;
-  KT_RETURN_IF_ERROR(
-      ReadSection(spec, "runPolicy",
-                  {"cleanPodPolicy", "ttlSecondsAfterFinished",
-                   "activeDeadlineSeconds", "backoffLimit", "suspend"},
-                  &f, &present));
+  KT_RETURN_IF_ERROR(ReadSection(spec, "runPolicy",
+                                 {"cleanPodPolicy", "ttlSecondsAfterFinished",
+                                  "activeDeadlineSeconds", "backoffLimit", "suspend"},
+                                 &f, &present));
   if (!present) return absl::OkStatus();
   KT_RETURN_IF_ERROR(ReadString(f, "cleanPodPolicy", &out->clean_pod_policy));
-  KT_RETURN_IF_ERROR(ReadInt64(f, "ttlSecondsAfterFinished",
-                               &out->ttl_seconds_after_finished));
-  KT_RETURN_IF_ERROR(
-      ReadInt64(f, "activeDeadlineSeconds", &out->active_deadline_seconds));
+  KT_RETURN_IF_ERROR(ReadInt64(f, "ttlSecondsAfterFinished", &out->ttl_seconds_after_finished));
+  KT_RETURN_IF_ERROR(ReadInt64(f, "activeDeadlineSeconds", &out->active_deadline_seconds));
   KT_RETURN_IF_ERROR(ReadInt32(f, "backoffLimit", &out->backoff_limit));
   KT_RETURN_IF_ERROR(ReadBool(f, "suspend", &out->suspend));
   return absl::OkStatus();
@@ -431,8 +384,7 @@ absl::Status ParseRunPolicy(const Fields& spec, RunPolicy* out) {
 absl::Status ParseModel(const Fields& training, ModelSpec* out) {
   Fields f;
   bool present;
-  KT_RETURN_IF_ERROR(
-      ReadSection(training, "model", {"type", "hiddenUnits"}, &f, &present));
+  KT_RETURN_IF_ERROR(ReadSection(training, "model", {"type", "hiddenUnits"}, &f, &present));
   if (!present) return absl::OkStatus();
   KT_RETURN_IF_ERROR(ReadString(f, "type", &out->type));
   if (const YAML::Node* n = f.Get("hiddenUnits")) {
@@ -441,8 +393,7 @@ absl::Status ParseModel(const Fields& training, ModelSpec* out) {
     out->hidden_units.clear();
     for (size_t i = 0; i < n->size(); ++i) {
       int units;
-      KT_RETURN_IF_ERROR(
-          ToInt32((*n)[i], absl::StrCat(path, "[", i, "]"), &units));
+      KT_RETURN_IF_ERROR(ToInt32((*n)[i], absl::StrCat(path, "[", i, "]"), &units));
       out->hidden_units.push_back(units);
     }
   }
@@ -452,15 +403,14 @@ absl::Status ParseModel(const Fields& training, ModelSpec* out) {
 absl::Status ParseDataset(const Fields& training, TrainingSpec* out) {
   Fields f;
   bool present;
-  KT_RETURN_IF_ERROR(
-      ReadSection(training, "dataset", {"name", "path"}, &f, &present));
+  KT_RETURN_IF_ERROR(ReadSection(training, "dataset", {"name", "path"}, &f, &present));
   if (!present) return absl::OkStatus();
   KT_RETURN_IF_ERROR(ReadString(f, "name", &out->dataset_name));
   KT_RETURN_IF_ERROR(ReadString(f, "path", &out->dataset_path));
   // The default path holds Fashion-MNIST; another dataset must say where it is.
   if (!f.Has("path") && out->dataset_name != "fashion-mnist") {
-    return FieldError(f.PathOf("path"), absl::StrCat("required for dataset ",
-                                                     Quote(out->dataset_name)));
+    return FieldError(f.PathOf("path"),
+                      absl::StrCat("required for dataset ", Quote(out->dataset_name)));
   }
   return absl::OkStatus();
 }
@@ -468,31 +418,28 @@ absl::Status ParseDataset(const Fields& training, TrainingSpec* out) {
 absl::Status ParseOptimizer(const Fields& training, OptimizerSpec* out) {
   Fields f;
   bool present;
-  KT_RETURN_IF_ERROR(
-      ReadSection(training, "optimizer",
-                  {"type", "learningRate", "momentum", "nesterov", "beta1",
-                   "beta2", "epsilon", "initialAccumulator"},
-                  &f, &present));
+  KT_RETURN_IF_ERROR(ReadSection(training, "optimizer",
+                                 {"type", "learningRate", "momentum", "nesterov", "beta1", "beta2",
+                                  "epsilon", "initialAccumulator"},
+                                 &f, &present));
   if (!present) return absl::OkStatus();
   KT_RETURN_IF_ERROR(ReadString(f, "type", &out->type));
-  KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("type"), out->type,
-                                {"sgd", "momentum", "adam", "adagrad"}));
+  KT_RETURN_IF_ERROR(
+      CheckOneOf(f.PathOf("type"), out->type, {"sgd", "momentum", "adam", "adagrad"}));
   // A hyperparameter of another optimizer is a mistake (e.g. `type: sgd` with
   // `momentum: 0.9` would silently train without momentum).
-  static const std::vector<std::pair<std::string, std::vector<std::string>>>
-      kAppliesTo = {{"momentum", {"momentum"}},
-                    {"nesterov", {"momentum"}},
-                    {"beta1", {"adam"}},
-                    {"beta2", {"adam"}},
-                    {"epsilon", {"adam", "adagrad"}},
-                    {"initialAccumulator", {"adagrad"}}};
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> kAppliesTo = {
+      {"momentum", {"momentum"}},
+      {"nesterov", {"momentum"}},
+      {"beta1", {"adam"}},
+      {"beta2", {"adam"}},
+      {"epsilon", {"adam", "adagrad"}},
+      {"initialAccumulator", {"adagrad"}}};
   for (const auto& [key, types] : kAppliesTo) {
-    if (f.Has(key) &&
-        std::find(types.begin(), types.end(), out->type) == types.end()) {
-      return FieldError(
-          f.PathOf(key),
-          absl::StrCat("only applies to type ", absl::StrJoin(types, " or "),
-                       ", but type is ", out->type));
+    if (f.Has(key) && std::find(types.begin(), types.end(), out->type) == types.end()) {
+      return FieldError(f.PathOf(key),
+                        absl::StrCat("only applies to type ", absl::StrJoin(types, " or "),
+                                     ", but type is ", out->type));
     }
   }
   KT_RETURN_IF_ERROR(ReadDouble(f, "learningRate", &out->learning_rate));
@@ -501,8 +448,7 @@ absl::Status ParseOptimizer(const Fields& training, OptimizerSpec* out) {
   KT_RETURN_IF_ERROR(ReadDouble(f, "beta1", &out->beta1));
   KT_RETURN_IF_ERROR(ReadDouble(f, "beta2", &out->beta2));
   KT_RETURN_IF_ERROR(ReadDouble(f, "epsilon", &out->epsilon));
-  KT_RETURN_IF_ERROR(
-      ReadDouble(f, "initialAccumulator", &out->initial_accumulator));
+  KT_RETURN_IF_ERROR(ReadDouble(f, "initialAccumulator", &out->initial_accumulator));
   return absl::OkStatus();
 }
 
@@ -510,13 +456,12 @@ absl::Status ParseTraining(const Fields& spec, TrainingSpec* out) {
   const YAML::Node* node = spec.Get("training");
   if (node == nullptr) return FieldError(spec.PathOf("training"), "required");
   Fields f;
-  KT_RETURN_IF_ERROR(Fields::Read(
-      *node, spec.PathOf("training"),
-      {"mode", "replicasToAggregate", "maxStaleness", "model", "dataset",
-       "optimizer", "batchSize", "steps", "epochs", "seed", "evaluation",
-       "checkpoint", "placement", "transport", "startupTimeoutSeconds",
-       "barrierTimeoutSeconds"},
-      &f));
+  KT_RETURN_IF_ERROR(
+      Fields::Read(*node, spec.PathOf("training"),
+                   {"mode", "replicasToAggregate", "maxStaleness", "model", "dataset", "optimizer",
+                    "batchSize", "steps", "epochs", "seed", "evaluation", "checkpoint", "placement",
+                    "transport", "startupTimeoutSeconds", "barrierTimeoutSeconds"},
+                   &f));
   if (const YAML::Node* n = f.Get("mode")) {
     std::string mode;
     KT_RETURN_IF_ERROR(ToString(*n, f.PathOf("mode"), &mode));
@@ -528,8 +473,7 @@ absl::Status ParseTraining(const Fields& spec, TrainingSpec* out) {
     KT_RETURN_IF_ERROR(ToInt32(*n, path, &out->replicas_to_aggregate));
     // 0 in the struct means "all workers"; written out it must be a real count.
     if (out->replicas_to_aggregate < 1) {
-      return FieldError(
-          path, absl::StrCat("must be >= 1, got ", out->replicas_to_aggregate));
+      return FieldError(path, absl::StrCat("must be >= 1, got ", out->replicas_to_aggregate));
     }
   }
   KT_RETURN_IF_ERROR(ReadInt64(f, "maxStaleness", &out->max_staleness));
@@ -549,60 +493,45 @@ absl::Status ParseTraining(const Fields& spec, TrainingSpec* out) {
 
   Fields section;
   bool present;
-  KT_RETURN_IF_ERROR(
-      ReadSection(f, "evaluation", {"everySteps"}, &section, &present));
-  if (present)
-    KT_RETURN_IF_ERROR(
-        ReadInt64(section, "everySteps", &out->eval_every_steps));
-  KT_RETURN_IF_ERROR(ReadSection(f, "checkpoint",
-                                 {"directory", "everySteps", "everySeconds"},
+  KT_RETURN_IF_ERROR(ReadSection(f, "evaluation", {"everySteps"}, &section, &present));
+  if (present) KT_RETURN_IF_ERROR(ReadInt64(section, "everySteps", &out->eval_every_steps));
+  KT_RETURN_IF_ERROR(ReadSection(f, "checkpoint", {"directory", "everySteps", "everySeconds"},
                                  &section, &present));
   if (present) {
     KT_RETURN_IF_ERROR(ReadString(section, "directory", &out->checkpoint_dir));
-    KT_RETURN_IF_ERROR(
-        ReadInt64(section, "everySteps", &out->checkpoint_every_steps));
-    KT_RETURN_IF_ERROR(
-        ReadInt64(section, "everySeconds", &out->checkpoint_every_seconds));
+    KT_RETURN_IF_ERROR(ReadInt64(section, "everySteps", &out->checkpoint_every_steps));
+    KT_RETURN_IF_ERROR(ReadInt64(section, "everySeconds", &out->checkpoint_every_seconds));
   }
-  KT_RETURN_IF_ERROR(
-      ReadSection(f, "placement", {"splitThresholdBytes"}, &section, &present));
+  KT_RETURN_IF_ERROR(ReadSection(f, "placement", {"splitThresholdBytes"}, &section, &present));
   if (present)
-    KT_RETURN_IF_ERROR(
-        ReadInt64(section, "splitThresholdBytes", &out->split_threshold_bytes));
-  KT_RETURN_IF_ERROR(
-      ReadSection(f, "transport", {"chunkBytes"}, &section, &present));
-  if (present)
-    KT_RETURN_IF_ERROR(ReadInt64(section, "chunkBytes", &out->chunk_bytes));
-  KT_RETURN_IF_ERROR(
-      ReadInt64(f, "startupTimeoutSeconds", &out->startup_timeout_seconds));
-  KT_RETURN_IF_ERROR(
-      ReadDouble(f, "barrierTimeoutSeconds", &out->barrier_timeout_seconds));
+    KT_RETURN_IF_ERROR(ReadInt64(section, "splitThresholdBytes", &out->split_threshold_bytes));
+  KT_RETURN_IF_ERROR(ReadSection(f, "transport", {"chunkBytes"}, &section, &present));
+  if (present) KT_RETURN_IF_ERROR(ReadInt64(section, "chunkBytes", &out->chunk_bytes));
+  KT_RETURN_IF_ERROR(ReadInt64(f, "startupTimeoutSeconds", &out->startup_timeout_seconds));
+  KT_RETURN_IF_ERROR(ReadDouble(f, "barrierTimeoutSeconds", &out->barrier_timeout_seconds));
   return absl::OkStatus();
 }
 
 absl::Status ParseDocument(const YAML::Node& root, TrainingJob* job) {
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("expected a TrainingJob mapping at the top level, got ",
-                     Describe(root)));
+        absl::StrCat("expected a TrainingJob mapping at the top level, got ", Describe(root)));
   }
   Fields top;
-  KT_RETURN_IF_ERROR(Fields::Read(
-      root, "", {"apiVersion", "kind", "metadata", "spec", "status"}, &top));
+  KT_RETURN_IF_ERROR(
+      Fields::Read(root, "", {"apiVersion", "kind", "metadata", "spec", "status"}, &top));
 
   std::string api_version, kind;
   if (!top.Has("apiVersion")) return FieldError("apiVersion", "required");
   KT_RETURN_IF_ERROR(ReadString(top, "apiVersion", &api_version));
   if (api_version != kApiVersion) {
     return FieldError("apiVersion",
-                      absl::StrCat("must be \"", kApiVersion, "\", got ",
-                                   Quote(api_version)));
+                      absl::StrCat("must be \"", kApiVersion, "\", got ", Quote(api_version)));
   }
   if (!top.Has("kind")) return FieldError("kind", "required");
   KT_RETURN_IF_ERROR(ReadString(top, "kind", &kind));
   if (kind != kKind) {
-    return FieldError(
-        "kind", absl::StrCat("must be \"", kKind, "\", got ", Quote(kind)));
+    return FieldError("kind", absl::StrCat("must be \"", kKind, "\", got ", Quote(kind)));
   }
 
   // metadata: only name and namespace matter; labels etc. are the operator's.
@@ -618,12 +547,10 @@ absl::Status ParseDocument(const YAML::Node& root, TrainingJob* job) {
   if (spec_node == nullptr) return FieldError("spec", "required");
   Fields spec;
   KT_RETURN_IF_ERROR(Fields::Read(
-      *spec_node, "spec",
-      {"replicaSpecs", "runPolicy", "successPolicy", "training"}, &spec));
+      *spec_node, "spec", {"replicaSpecs", "runPolicy", "successPolicy", "training"}, &spec));
   const YAML::Node* replicas = spec.Get("replicaSpecs");
   if (replicas == nullptr) return FieldError("spec.replicaSpecs", "required");
-  KT_RETURN_IF_ERROR(
-      ParseReplicaSpecs(*replicas, "spec.replicaSpecs", &job->replica_specs));
+  KT_RETURN_IF_ERROR(ParseReplicaSpecs(*replicas, "spec.replicaSpecs", &job->replica_specs));
   KT_RETURN_IF_ERROR(ParseRunPolicy(spec, &job->run_policy));
   KT_RETURN_IF_ERROR(ReadString(spec, "successPolicy", &job->success_policy));
   KT_RETURN_IF_ERROR(ParseTraining(spec, &job->training));
@@ -659,8 +586,7 @@ absl::Status CheckAtLeast(const std::string& path, T value, T min) {
 template <typename T>
 absl::Status CheckRange(const std::string& path, T value, T min, T max) {
   if (value >= min && value <= max) return absl::OkStatus();
-  return FieldError(
-      path, absl::StrCat("must be in [", min, ", ", max, "], got ", value));
+  return FieldError(path, absl::StrCat("must be in [", min, ", ", max, "], got ", value));
 }
 
 absl::Status CheckFinite(const std::string& path, double value) {
@@ -669,13 +595,11 @@ absl::Status CheckFinite(const std::string& path, double value) {
 }
 
 absl::Status ValidateReplicas(const TrainingJob& job) {
-  static const std::vector<std::string> kTypes = {"PS", "Worker", "Chief",
-                                                  "Evaluator"};
+  static const std::vector<std::string> kTypes = {"PS", "Worker", "Chief", "Evaluator"};
   for (const auto& [type, spec] : job.replica_specs) {
     std::string path = Join("spec.replicaSpecs", type);
     if (std::find(kTypes.begin(), kTypes.end(), type) == kTypes.end()) {
-      return FieldError(
-          path, "unknown replica type (known: PS, Worker, Chief, Evaluator)");
+      return FieldError(path, "unknown replica type (known: PS, Worker, Chief, Evaluator)");
     }
     std::string rpath = Join(path, "replicas");
     if (type == "PS" || type == "Worker") {
@@ -694,21 +618,17 @@ absl::Status ValidateReplicas(const TrainingJob& job) {
 
 absl::Status ValidateModel(const ModelSpec& model) {
   const std::string path = "spec.training.model";
-  KT_RETURN_IF_ERROR(
-      CheckOneOf(path + ".type", model.type, {"softmax", "mlp"}));
+  KT_RETURN_IF_ERROR(CheckOneOf(path + ".type", model.type, {"softmax", "mlp"}));
   const std::string units_path = path + ".hiddenUnits";
   if (model.type == "softmax" && !model.hidden_units.empty()) {
-    return FieldError(
-        units_path,
-        "must be empty for type softmax (a single 784 -> 10 layer)");
+    return FieldError(units_path, "must be empty for type softmax (a single 784 -> 10 layer)");
   }
   if (model.type == "mlp" && model.hidden_units.empty()) {
-    return FieldError(units_path,
-                      "required for type mlp (at least one hidden layer)");
+    return FieldError(units_path, "required for type mlp (at least one hidden layer)");
   }
   for (size_t i = 0; i < model.hidden_units.size(); ++i) {
-    KT_RETURN_IF_ERROR(CheckRange(absl::StrCat(units_path, "[", i, "]"),
-                                  model.hidden_units[i], 1, kMaxHiddenUnits));
+    KT_RETURN_IF_ERROR(CheckRange(absl::StrCat(units_path, "[", i, "]"), model.hidden_units[i], 1,
+                                  kMaxHiddenUnits));
   }
   // The model library is the authority on what it can build.
   absl::StatusOr<Model> created = Model::Create(model);
@@ -722,22 +642,20 @@ absl::Status ValidateTraining(const TrainingJob& job) {
   const int workers = job.num_workers();
   if (t.mode == TrainingMode::kSync) {
     if (t.replicas_to_aggregate < 0 || t.replicas_to_aggregate > workers) {
-      return FieldError(path + ".replicasToAggregate",
-                        absl::StrCat("must be in [1, ", workers,
-                                     "] (the number of Worker replicas), got ",
-                                     t.replicas_to_aggregate));
+      return FieldError(
+          path + ".replicasToAggregate",
+          absl::StrCat("must be in [1, ", workers, "] (the number of Worker replicas), got ",
+                       t.replicas_to_aggregate));
     }
     if (t.max_staleness.has_value()) {
       return FieldError(path + ".maxStaleness", "only applies to mode async");
     }
   } else {
     if (t.replicas_to_aggregate != 0) {
-      return FieldError(path + ".replicasToAggregate",
-                        "only applies to mode sync");
+      return FieldError(path + ".replicasToAggregate", "only applies to mode sync");
     }
     if (t.max_staleness.has_value()) {
-      KT_RETURN_IF_ERROR(
-          CheckAtLeast<int64_t>(path + ".maxStaleness", *t.max_staleness, 0));
+      KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>(path + ".maxStaleness", *t.max_staleness, 0));
     }
     // In async mode the timeout only decides when a silent worker stops
     // holding others back, which matters only under a staleness bound.
@@ -749,80 +667,64 @@ absl::Status ValidateTraining(const TrainingJob& job) {
 
   KT_RETURN_IF_ERROR(ValidateModel(t.model));
 
-  KT_RETURN_IF_ERROR(CheckOneOf(path + ".dataset.name", t.dataset_name,
-                                {"fashion-mnist", "mnist"}));
-  if (t.dataset_path.empty())
-    return FieldError(path + ".dataset.path", "must not be empty");
+  KT_RETURN_IF_ERROR(
+      CheckOneOf(path + ".dataset.name", t.dataset_name, {"fashion-mnist", "mnist"}));
+  if (t.dataset_path.empty()) return FieldError(path + ".dataset.path", "must not be empty");
 
   const OptimizerSpec& o = t.optimizer;
   const std::string opath = path + ".optimizer";
-  KT_RETURN_IF_ERROR(CheckOneOf(opath + ".type", o.type,
-                                {"sgd", "momentum", "adam", "adagrad"}));
+  KT_RETURN_IF_ERROR(CheckOneOf(opath + ".type", o.type, {"sgd", "momentum", "adam", "adagrad"}));
   KT_RETURN_IF_ERROR(CheckFinite(opath + ".learningRate", o.learning_rate));
   if (!(o.learning_rate > 0)) {
-    return FieldError(opath + ".learningRate",
-                      absl::StrCat("must be > 0, got ", o.learning_rate));
+    return FieldError(opath + ".learningRate", absl::StrCat("must be > 0, got ", o.learning_rate));
   }
-  for (const auto& [name, value] :
-       {std::pair<const char*, double>{"momentum", o.momentum},
-        {"beta1", o.beta1},
-        {"beta2", o.beta2}}) {
+  for (const auto& [name, value] : {std::pair<const char*, double>{"momentum", o.momentum},
+                                    {"beta1", o.beta1},
+                                    {"beta2", o.beta2}}) {
     if (!(value >= 0 && value < 1)) {
-      return FieldError(opath + "." + name,
-                        absl::StrCat("must be in [0, 1), got ", value));
+      return FieldError(opath + "." + name, absl::StrCat("must be in [0, 1), got ", value));
     }
   }
   KT_RETURN_IF_ERROR(CheckFinite(opath + ".epsilon", o.epsilon));
   if (!(o.epsilon > 0)) {
-    return FieldError(opath + ".epsilon",
-                      absl::StrCat("must be > 0, got ", o.epsilon));
+    return FieldError(opath + ".epsilon", absl::StrCat("must be > 0, got ", o.epsilon));
   }
-  KT_RETURN_IF_ERROR(
-      CheckFinite(opath + ".initialAccumulator", o.initial_accumulator));
-  KT_RETURN_IF_ERROR(
-      CheckAtLeast(opath + ".initialAccumulator", o.initial_accumulator, 0.0));
+  KT_RETURN_IF_ERROR(CheckFinite(opath + ".initialAccumulator", o.initial_accumulator));
+  KT_RETURN_IF_ERROR(CheckAtLeast(opath + ".initialAccumulator", o.initial_accumulator, 0.0));
 
-  KT_RETURN_IF_ERROR(
-      CheckRange(path + ".batchSize", t.batch_size, 1, kMaxBatchSize));
+  KT_RETURN_IF_ERROR(CheckRange(path + ".batchSize", t.batch_size, 1, kMaxBatchSize));
   if (t.steps.has_value() && t.epochs.has_value()) {
-    return FieldError(path + ".epochs",
-                      "cannot be set together with steps (set exactly one)");
+    return FieldError(path + ".epochs", "cannot be set together with steps (set exactly one)");
   }
   if (!t.steps.has_value() && !t.epochs.has_value()) {
     return FieldError(path, "one of steps or epochs is required");
   }
-  if (t.steps.has_value())
-    KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>(path + ".steps", *t.steps, 1));
+  if (t.steps.has_value()) KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>(path + ".steps", *t.steps, 1));
   if (t.epochs.has_value()) {
     KT_RETURN_IF_ERROR(CheckFinite(path + ".epochs", *t.epochs));
     if (!(*t.epochs > 0)) {
-      return FieldError(path + ".epochs",
-                        absl::StrCat("must be > 0, got ", *t.epochs));
+      return FieldError(path + ".epochs", absl::StrCat("must be > 0, got ", *t.epochs));
     }
   }
 
-  KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>(path + ".evaluation.everySteps",
-                                           t.eval_every_steps, 0));
-  KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>(path + ".checkpoint.everySteps",
-                                           t.checkpoint_every_steps, 0));
-  KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>(path + ".checkpoint.everySeconds",
-                                           t.checkpoint_every_seconds, 0));
+  KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>(path + ".evaluation.everySteps", t.eval_every_steps, 0));
+  KT_RETURN_IF_ERROR(
+      CheckAtLeast<int64_t>(path + ".checkpoint.everySteps", t.checkpoint_every_steps, 0));
+  KT_RETURN_IF_ERROR(
+      CheckAtLeast<int64_t>(path + ".checkpoint.everySeconds", t.checkpoint_every_seconds, 0));
   if (t.checkpoint_dir.empty() &&
       (t.checkpoint_every_steps > 0 || t.checkpoint_every_seconds > 0)) {
     return FieldError(path + ".checkpoint.directory",
                       "required when everySteps or everySeconds is set");
   }
-  KT_RETURN_IF_ERROR(CheckAtLeast(path + ".placement.splitThresholdBytes",
-                                  t.split_threshold_bytes,
+  KT_RETURN_IF_ERROR(CheckAtLeast(path + ".placement.splitThresholdBytes", t.split_threshold_bytes,
                                   kMinSplitThresholdBytes));
-  KT_RETURN_IF_ERROR(CheckRange(path + ".transport.chunkBytes", t.chunk_bytes,
-                                kMinChunkBytes, kMaxChunkBytes));
-  KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>(path + ".startupTimeoutSeconds",
-                                           t.startup_timeout_seconds, 1));
   KT_RETURN_IF_ERROR(
-      CheckFinite(path + ".barrierTimeoutSeconds", t.barrier_timeout_seconds));
-  KT_RETURN_IF_ERROR(CheckAtLeast(path + ".barrierTimeoutSeconds",
-                                  t.barrier_timeout_seconds, 0.0));
+      CheckRange(path + ".transport.chunkBytes", t.chunk_bytes, kMinChunkBytes, kMaxChunkBytes));
+  KT_RETURN_IF_ERROR(
+      CheckAtLeast<int64_t>(path + ".startupTimeoutSeconds", t.startup_timeout_seconds, 1));
+  KT_RETURN_IF_ERROR(CheckFinite(path + ".barrierTimeoutSeconds", t.barrier_timeout_seconds));
+  KT_RETURN_IF_ERROR(CheckAtLeast(path + ".barrierTimeoutSeconds", t.barrier_timeout_seconds, 0.0));
   return absl::OkStatus();
 }
 
@@ -839,25 +741,22 @@ int TrainingJob::num_workers() const {
 }
 
 int TrainingJob::effective_replicas_to_aggregate() const {
-  return training.replicas_to_aggregate > 0 ? training.replicas_to_aggregate
-                                            : num_workers();
+  return training.replicas_to_aggregate > 0 ? training.replicas_to_aggregate : num_workers();
 }
 
 int64_t TrainingJob::TargetSteps(int64_t train_examples) const {
   if (training.steps.has_value()) return *training.steps;
   if (!training.epochs.has_value() || train_examples <= 0) return 0;
-  const int64_t per_step = training.mode == TrainingMode::kSync
-                               ? std::max(1, effective_replicas_to_aggregate())
-                               : 1;
+  const int64_t per_step =
+      training.mode == TrainingMode::kSync ? std::max(1, effective_replicas_to_aggregate()) : 1;
   const long double examples_per_step =
       static_cast<long double>(std::max(1, training.batch_size)) * per_step;
-  long double steps = static_cast<long double>(*training.epochs) *
-                      train_examples / examples_per_step;
+  long double steps =
+      static_cast<long double>(*training.epochs) * train_examples / examples_per_step;
   // Decimal epochs are inexact in binary (0.1 * 60000 / 100 is 60.000...03);
   // an exact quotient must not round up to one extra step.
   const long double nearest = std::round(steps);
-  if (std::fabs(steps - nearest) <= 1e-9L * std::max(1.0L, nearest))
-    steps = nearest;
+  if (std::fabs(steps - nearest) <= 1e-9L * std::max(1.0L, nearest)) steps = nearest;
   if (steps >= static_cast<long double>(std::numeric_limits<int64_t>::max())) {
     return std::numeric_limits<int64_t>::max();
   }
@@ -869,12 +768,10 @@ absl::StatusOr<TrainingJob> ParseTrainingJob(const std::string& yaml_text) {
   try {
     std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
     // A trailing "---" yields an empty document; ignore those.
-    docs.erase(std::remove_if(docs.begin(), docs.end(),
-                              [](const YAML::Node& n) { return n.IsNull(); }),
-               docs.end());
-    if (docs.empty())
-      return absl::InvalidArgumentError(
-          "empty document, expected a TrainingJob");
+    docs.erase(
+        std::remove_if(docs.begin(), docs.end(), [](const YAML::Node& n) { return n.IsNull(); }),
+        docs.end());
+    if (docs.empty()) return absl::InvalidArgumentError("empty document, expected a TrainingJob");
     if (docs.size() > 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("expected one YAML document, got ", docs.size()));
@@ -882,9 +779,8 @@ absl::StatusOr<TrainingJob> ParseTrainingJob(const std::string& yaml_text) {
     absl::Status status = ParseDocument(docs[0], &job);
     if (!status.ok()) return status;
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid YAML at line ", e.mark.line + 1, ", column ",
-                     e.mark.column + 1, ": ", e.msg));
+    return absl::InvalidArgumentError(absl::StrCat("invalid YAML at line ", e.mark.line + 1,
+                                                   ", column ", e.mark.column + 1, ": ", e.msg));
   } catch (const std::exception& e) {
     // yaml-cpp may throw standard exceptions too; none may escape the API.
     return absl::InvalidArgumentError(absl::StrCat("invalid YAML: ", e.what()));
@@ -894,16 +790,13 @@ absl::StatusOr<TrainingJob> ParseTrainingJob(const std::string& yaml_text) {
 
 absl::StatusOr<TrainingJob> LoadTrainingJobFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
+  if (!in) return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad())
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
+  if (in.bad()) return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
   absl::StatusOr<TrainingJob> job = ParseTrainingJob(text.str());
   if (!job.ok()) {
-    return absl::Status(job.status().code(),
-                        absl::StrCat(path, ": ", job.status().message()));
+    return absl::Status(job.status().code(), absl::StrCat(path, ": ", job.status().message()));
   }
   return job;
 }
@@ -913,47 +806,39 @@ absl::Status ValidateTrainingJob(const TrainingJob& job) {
   if (!IsDns1035Label(job.name)) {
     return FieldError(
         "metadata.name",
-        absl::StrCat(
-            "must be a DNS-1035 label (lowercase letters, digits and '-', "
-            "starting with a letter and ending with a letter or digit), got ",
-            Quote(job.name)));
+        absl::StrCat("must be a DNS-1035 label (lowercase letters, digits and '-', "
+                     "starting with a letter and ending with a letter or digit), got ",
+                     Quote(job.name)));
   }
   if (job.name.size() > kMaxNameLength) {
     return FieldError(
         "metadata.name",
         absl::StrCat("must be at most ", kMaxNameLength,
-                     " characters (pod names append e.g. \"-worker-12\"), got ",
-                     job.name.size()));
+                     " characters (pod names append e.g. \"-worker-12\"), got ", job.name.size()));
   }
   if (!IsDns1123Label(job.namespace_)) {
-    return FieldError(
-        "metadata.namespace",
-        absl::StrCat("must be a DNS-1123 label, got ", Quote(job.namespace_)));
+    return FieldError("metadata.namespace",
+                      absl::StrCat("must be a DNS-1123 label, got ", Quote(job.namespace_)));
   }
   KT_RETURN_IF_ERROR(ValidateReplicas(job));
 
   const RunPolicy& rp = job.run_policy;
-  KT_RETURN_IF_ERROR(CheckOneOf("spec.runPolicy.cleanPodPolicy",
-                                rp.clean_pod_policy,
-                                {"All", "Running", "None"}));
+  KT_RETURN_IF_ERROR(
+      CheckOneOf("spec.runPolicy.cleanPodPolicy", rp.clean_pod_policy, {"All", "Running", "None"}));
   if (rp.ttl_seconds_after_finished.has_value()) {
-    KT_RETURN_IF_ERROR(
-        CheckAtLeast<int64_t>("spec.runPolicy.ttlSecondsAfterFinished",
-                              *rp.ttl_seconds_after_finished, 0));
+    KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>("spec.runPolicy.ttlSecondsAfterFinished",
+                                             *rp.ttl_seconds_after_finished, 0));
   }
   if (rp.active_deadline_seconds.has_value()) {
-    KT_RETURN_IF_ERROR(
-        CheckAtLeast<int64_t>("spec.runPolicy.activeDeadlineSeconds",
-                              *rp.active_deadline_seconds, 1));
+    KT_RETURN_IF_ERROR(CheckAtLeast<int64_t>("spec.runPolicy.activeDeadlineSeconds",
+                                             *rp.active_deadline_seconds, 1));
   }
   if (rp.backoff_limit.has_value()) {
-    KT_RETURN_IF_ERROR(
-        CheckAtLeast("spec.runPolicy.backoffLimit", *rp.backoff_limit, 0));
+    KT_RETURN_IF_ERROR(CheckAtLeast("spec.runPolicy.backoffLimit", *rp.backoff_limit, 0));
   }
   if (!job.success_policy.empty() && job.success_policy != "AllWorkers") {
-    return FieldError("spec.successPolicy",
-                      absl::StrCat("must be \"\" or \"AllWorkers\", got ",
-                                   Quote(job.success_policy)));
+    return FieldError("spec.successPolicy", absl::StrCat("must be \"\" or \"AllWorkers\", got ",
+                                                         Quote(job.success_policy)));
   }
   return ValidateTraining(job);
 }
@@ -980,6 +865,14 @@ const char* RestartPolicyName(RestartPolicy policy) {
       return "ExitCode";
   }
   return "unknown";
+}
+
+std::optional<RestartPolicy> RestartPolicyFromName(const std::string& name) {
+  for (auto policy : {RestartPolicy::kNever, RestartPolicy::kOnFailure, RestartPolicy::kAlways,
+                      RestartPolicy::kExitCode}) {
+    if (name == RestartPolicyName(policy)) return policy;
+  }
+  return std::nullopt;
 }
 
 bool IsRetryable(RestartPolicy policy, int exit_code) {

@@ -44,12 +44,12 @@ struct RunPolicy {
 struct OptimizerSpec {
   std::string type = "sgd";  // "sgd" | "momentum" | "adam" | "adagrad"
   double learning_rate = 0.01;
-  double momentum = 0.9;               // momentum
-  bool nesterov = false;               // momentum
-  double beta1 = 0.9;                  // adam
-  double beta2 = 0.999;                // adam
-  double epsilon = 1e-7;               // adam, adagrad
-  double initial_accumulator = 0.1;    // adagrad
+  double momentum = 0.9;             // momentum
+  bool nesterov = false;             // momentum
+  double beta1 = 0.9;                // adam
+  double beta2 = 0.999;              // adam
+  double epsilon = 1e-7;             // adam, adagrad
+  double initial_accumulator = 0.1;  // adagrad
 };
 
 struct TrainingSpec {
@@ -72,10 +72,12 @@ struct TrainingSpec {
   std::string checkpoint_dir;    // empty: no checkpoints
   int64_t checkpoint_every_steps = 0;
   int64_t checkpoint_every_seconds = 0;
-  int64_t split_threshold_bytes = 4 << 20;  // variables above this are split by rows across PS tasks
-  int64_t chunk_bytes = 1 << 20;           // max tensor payload per message
-  int64_t startup_timeout_seconds = 300;   // how long a worker retries an unreachable PS
-  double barrier_timeout_seconds = 0;      // sync: proceed with what arrived after this; 0 = wait forever
+  int64_t split_threshold_bytes = 4
+                                  << 20;  // variables above this are split by rows across PS tasks
+  int64_t chunk_bytes = 1 << 20;          // max tensor payload per message
+  int64_t startup_timeout_seconds = 300;  // how long a worker retries an unreachable PS
+  double barrier_timeout_seconds =
+      0;  // sync: proceed with what arrived after this; 0 = wait forever
 };
 
 struct TrainingJob {
@@ -114,6 +116,8 @@ absl::Status ValidateTrainingJob(const TrainingJob& job);
 
 const char* TrainingModeName(TrainingMode mode);
 const char* RestartPolicyName(RestartPolicy policy);
+// The policy named exactly as in a spec ("OnFailure"), or nullopt.
+std::optional<RestartPolicy> RestartPolicyFromName(const std::string& name);
 
 // Whether a task that exited with `exit_code` is started again (TFJob
 // semantics): OnFailure/Always on any failure; ExitCode only for codes >= 128

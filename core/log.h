@@ -14,8 +14,8 @@ namespace kubetrain {
 
 template <typename... Args>
 void Log(const Args&... args) {
-  std::string line = absl::StrCat(
-      absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::UTCTimeZone()), args..., "\n");
+  std::string line = absl::StrCat(absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::UTCTimeZone()),
+                                  args..., "\n");
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
 }

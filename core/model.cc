@@ -26,8 +26,7 @@
 namespace kubetrain {
 namespace {
 
-using RowMatrix =
-    Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstMatrixMap = Eigen::Map<const RowMatrix>;
 using MatrixMap = Eigen::Map<RowMatrix>;
 using ConstRowVectorMap = Eigen::Map<const Eigen::RowVectorXf>;
@@ -74,8 +73,7 @@ void AddBias(const std::vector<float>& bias, RowMatrix* z) {
 Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
   const std::vector<int> dims = LayerDims(spec_);
   for (size_t i = 0; i + 1 < dims.size(); ++i) {
-    variables_.push_back(
-        {absl::StrCat("dense", i, "/kernel"), dims[i], dims[i + 1]});
+    variables_.push_back({absl::StrCat("dense", i, "/kernel"), dims[i], dims[i + 1]});
     variables_.push_back({absl::StrCat("dense", i, "/bias"), 1, dims[i + 1]});
   }
 }
@@ -83,26 +81,24 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
 absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
   if (spec.type == "softmax") {
     if (!spec.hidden_units.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model type \"softmax\" takes no hidden_units, got [",
-          absl::StrJoin(spec.hidden_units, ","), "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model type \"softmax\" takes no hidden_units, got [",
+                       absl::StrJoin(spec.hidden_units, ","), "]"));
     }
   } else if (spec.type == "mlp") {
     if (spec.hidden_units.empty()) {
-      return absl::InvalidArgumentError(
-          "model type \"mlp\" needs at least one hidden_units entry");
+      return absl::InvalidArgumentError("model type \"mlp\" needs at least one hidden_units entry");
     }
     for (size_t i = 0; i < spec.hidden_units.size(); ++i) {
       if (spec.hidden_units[i] <= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("model type \"mlp\": hidden_units[", i, "] is ",
-                         spec.hidden_units[i], ", must be > 0"));
+        return absl::InvalidArgumentError(absl::StrCat("model type \"mlp\": hidden_units[", i,
+                                                       "] is ", spec.hidden_units[i],
+                                                       ", must be > 0"));
       }
     }
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown model type \"", spec.type,
-                     "\" (expected \"softmax\" or \"mlp\")"));
+        absl::StrCat("unknown model type \"", spec.type, "\" (expected \"softmax\" or \"mlp\")"));
   }
   if (spec.input_dim <= 0) {
     return absl::InvalidArgumentError(
@@ -123,8 +119,7 @@ std::vector<float> Model::InitialValue(int index, uint64_t seed) const {
   if (index % 2 == 1 || spec_.type == "softmax") return value;
 
   std::mt19937_64 rng(Mix64(seed ^ Mix64(Fnv1a64(var.name))));
-  const double limit =
-      std::sqrt(6.0 / static_cast<double>(var.rows + var.cols));
+  const double limit = std::sqrt(6.0 / static_cast<double>(var.rows + var.cols));
   for (float& v : value) {
     // Hand-rolled uniform: std::uniform_real_distribution's output is
     // implementation-defined, which would break cross-platform determinism.
@@ -143,8 +138,7 @@ Params Model::InitialParams(uint64_t seed) const {
   return params;
 }
 
-float Model::LossAndGradients(const Params& params, const float* x,
-                              const int32_t* y, int batch,
+float Model::LossAndGradients(const Params& params, const float* x, const int32_t* y, int batch,
                               Params* grads) const {
   assert(params.size() == variables_.size());
   const int num_layers = static_cast<int>(variables_.size() / 2);
@@ -220,8 +214,7 @@ float Model::LossAndGradients(const Params& params, const float* x,
   return static_cast<float>(loss / batch);
 }
 
-double Model::Accuracy(const Params& params, const float* x, const int32_t* y,
-                       int64_t n) const {
+double Model::Accuracy(const Params& params, const float* x, const int32_t* y, int64_t n) const {
   if (n <= 0) return 0.0;
   const int num_layers = static_cast<int>(variables_.size() / 2);
   int64_t correct = 0;

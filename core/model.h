@@ -29,7 +29,7 @@ struct VariableSpec {
 };
 
 struct ModelSpec {
-  std::string type = "softmax";  // "softmax" (784->10) or "mlp"
+  std::string type = "softmax";   // "softmax" (784->10) or "mlp"
   std::vector<int> hidden_units;  // mlp only: sizes of the hidden ReLU layers
   int input_dim = 784;
   int num_classes = 10;
@@ -56,12 +56,11 @@ class Model {
   // row-major, y: labels in [0, num_classes)). Writes d(loss)/d(param) into
   // `grads`, resized to the layout of `params`.
   // REQUIRES: params has the layout of variables().
-  float LossAndGradients(const Params& params, const float* x, const int32_t* y,
-                         int batch, Params* grads) const;
+  float LossAndGradients(const Params& params, const float* x, const int32_t* y, int batch,
+                         Params* grads) const;
 
   // Fraction of the n examples whose argmax prediction equals the label.
-  double Accuracy(const Params& params, const float* x, const int32_t* y,
-                  int64_t n) const;
+  double Accuracy(const Params& params, const float* x, const int32_t* y, int64_t n) const;
 
  private:
   explicit Model(ModelSpec spec);

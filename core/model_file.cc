@@ -24,22 +24,27 @@ constexpr uint32_t kFormatVersion = 1;
 
 // Checks that `params` has the layout of `model`'s variables; "" if it does.
 std::string LayoutMismatch(const Model& model, const std::vector<std::string>& names,
-                           const std::vector<std::pair<int64_t, int64_t>>& shapes, const Params& params) {
+                           const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                           const Params& params) {
   const auto& vars = model.variables();
   if (params.size() != vars.size()) {
-    return absl::StrCat("the spec has ", vars.size(), " variables, the parameters have ", params.size());
+    return absl::StrCat("the spec has ", vars.size(), " variables, the parameters have ",
+                        params.size());
   }
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!names.empty() && names[i] != vars[i].name) {
-      return absl::StrCat("variable ", i, " is \"", names[i], "\", the spec expects \"", vars[i].name, "\"");
+      return absl::StrCat("variable ", i, " is \"", names[i], "\", the spec expects \"",
+                          vars[i].name, "\"");
     }
     if (!shapes.empty() && (shapes[i].first != vars[i].rows || shapes[i].second != vars[i].cols)) {
-      return absl::StrCat("variable ", vars[i].name, " has shape [", shapes[i].first, ", ", shapes[i].second,
-                          "], the spec expects [", vars[i].rows, ", ", vars[i].cols, "]");
+      return absl::StrCat("variable ", vars[i].name, " has shape [", shapes[i].first, ", ",
+                          shapes[i].second, "], the spec expects [", vars[i].rows, ", ",
+                          vars[i].cols, "]");
     }
     if (static_cast<int64_t>(params[i].size()) != vars[i].num_elements()) {
-      return absl::StrCat("variable ", vars[i].name, " has ", params[i].size(), " values, the spec expects ",
-                          vars[i].num_elements(), " (", vars[i].rows, "x", vars[i].cols, ")");
+      return absl::StrCat("variable ", vars[i].name, " has ", params[i].size(),
+                          " values, the spec expects ", vars[i].num_elements(), " (", vars[i].rows,
+                          "x", vars[i].cols, ")");
     }
   }
   return "";
@@ -70,7 +75,8 @@ std::string EncodePayload(const ModelFile& model, const Model& m) {
 }
 
 // Decodes the fields only; the caller checks them against the spec.
-absl::Status DecodePayload(std::string_view payload, ModelFile* out, std::vector<std::string>* names,
+absl::Status DecodePayload(std::string_view payload, ModelFile* out,
+                           std::vector<std::string>* names,
                            std::vector<std::pair<int64_t, int64_t>>* shapes) {
   BinaryReader r(payload);
   uint32_t n = 0;
@@ -107,10 +113,12 @@ absl::Status DecodePayload(std::string_view payload, ModelFile* out, std::vector
 absl::Status WriteModelFile(const std::string& path, const ModelFile& model) {
   auto m = Model::Create(model.spec);
   if (!m.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot write ", path, ": ", m.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write ", path, ": ", m.status().message()));
   }
   if (std::string why = LayoutMismatch(*m, {}, {}, model.params); !why.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot write ", path, ": parameters do not match the model: ", why));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write ", path, ": parameters do not match the model: ", why));
   }
   return WriteFramedFile(path, kMagic, kFormatVersion, EncodePayload(model, *m));
 }
@@ -129,10 +137,12 @@ absl::StatusOr<ModelFile> ReadModelFile(const std::string& path) {
     return absl::DataLossError(absl::StrCat(path, ": invalid model spec: ", m.status().message()));
   }
   if (std::string why = LayoutMismatch(*m, names, shapes, out.params); !why.empty()) {
-    return absl::DataLossError(absl::StrCat(path, ": variables do not match the model spec: ", why));
+    return absl::DataLossError(
+        absl::StrCat(path, ": variables do not match the model spec: ", why));
   }
   if (out.global_step < 0) {
-    return absl::DataLossError(absl::StrCat(path, ": corrupt: negative global step ", out.global_step));
+    return absl::DataLossError(
+        absl::StrCat(path, ": corrupt: negative global step ", out.global_step));
   }
   return out;
 }

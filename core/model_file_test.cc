@@ -21,7 +21,8 @@ ModelFile MakeModelFile(const ModelSpec& spec, uint64_t seed) {
   f.params = model->InitialParams(seed);
   // Non-trivial biases too, so every variable carries distinct values.
   for (size_t i = 0; i < f.params.size(); ++i) {
-    for (size_t j = 0; j < f.params[i].size(); ++j) f.params[i][j] += 0.001f * static_cast<float>(i + j);
+    for (size_t j = 0; j < f.params[i].size(); ++j)
+      f.params[i][j] += 0.001f * static_cast<float>(i + j);
   }
   f.global_step = 3750;
   f.job_name = "fashion-mnist-sync";
@@ -106,8 +107,8 @@ TEST(ModelFileTest, TruncationIsDetected) {
   WriteFile(path, good.substr(0, good.size() - 1));
   auto f = ReadModelFile(path);
   ASSERT_FALSE(f.ok());
-  EXPECT_EQ(f.status().message(),
-            absl::StrCat(path, ": truncated: expected ", good.size(), " bytes, found ", good.size() - 1));
+  EXPECT_EQ(f.status().message(), absl::StrCat(path, ": truncated: expected ", good.size(),
+                                               " bytes, found ", good.size() - 1));
   for (size_t n : {size_t{0}, size_t{5}, size_t{20}, good.size() / 2}) {
     WriteFile(path, good.substr(0, n));
     f = ReadModelFile(path);
@@ -146,7 +147,8 @@ TEST(ModelFileTest, WriteRefusesParamsNotMatchingSpec) {
   f.params[2].push_back(1.0f);
   st = WriteModelFile(path, f);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_CONTAINS(std::string(st.message()), "variable dense1/kernel has 513 values, the spec expects 512");
+  EXPECT_CONTAINS(std::string(st.message()),
+                  "variable dense1/kernel has 513 values, the spec expects 512");
 
   f = MakeModelFile(Mlp(), 1);
   f.spec.hidden_units.clear();  // invalid mlp spec
@@ -172,13 +174,16 @@ TEST(ModelFileTest, ReadDetectsSpecParamsMismatch) {
   const std::string payload = data.substr(header, data.size() - header - 4);
   const uint32_t crc = static_cast<uint32_t>(
       ::crc32_z(0L, reinterpret_cast<const Bytef*>(payload.data()), payload.size()));
-  for (int i = 0; i < 4; ++i) data[data.size() - 4 + i] = static_cast<char>((crc >> (8 * i)) & 0xff);
+  for (int i = 0; i < 4; ++i)
+    data[data.size() - 4 + i] = static_cast<char>((crc >> (8 * i)) & 0xff);
   WriteFile(dir + "/a.ktm", data);
   auto f = ReadModelFile(dir + "/a.ktm");
   ASSERT_FALSE(f.ok());
   EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_CONTAINS(std::string(f.status().message()), dir + "/a.ktm: variables do not match the model spec");
-  EXPECT_CONTAINS(std::string(f.status().message()), "dense1/kernel has shape [32, 16], the spec expects [32, 8]");
+  EXPECT_CONTAINS(std::string(f.status().message()),
+                  dir + "/a.ktm: variables do not match the model spec");
+  EXPECT_CONTAINS(std::string(f.status().message()),
+                  "dense1/kernel has shape [32, 16], the spec expects [32, 8]");
 }
 
 }  // namespace

@@ -13,8 +13,7 @@ namespace kubetrain {
 namespace {
 
 // gtest only (no gmock dependency in BUILD).
-::testing::AssertionResult Contains(const std::string& text,
-                                    const std::string& phrase) {
+::testing::AssertionResult Contains(const std::string& text, const std::string& phrase) {
   if (text.find(phrase) != std::string::npos) {
     return ::testing::AssertionSuccess();
   }
@@ -72,11 +71,10 @@ TEST(ModelCreateTest, MlpLayout) {
   Model model = MustCreate(Mlp(784, {256, 128}, 10));
   const std::vector<VariableSpec>& vars = model.variables();
   ASSERT_EQ(vars.size(), 6u);
-  const std::vector<std::string> names = {"dense0/kernel", "dense0/bias",
-                                          "dense1/kernel", "dense1/bias",
-                                          "dense2/kernel", "dense2/bias"};
-  const std::vector<std::pair<int, int>> shapes = {
-      {784, 256}, {1, 256}, {256, 128}, {1, 128}, {128, 10}, {1, 10}};
+  const std::vector<std::string> names = {"dense0/kernel", "dense0/bias",   "dense1/kernel",
+                                          "dense1/bias",   "dense2/kernel", "dense2/bias"};
+  const std::vector<std::pair<int, int>> shapes = {{784, 256}, {1, 256},  {256, 128},
+                                                   {1, 128},   {128, 10}, {1, 10}};
   for (size_t i = 0; i < vars.size(); ++i) {
     EXPECT_EQ(vars[i].name, names[i]);
     EXPECT_EQ(vars[i].rows, shapes[i].first) << names[i];
@@ -132,8 +130,7 @@ TEST(ModelInitTest, DeterministicPerSeed) {
       // Uniform(-limit, limit): mean ~0, variance limit^2/3.
       const double n = a[i].size();
       EXPECT_NEAR(sum / n, 0.0, limit * 0.1) << v.name;
-      EXPECT_NEAR(sum_sq / n, limit * limit / 3, limit * limit * 0.1)
-          << v.name;
+      EXPECT_NEAR(sum_sq / n, limit * limit / 3, limit * limit * 0.1) << v.name;
     } else {
       EXPECT_EQ(a[i], std::vector<float>(v.num_elements(), 0.0f)) << v.name;
     }
@@ -155,8 +152,7 @@ TEST(ModelLossTest, ZeroParamsGiveUniformPrediction) {
   std::vector<float> x = {1, 2, 3, 4, 5, -1, -2, -3, -4, -5};
   std::vector<int32_t> y = {0, 3};
   Params grads;
-  const float loss = model.LossAndGradients(params, x.data(), y.data(), 2,
-                                            &grads);
+  const float loss = model.LossAndGradients(params, x.data(), y.data(), 2, &grads);
   EXPECT_NEAR(loss, std::log(4.0f), 1e-6);
   ASSERT_EQ(grads.size(), 2u);
   // d/d bias = mean(softmax - onehot) = 1/4 - (fraction of label c).
@@ -172,10 +168,8 @@ TEST(ModelLossTest, HugeLogitsStayFinite) {
   Params grads;
   std::vector<int32_t> right = {0};
   std::vector<int32_t> wrong = {1};
-  EXPECT_NEAR(model.LossAndGradients(params, x.data(), right.data(), 1, &grads),
-              0.0f, 1e-6);
-  const float loss =
-      model.LossAndGradients(params, x.data(), wrong.data(), 1, &grads);
+  EXPECT_NEAR(model.LossAndGradients(params, x.data(), right.data(), 1, &grads), 0.0f, 1e-6);
+  const float loss = model.LossAndGradients(params, x.data(), wrong.data(), 1, &grads);
   EXPECT_TRUE(std::isfinite(loss));
   EXPECT_NEAR(loss, 2e4f, 1.0f);
   for (const auto& g : grads) {
@@ -207,11 +201,9 @@ void CheckGradients(const Model& model, uint64_t seed) {
     for (size_t k = 0; k < params[v].size(); ++k) {
       const float saved = params[v][k];
       params[v][k] = saved + eps;
-      const float plus =
-          model.LossAndGradients(params, x.data(), y.data(), batch, &scratch);
+      const float plus = model.LossAndGradients(params, x.data(), y.data(), batch, &scratch);
       params[v][k] = saved - eps;
-      const float minus =
-          model.LossAndGradients(params, x.data(), y.data(), batch, &scratch);
+      const float minus = model.LossAndGradients(params, x.data(), y.data(), batch, &scratch);
       params[v][k] = saved;
       const float numeric = (plus - minus) / (2 * eps);
       EXPECT_NEAR(grads[v][k], numeric, 2e-3f + 2e-2f * std::fabs(numeric))
@@ -281,27 +273,22 @@ void TrainAndCheck(const Model& model) {
   Params grads;
   const int batch = 64;
   const float lr = 0.5f;
-  const float initial_loss =
-      model.LossAndGradients(params, x.data(), y.data(), n, &grads);
+  const float initial_loss = model.LossAndGradients(params, x.data(), y.data(), n, &grads);
   for (int step = 0; step < 400; ++step) {
     const int start = (step * batch) % n;
-    model.LossAndGradients(params, x.data() + start * dim, y.data() + start,
-                           batch, &grads);
+    model.LossAndGradients(params, x.data() + start * dim, y.data() + start, batch, &grads);
     for (size_t v = 0; v < params.size(); ++v) {
       for (size_t k = 0; k < params[v].size(); ++k) {
         params[v][k] -= lr * grads[v][k];
       }
     }
   }
-  const float final_loss =
-      model.LossAndGradients(params, x.data(), y.data(), n, &grads);
+  const float final_loss = model.LossAndGradients(params, x.data(), y.data(), n, &grads);
   EXPECT_LT(final_loss, 0.5f * initial_loss);
   EXPECT_GT(model.Accuracy(params, x.data(), y.data(), n), 0.9);
 }
 
-TEST(ModelTrainingTest, SoftmaxLearnsSeparableProblem) {
-  TrainAndCheck(MustCreate(Softmax(8, 3)));
-}
+TEST(ModelTrainingTest, SoftmaxLearnsSeparableProblem) { TrainAndCheck(MustCreate(Softmax(8, 3))); }
 
 TEST(ModelTrainingTest, MlpLearnsSeparableProblem) {
   TrainAndCheck(MustCreate(Mlp(8, {16, 8}, 3)));

@@ -64,8 +64,8 @@ std::string Placement::Fingerprint() const {
   // FNV-1a over a canonical description: stable across processes and builds.
   std::string canon = absl::StrCat(num_shards, ";");
   for (const auto& p : parts) {
-    absl::StrAppend(&canon, p.name, ",", p.variable, ",", p.row_begin, ",", p.row_end, ",",
-                    p.cols, ",", p.shard, ";");
+    absl::StrAppend(&canon, p.name, ",", p.variable, ",", p.row_begin, ",", p.row_end, ",", p.cols,
+                    ",", p.shard, ";");
   }
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : canon) {

@@ -18,8 +18,8 @@
 namespace kubetrain {
 
 struct PartPlacement {
-  std::string name;      // "dense0/kernel" or "dense0/kernel/part1"
-  int variable = 0;      // index into Model::variables()
+  std::string name;       // "dense0/kernel" or "dense0/kernel/part1"
+  int variable = 0;       // index into Model::variables()
   int64_t row_begin = 0;  // rows [row_begin, row_end) of the variable
   int64_t row_end = 0;
   int64_t cols = 0;

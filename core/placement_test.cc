@@ -8,9 +8,8 @@ namespace kubetrain {
 namespace {
 
 std::vector<VariableSpec> Vars() {
-  return {{"dense0/kernel", 784, 256}, {"dense0/bias", 1, 256},
-          {"dense1/kernel", 256, 128}, {"dense1/bias", 1, 128},
-          {"dense2/kernel", 128, 10},  {"dense2/bias", 1, 10}};
+  return {{"dense0/kernel", 784, 256}, {"dense0/bias", 1, 256},    {"dense1/kernel", 256, 128},
+          {"dense1/bias", 1, 128},     {"dense2/kernel", 128, 10}, {"dense2/bias", 1, 10}};
 }
 
 TEST(PlacementTest, GreedyLargestFirstOntoLeastLoaded) {
@@ -38,7 +37,8 @@ TEST(PlacementTest, SplitsLargeVariablesByRowsCoveringEveryRow) {
   EXPECT_EQ(kernel0_parts, 3);
   // The three equal parts of the big kernel land on three different shards.
   std::map<int, int> shards;
-  for (const auto& part : p.parts) if (part.variable == 0) shards[part.shard]++;
+  for (const auto& part : p.parts)
+    if (part.variable == 0) shards[part.shard]++;
   EXPECT_EQ(shards.size(), 3u);
 }
 

@@ -28,7 +28,8 @@ absl::StatusOr<TaskConfig> LoadTaskConfig(const std::string& job_file,
   if (!job.ok()) return job.status();
   c.job = std::move(*job);
   if (tf_config_json.empty()) {
-    return absl::InvalidArgumentError("TF_CONFIG is not set (neither the environment variable nor --tf_config)");
+    return absl::InvalidArgumentError(
+        "TF_CONFIG is not set (neither the environment variable nor --tf_config)");
   }
   auto tf = ParseTfConfig(tf_config_json);
   if (!tf.ok()) return tf.status();
@@ -36,22 +37,22 @@ absl::StatusOr<TaskConfig> LoadTaskConfig(const std::string& job_file,
   c.num_ps = static_cast<int>(c.tf.tasks("ps").size());
   c.num_workers = static_cast<int>(c.tf.tasks("worker").size());
   if (c.num_ps != c.job.num_ps() || c.num_workers != c.job.num_workers()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TF_CONFIG has ", c.num_ps, " ps and ", c.num_workers, " worker tasks, but ", job_file,
-        " asks for ", c.job.num_ps(), " and ", c.job.num_workers()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TF_CONFIG has ", c.num_ps, " ps and ", c.num_workers, " worker tasks, but ",
+                     job_file, " asks for ", c.job.num_ps(), " and ", c.job.num_workers()));
   }
   // The PS learn from the job who the chief is; TF_CONFIG must agree.
   const int chiefs = static_cast<int>(c.tf.tasks("chief").size());
   if (chiefs != (c.job.has_chief_replica() ? 1 : 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TF_CONFIG has ", chiefs, " chief tasks, but ", job_file,
-        c.job.has_chief_replica() ? " has a Chief replica" : " has no Chief replica"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TF_CONFIG has ", chiefs, " chief tasks, but ", job_file,
+                     c.job.has_chief_replica() ? " has a Chief replica" : " has no Chief replica"));
   }
   auto model = Model::Create(c.job.training.model);
   if (!model.ok()) return model.status();
   c.model = std::make_unique<Model>(std::move(*model));
-  c.placement = PlaceVariables(c.model->variables(), c.num_ps,
-                               c.job.training.split_threshold_bytes);
+  c.placement =
+      PlaceVariables(c.model->variables(), c.num_ps, c.job.training.split_threshold_bytes);
   auto examples = TrainExamples(c.job.training);
   if (examples.ok()) {
     c.train_examples = *examples;

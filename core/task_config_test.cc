@@ -16,22 +16,33 @@ constexpr char kTfConfig[] =
 // A job file whose dataset lives in `data_dir`; `size` is "steps: N" or "epochs: N".
 std::string WriteJob(const std::string& dir, const std::string& data_dir, const std::string& size) {
   const std::string path = dir + "/job.yaml";
-  WriteFile(path, "apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: {name: t}\n"
-                  "spec:\n  replicaSpecs: {PS: {replicas: 1}, Worker: {replicas: 1}}\n"
-                  "  training:\n    batchSize: 10\n    " + size + "\n"
-                  "    dataset: {name: fashion-mnist, path: " + data_dir + "}\n");
+  WriteFile(path,
+            "apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: {name: t}\n"
+            "spec:\n  replicaSpecs: {PS: {replicas: 1}, Worker: {replicas: 1}}\n"
+            "  training:\n    batchSize: 10\n    " +
+                size +
+                "\n"
+                "    dataset: {name: fashion-mnist, path: " +
+                data_dir + "}\n");
   return path;
 }
 
 // An IDX1 label file header promising `count` labels (the body is not read).
 void WriteLabelHeader(const std::string& data_dir, uint32_t count) {
   ASSERT_EQ(::mkdir(data_dir.c_str(), 0755), 0);
-  std::string header = {0, 0, 8, 1, static_cast<char>(count >> 24), static_cast<char>(count >> 16),
-                        static_cast<char>(count >> 8), static_cast<char>(count)};
+  std::string header = {0,
+                        0,
+                        8,
+                        1,
+                        static_cast<char>(count >> 24),
+                        static_cast<char>(count >> 16),
+                        static_cast<char>(count >> 8),
+                        static_cast<char>(count)};
   WriteFile(data_dir + "/train-labels-idx1-ubyte", header);
   // The dataset directory holds gzip files (train-labels-idx1-ubyte.gz).
   ASSERT_EQ(std::system(("gzip -c " + data_dir + "/train-labels-idx1-ubyte > " + data_dir +
-                         "/train-labels-idx1-ubyte.gz").c_str()),
+                         "/train-labels-idx1-ubyte.gz")
+                            .c_str()),
             0);
 }
 

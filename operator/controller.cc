@@ -78,7 +78,8 @@ void Controller::WatchLoop(const ResourceRef& ref, const std::string& selector, 
     absl::Status s = client_->Watch(
         ref, selector, rv,
         [&](const WatchEvent& e) {
-          std::string new_rv = e.object.value("/metadata/resourceVersion"_json_pointer, std::string());
+          std::string new_rv =
+              e.object.value("/metadata/resourceVersion"_json_pointer, std::string());
           if (!new_rv.empty()) rv = new_rv;
           try {
             if (e.type != WatchEventType::kBookmark) Enqueue(e.object, pods);
@@ -94,7 +95,8 @@ void Controller::WatchLoop(const ResourceRef& ref, const std::string& selector, 
       Log("operator: watch of ", resource, " expired (", s.message(), "); relisting");
       rv.clear();
     } else if (!s.ok()) {
-      Log("operator: watch of ", resource, " failed: ", s.message(), "; retrying in ", absl::FormatDuration(backoff));
+      Log("operator: watch of ", resource, " failed: ", s.message(), "; retrying in ",
+          absl::FormatDuration(backoff));
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Seconds(30));
       rv.clear();  // relist: cheap, and no event is lost
@@ -128,13 +130,15 @@ void Controller::Work(const std::atomic<bool>* stop) {
     ReconcileOutcome out;
     try {
       out = reconciler_->Reconcile(key->substr(0, slash), key->substr(slash + 1));
-    } catch (const std::exception& e) {  // a bug or a malformed object must not take the operator down
+    } catch (
+        const std::exception& e) {  // a bug or a malformed object must not take the operator down
       out.status = absl::InternalError(absl::StrCat("reconcile threw: ", e.what()));
     }
     reconcile_seconds_.Observe(absl::ToDoubleSeconds(clock_->Now() - t0));
     if (!out.status.ok()) {
       reconciles_.Add({{"result", "error"}}).Increment();
-      Log("operator: reconcile ", *key, " failed: ", out.status.message(), "; retrying with backoff");
+      Log("operator: reconcile ", *key, " failed: ", out.status.message(),
+          "; retrying with backoff");
       queue_.Done(*key);
       queue_.AddRateLimited(*key);
       continue;

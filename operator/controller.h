@@ -35,8 +35,8 @@ class Controller {
  public:
   // `client`, `reconciler` and `clock` must outlive the controller; metrics
   // are registered in `registry`.
-  Controller(KubeClient* client, Reconciler* reconciler, const Clock* clock, ControllerOptions options,
-             prometheus::Registry& registry);
+  Controller(KubeClient* client, Reconciler* reconciler, const Clock* clock,
+             ControllerOptions options, prometheus::Registry& registry);
 
   // Runs until *stop becomes true. Blocks.
   void Run(const std::atomic<bool>* stop);
@@ -44,8 +44,8 @@ class Controller {
   bool synced() const { return jobs_synced_.load() && pods_synced_.load(); }
 
  private:
-  void WatchLoop(const ResourceRef& ref, const std::string& selector, bool pods, std::atomic<bool>* synced,
-                 const std::atomic<bool>* stop);
+  void WatchLoop(const ResourceRef& ref, const std::string& selector, bool pods,
+                 std::atomic<bool>* synced, const std::atomic<bool>* stop);
   void Enqueue(const nlohmann::json& object, bool is_pod);
   void Work(const std::atomic<bool>* stop);
   void RecordState(const std::string& key, const std::string& state);

@@ -26,8 +26,8 @@ Actions Desired(const JobObject& job, const Observed& observed, const OperatorCo
   if (!spec.ok()) {
     // What the schema could not express: report it, create nothing.
     if (!IsFailed(a.status)) {
-      Finish(condition::kFailed, reason::kInvalidSpec, std::string(spec.status().message()), observed.pods, "None",
-             now, &a);
+      Finish(condition::kFailed, reason::kInvalidSpec, std::string(spec.status().message()),
+             observed.pods, "None", now, &a);
     }
   } else if (IsFinished(a.status)) {
     AfterFinish(*spec, observed, config, &a);

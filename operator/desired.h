@@ -79,19 +79,19 @@ struct ObservedPod {
   std::string name;
   std::string type;  // "ps", "worker", ...
   int index = 0;
-  std::string phase;  // Pending, Running, Succeeded, Failed, Unknown
+  std::string phase;             // Pending, Running, Succeeded, Failed, Unknown
   std::optional<int> exit_code;  // of the training container, when terminated
   std::string termination_message;
   absl::Time started = absl::InfinitePast();   // its last termination: when that run began
   absl::Time finished = absl::InfinitePast();  // and when it ended
-  int restart_count = 0;  // container restarts done in place by the kubelet
+  int restart_count = 0;                       // container restarts done in place by the kubelet
   bool deleting = false;
 };
 
 struct Observed {
   absl::Time now;
-  std::vector<ObservedPod> pods;       // pods labelled with this job's name
-  std::vector<std::string> services;   // service names labelled with this job's name
+  std::vector<ObservedPod> pods;      // pods labelled with this job's name
+  std::vector<std::string> services;  // service names labelled with this job's name
   bool config_map_exists = false;
   // The chief's latest progress (read from its /metrics), if known.
   std::optional<Progress> progress;
@@ -119,7 +119,7 @@ struct Actions {
   // When to look again by itself: a restart backoff, the deadline, the TTL,
   // the cleanup grace or the next progress refresh falls due then.
   std::optional<absl::Duration> requeue_after;
-  bool delete_job = false;                      // ttlSecondsAfterFinished has passed
+  bool delete_job = false;  // ttlSecondsAfterFinished has passed
 };
 
 Actions Desired(const JobObject& job, const Observed& observed, const OperatorConfig& config);
@@ -127,7 +127,8 @@ Actions Desired(const JobObject& job, const Observed& observed, const OperatorCo
 // Building blocks, exposed for tests.
 // Where a task of `job` listens in the cluster: its Service's DNS name,
 // {job}-{type}-{i}.{ns}.svc[.{cluster_domain}]:{port} (as TFJob's).
-TaskAddress ServiceAddress(const std::string& job, const std::string& ns, const OperatorConfig& config);
+TaskAddress ServiceAddress(const std::string& job, const std::string& ns,
+                           const OperatorConfig& config);
 nlohmann::json BuildService(const JobObject& job, const std::string& type, int index,
                             const OperatorConfig& config);
 nlohmann::json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& spec_key,

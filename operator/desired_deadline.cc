@@ -19,7 +19,8 @@ void FailPastDeadline(const JobObject& job, const TrainingJob& spec, const Failu
   Finish(condition::kFailed, reason::kDeadlineExceeded,
          absl::StrCat("TrainingJob ", job.name, " ran longer than activeDeadlineSeconds (",
                       failure.deadline_seconds, " s)."),
-         observed.pods, spec.run_policy.clean_pod_policy == "All" ? "All" : "Running", observed.now, a);
+         observed.pods, spec.run_policy.clean_pod_policy == "All" ? "All" : "Running", observed.now,
+         a);
 }
 
 }  // namespace desired_internal

@@ -8,7 +8,8 @@ namespace desired_internal {
 
 using nlohmann::json;
 
-std::vector<std::string> PodsToClean(const std::vector<ObservedPod>& pods, const std::string& policy) {
+std::vector<std::string> PodsToClean(const std::vector<ObservedPod>& pods,
+                                     const std::string& policy) {
   std::vector<std::string> out;
   for (const auto& p : pods) {
     if (p.deleting) continue;
@@ -19,19 +20,22 @@ std::vector<std::string> PodsToClean(const std::vector<ObservedPod>& pods, const
 }
 
 void Finish(const char* type, const std::string& reason, const std::string& message,
-            const std::vector<ObservedPod>& pods, const std::string& clean_policy, absl::Time now, Actions* a) {
+            const std::vector<ObservedPod>& pods, const std::string& clean_policy, absl::Time now,
+            Actions* a) {
   SetCondition(&a->status, condition::kRunning, false, reason, message, now);
   SetCondition(&a->status, condition::kRestarting, false, reason, message, now);
   SetCondition(&a->status, type, true, reason, message, now);
   a->status["completionTime"] = Timestamp(now);
-  a->events.push_back({std::string(type) == condition::kFailed ? "Warning" : "Normal", reason, message});
+  a->events.push_back(
+      {std::string(type) == condition::kFailed ? "Warning" : "Normal", reason, message});
   a->delete_pods = PodsToClean(pods, clean_policy);
   a->create_pods.clear();  // a finished job starts nothing
   a->create_services.clear();
   a->create_config_map.reset();
 }
 
-void AfterFinish(const TrainingJob& spec, const Observed& observed, const OperatorConfig& config, Actions* a) {
+void AfterFinish(const TrainingJob& spec, const Observed& observed, const OperatorConfig& config,
+                 Actions* a) {
   const RunPolicy& policy = spec.run_policy;
   const absl::Time now = observed.now;
   const auto done_at = ParseTimestamp(a->status.value("completionTime", json()));

@@ -17,14 +17,17 @@ namespace desired_internal {
 
 // desired_finish.cc: the end of a job and what comes after it.
 // Pods to delete per cleanPodPolicy ("All", "Running": running and pending, "None").
-std::vector<std::string> PodsToClean(const std::vector<ObservedPod>& pods, const std::string& policy);
+std::vector<std::string> PodsToClean(const std::vector<ObservedPod>& pods,
+                                     const std::string& policy);
 // Sets the final condition (`type`: condition::kSucceeded or kFailed) and
 // completionTime, records the event and deletes pods per `clean_policy`.
 void Finish(const char* type, const std::string& reason, const std::string& message,
-            const std::vector<ObservedPod>& pods, const std::string& clean_policy, absl::Time now, Actions* a);
+            const std::vector<ObservedPod>& pods, const std::string& clean_policy, absl::Time now,
+            Actions* a);
 // A finished job: cleanPodPolicy after the cleanup grace (after success),
 // ttlSecondsAfterFinished.
-void AfterFinish(const TrainingJob& spec, const Observed& observed, const OperatorConfig& config, Actions* a);
+void AfterFinish(const TrainingJob& spec, const Observed& observed, const OperatorConfig& config,
+                 Actions* a);
 
 // desired_suspend.cc: runPolicy.suspend.
 void Suspend(const JobObject& job, const Observed& observed, Actions* a);
@@ -39,8 +42,9 @@ void FailPastDeadline(const JobObject& job, const TrainingJob& spec, const Failu
 // desired_replicas.cc: per-replica judgement through the lifecycle.
 // Every task's state from its pod (or its absence) and status.taskRestarts;
 // queues the Services and Pods that are missing.
-std::vector<TaskState> ObserveTasks(const JobObject& job, const TrainingJob& spec, const Observed& observed,
-                                    const OperatorConfig& config, Actions* a);
+std::vector<TaskState> ObserveTasks(const JobObject& job, const TrainingJob& spec,
+                                    const Observed& observed, const OperatorConfig& config,
+                                    Actions* a);
 // Carries out a running job's decision: recreates the pods whose restart is
 // due (deleting the failed pod; it is created again next time), waits for
 // the others, sets Running/Restarting and the per-replica counts.
@@ -48,8 +52,8 @@ void ApplyRunning(const JobObject& job, const TrainingJob& spec, const Lifecycle
                   const Observed& observed, const OperatorConfig& config, Actions* a);
 // Writes status.replicaStatuses from the decision (plus `restarting_now`
 // restarts being carried out this pass).
-void WriteReplicaStatuses(const LifecycleDecision& decision, const std::vector<Restart>& restarting_now,
-                          Actions* a);
+void WriteReplicaStatuses(const LifecycleDecision& decision,
+                          const std::vector<Restart>& restarting_now, Actions* a);
 // A task failed for good, or backoffLimit was exceeded.
 void FailForTask(const JobObject& job, const TrainingJob& spec, const Failure& failure,
                  const Observed& observed, Actions* a);

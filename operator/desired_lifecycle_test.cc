@@ -66,14 +66,18 @@ class ClusterSim {
         pod.started = now;
         pods_[pod.name] = pod;
       }
-      for (const json& svc : a.create_services) services_.insert(svc["metadata"]["name"].get<std::string>());
+      for (const json& svc : a.create_services)
+        services_.insert(svc["metadata"]["name"].get<std::string>());
       if (a.create_config_map) config_map_ = true;
       status_ = a.status;
       if (!was_finished && IsFinished(status_)) {
-        const json* c = FindCondition(status_, IsSucceeded(status_) ? condition::kSucceeded : condition::kFailed);
+        const json* c = FindCondition(
+            status_, IsSucceeded(status_) ? condition::kSucceeded : condition::kFailed);
         const std::string reason = (*c)["reason"];
-        trace_.push_back(IsSucceeded(status_) ? "succeed" + at
-                                              : absl::StrCat("fail ", reason == reason::kFailed ? "TaskFailed" : reason, at));
+        trace_.push_back(
+            IsSucceeded(status_)
+                ? "succeed" + at
+                : absl::StrCat("fail ", reason == reason::kFailed ? "TaskFailed" : reason, at));
       }
       requeue = a.requeue_after;
       if (a.create_pods.empty() && a.delete_pods.empty()) break;
@@ -93,7 +97,8 @@ class ClusterSim {
       return;
     }
     const RestartPolicy policy = spec_.replica_specs.at(ReplicaKeyOf(pod->type)).restart_policy;
-    const bool in_place = policy == RestartPolicy::kAlways || (policy == RestartPolicy::kOnFailure && *e.exit_code != 0);
+    const bool in_place = policy == RestartPolicy::kAlways ||
+                          (policy == RestartPolicy::kOnFailure && *e.exit_code != 0);
     if (in_place) {
       ++pod->restart_count;  // the kubelet restarted the container; the pod keeps running
       return;
@@ -136,7 +141,8 @@ TEST_P(DesiredLifecycleTest, DecidesAsTheTableSays) {
   std::optional<absl::Duration> requeue = sim.Reconcile(now);
   while (!IsFinished(sim.status()) && now < last + absl::Minutes(15)) {
     absl::Time wake = requeue ? now + *requeue : absl::InfiniteFuture();
-    if (next < s.events.size()) wake = std::min(wake, kStart + absl::Seconds(s.events[next].at_seconds));
+    if (next < s.events.size())
+      wake = std::min(wake, kStart + absl::Seconds(s.events[next].at_seconds));
     if (wake == absl::InfiniteFuture()) break;
     now = wake;
     while (next < s.events.size() && kStart + absl::Seconds(s.events[next].at_seconds) == now) {
@@ -146,7 +152,8 @@ TEST_P(DesiredLifecycleTest, DecidesAsTheTableSays) {
   }
   EXPECT_EQ(sim.trace(), s.operator_trace.value_or(s.trace)) << s.operator_differs_because;
   int64_t total = 0;
-  for (const auto& [key, rs] : sim.status()["replicaStatuses"].items()) total += rs["restarts"].get<int64_t>();
+  for (const auto& [key, rs] : sim.status()["replicaStatuses"].items())
+    total += rs["restarts"].get<int64_t>();
   EXPECT_EQ(total, s.operator_total_restarts.value_or(s.total_restarts));
   EXPECT_EQ(sim.status()["replicaStatuses"]["Worker"]["restarts"],
             s.operator_total_restarts.value_or(s.worker_restarts));

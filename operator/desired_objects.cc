@@ -33,12 +33,14 @@ json OwnerReferences(const JobObject& job) {
 }
 
 json TaskLabels(const std::string& job, const std::string& type, int index) {
-  return {{kJobNameLabel, job}, {kReplicaTypeLabel, type}, {kReplicaIndexLabel, std::to_string(index)}};
+  return {
+      {kJobNameLabel, job}, {kReplicaTypeLabel, type}, {kReplicaIndexLabel, std::to_string(index)}};
 }
 
 // The kubetrain runtime container: kubetrain-ps for ps tasks, kubetrain-worker
 // for worker, chief and evaluator tasks, reading the job from the ConfigMap.
-json RuntimeContainer(const TrainingJob& spec, const std::string& type, int index, const OperatorConfig& config) {
+json RuntimeContainer(const TrainingJob& spec, const std::string& type, int index,
+                      const OperatorConfig& config) {
   const bool ps = type == "ps";
   json args = json::array({absl::StrCat("--config=", config.config_dir, "/", kConfigFileName),
                            absl::StrCat("--metrics_address=$(POD_IP):", config.metrics_port)});
@@ -52,13 +54,15 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
           {"args", args},
           {"ports", json::array({{{"name", "kubetrain"}, {"containerPort", config.port}},
                                  {{"name", "metrics"}, {"containerPort", config.metrics_port}}})},
-          {"volumeMounts",
-           json::array({{{"name", "kubetrain-config"}, {"mountPath", config.config_dir}, {"readOnly", true}}})}};
+          {"volumeMounts", json::array({{{"name", "kubetrain-config"},
+                                         {"mountPath", config.config_dir},
+                                         {"readOnly", true}}})}};
 }
 
 }  // namespace
 
-TaskAddress ServiceAddress(const std::string& job, const std::string& ns, const OperatorConfig& config) {
+TaskAddress ServiceAddress(const std::string& job, const std::string& ns,
+                           const OperatorConfig& config) {
   return [=](const JobTask& t) {
     std::string host = absl::StrCat(ReplicaName(job, t.type, t.index), ".", ns, ".svc");
     if (!config.cluster_domain.empty()) absl::StrAppend(&host, ".", config.cluster_domain);
@@ -66,7 +70,8 @@ TaskAddress ServiceAddress(const std::string& job, const std::string& ns, const 
   };
 }
 
-json BuildService(const JobObject& job, const std::string& type, int index, const OperatorConfig& config) {
+json BuildService(const JobObject& job, const std::string& type, int index,
+                  const OperatorConfig& config) {
   const json selector = TaskLabels(job.name, type, index);
   return {{"apiVersion", "v1"},
           {"kind", "Service"},
@@ -79,7 +84,9 @@ json BuildService(const JobObject& job, const std::string& type, int index, cons
            {{"clusterIP", "None"},
             {"publishNotReadyAddresses", true},  // DNS resolves before the pod is ready
             {"selector", selector},
-            {"ports", json::array({{{"name", "kubetrain"}, {"port", config.port}, {"targetPort", config.port}}})}}}};
+            {"ports",
+             json::array(
+                 {{{"name", "kubetrain"}, {"port", config.port}, {"targetPort", config.port}}})}}}};
 }
 
 json BuildConfigMap(const JobObject& job) {
@@ -108,14 +115,15 @@ json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& 
   labels.update(TaskLabels(job.name, type, index));
   json annotations = tmpl.value("/metadata/annotations"_json_pointer, json::object());
 
-  const std::string tf_config =
-      SerializeTfConfig(BuildTfConfig(spec, ServiceAddress(job.name, job.namespace_, config), {type, index}));
+  const std::string tf_config = SerializeTfConfig(
+      BuildTfConfig(spec, ServiceAddress(job.name, job.namespace_, config), {type, index}));
   json& containers = pod_spec["containers"];
   if (!containers.is_array() || containers.empty()) {
     containers = json::array({RuntimeContainer(spec, type, index, config)});
     json& volumes = pod_spec["volumes"];
     if (!volumes.is_array()) volumes = json::array();
-    volumes.push_back({{"name", "kubetrain-config"}, {"configMap", {{"name", ConfigMapName(job.name)}}}});
+    volumes.push_back(
+        {{"name", "kubetrain-config"}, {"configMap", {{"name", ConfigMapName(job.name)}}}});
   }
   // TF_CONFIG (and the pod IP) go into the training container: the one named
   // kubetrain or tensorflow, else the first.
@@ -134,14 +142,15 @@ json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& 
                              return n == "TF_CONFIG" || n == "POD_IP";
                            }),
             env.end());
-  env.insert(env.begin(), json{{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}});
+  env.insert(env.begin(), json{{"name", "POD_IP"},
+                               {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}});
   env.push_back({{"name", "TF_CONFIG"}, {"value", tf_config}});
   // OnFailure/Always: the kubelet restarts in place. Never/ExitCode: the
   // operator decides, from the exit code, whether to recreate the pod.
-  pod_spec["restartPolicy"] =
-      replica.restart_policy == RestartPolicy::kOnFailure || replica.restart_policy == RestartPolicy::kAlways
-          ? RestartPolicyName(replica.restart_policy)
-          : "Never";
+  pod_spec["restartPolicy"] = replica.restart_policy == RestartPolicy::kOnFailure ||
+                                      replica.restart_policy == RestartPolicy::kAlways
+                                  ? RestartPolicyName(replica.restart_policy)
+                                  : "Never";
   json metadata = {{"name", ReplicaName(job.name, type, index)},
                    {"namespace", job.namespace_},
                    {"labels", labels},

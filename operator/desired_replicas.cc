@@ -35,8 +35,9 @@ TaskState FromPod(const ObservedPod& pod, TaskState t) {
 
 }  // namespace
 
-std::vector<TaskState> ObserveTasks(const JobObject& job, const TrainingJob& spec, const Observed& observed,
-                                    const OperatorConfig& config, Actions* a) {
+std::vector<TaskState> ObserveTasks(const JobObject& job, const TrainingJob& spec,
+                                    const Observed& observed, const OperatorConfig& config,
+                                    Actions* a) {
   std::map<std::string, const ObservedPod*> pods;
   for (const auto& p : observed.pods) pods[p.name] = &p;
   const std::set<std::string> services(observed.services.begin(), observed.services.end());
@@ -46,7 +47,8 @@ std::vector<TaskState> ObserveTasks(const JobObject& job, const TrainingJob& spe
   for (const JobTask& id : JobTasks(spec)) {
     const std::string name = ReplicaName(job.name, id.type, id.index);
     wanted.insert(name);
-    if (!services.count(name)) a->create_services.push_back(BuildService(job, id.type, id.index, config));
+    if (!services.count(name))
+      a->create_services.push_back(BuildService(job, id.type, id.index, config));
     TaskState t;
     t.task = id;
     const json h = history.is_object() ? history.value(id.name(), json::object()) : json::object();
@@ -67,8 +69,8 @@ std::vector<TaskState> ObserveTasks(const JobObject& job, const TrainingJob& spe
   return tasks;
 }
 
-void WriteReplicaStatuses(const LifecycleDecision& decision, const std::vector<Restart>& restarting_now,
-                          Actions* a) {
+void WriteReplicaStatuses(const LifecycleDecision& decision,
+                          const std::vector<Restart>& restarting_now, Actions* a) {
   json& statuses = a->status["replicaStatuses"];
   statuses = json::object();
   for (const auto& [key, c] : decision.replicas) {
@@ -92,10 +94,12 @@ void ApplyRunning(const JobObject& job, const TrainingJob& spec, const Lifecycle
     // Deleted now, created again (same name, same TF_CONFIG) once it is gone.
     const std::string pod = ReplicaName(job.name, r.task.type, r.task.index);
     a->delete_pods.push_back(pod);
-    history[r.task.name()] = {{"restarts", r.restarts}, {"consecutiveFailures", r.consecutive_failures}};
-    a->events.push_back({"Warning", reason::kRestarting,
-                         absl::StrCat("Pod ", pod, " exited with code ", r.exit_code,
-                                      "; recreating it (restartPolicy ", RestartPolicyName(r.policy), ")")});
+    history[r.task.name()] = {{"restarts", r.restarts},
+                              {"consecutiveFailures", r.consecutive_failures}};
+    a->events.push_back(
+        {"Warning", reason::kRestarting,
+         absl::StrCat("Pod ", pod, " exited with code ", r.exit_code,
+                      "; recreating it (restartPolicy ", RestartPolicyName(r.policy), ")")});
   }
   if (history.empty()) a->status.erase("taskRestarts");
   WriteReplicaStatuses(decision, due, a);
@@ -103,7 +107,8 @@ void ApplyRunning(const JobObject& job, const TrainingJob& spec, const Lifecycle
   bool running = false;
   for (const auto& [key, c] : decision.replicas) running = running || c.active > 0;
   if (!decision.restarts.empty()) {
-    SetCondition(&a->status, condition::kRunning, false, reason::kRestarting, "a replica is being recreated", now);
+    SetCondition(&a->status, condition::kRunning, false, reason::kRestarting,
+                 "a replica is being recreated", now);
     SetCondition(&a->status, condition::kRestarting, true, reason::kRestarting,
                  absl::StrCat("TrainingJob ", job.name, " is restarting a replica."), now);
   } else if (running) {
@@ -124,16 +129,19 @@ void FailForTask(const JobObject& job, const TrainingJob& spec, const Failure& f
   std::string message, why;
   if (failure.kind == FailureKind::kTaskFailed) {
     why = reason::kFailed;
-    message = absl::StrCat("TrainingJob ", job.name, " has failed because ", ReplicaKeyOf(failure.task.type),
-                           " replica ", failure.task.index, " (pod ", pod, ") exited with code ", failure.exit_code,
+    message = absl::StrCat("TrainingJob ", job.name, " has failed because ",
+                           ReplicaKeyOf(failure.task.type), " replica ", failure.task.index,
+                           " (pod ", pod, ") exited with code ", failure.exit_code,
                            " (restartPolicy ", RestartPolicyName(failure.policy), ").");
   } else {
     why = reason::kBackoffLimitExceeded;
-    message = absl::StrCat("TrainingJob ", job.name, " has failed because it exceeded backoffLimit (",
-                           failure.backoff_limit, " restarts; ", failure.restarts, " needed, the last for pod ",
-                           pod, ").");
+    message =
+        absl::StrCat("TrainingJob ", job.name, " has failed because it exceeded backoffLimit (",
+                     failure.backoff_limit, " restarts; ", failure.restarts,
+                     " needed, the last for pod ", pod, ").");
   }
-  Finish(condition::kFailed, why, message, observed.pods, spec.run_policy.clean_pod_policy, observed.now, a);
+  Finish(condition::kFailed, why, message, observed.pods, spec.run_policy.clean_pod_policy,
+         observed.now, a);
 }
 
 }  // namespace desired_internal

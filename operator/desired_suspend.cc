@@ -16,8 +16,10 @@ void Suspend(const JobObject& job, const Observed& observed, Actions* a) {
   if (!IsConditionTrue(a->status, condition::kSuspended)) {
     a->events.push_back({"Normal", reason::kSuspended, message});
   }
-  SetCondition(&a->status, condition::kRunning, false, reason::kSuspended, "suspended", observed.now);
-  SetCondition(&a->status, condition::kRestarting, false, reason::kSuspended, "suspended", observed.now);
+  SetCondition(&a->status, condition::kRunning, false, reason::kSuspended, "suspended",
+               observed.now);
+  SetCondition(&a->status, condition::kRestarting, false, reason::kSuspended, "suspended",
+               observed.now);
   SetCondition(&a->status, condition::kSuspended, true, reason::kSuspended, message, observed.now);
   a->status.erase("startTime");  // the deadline counts from the resume
 }

@@ -15,10 +15,12 @@ json JobJson(const std::string& extra_run_policy = "", const std::string& worker
              int workers = 2) {
   json j = {{"apiVersion", "kubetrain.io/v1"},
             {"kind", "TrainingJob"},
-            {"metadata", {{"name", "mnist"}, {"namespace", "ns3"}, {"uid", "u-1"}, {"resourceVersion", "7"}}},
+            {"metadata",
+             {{"name", "mnist"}, {"namespace", "ns3"}, {"uid", "u-1"}, {"resourceVersion", "7"}}},
             {"spec",
              {{"replicaSpecs",
-               {{"PS", {{"replicas", 2}}}, {"Worker", {{"replicas", workers}, {"restartPolicy", worker_policy}}}}},
+               {{"PS", {{"replicas", 2}}},
+                {"Worker", {{"replicas", workers}, {"restartPolicy", worker_policy}}}}},
               {"training", {{"model", {{"type", "softmax"}}}, {"steps", 100}}}}}};
   if (!extra_run_policy.empty()) j["spec"]["runPolicy"] = json::parse(extra_run_policy);
   return j;
@@ -68,7 +70,8 @@ ObservedPod* Find(Observed& o, const std::string& name) {
 
 std::string Condition(const json& status, const std::string& type) {
   for (const auto& c : status["conditions"]) {
-    if (c["type"] == type) return c["status"].get<std::string>() + "/" + c["reason"].get<std::string>();
+    if (c["type"] == type)
+      return c["status"].get<std::string>() + "/" + c["reason"].get<std::string>();
   }
   return "absent";
 }
@@ -132,9 +135,11 @@ TEST(DesiredTest, ClusterDomainAndUserContainersAreRespected) {
   json j = JobJson();
   j["spec"]["replicaSpecs"]["Worker"]["template"] = {
       {"metadata", {{"labels", {{"team", "ml"}}}}},
-      {"spec", {{"containers", json::array({{{"name", "sidecar"}, {"image", "busybox"}},
-                                            {{"name", "tensorflow"}, {"image", "tensorflow/tensorflow:2.15.0"},
-                                             {"command", json::array({"python", "train.py"})}}})}}}};
+      {"spec",
+       {{"containers", json::array({{{"name", "sidecar"}, {"image", "busybox"}},
+                                    {{"name", "tensorflow"},
+                                     {"image", "tensorflow/tensorflow:2.15.0"},
+                                     {"command", json::array({"python", "train.py"})}}})}}}};
   OperatorConfig cfg;
   cfg.cluster_domain = "tf.training.org";
   Observed o;
@@ -145,7 +150,7 @@ TEST(DesiredTest, ClusterDomainAndUserContainersAreRespected) {
   const json& containers = (*w0)["spec"]["containers"];
   ASSERT_EQ(containers.size(), 2u);
   EXPECT_EQ(containers[1]["command"][0], "python");  // run as given
-  EXPECT_FALSE(containers[0].contains("env"));        // only the training container gets TF_CONFIG
+  EXPECT_FALSE(containers[0].contains("env"));       // only the training container gets TF_CONFIG
   std::string tf;
   for (const auto& e : containers[1]["env"]) {
     if (e["name"] == "TF_CONFIG") tf = e["value"];
@@ -197,7 +202,8 @@ TEST(DesiredTest, ExitCodePolicyRecreatesOnSignalThenRunsAgain) {
   ASSERT_FALSE(a.events.empty());
   EXPECT_EQ(a.events.back().reason, "TrainingJobRestarting");
   // Next round: the pod is gone and is created again with the same name.
-  o.pods.erase(std::remove_if(o.pods.begin(), o.pods.end(), [](auto& p) { return p.name == "mnist-worker-1"; }),
+  o.pods.erase(std::remove_if(o.pods.begin(), o.pods.end(),
+                              [](auto& p) { return p.name == "mnist-worker-1"; }),
                o.pods.end());
   Actions b = Desired(Job(job, a.status), o, OperatorConfig{});
   ASSERT_EQ(b.create_pods.size(), 1u);
@@ -221,7 +227,8 @@ TEST(DesiredTest, BackoffLimitFailsTheJob) {
   json onfailure = JobJson("{\"backoffLimit\": 2}", "OnFailure");
   Observed o2 = AllPods("Running");
   Find(o2, "mnist-worker-0")->restart_count = 3;
-  EXPECT_EQ(Condition(Desired(Job(onfailure), o2, OperatorConfig{}).status, "Failed"), "True/BackoffLimitExceeded");
+  EXPECT_EQ(Condition(Desired(Job(onfailure), o2, OperatorConfig{}).status, "Failed"),
+            "True/BackoffLimitExceeded");
 }
 
 TEST(DesiredTest, ActiveDeadlineIsATimerAndKillsRunningPods) {
@@ -283,8 +290,11 @@ TEST(DesiredTest, ChiefSuccessSucceedsCleansUpAndReportsTheResult) {
 
 TEST(DesiredTest, TtlDeletesTheFinishedJobOnTime) {
   json job = JobJson("{\"ttlSecondsAfterFinished\": 30}");
-  json status = {{"conditions", json::array({{{"type", "Succeeded"}, {"status", "True"}, {"reason", "x"}, {"message", ""}}})},
-                 {"completionTime", "2027-01-15T08:00:00Z"}};
+  json status = {
+      {"conditions",
+       json::array(
+           {{{"type", "Succeeded"}, {"status", "True"}, {"reason", "x"}, {"message", ""}}})},
+      {"completionTime", "2027-01-15T08:00:00Z"}};
   Observed o;
   o.now = kT0 + absl::Seconds(10);
   Actions a = Desired(Job(job, status), o, OperatorConfig{});
@@ -324,7 +334,10 @@ TEST(DesiredTest, PodTfConfigIsByteForByteTfJobs) {
             {"kind", "TrainingJob"},
             {"metadata", {{"name", "test-tfjob"}, {"namespace", "ns3"}, {"uid", "u"}}},
             {"spec",
-             {{"replicaSpecs", {{"Worker", {{"replicas", 1}}}, {"PS", {{"replicas", 1}}}, {"Evaluator", {{"replicas", 1}}}}},
+             {{"replicaSpecs",
+               {{"Worker", {{"replicas", 1}}},
+                {"PS", {{"replicas", 1}}},
+                {"Evaluator", {{"replicas", 1}}}}},
               {"training", {{"steps", 10}}}}}};
   OperatorConfig cfg;
   cfg.cluster_domain = "tf.training.io";
@@ -333,8 +346,9 @@ TEST(DesiredTest, PodTfConfigIsByteForByteTfJobs) {
   Actions a = Desired(Job(j), o, cfg);
   const json* w0 = PodNamed(a, "test-tfjob-worker-0");
   ASSERT_NE(w0, nullptr);
-  EXPECT_EQ(EnvOf(*w0, "TF_CONFIG"),
-            R"({"cluster":{"evaluator":["test-tfjob-evaluator-0.ns3.svc.tf.training.io:2222"],"ps":["test-tfjob-ps-0.ns3.svc.tf.training.io:2222"],"worker":["test-tfjob-worker-0.ns3.svc.tf.training.io:2222"]},"task":{"type":"worker","index":0},"environment":"cloud"})");
+  EXPECT_EQ(
+      EnvOf(*w0, "TF_CONFIG"),
+      R"({"cluster":{"evaluator":["test-tfjob-evaluator-0.ns3.svc.tf.training.io:2222"],"ps":["test-tfjob-ps-0.ns3.svc.tf.training.io:2222"],"worker":["test-tfjob-worker-0.ns3.svc.tf.training.io:2222"]},"task":{"type":"worker","index":0},"environment":"cloud"})");
 }
 
 TEST(DesiredTest, EveryReplicaTypeRunsTheRightCommandAndOnlyTheChiefReports) {
@@ -345,14 +359,19 @@ TEST(DesiredTest, EveryReplicaTypeRunsTheRightCommandAndOnlyTheChiefReports) {
   o.now = kT0;
   Actions a = Desired(Job(j), o, OperatorConfig{});
   ASSERT_EQ(a.create_pods.size(), 6u);
-  auto command = [&](const std::string& pod) { return (*PodNamed(a, pod))["spec"]["containers"][0]["command"][0]; };
-  auto args = [&](const std::string& pod) { return (*PodNamed(a, pod))["spec"]["containers"][0]["args"].dump(); };
+  auto command = [&](const std::string& pod) {
+    return (*PodNamed(a, pod))["spec"]["containers"][0]["command"][0];
+  };
+  auto args = [&](const std::string& pod) {
+    return (*PodNamed(a, pod))["spec"]["containers"][0]["args"].dump();
+  };
   EXPECT_EQ(command("mnist-ps-1"), "kubetrain-ps");
   EXPECT_EQ(command("mnist-chief-0"), "kubetrain-worker");
   EXPECT_EQ(command("mnist-worker-0"), "kubetrain-worker");
   EXPECT_EQ(command("mnist-evaluator-0"), "kubetrain-worker");
   EXPECT_NE(args("mnist-chief-0").find("--result_file=/dev/termination-log"), std::string::npos);
-  for (const char* other : {"mnist-worker-0", "mnist-worker-1", "mnist-ps-0", "mnist-evaluator-0"}) {
+  for (const char* other :
+       {"mnist-worker-0", "mnist-worker-1", "mnist-ps-0", "mnist-evaluator-0"}) {
     EXPECT_EQ(args(other).find("--result_file"), std::string::npos) << other;
   }
   auto tf = ParseTfConfig(EnvOf(*PodNamed(a, "mnist-evaluator-0"), "TF_CONFIG"));
@@ -385,7 +404,8 @@ TEST(DesiredTest, LiveProgressIsTheCamelCaseProjection) {
   p.loss = 0.5;
   o.progress = p;
   Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
-  EXPECT_EQ(a.status["progress"], (json{{"globalStep", 120}, {"targetSteps", 3750}, {"loss", 0.5}}));
+  EXPECT_EQ(a.status["progress"],
+            (json{{"globalStep", 120}, {"targetSteps", 3750}, {"loss", 0.5}}));
 }
 
 TEST(DesiredTest, RecreatedPodsBackOffLikeTheKubelet) {
@@ -397,7 +417,8 @@ TEST(DesiredTest, RecreatedPodsBackOffLikeTheKubelet) {
   *Find(o, "mnist-worker-1") = failed;
   Actions a = Desired(Job(job), o, OperatorConfig{});  // the first restart is at once
   EXPECT_EQ(a.delete_pods, std::vector<std::string>{"mnist-worker-1"});
-  EXPECT_EQ(a.status["taskRestarts"]["worker-1"], (json{{"restarts", 1}, {"consecutiveFailures", 1}}));
+  EXPECT_EQ(a.status["taskRestarts"]["worker-1"],
+            (json{{"restarts", 1}, {"consecutiveFailures", 1}}));
   // It fails again 5 s into its new run: the next recreation waits 10 s.
   failed.started = kT0 + absl::Seconds(1);
   failed.finished = kT0 + absl::Seconds(6);
@@ -410,7 +431,8 @@ TEST(DesiredTest, RecreatedPodsBackOffLikeTheKubelet) {
   o.now = kT0 + absl::Seconds(16);
   Actions c = Desired(Job(job, b.status), o, OperatorConfig{});
   EXPECT_EQ(c.delete_pods, std::vector<std::string>{"mnist-worker-1"});
-  EXPECT_EQ(c.status["taskRestarts"]["worker-1"], (json{{"restarts", 2}, {"consecutiveFailures", 2}}));
+  EXPECT_EQ(c.status["taskRestarts"]["worker-1"],
+            (json{{"restarts", 2}, {"consecutiveFailures", 2}}));
   EXPECT_EQ(c.status["replicaStatuses"]["Worker"]["recreated"], 2);
 }
 

@@ -24,17 +24,21 @@ class FakeKubeClient final : public KubeClient {
     if (it == objects_.end()) return absl::NotFoundError(ref.DebugString() + " not found");
     return it->second;
   }
-  absl::StatusOr<nlohmann::json> List(const ResourceRef& ref, const std::string& selector) override {
+  absl::StatusOr<nlohmann::json> List(const ResourceRef& ref,
+                                      const std::string& selector) override {
     absl::MutexLock l(&mu_);
     nlohmann::json items = nlohmann::json::array();
     const std::string prefix = ref.Path() + "/";
     for (const auto& [path, obj] : objects_) {
-      if (path.rfind(prefix, 0) != 0 || path.find('/', prefix.size()) != std::string::npos) continue;
+      if (path.rfind(prefix, 0) != 0 || path.find('/', prefix.size()) != std::string::npos)
+        continue;
       if (Matches(obj, selector)) items.push_back(obj);
     }
-    return nlohmann::json{{"items", items}, {"metadata", {{"resourceVersion", std::to_string(rv_)}}}};
+    return nlohmann::json{{"items", items},
+                          {"metadata", {{"resourceVersion", std::to_string(rv_)}}}};
   }
-  absl::StatusOr<nlohmann::json> Create(const ResourceRef& ref, const nlohmann::json& object) override {
+  absl::StatusOr<nlohmann::json> Create(const ResourceRef& ref,
+                                        const nlohmann::json& object) override {
     absl::MutexLock l(&mu_);
     ++creates_;
     nlohmann::json obj = object;
@@ -43,19 +47,22 @@ class FakeKubeClient final : public KubeClient {
     obj["metadata"]["name"] = name;
     ResourceRef r = ref;
     r.name = name;
-    if (objects_.count(r.Path())) return absl::AlreadyExistsError(r.DebugString() + " already exists");
+    if (objects_.count(r.Path()))
+      return absl::AlreadyExistsError(r.DebugString() + " already exists");
     obj["metadata"]["resourceVersion"] = std::to_string(++rv_);
     if (!obj["metadata"].contains("uid")) obj["metadata"]["uid"] = "uid-" + std::to_string(rv_);
     objects_[r.Path()] = obj;
     return obj;
   }
-  absl::StatusOr<nlohmann::json> Replace(const ResourceRef& ref, const nlohmann::json& object) override {
+  absl::StatusOr<nlohmann::json> Replace(const ResourceRef& ref,
+                                         const nlohmann::json& object) override {
     absl::MutexLock l(&mu_);
     ResourceRef base = ref;
     base.subresource.clear();
     auto it = objects_.find(base.Path());
     if (it == objects_.end()) return absl::NotFoundError(ref.DebugString());
-    if (object["metadata"].value("resourceVersion", "") != it->second["metadata"].value("resourceVersion", "")) {
+    if (object["metadata"].value("resourceVersion", "") !=
+        it->second["metadata"].value("resourceVersion", "")) {
       return absl::AbortedError("the object has been modified");
     }
     nlohmann::json obj = it->second;
@@ -68,7 +75,8 @@ class FakeKubeClient final : public KubeClient {
     it->second = obj;
     return obj;
   }
-  absl::StatusOr<nlohmann::json> MergePatch(const ResourceRef& ref, const nlohmann::json& patch) override {
+  absl::StatusOr<nlohmann::json> MergePatch(const ResourceRef& ref,
+                                            const nlohmann::json& patch) override {
     absl::MutexLock l(&mu_);
     ResourceRef base = ref;
     base.subresource.clear();
@@ -102,7 +110,9 @@ class FakeKubeClient final : public KubeClient {
     absl::MutexLock l(&mu_);
     size_t n = 0;
     for (const auto& [path, obj] : objects_) {
-      if (path.rfind(collection_path + "/", 0) == 0 && path.find('/', collection_path.size() + 1) == std::string::npos) ++n;
+      if (path.rfind(collection_path + "/", 0) == 0 &&
+          path.find('/', collection_path.size() + 1) == std::string::npos)
+        ++n;
     }
     return n;
   }

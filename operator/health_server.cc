@@ -9,7 +9,7 @@ namespace kubetrain {
 namespace http = web::http;
 
 absl::StatusOr<std::unique_ptr<HealthServer>> HealthServer::Start(const std::string& address,
-                                                                 std::function<bool()> ready) {
+                                                                  std::function<bool()> ready) {
   std::unique_ptr<HealthServer> server(new HealthServer());
   server->ready_ = std::move(ready);
   server->listener_ = std::make_unique<http::experimental::listener::http_listener>(
@@ -21,7 +21,8 @@ absl::StatusOr<std::unique_ptr<HealthServer>> HealthServer::Start(const std::str
       req.reply(http::status_codes::OK, "ok");
     } else if (path == "/readyz") {
       const bool ready = self->ready_();
-      req.reply(ready ? http::status_codes::OK : http::status_codes::ServiceUnavailable, ready ? "ok" : "not ready");
+      req.reply(ready ? http::status_codes::OK : http::status_codes::ServiceUnavailable,
+                ready ? "ok" : "not ready");
     } else {
       req.reply(http::status_codes::NotFound, "not found");
     }
@@ -29,7 +30,8 @@ absl::StatusOr<std::unique_ptr<HealthServer>> HealthServer::Start(const std::str
   try {
     server->listener_->open().wait();
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve health checks on ", address, ": ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve health checks on ", address, ": ", e.what()));
   }
   return server;
 }

@@ -22,7 +22,7 @@ class HealthServer {
   // Serves on `address` ("host:port") until destroyed. `ready` is called from
   // the server's threads: it must be thread-safe.
   static absl::StatusOr<std::unique_ptr<HealthServer>> Start(const std::string& address,
-                                                            std::function<bool()> ready);
+                                                             std::function<bool()> ready);
   ~HealthServer();
 
  private:

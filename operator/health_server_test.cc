@@ -34,7 +34,8 @@ int Get(int port, const std::string& path) {
 TEST(HealthServerTest, HealthzAlwaysReadyzWhenReady) {
   const int port = FreePort();
   std::atomic<bool> ready{false};
-  auto server = HealthServer::Start("127.0.0.1:" + std::to_string(port), [&] { return ready.load(); });
+  auto server =
+      HealthServer::Start("127.0.0.1:" + std::to_string(port), [&] { return ready.load(); });
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_EQ(Get(port, "/healthz"), 200);
   EXPECT_EQ(Get(port, "/readyz"), 503);
@@ -49,7 +50,8 @@ TEST(HealthServerTest, AnAddressInUseIsAnError) {
   ASSERT_TRUE(first.ok());
   auto second = HealthServer::Start("127.0.0.1:" + std::to_string(port), [] { return true; });
   ASSERT_FALSE(second.ok());
-  EXPECT_NE(second.status().message().find(std::to_string(port)), std::string::npos) << second.status();
+  EXPECT_NE(second.status().message().find(std::to_string(port)), std::string::npos)
+      << second.status();
 }
 
 }  // namespace

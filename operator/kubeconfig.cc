@@ -60,7 +60,8 @@ class Parser {
     YAML::Node v = node[key];
     if (!v || v.IsNull()) return false;
     bool b = false;
-    if (!v.IsScalar() || !YAML::convert<bool>::decode(v, b)) return Error(field, "must be true or false");
+    if (!v.IsScalar() || !YAML::convert<bool>::decode(v, b))
+      return Error(field, "must be true or false");
     return b;
   }
 
@@ -108,8 +109,8 @@ class Parser {
         }
       }
     }
-    return Error(referenced_by, absl::StrCat("refers to ", list, " entry \"", name,
-                                             "\", which does not exist"));
+    return Error(referenced_by,
+                 absl::StrCat("refers to ", list, " entry \"", name, "\", which does not exist"));
   }
 
   const std::string& path() const { return path_; }
@@ -120,11 +121,11 @@ class Parser {
   std::string dir_;
 };
 
-#define KT_ASSIGN(lhs, expr)             \
-  do {                                   \
-    auto _r = (expr);                    \
-    if (!_r.ok()) return _r.status();    \
-    lhs = std::move(*_r);                \
+#define KT_ASSIGN(lhs, expr)          \
+  do {                                \
+    auto _r = (expr);                 \
+    if (!_r.ok()) return _r.status(); \
+    lhs = std::move(*_r);             \
   } while (0)
 
 }  // namespace
@@ -138,15 +139,18 @@ absl::StatusOr<KubeConfig> ParseKubeConfig(const std::string& yaml, const std::s
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not valid YAML: ", e.what()));
   }
-  if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a kubeconfig (expected a map)"));
+  if (!root.IsMap())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a kubeconfig (expected a map)"));
 
   try {
     std::string ctx_name = context;
     if (ctx_name.empty()) {
       KT_ASSIGN(ctx_name, p.Str(root, "current-context", "current-context"));
-      if (ctx_name.empty()) return p.Error("current-context", "missing (and no context was requested)");
+      if (ctx_name.empty())
+        return p.Error("current-context", "missing (and no context was requested)");
     }
-    const std::string ctx_field = context.empty() ? "current-context" : "context \"" + context + "\"";
+    const std::string ctx_field =
+        context.empty() ? "current-context" : "context \"" + context + "\"";
     YAML::Node ctx;
     KT_ASSIGN(ctx, p.Named(root, "contexts", "context", ctx_name, ctx_field));
     const std::string cp = "contexts[" + ctx_name + "].context";
@@ -167,7 +171,8 @@ absl::StatusOr<KubeConfig> ParseKubeConfig(const std::string& yaml, const std::s
     KT_ASSIGN(cfg.server, p.Str(cluster, "server", clp + ".server"));
     if (cfg.server.empty()) return p.Error(clp + ".server", "missing");
     if (!absl::StartsWith(cfg.server, "https://") && !absl::StartsWith(cfg.server, "http://")) {
-      return p.Error(clp + ".server", "must start with https:// or http://, got \"" + cfg.server + "\"");
+      return p.Error(clp + ".server",
+                     "must start with https:// or http://, got \"" + cfg.server + "\"");
     }
     while (absl::EndsWith(cfg.server, "/")) cfg.server.pop_back();
     KT_ASSIGN(cfg.ca_pem, p.DataOrFile(cluster, "certificate-authority", clp));
@@ -181,8 +186,9 @@ absl::StatusOr<KubeConfig> ParseKubeConfig(const std::string& yaml, const std::s
       const std::string up = "users[" + user_name + "].user";
       for (const char* unsupported : {"exec", "auth-provider", "username", "password"}) {
         if (user[unsupported]) {
-          return absl::UnimplementedError(absl::StrCat(path, ": ", up, ".", unsupported,
-                                                       ": not supported; use a token or client certificate"));
+          return absl::UnimplementedError(
+              absl::StrCat(path, ": ", up, ".", unsupported,
+                           ": not supported; use a token or client certificate"));
         }
       }
       KT_ASSIGN(cfg.bearer_token, p.Str(user, "token", up + ".token"));
@@ -190,15 +196,18 @@ absl::StatusOr<KubeConfig> ParseKubeConfig(const std::string& yaml, const std::s
       KT_ASSIGN(token_file, p.Str(user, "tokenFile", up + ".tokenFile"));
       if (cfg.bearer_token.empty() && !token_file.empty()) {
         cfg.token_file = Resolve(p.dir(), token_file);
-        KT_ASSIGN(cfg.bearer_token, ReadFile(cfg.token_file, absl::StrCat(path, ": ", up, ".tokenFile")));
+        KT_ASSIGN(cfg.bearer_token,
+                  ReadFile(cfg.token_file, absl::StrCat(path, ": ", up, ".tokenFile")));
         cfg.bearer_token = std::string(absl::StripAsciiWhitespace(cfg.bearer_token));
-        if (cfg.bearer_token.empty()) return p.Error(up + ".tokenFile", "file " + cfg.token_file + " is empty");
+        if (cfg.bearer_token.empty())
+          return p.Error(up + ".tokenFile", "file " + cfg.token_file + " is empty");
       }
       KT_ASSIGN(cfg.client_cert_pem, p.DataOrFile(user, "client-certificate", up));
       KT_ASSIGN(cfg.client_key_pem, p.DataOrFile(user, "client-key", up));
       if (cfg.client_cert_pem.empty() != cfg.client_key_pem.empty()) {
-        return p.Error(cfg.client_cert_pem.empty() ? up + ".client-certificate-data" : up + ".client-key-data",
-                       "missing (client-certificate and client-key go together)");
+        return p.Error(
+            cfg.client_cert_pem.empty() ? up + ".client-certificate-data" : up + ".client-key-data",
+            "missing (client-certificate and client-key go together)");
       }
     }
     return cfg;
@@ -228,14 +237,16 @@ absl::StatusOr<KubeConfig> LoadInClusterConfig(const InClusterOptions& options) 
   if (!token.ok()) return token.status();
   cfg.bearer_token = std::string(absl::StripAsciiWhitespace(*token));
   if (cfg.bearer_token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("in-cluster service-account token: ", options.token_file, " is empty"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("in-cluster service-account token: ", options.token_file, " is empty"));
   }
   cfg.token_file = options.token_file;
 
   auto ca = ReadFile(options.ca_file, "in-cluster CA certificate");
   if (!ca.ok()) return ca.status();
   if (ca->find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("in-cluster CA certificate: ", options.ca_file, " holds no PEM certificate"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("in-cluster CA certificate: ", options.ca_file, " holds no PEM certificate"));
   }
   cfg.ca_pem = *ca;
 

@@ -15,8 +15,8 @@ namespace kubetrain {
 namespace {
 
 // gtest only (gmock is not among the system deps).
-#define EXPECT_CONTAINS(haystack, needle)                                   \
-  EXPECT_TRUE(absl::StrContains(haystack, needle))                          \
+#define EXPECT_CONTAINS(haystack, needle)          \
+  EXPECT_TRUE(absl::StrContains(haystack, needle)) \
       << "expected to contain \"" << (needle) << "\":\n  " << (haystack)
 
 constexpr char kCaPem[] = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n";
@@ -52,7 +52,8 @@ clusters:
 - name: kubetrain
   cluster:
     server: https://127.0.0.1:6443/
-    certificate-authority-data: )" + B64(kCaPem) + R"(
+    certificate-authority-data: )" + B64(kCaPem) +
+                                         R"(
 users:
 - name: admin
   user:
@@ -84,7 +85,8 @@ clusters:
 users:
 - name: u
   user:
-    client-certificate-data: )" + B64(kCertPem) + R"(
+    client-certificate-data: )" + B64(kCertPem) +
+                                         R"(
     client-key-data: )" + B64(kKeyPem) + R"(
 contexts:
 - name: a
@@ -115,7 +117,8 @@ clusters:
   cluster: {server: "https://127.0.0.1:1", certificate-authority: ca.crt}
 users:
 - name: u
-  user: {tokenFile: token, client-certificate: client.crt, client-key: )" + dir_ + R"(/client.key}
+  user: {tokenFile: token, client-certificate: client.crt, client-key: )" +
+                                         dir_ + R"(/client.key}
 contexts:
 - name: x
   context: {cluster: c, user: u}
@@ -143,32 +146,43 @@ struct BadCase {
 };
 
 TEST_F(KubeConfigTest, MissingOrBadFieldsNameTheFileAndField) {
-  const std::string ctx = "contexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n";
+  const std::string ctx =
+      "contexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n";
   const std::string user = "users:\n- name: u\n  user: {token: t}\n";
-  const std::string cluster = "clusters:\n- name: c\n  cluster: {server: \"https://127.0.0.1:1\"}\n";
+  const std::string cluster =
+      "clusters:\n- name: c\n  cluster: {server: \"https://127.0.0.1:1\"}\n";
   const std::vector<BadCase> cases = {
       {"no current-context", cluster + user + "contexts: []\n", "current-context: missing"},
       {"unknown context", cluster + user + "contexts: []\ncurrent-context: x\n",
        "current-context: refers to contexts entry \"x\", which does not exist"},
-      {"unknown cluster", user + ctx, "contexts[x].context.cluster: refers to clusters entry \"c\""},
+      {"unknown cluster", user + ctx,
+       "contexts[x].context.cluster: refers to clusters entry \"c\""},
       {"unknown user", cluster + ctx, "contexts[x].context.user: refers to users entry \"u\""},
-      {"no server", "clusters:\n- name: c\n  cluster: {insecure-skip-tls-verify: true}\n" + user + ctx,
+      {"no server",
+       "clusters:\n- name: c\n  cluster: {insecure-skip-tls-verify: true}\n" + user + ctx,
        "clusters[c].cluster.server: missing"},
       {"bad scheme", "clusters:\n- name: c\n  cluster: {server: \"127.0.0.1:6443\"}\n" + user + ctx,
        "clusters[c].cluster.server: must start with https://"},
       {"bad base64",
-       "clusters:\n- name: c\n  cluster: {server: \"https://h\", certificate-authority-data: \"!!notb64\"}\n" + user +
-           ctx,
+       "clusters:\n- name: c\n  cluster: {server: \"https://h\", certificate-authority-data: "
+       "\"!!notb64\"}\n" +
+           user + ctx,
        "clusters[c].cluster.certificate-authority-data: invalid base64"},
       {"missing ca file",
-       "clusters:\n- name: c\n  cluster: {server: \"https://h\", certificate-authority: missing.crt}\n" + user + ctx,
+       "clusters:\n- name: c\n  cluster: {server: \"https://h\", certificate-authority: "
+       "missing.crt}\n" +
+           user + ctx,
        "clusters[c].cluster.certificate-authority: cannot read file"},
-      {"cert without key", cluster + "users:\n- name: u\n  user: {client-certificate-data: " + B64(kCertPem) + "}\n" + ctx,
+      {"cert without key",
+       cluster + "users:\n- name: u\n  user: {client-certificate-data: " + B64(kCertPem) + "}\n" +
+           ctx,
        "users[u].user.client-key-data: missing"},
       {"exec plugin", cluster + "users:\n- name: u\n  user: {exec: {command: aws}}\n" + ctx,
        "users[u].user.exec: not supported"},
-      {"bad bool", "clusters:\n- name: c\n  cluster: {server: \"https://h\", insecure-skip-tls-verify: maybe}\n" + user +
-                       ctx,
+      {"bad bool",
+       "clusters:\n- name: c\n  cluster: {server: \"https://h\", insecure-skip-tls-verify: "
+       "maybe}\n" +
+           user + ctx,
        "insecure-skip-tls-verify: must be true or false"},
       {"not yaml", "clusters: [\n", "not valid YAML"},
       {"not a map", "- 1\n- 2\n", "expected a map"},

@@ -34,7 +34,9 @@ inline std::string ReplicaName(const std::string& job, const std::string& type, 
 inline std::string ConfigMapName(const std::string& job) { return job + "-config"; }
 
 // The label selector of a job's objects: "kubetrain.io/job-name={job}".
-inline std::string JobSelector(const std::string& job) { return absl::StrCat(kJobNameLabel, "=", job); }
+inline std::string JobSelector(const std::string& job) {
+  return absl::StrCat(kJobNameLabel, "=", job);
+}
 
 }  // namespace kubetrain
 

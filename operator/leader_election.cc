@@ -32,7 +32,8 @@ void LeaderElector::StartRenewing(const std::atomic<bool>* stop,
 }
 
 absl::Status LeaderElector::TryAcquireOrRenew() {
-  const ResourceRef ref{"/apis/coordination.k8s.io/v1", "leases", options_.namespace_, options_.name, ""};
+  const ResourceRef ref{"/apis/coordination.k8s.io/v1", "leases", options_.namespace_,
+                        options_.name, ""};
   const absl::Time now = clock_->Now();
   const int duration = static_cast<int>(absl::ToInt64Seconds(options_.lease_duration));
   auto lease = client_->Get(ref);
@@ -49,7 +50,8 @@ absl::Status LeaderElector::TryAcquireOrRenew() {
     ResourceRef collection = ref;
     collection.name.clear();
     auto created = client_->Create(collection, fresh);
-    if (absl::IsAlreadyExists(created.status())) return absl::FailedPreconditionError("lost the race");
+    if (absl::IsAlreadyExists(created.status()))
+      return absl::FailedPreconditionError("lost the race");
     return created.status();
   }
   if (!lease.ok()) return lease.status();
@@ -70,7 +72,8 @@ absl::Status LeaderElector::TryAcquireOrRenew() {
   spec["holderIdentity"] = options_.identity;
   spec["leaseDurationSeconds"] = duration;
   spec["renewTime"] = MicroTime(now);
-  auto replaced = client_->Replace(ref, *lease);  // resourceVersion guards against a racing candidate
+  auto replaced =
+      client_->Replace(ref, *lease);  // resourceVersion guards against a racing candidate
   if (absl::IsAborted(replaced.status())) return absl::FailedPreconditionError("lost the race");
   return replaced.status();
 }
@@ -80,7 +83,8 @@ absl::Status LeaderElector::Acquire(const std::atomic<bool>* stop) {
   while (!stop->load()) {
     absl::Status s = TryAcquireOrRenew();
     if (s.ok()) {
-      Log("operator: ", options_.identity, " is the leader (lease ", options_.namespace_, "/", options_.name, ")");
+      Log("operator: ", options_.identity, " is the leader (lease ", options_.namespace_, "/",
+          options_.name, ")");
       return s;
     }
     if (!told || !absl::IsFailedPrecondition(s)) {
@@ -99,7 +103,8 @@ absl::Status LeaderElector::KeepRenewing(const std::atomic<bool>* stop) {
     absl::Status s = TryAcquireOrRenew();
     if (s.ok()) {
       last_ok = clock_->Now();
-    } else if (absl::IsFailedPrecondition(s) || clock_->Now() - last_ok >= options_.lease_duration) {
+    } else if (absl::IsFailedPrecondition(s) ||
+               clock_->Now() - last_ok >= options_.lease_duration) {
       return absl::AbortedError(absl::StrCat("leadership lost: ", s.message()));
     }
   }

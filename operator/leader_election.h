@@ -43,7 +43,8 @@ class LeaderElector {
   // KeepRenewing on a thread of the elector's own; when leadership is lost it
   // calls `on_lost` there (the operator exits at once: another replica may
   // already be acting). *stop must outlive the elector. Call at most once.
-  void StartRenewing(const std::atomic<bool>* stop, std::function<void(const absl::Status&)> on_lost);
+  void StartRenewing(const std::atomic<bool>* stop,
+                     std::function<void(const absl::Status&)> on_lost);
 
  private:
   KubeClient* const client_;

@@ -55,7 +55,8 @@ TEST(LeaderElectionTest, RenewingInTheBackgroundReportsALostLease) {
       auto lease = kube.Get(ref);
       ASSERT_TRUE(lease.ok());
       (*lease)["spec"]["holderIdentity"] = "b";
-      (*lease)["spec"]["renewTime"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(), absl::UTCTimeZone());
+      (*lease)["spec"]["renewTime"] =
+          absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(), absl::UTCTimeZone());
       taken = kube.Replace(ref, *lease).status();
     }
     ASSERT_TRUE(taken.ok()) << taken;

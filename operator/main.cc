@@ -50,14 +50,16 @@ int main(int argc, char** argv) {
   if (!o.metrics_address.empty()) metrics = MetricsServer::Start(o.metrics_address, registry);
   if (!metrics.ok()) return Log("error: ", metrics.status().message()), 2;
   RealClock clock;
-  Reconciler reconciler(client->get(), o.config, &clock, [port = o.config.metrics_port](const std::string& ip) {
-    return ScrapeProgress(ip, port, absl::Seconds(1));
-  });
+  Reconciler reconciler(client->get(), o.config, &clock,
+                        [port = o.config.metrics_port](const std::string& ip) {
+                          return ScrapeProgress(ip, port, absl::Seconds(1));
+                        });
   Controller controller(client->get(), &reconciler, &clock, o.controller, *registry);
   std::atomic<bool> leading{!o.leader_elect};
   absl::StatusOr<std::unique_ptr<HealthServer>> health = std::unique_ptr<HealthServer>();
   if (!o.health_address.empty()) {
-    health = HealthServer::Start(o.health_address, [&] { return leading.load() && controller.synced(); });
+    health = HealthServer::Start(o.health_address,
+                                 [&] { return leading.load() && controller.synced(); });
   }
   if (!health.ok()) return Log("error: ", health.status().message()), 2;
   Log("kubetrain-operator: server ", kube_config->server, ", namespace ",
@@ -66,8 +68,9 @@ int main(int argc, char** argv) {
 
   char host[256] = "";
   gethostname(host, sizeof(host) - 1);
-  LeaderElector elector(client->get(), &clock,
-                        {o.leader_election_namespace, "kubetrain-operator", absl::StrCat(host, "_", getpid())});
+  LeaderElector elector(
+      client->get(), &clock,
+      {o.leader_election_namespace, "kubetrain-operator", absl::StrCat(host, "_", getpid())});
   if (o.leader_elect) {
     if (!elector.Acquire(&g_stop).ok()) return 0;
     leading = true;

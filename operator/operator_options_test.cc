@@ -22,8 +22,15 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
   OperatorOptions o;
   FlagParser parser("op");
   o.Register(&parser);
-  std::vector<std::string> args = {"op", "--port=3333", "--workers", "4", "--namespace=ml", "--leader-elect",
-                                   "--cluster-domain=cluster.local", "--runtime-image=r:1", "--in-cluster"};
+  std::vector<std::string> args = {"op",
+                                   "--port=3333",
+                                   "--workers",
+                                   "4",
+                                   "--namespace=ml",
+                                   "--leader-elect",
+                                   "--cluster-domain=cluster.local",
+                                   "--runtime-image=r:1",
+                                   "--in-cluster"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   ASSERT_TRUE(parser.Parse(static_cast<int>(argv.size()), argv.data(), 1, nullptr).ok());

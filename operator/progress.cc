@@ -6,7 +6,8 @@
 
 namespace kubetrain {
 
-std::optional<Progress> ScrapeProgress(const std::string& pod_ip, int port, absl::Duration timeout) {
+std::optional<Progress> ScrapeProgress(const std::string& pod_ip, int port,
+                                       absl::Duration timeout) {
   try {
     web::http::client::http_client_config config;
     config.set_timeout(std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout)));

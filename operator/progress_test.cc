@@ -30,8 +30,10 @@ TEST(ProgressTest, ScrapesTheChiefsMetrics) {
       utility::conversions::to_string_t("http://127.0.0.1:" + std::to_string(port)));
   metrics.support(web::http::methods::GET, [](web::http::http_request req) {
     req.reply(web::http::status_codes::OK,
-              "# HELP kubetrain_global_step x\n# TYPE kubetrain_global_step gauge\nkubetrain_global_step 1200\n"
-              "kubetrain_target_steps 3750\nkubetrain_training_loss 0.4125\nkubetrain_eval_accuracy 0.8712\n"
+              "# HELP kubetrain_global_step x\n# TYPE kubetrain_global_step "
+              "gauge\nkubetrain_global_step 1200\n"
+              "kubetrain_target_steps 3750\nkubetrain_training_loss "
+              "0.4125\nkubetrain_eval_accuracy 0.8712\n"
               "kubetrain_rpc_duration_seconds_count{method=\"Pull\",side=\"client\"} 5\n");
   });
   metrics.open().wait();

@@ -43,8 +43,10 @@ ObservedPod ObservePod(const json& pod) {
     if (terminated.is_object()) {
       p.exit_code = terminated.value("exitCode", 0);
       p.termination_message = terminated.value("message", "");
-      p.started = ParseTimestamp(terminated.value("startedAt", json())).value_or(absl::InfinitePast());
-      p.finished = ParseTimestamp(terminated.value("finishedAt", json())).value_or(absl::InfinitePast());
+      p.started =
+          ParseTimestamp(terminated.value("startedAt", json())).value_or(absl::InfinitePast());
+      p.finished =
+          ParseTimestamp(terminated.value("finishedAt", json())).value_or(absl::InfinitePast());
     }
   }
   return p;
@@ -72,7 +74,8 @@ absl::Status RunAll(std::vector<std::function<absl::Status()>> calls) {
 
 }  // namespace
 
-ResourceRef TrainingJobs(const std::string& ns, const std::string& name, const std::string& subresource) {
+ResourceRef TrainingJobs(const std::string& ns, const std::string& name,
+                         const std::string& subresource) {
   return {"/apis/kubetrain.io/v1", "trainingjobs", ns, name, subresource};
 }
 
@@ -155,7 +158,8 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
     if (actions.delete_job && out.status.ok()) out.state.clear();
   } catch (const json::exception& e) {
     // A malformed object must not take the operator down.
-    out.status = absl::InvalidArgumentError(absl::StrCat("trainingjob ", ns, "/", name, ": ", e.what()));
+    out.status =
+        absl::InvalidArgumentError(absl::StrCat("trainingjob ", ns, "/", name, ": ", e.what()));
   }
   return out;
 }
@@ -166,8 +170,11 @@ void Reconciler::RecordEvent(const JobObject& job, const JobEvent& e) {
                 {"kind", "Event"},
                 {"metadata", {{"generateName", job.name + "."}, {"namespace", job.namespace_}}},
                 {"involvedObject",
-                 {{"apiVersion", "kubetrain.io/v1"}, {"kind", "TrainingJob"}, {"name", job.name},
-                  {"namespace", job.namespace_}, {"uid", job.uid}}},
+                 {{"apiVersion", "kubetrain.io/v1"},
+                  {"kind", "TrainingJob"},
+                  {"name", job.name},
+                  {"namespace", job.namespace_},
+                  {"uid", job.uid}}},
                 {"reason", e.reason},
                 {"message", e.message},
                 {"type", e.type},
@@ -176,7 +183,9 @@ void Reconciler::RecordEvent(const JobObject& job, const JobEvent& e) {
                 {"lastTimestamp", Timestamp(clock_->Now())},
                 {"count", 1}};
   auto r = client_->Create(Core("events", job.namespace_), event);
-  if (!r.ok()) Log("operator: event ", e.reason, " for ", job.namespace_, "/", job.name, " not recorded: ", r.status().message());
+  if (!r.ok())
+    Log("operator: event ", e.reason, " for ", job.namespace_, "/", job.name,
+        " not recorded: ", r.status().message());
 }
 
 absl::Status Reconciler::Apply(const JobObject& job, const Actions& a) {
@@ -193,8 +202,9 @@ absl::Status Reconciler::Apply(const JobObject& job, const Actions& a) {
           RecordEvent(job, {"Normal", "SuccessfulCreate" + kind, "Created " + kind + " " + name});
         }
       } else if (!absl::IsAlreadyExists(r.status())) {
-        RecordEvent(job, {"Warning", "FailedCreate", absl::StrCat("Creating ", plural, " ", name, ": ",
-                                                                   r.status().message())});
+        RecordEvent(job,
+                    {"Warning", "FailedCreate",
+                     absl::StrCat("Creating ", plural, " ", name, ": ", r.status().message())});
       }
       return absl::IsAlreadyExists(r.status()) ? absl::OkStatus() : r.status();
     };

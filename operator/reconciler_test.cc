@@ -12,7 +12,8 @@ using nlohmann::json;
 json Job() {
   return {{"apiVersion", "kubetrain.io/v1"},
           {"kind", "TrainingJob"},
-          {"metadata", {{"name", "mnist"}, {"namespace", "default"}, {"uid", "job-uid"}, {"generation", 1}}},
+          {"metadata",
+           {{"name", "mnist"}, {"namespace", "default"}, {"uid", "job-uid"}, {"generation", 1}}},
           {"spec",
            {{"replicaSpecs", {{"PS", {{"replicas", 1}}}, {"Worker", {{"replicas", 2}}}}},
             {"training", {{"model", {{"type", "softmax"}}}, {"steps", 10}}}}}};
@@ -49,13 +50,19 @@ TEST(ReconcilerTest, ObservedPodStatusDrivesTheJobAndDeletedJobsLeaveNothing) {
   ASSERT_TRUE(r.Reconcile("default", "mnist").status.ok());
   // The chief pod succeeds with a result in its termination message.
   ResourceRef chief{"/api/v1", "pods", "default", "mnist-worker-0", ""};
-  ASSERT_TRUE(kube.MergePatch(chief, {{"status",
-                                       {{"phase", "Succeeded"},
-                                        {"containerStatuses",
-                                         json::array({{{"name", "kubetrain"},
-                                                       {"restartCount", 0},
-                                                       {"state", {{"terminated", {{"exitCode", 0}, {"message", "{\"test_accuracy\":0.9}"}}}}}}})}}}})
-                  .ok());
+  ASSERT_TRUE(
+      kube.MergePatch(
+              chief,
+              {{"status",
+                {{"phase", "Succeeded"},
+                 {"containerStatuses",
+                  json::array(
+                      {{{"name", "kubetrain"},
+                        {"restartCount", 0},
+                        {"state",
+                         {{"terminated",
+                           {{"exitCode", 0}, {"message", "{\"test_accuracy\":0.9}"}}}}}}})}}}})
+          .ok());
   auto out = r.Reconcile("default", "mnist");
   ASSERT_TRUE(out.status.ok()) << out.status;
   EXPECT_EQ(out.state, "Succeeded");
@@ -79,17 +86,21 @@ TEST(ReconcilerTest, ProgressIsReadFromTheChiefTasksPod) {
   job["spec"]["replicaSpecs"]["Chief"] = {{"replicas", 1}};
   ASSERT_TRUE(kube.Create(TrainingJobs("default"), job).ok());
   std::vector<std::string> asked;
-  Reconciler r(&kube, OperatorConfig{}, &clock, [&](const std::string& ip) -> std::optional<Progress> {
-    asked.push_back(ip);
-    Progress p;
-    p.global_step = 7;
-    return p;
-  });
+  Reconciler r(&kube, OperatorConfig{}, &clock,
+               [&](const std::string& ip) -> std::optional<Progress> {
+                 asked.push_back(ip);
+                 Progress p;
+                 p.global_step = 7;
+                 return p;
+               });
   ASSERT_TRUE(r.Reconcile("default", "mnist").status.ok());
   for (const char* pod : {"mnist-chief-0", "mnist-worker-0"}) {
-    ASSERT_TRUE(kube.MergePatch({"/api/v1", "pods", "default", pod, ""},
-                                {{"status", {{"phase", "Running"}, {"podIP", std::string("10.0.0.") + (pod[6] == 'c' ? "1" : "2")}}}})
-                    .ok());
+    ASSERT_TRUE(
+        kube.MergePatch({"/api/v1", "pods", "default", pod, ""},
+                        {{"status",
+                          {{"phase", "Running"},
+                           {"podIP", std::string("10.0.0.") + (pod[6] == 'c' ? "1" : "2")}}}})
+            .ok());
   }
   ASSERT_TRUE(r.Reconcile("default", "mnist").status.ok());
   EXPECT_EQ(asked, std::vector<std::string>{"10.0.0.1"});  // the Chief, not worker 0

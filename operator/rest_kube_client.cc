@@ -40,7 +40,8 @@ std::string QueryEscape(absl::string_view in) {
 }
 
 // Builds "path?k=v&k=v", skipping empty values.
-std::string WithQuery(const std::string& path, std::initializer_list<std::pair<const char*, std::string>> q) {
+std::string WithQuery(const std::string& path,
+                      std::initializer_list<std::pair<const char*, std::string>> q) {
   std::string out = path;
   char sep = '?';
   for (const auto& [k, v] : q) {
@@ -56,22 +57,38 @@ std::string WithQuery(const std::string& path, std::initializer_list<std::pair<c
 
 const char* HttpReasonPhrase(int code) {
   switch (code) {
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 406: return "Not Acceptable";
-    case 409: return "Conflict";
-    case 410: return "Gone";
-    case 413: return "Request Entity Too Large";
-    case 415: return "Unsupported Media Type";
-    case 422: return "Unprocessable Entity";
-    case 429: return "Too Many Requests";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return "";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 406:
+      return "Not Acceptable";
+    case 409:
+      return "Conflict";
+    case 410:
+      return "Gone";
+    case 413:
+      return "Request Entity Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 422:
+      return "Unprocessable Entity";
+    case 429:
+      return "Too Many Requests";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return "";
   }
 }
 
@@ -90,14 +107,20 @@ absl::Status MapCode(int code, absl::string_view reason, const std::string& mess
     case 415:
     case 422:
       return absl::InvalidArgumentError(msg);
-    case 401: return absl::UnauthenticatedError(msg);
-    case 403: return absl::PermissionDeniedError(msg);
-    case 404: return absl::NotFoundError(msg);
-    case 405: return absl::UnimplementedError(msg);
+    case 401:
+      return absl::UnauthenticatedError(msg);
+    case 403:
+      return absl::PermissionDeniedError(msg);
+    case 404:
+      return absl::NotFoundError(msg);
+    case 405:
+      return absl::UnimplementedError(msg);
     case 409:
       return reason == "AlreadyExists" ? absl::AlreadyExistsError(msg) : absl::AbortedError(msg);
-    case 410: return absl::OutOfRangeError("expired: " + msg);
-    case 429: return absl::UnavailableError(msg);
+    case 410:
+      return absl::OutOfRangeError("expired: " + msg);
+    case 429:
+      return absl::UnavailableError(msg);
     default:
       if (code >= 500 && code <= 599) return absl::UnavailableError(msg);
       return absl::UnknownError(msg);
@@ -113,8 +136,8 @@ std::string Truncate(absl::string_view s, size_t n) {
 // `cts` and returns DeadlineExceeded. The continuation owns everything it
 // touches, so returning early is safe.
 template <typename T>
-absl::StatusOr<T> Await(pplx::task<T> task, absl::Time deadline, pplx::cancellation_token_source cts,
-                        const std::string& what) {
+absl::StatusOr<T> Await(pplx::task<T> task, absl::Time deadline,
+                        pplx::cancellation_token_source cts, const std::string& what) {
   auto promise = std::make_shared<std::promise<absl::StatusOr<T>>>();
   std::future<absl::StatusOr<T>> future = promise->get_future();
   task.then([promise, what](pplx::task<T> t) {
@@ -141,13 +164,19 @@ absl::Status ConfigureSsl(boost::asio::ssl::context& ctx, const KubeConfig& cfg)
   boost::system::error_code ec;
   if (!cfg.ca_pem.empty()) {
     ctx.add_certificate_authority(boost::asio::buffer(cfg.ca_pem), ec);
-    if (ec) return absl::InvalidArgumentError(absl::StrCat(cfg.source, ": certificate authority: ", ec.message()));
+    if (ec)
+      return absl::InvalidArgumentError(
+          absl::StrCat(cfg.source, ": certificate authority: ", ec.message()));
   }
   if (!cfg.client_cert_pem.empty()) {
     ctx.use_certificate_chain(boost::asio::buffer(cfg.client_cert_pem), ec);
-    if (ec) return absl::InvalidArgumentError(absl::StrCat(cfg.source, ": client certificate: ", ec.message()));
-    ctx.use_private_key(boost::asio::buffer(cfg.client_key_pem), boost::asio::ssl::context::pem, ec);
-    if (ec) return absl::InvalidArgumentError(absl::StrCat(cfg.source, ": client key: ", ec.message()));
+    if (ec)
+      return absl::InvalidArgumentError(
+          absl::StrCat(cfg.source, ": client certificate: ", ec.message()));
+    ctx.use_private_key(boost::asio::buffer(cfg.client_key_pem), boost::asio::ssl::context::pem,
+                        ec);
+    if (ec)
+      return absl::InvalidArgumentError(absl::StrCat(cfg.source, ": client key: ", ec.message()));
   }
   return absl::OkStatus();
 }
@@ -161,9 +190,12 @@ absl::Status StatusFromKubeStatus(const nlohmann::json& status, absl::string_vie
   int code = 0;
   std::string message, reason;
   if (status.is_object()) {
-    if (status.contains("code") && status["code"].is_number_integer()) code = status["code"].get<int>();
-    if (status.contains("message") && status["message"].is_string()) message = status["message"].get<std::string>();
-    if (status.contains("reason") && status["reason"].is_string()) reason = status["reason"].get<std::string>();
+    if (status.contains("code") && status["code"].is_number_integer())
+      code = status["code"].get<int>();
+    if (status.contains("message") && status["message"].is_string())
+      message = status["message"].get<std::string>();
+    if (status.contains("reason") && status["reason"].is_string())
+      reason = status["reason"].get<std::string>();
   }
   if (message.empty()) message = Truncate(status.dump(), 512);
   if (code == 0) return absl::UnknownError(absl::StrCat(what, ": ", message));
@@ -173,9 +205,11 @@ absl::Status StatusFromKubeStatus(const nlohmann::json& status, absl::string_vie
 absl::Status StatusFromHttp(int http_status, absl::string_view body, absl::string_view what) {
   if (http_status >= 200 && http_status <= 299) return absl::OkStatus();
   std::string message, reason;
-  nlohmann::json j = nlohmann::json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j =
+      nlohmann::json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_object() && j.value("kind", "") == "Status") {
-    if (j.contains("message") && j["message"].is_string()) message = j["message"].get<std::string>();
+    if (j.contains("message") && j["message"].is_string())
+      message = j["message"].get<std::string>();
     if (j.contains("reason") && j["reason"].is_string()) reason = j["reason"].get<std::string>();
   } else {
     message = Truncate(absl::StripAsciiWhitespace(body), 512);
@@ -186,15 +220,19 @@ absl::Status StatusFromHttp(int http_status, absl::string_view body, absl::strin
 
 absl::StatusOr<WatchEvent> ParseWatchEventLine(absl::string_view line) {
   line = absl::StripAsciiWhitespace(line);
-  nlohmann::json j = nlohmann::json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j =
+      nlohmann::json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat("watch: malformed event line: ", Truncate(line, 200)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("watch: malformed event line: ", Truncate(line, 200)));
   }
   if (!j.contains("type") || !j["type"].is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat("watch: event without type: ", Truncate(line, 200)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("watch: event without type: ", Truncate(line, 200)));
   }
   if (!j.contains("object") || !j["object"].is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat("watch: event without object: ", Truncate(line, 200)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("watch: event without object: ", Truncate(line, 200)));
   }
   const std::string type = j["type"].get<std::string>();
   WatchEvent ev;
@@ -219,17 +257,19 @@ absl::StatusOr<WatchEvent> ParseWatchEventLine(absl::string_view line) {
 // RestKubeClient.
 
 absl::StatusOr<std::unique_ptr<RestKubeClient>> RestKubeClient::New(const KubeConfig& config,
-                                                                     const Options& options) {
+                                                                    const Options& options) {
   const std::string src = config.source.empty() ? "kube config" : config.source;
   if (!absl::StartsWith(config.server, "https://") && !absl::StartsWith(config.server, "http://")) {
-    return absl::InvalidArgumentError(absl::StrCat(src, ": server \"", config.server,
-                                                   "\" must be an http:// or https:// URL"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(src, ": server \"", config.server, "\" must be an http:// or https:// URL"));
   }
   if (!web::uri::validate(config.server)) {
-    return absl::InvalidArgumentError(absl::StrCat(src, ": server \"", config.server, "\" is not a valid URL"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(src, ": server \"", config.server, "\" is not a valid URL"));
   }
   if (config.client_cert_pem.empty() != config.client_key_pem.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(src, ": client certificate and key must be given together"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(src, ": client certificate and key must be given together"));
   }
   if (options.list_page_size < 0) return absl::InvalidArgumentError("list_page_size must be >= 0");
   {
@@ -288,8 +328,10 @@ std::string RestKubeClient::BearerToken() {
   return token_;
 }
 
-absl::StatusOr<nlohmann::json> RestKubeClient::Do(const std::string& method, const std::string& path_and_query,
-                                                  const nlohmann::json* body, const std::string& content_type,
+absl::StatusOr<nlohmann::json> RestKubeClient::Do(const std::string& method,
+                                                  const std::string& path_and_query,
+                                                  const nlohmann::json* body,
+                                                  const std::string& content_type,
                                                   absl::Time deadline) {
   const std::string what = absl::StrCat(method, " ", path_and_query);
   http::http_request req(method);
@@ -309,23 +351,27 @@ absl::StatusOr<nlohmann::json> RestKubeClient::Do(const std::string& method, con
   }
   absl::StatusOr<http::http_response> resp = Await(sent, deadline, cts, what);
   if (!resp.ok()) return resp.status();
-  absl::StatusOr<std::string> text = Await(resp->extract_utf8string(/*ignore_content_type=*/true), deadline, cts, what);
+  absl::StatusOr<std::string> text =
+      Await(resp->extract_utf8string(/*ignore_content_type=*/true), deadline, cts, what);
   if (!text.ok()) return text.status();
   const int code = resp->status_code();
   if (code < 200 || code > 299) return StatusFromHttp(code, *text, what);
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
-    return absl::InternalError(absl::StrCat(what, ": response is not JSON: ", Truncate(*text, 200)));
+    return absl::InternalError(
+        absl::StrCat(what, ": response is not JSON: ", Truncate(*text, 200)));
   }
   return j;
 }
 
 absl::StatusOr<nlohmann::json> RestKubeClient::Get(const ResourceRef& ref) {
-  if (ref.name.empty()) return absl::InvalidArgumentError("Get " + ref.DebugString() + ": name is empty");
+  if (ref.name.empty())
+    return absl::InvalidArgumentError("Get " + ref.DebugString() + ": name is empty");
   return Do("GET", ref.Path(), nullptr, "", absl::Now() + options_.request_timeout);
 }
 
-absl::StatusOr<nlohmann::json> RestKubeClient::ListOnce(const ResourceRef& ref, const std::string& label_selector,
+absl::StatusOr<nlohmann::json> RestKubeClient::ListOnce(const ResourceRef& ref,
+                                                        const std::string& label_selector,
                                                         int limit, absl::Time deadline) {
   nlohmann::json result;
   std::string cont;
@@ -339,7 +385,8 @@ absl::StatusOr<nlohmann::json> RestKubeClient::ListOnce(const ResourceRef& ref, 
     if (!page.ok()) return page.status();
     nlohmann::json& p = *page;
     if (!p.contains("items") || p["items"].is_null()) p["items"] = nlohmann::json::array();
-    if (!p["items"].is_array()) return absl::InternalError("List " + ref.DebugString() + ": items is not an array");
+    if (!p["items"].is_array())
+      return absl::InternalError("List " + ref.DebugString() + ": items is not an array");
     cont.clear();
     if (p.contains("metadata") && p["metadata"].is_object()) {
       cont = p["metadata"].value("continue", "");
@@ -359,8 +406,10 @@ absl::StatusOr<nlohmann::json> RestKubeClient::ListOnce(const ResourceRef& ref, 
   return result;
 }
 
-absl::StatusOr<nlohmann::json> RestKubeClient::List(const ResourceRef& ref, const std::string& label_selector) {
-  if (!ref.name.empty()) return absl::InvalidArgumentError("List " + ref.DebugString() + ": name must be empty");
+absl::StatusOr<nlohmann::json> RestKubeClient::List(const ResourceRef& ref,
+                                                    const std::string& label_selector) {
+  if (!ref.name.empty())
+    return absl::InvalidArgumentError("List " + ref.DebugString() + ": name must be empty");
   const absl::Time deadline = absl::Now() + options_.request_timeout;
   auto r = ListOnce(ref, label_selector, options_.list_page_size, deadline);
   if (r.status().code() == absl::StatusCode::kOutOfRange && options_.list_page_size > 0) {
@@ -370,42 +419,53 @@ absl::StatusOr<nlohmann::json> RestKubeClient::List(const ResourceRef& ref, cons
   return r;
 }
 
-absl::StatusOr<nlohmann::json> RestKubeClient::Create(const ResourceRef& ref, const nlohmann::json& object) {
+absl::StatusOr<nlohmann::json> RestKubeClient::Create(const ResourceRef& ref,
+                                                      const nlohmann::json& object) {
   ResourceRef collection = ref;
   collection.name.clear();
   collection.subresource.clear();
-  return Do("POST", collection.Path(), &object, "application/json", absl::Now() + options_.request_timeout);
+  return Do("POST", collection.Path(), &object, "application/json",
+            absl::Now() + options_.request_timeout);
 }
 
-absl::StatusOr<nlohmann::json> RestKubeClient::Replace(const ResourceRef& ref, const nlohmann::json& object) {
-  if (ref.name.empty()) return absl::InvalidArgumentError("Replace " + ref.DebugString() + ": name is empty");
+absl::StatusOr<nlohmann::json> RestKubeClient::Replace(const ResourceRef& ref,
+                                                       const nlohmann::json& object) {
+  if (ref.name.empty())
+    return absl::InvalidArgumentError("Replace " + ref.DebugString() + ": name is empty");
   return Do("PUT", ref.Path(), &object, "application/json", absl::Now() + options_.request_timeout);
 }
 
-absl::StatusOr<nlohmann::json> RestKubeClient::MergePatch(const ResourceRef& ref, const nlohmann::json& patch) {
-  if (ref.name.empty()) return absl::InvalidArgumentError("MergePatch " + ref.DebugString() + ": name is empty");
-  return Do("PATCH", ref.Path(), &patch, "application/merge-patch+json", absl::Now() + options_.request_timeout);
+absl::StatusOr<nlohmann::json> RestKubeClient::MergePatch(const ResourceRef& ref,
+                                                          const nlohmann::json& patch) {
+  if (ref.name.empty())
+    return absl::InvalidArgumentError("MergePatch " + ref.DebugString() + ": name is empty");
+  return Do("PATCH", ref.Path(), &patch, "application/merge-patch+json",
+            absl::Now() + options_.request_timeout);
 }
 
 absl::Status RestKubeClient::Delete(const ResourceRef& ref, const std::string& propagation_policy) {
-  if (ref.name.empty()) return absl::InvalidArgumentError("Delete " + ref.DebugString() + ": name is empty");
-  return Do("DELETE", WithQuery(ref.Path(), {{"propagationPolicy", propagation_policy}}), nullptr, "",
-            absl::Now() + options_.request_timeout)
+  if (ref.name.empty())
+    return absl::InvalidArgumentError("Delete " + ref.DebugString() + ": name is empty");
+  return Do("DELETE", WithQuery(ref.Path(), {{"propagationPolicy", propagation_policy}}), nullptr,
+            "", absl::Now() + options_.request_timeout)
       .status();
 }
 
 absl::Status RestKubeClient::Watch(const ResourceRef& ref, const std::string& label_selector,
                                    const std::string& resource_version,
-                                   const std::function<bool(const WatchEvent&)>& on_event, int timeout_seconds) {
+                                   const std::function<bool(const WatchEvent&)>& on_event,
+                                   int timeout_seconds) {
   if (timeout_seconds <= 0) return absl::InvalidArgumentError("Watch: timeout_seconds must be > 0");
-  if (!ref.name.empty()) return absl::InvalidArgumentError("Watch " + ref.DebugString() + ": name must be empty");
+  if (!ref.name.empty())
+    return absl::InvalidArgumentError("Watch " + ref.DebugString() + ": name must be empty");
   const absl::Duration limit = absl::Seconds(timeout_seconds) + options_.watch_grace;
   const absl::Time deadline = absl::Now() + limit;
-  const std::string path = WithQuery(ref.Path(), {{"watch", "1"},
-                                                   {"allowWatchBookmarks", "true"},
-                                                   {"timeoutSeconds", std::to_string(timeout_seconds)},
-                                                   {"resourceVersion", resource_version},
-                                                   {"labelSelector", label_selector}});
+  const std::string path =
+      WithQuery(ref.Path(), {{"watch", "1"},
+                             {"allowWatchBookmarks", "true"},
+                             {"timeoutSeconds", std::to_string(timeout_seconds)},
+                             {"resourceVersion", resource_version},
+                             {"labelSelector", label_selector}});
   const std::string what = "WATCH " + path;
 
   // A connection of its own, whose idle timeout outlasts the server's

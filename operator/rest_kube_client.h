@@ -58,17 +58,21 @@ class RestKubeClient : public KubeClient {
   // Validates `config` (server URL, PEM blobs) and builds the client. Does not
   // contact the server.
   static absl::StatusOr<std::unique_ptr<RestKubeClient>> New(const KubeConfig& config,
-                                                                const Options& options);
+                                                             const Options& options);
 
   ~RestKubeClient() override;
   RestKubeClient(const RestKubeClient&) = delete;
   RestKubeClient& operator=(const RestKubeClient&) = delete;
 
   absl::StatusOr<nlohmann::json> Get(const ResourceRef& ref) override;
-  absl::StatusOr<nlohmann::json> List(const ResourceRef& ref, const std::string& label_selector) override;
-  absl::StatusOr<nlohmann::json> Create(const ResourceRef& ref, const nlohmann::json& object) override;
-  absl::StatusOr<nlohmann::json> Replace(const ResourceRef& ref, const nlohmann::json& object) override;
-  absl::StatusOr<nlohmann::json> MergePatch(const ResourceRef& ref, const nlohmann::json& patch) override;
+  absl::StatusOr<nlohmann::json> List(const ResourceRef& ref,
+                                      const std::string& label_selector) override;
+  absl::StatusOr<nlohmann::json> Create(const ResourceRef& ref,
+                                        const nlohmann::json& object) override;
+  absl::StatusOr<nlohmann::json> Replace(const ResourceRef& ref,
+                                         const nlohmann::json& object) override;
+  absl::StatusOr<nlohmann::json> MergePatch(const ResourceRef& ref,
+                                            const nlohmann::json& patch) override;
   absl::Status Delete(const ResourceRef& ref, const std::string& propagation_policy) override;
   absl::Status Watch(const ResourceRef& ref, const std::string& label_selector,
                      const std::string& resource_version,
@@ -79,7 +83,8 @@ class RestKubeClient : public KubeClient {
   struct Response;
   RestKubeClient(KubeConfig config, Options options);
 
-  std::unique_ptr<web::http::client::http_client_config> MakeHttpConfig(absl::Duration timeout) const;
+  std::unique_ptr<web::http::client::http_client_config> MakeHttpConfig(
+      absl::Duration timeout) const;
   std::string BearerToken();
   // One non-watch request with the JSON result (or mapped error).
   absl::StatusOr<nlohmann::json> Do(const std::string& method, const std::string& path_and_query,

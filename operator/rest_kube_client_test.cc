@@ -29,8 +29,9 @@
 #include "operator/kubeconfig.h"
 #include "operator/rest_kube_client.h"
 
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_TRUE(absl::StrContains(haystack, needle)) << "expected to contain \"" << (needle) << "\":\n  " << (haystack)
+#define EXPECT_CONTAINS(haystack, needle)          \
+  EXPECT_TRUE(absl::StrContains(haystack, needle)) \
+      << "expected to contain \"" << (needle) << "\":\n  " << (haystack)
 
 namespace kubetrain {
 namespace {
@@ -63,7 +64,8 @@ class RealApiServerTest : public ::testing::Test {
       setup_error_ =
           "KUBETRAIN_TEST_KUBECONFIG is not set: this test needs a real kube-apiserver. "
           "Run tests/operator/run_client_test.sh (it starts one with tests/cluster/up.sh), or "
-          "`bazel test //operator:rest_kube_client_test --test_env=KUBETRAIN_TEST_KUBECONFIG=/path/to/kubeconfig`.";
+          "`bazel test //operator:rest_kube_client_test "
+          "--test_env=KUBETRAIN_TEST_KUBECONFIG=/path/to/kubeconfig`.";
       return;
     }
     auto cfg = LoadKubeConfigFile(path);
@@ -82,11 +84,13 @@ class RealApiServerTest : public ::testing::Test {
   }
 
   ResourceRef ConfigMap(const std::string& name) const {
-    return {"/api/v1", "configmaps", "default", name.empty() ? "" : absl::StrCat(name, "-", RunId()), ""};
+    return {"/api/v1", "configmaps", "default",
+            name.empty() ? "" : absl::StrCat(name, "-", RunId()), ""};
   }
   static ResourceRef ConfigMaps() { return {"/api/v1", "configmaps", "default", "", ""}; }
 
-  nlohmann::json NewConfigMap(const ResourceRef& ref, const nlohmann::json& labels, const std::string& value) {
+  nlohmann::json NewConfigMap(const ResourceRef& ref, const nlohmann::json& labels,
+                              const std::string& value) {
     nlohmann::json l = labels;
     l["run"] = RunId();
     return {{"apiVersion", "v1"},
@@ -162,7 +166,8 @@ TEST_F(RealApiServerTest, MergePatchReplaceConflictAlreadyExistsDelete) {
   EXPECT_CONTAINS(again.status().message(), "already exists");
 
   // Merge patch: set a key, add a label, delete a key with null.
-  auto v2 = client_->MergePatch(r, {{"data", {{"k", "v2"}, {"extra", "x"}}}, {"metadata", {{"labels", {{"new", "yes"}}}}}});
+  auto v2 = client_->MergePatch(
+      r, {{"data", {{"k", "v2"}, {"extra", "x"}}}, {"metadata", {{"labels", {{"new", "yes"}}}}}});
   ASSERT_TRUE(v2.ok()) << v2.status();
   EXPECT_EQ((*v2)["data"]["k"], "v2");
   EXPECT_EQ((*v2)["metadata"]["labels"]["new"], "yes");
@@ -188,7 +193,8 @@ TEST_F(RealApiServerTest, MergePatchReplaceConflictAlreadyExistsDelete) {
 
   // Validation errors carry the server's message.
   ResourceRef bad = ConfigMaps();
-  auto invalid = client_->Create(bad, {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", {{"name", "Bad_Name"}}}});
+  auto invalid = client_->Create(
+      bad, {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", {{"name", "Bad_Name"}}}});
   EXPECT_EQ(invalid.status().code(), absl::StatusCode::kInvalidArgument) << invalid.status();
   EXPECT_CONTAINS(invalid.status().message(), "Bad_Name");
 
@@ -198,20 +204,23 @@ TEST_F(RealApiServerTest, MergePatchReplaceConflictAlreadyExistsDelete) {
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
   EXPECT_CONTAINS(gone.status().message(), "not found");
   EXPECT_EQ(client_->Delete(r, kPropagationBackground).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(client_->MergePatch(r, {{"data", {{"k", "x"}}}}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->MergePatch(r, {{"data", {{"k", "x"}}}}).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(RealApiServerTest, PodStatusSubresourceMergePatch) {
   ResourceRef pod{"/api/v1", "pods", "default", "status-" + RunId(), ""};
-  nlohmann::json spec = {{"apiVersion", "v1"},
-                         {"kind", "Pod"},
-                         {"metadata", {{"name", pod.name}, {"labels", {{"run", RunId()}}}}},
-                         {"spec", {{"containers", {{{"name", "c"}, {"image", "kubetrain:test"}}}}}}};
+  nlohmann::json spec = {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata", {{"name", pod.name}, {"labels", {{"run", RunId()}}}}},
+      {"spec", {{"containers", {{{"name", "c"}, {"image", "kubetrain:test"}}}}}}};
   auto created = client_->Create(pod, spec);
   ASSERT_TRUE(created.ok()) << created.status();
   ResourceRef status = pod;
   status.subresource = "status";
-  auto patched = client_->MergePatch(status, {{"status", {{"phase", "Running"}, {"podIP", "10.1.2.3"}}}});
+  auto patched =
+      client_->MergePatch(status, {{"status", {{"phase", "Running"}, {"podIP", "10.1.2.3"}}}});
   ASSERT_TRUE(patched.ok()) << patched.status();
   auto got = client_->Get(pod);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -234,10 +243,12 @@ TEST_F(RealApiServerTest, WatchFromListSeesAddedModifiedDeleted) {
     auto c = RestKubeClient::New(*config_, RestKubeClient::Options());
     if (!c.ok()) return writer_ok.store(false);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    writer_ok = writer_ok && (*c)->Create(other, NewConfigMap(other, {{"suite", "other"}}, "0")).ok();
+    writer_ok =
+        writer_ok && (*c)->Create(other, NewConfigMap(other, {{"suite", "other"}}, "0")).ok();
     writer_ok = writer_ok && (*c)->Create(w, NewConfigMap(w, {{"suite", "watch"}}, "1")).ok();
     writer_ok = writer_ok && (*c)->MergePatch(w, {{"data", {{"k", "2"}}}}).ok();
-    writer_ok = writer_ok && client_->Delete(w, kPropagationBackground).ok();  // the shared client, too
+    writer_ok =
+        writer_ok && client_->Delete(w, kPropagationBackground).ok();  // the shared client, too
     writer_ok = writer_ok && (*c)->Delete(other, kPropagationBackground).ok();
   });
 
@@ -246,8 +257,9 @@ TEST_F(RealApiServerTest, WatchFromListSeesAddedModifiedDeleted) {
       ConfigMaps(), selector, rv,
       [&](const WatchEvent& e) {
         if (e.type == WatchEventType::kBookmark) return true;
-        seen.push_back(absl::StrCat(WatchEventTypeName(e.type), ":", e.object["metadata"]["name"].get<std::string>(),
-                                    ":", e.object["data"].value("k", "")));
+        seen.push_back(absl::StrCat(WatchEventTypeName(e.type), ":",
+                                    e.object["metadata"]["name"].get<std::string>(), ":",
+                                    e.object["data"].value("k", "")));
         return e.type != WatchEventType::kDeleted;
       },
       20);
@@ -263,10 +275,9 @@ TEST_F(RealApiServerTest, WatchEndsCleanlyAtTimeoutSeconds) {
   ASSERT_TRUE(list.ok()) << list.status();
   absl::Time start = absl::Now();
   int events = 0;
-  absl::Status s = client_->Watch(ConfigMaps(), "run=" + RunId() + ",suite=quiet",
-                                  (*list)["metadata"]["resourceVersion"],
-                                  [&](const WatchEvent& e) { return e.type == WatchEventType::kBookmark || ++events; },
-                                  2);
+  absl::Status s = client_->Watch(
+      ConfigMaps(), "run=" + RunId() + ",suite=quiet", (*list)["metadata"]["resourceVersion"],
+      [&](const WatchEvent& e) { return e.type == WatchEventType::kBookmark || ++events; }, 2);
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(events, 0);
   EXPECT_GE(absl::Now() - start, absl::Seconds(1));
@@ -280,8 +291,8 @@ void CompactEtcd() {
   ASSERT_TRUE(absl::StartsWith(url, "http://127.0.0.1:")) << "unexpected etcd URL " << url;
   try {
     web::http::client::http_client etcd(url);
-    auto range = etcd.request(web::http::methods::POST, "/v3/kv/range", std::string(R"({"key":"AA=="})"),
-                              "application/json")
+    auto range = etcd.request(web::http::methods::POST, "/v3/kv/range",
+                              std::string(R"({"key":"AA=="})"), "application/json")
                      .get()
                      .extract_utf8string(true)
                      .get();
@@ -290,7 +301,8 @@ void CompactEtcd() {
     const std::string rev = j["header"].value("revision", "");
     ASSERT_FALSE(rev.empty()) << range;
     auto resp = etcd.request(web::http::methods::POST, "/v3/kv/compaction",
-                             nlohmann::json{{"revision", rev}, {"physical", true}}.dump(), "application/json")
+                             nlohmann::json{{"revision", rev}, {"physical", true}}.dump(),
+                             "application/json")
                     .get();
     ASSERT_EQ(resp.status_code(), 200) << resp.extract_utf8string(true).get();
   } catch (const std::exception& e) {
@@ -305,15 +317,17 @@ void CompactEtcd() {
 // 200 with an ERROR event {code: 410, reason: Expired}.
 TEST_F(RealApiServerTest, WatchWithAncientResourceVersionIsExpired) {
   if (Env("KUBETRAIN_TEST_ETCD_URL").empty()) {
-    GTEST_SKIP() << "KUBETRAIN_TEST_ETCD_URL not set (needed to compact etcd); run_client_test.sh sets it";
+    GTEST_SKIP()
+        << "KUBETRAIN_TEST_ETCD_URL not set (needed to compact etcd); run_client_test.sh sets it";
   }
   ResourceRef templates{"/api/v1", "podtemplates", "default", "", ""};
   ResourceRef t = templates;
   t.name = "old-" + RunId();
-  nlohmann::json obj = {{"apiVersion", "v1"},
-                        {"kind", "PodTemplate"},
-                        {"metadata", {{"name", t.name}, {"labels", {{"run", RunId()}}}}},
-                        {"template", {{"spec", {{"containers", {{{"name", "c"}, {"image", "kubetrain:test"}}}}}}}}};
+  nlohmann::json obj = {
+      {"apiVersion", "v1"},
+      {"kind", "PodTemplate"},
+      {"metadata", {{"name", t.name}, {"labels", {{"run", RunId()}}}}},
+      {"template", {{"spec", {{"containers", {{{"name", "c"}, {"image", "kubetrain:test"}}}}}}}}};
   ASSERT_TRUE(client_->Create(t, obj).ok());
   ASSERT_TRUE(client_->MergePatch(t, {{"metadata", {{"labels", {{"x", "y"}}}}}}).ok());
   ASSERT_TRUE(client_->Delete(t, kPropagationBackground).ok());
@@ -321,7 +335,8 @@ TEST_F(RealApiServerTest, WatchWithAncientResourceVersionIsExpired) {
   if (HasFatalFailure()) return;
 
   int delivered = 0;
-  absl::Status s = client_->Watch(templates, "", "1", [&](const WatchEvent&) { return ++delivered, true; }, 5);
+  absl::Status s = client_->Watch(
+      templates, "", "1", [&](const WatchEvent&) { return ++delivered, true; }, 5);
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
   EXPECT_CONTAINS(s.message(), "too old");
   EXPECT_EQ(delivered, 0);
@@ -329,8 +344,9 @@ TEST_F(RealApiServerTest, WatchWithAncientResourceVersionIsExpired) {
   // The documented recovery: relist and watch from the list's resourceVersion.
   auto list = client_->List(templates, "run=" + RunId());
   ASSERT_TRUE(list.ok()) << list.status();
-  s = client_->Watch(templates, "run=" + RunId(), (*list)["metadata"]["resourceVersion"],
-                     [](const WatchEvent&) { return true; }, 1);
+  s = client_->Watch(
+      templates, "run=" + RunId(), (*list)["metadata"]["resourceVersion"],
+      [](const WatchEvent&) { return true; }, 1);
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -343,7 +359,8 @@ TEST_F(RealApiServerTest, BadTokenIsUnauthenticated) {
   ASSERT_TRUE(c.ok());
   auto got = (*c)->List(ConfigMaps(), "");
   EXPECT_EQ(got.status().code(), absl::StatusCode::kUnauthenticated) << got.status();
-  absl::Status w = (*c)->Watch(ConfigMaps(), "", "", [](const WatchEvent&) { return true; }, 2);
+  absl::Status w = (*c)->Watch(
+      ConfigMaps(), "", "", [](const WatchEvent&) { return true; }, 2);
   EXPECT_EQ(w.code(), absl::StatusCode::kUnauthenticated) << w;
 }
 
@@ -357,7 +374,8 @@ TEST_F(RealApiServerTest, WrongCaFailsTlsVerification) {
 }
 
 TEST_F(RealApiServerTest, ClientCertificateAuth) {
-  const std::string cert = Env("KUBETRAIN_TEST_CLIENT_CERT"), key = Env("KUBETRAIN_TEST_CLIENT_KEY");
+  const std::string cert = Env("KUBETRAIN_TEST_CLIENT_CERT"),
+                    key = Env("KUBETRAIN_TEST_CLIENT_KEY");
   if (cert.empty() || key.empty()) GTEST_SKIP() << "KUBETRAIN_TEST_CLIENT_CERT/KEY not set";
   KubeConfig mtls = *config_;
   mtls.bearer_token.clear();
@@ -378,7 +396,9 @@ TEST_F(RealApiServerTest, ConcurrentCallsOnOneClient) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 10; ++i) {
         if (!client_->Get(r).ok()) ++failures;
-        if (!client_->MergePatch(r, {{"data", {{"t" + std::to_string(t), std::to_string(i)}}}}).ok()) ++failures;
+        if (!client_->MergePatch(r, {{"data", {{"t" + std::to_string(t), std::to_string(i)}}}})
+                 .ok())
+          ++failures;
       }
     });
   }

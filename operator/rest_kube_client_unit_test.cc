@@ -26,8 +26,9 @@
 #include "gtest/gtest.h"
 
 // gtest only (gmock is not among the system deps).
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_TRUE(absl::StrContains(haystack, needle)) << "expected to contain \"" << (needle) << "\":\n  " << (haystack)
+#define EXPECT_CONTAINS(haystack, needle)          \
+  EXPECT_TRUE(absl::StrContains(haystack, needle)) \
+      << "expected to contain \"" << (needle) << "\":\n  " << (haystack)
 
 namespace kubetrain {
 namespace {
@@ -46,14 +47,16 @@ TEST(ResourceRefTest, Paths) {
             "/apis/kubetrain.io/v1/namespaces/ns/trainingjobs/job/status");
   EXPECT_EQ((ResourceRef{"/api/v1", "nodes", "", "", ""}.Path()), "/api/v1/nodes");
   EXPECT_EQ((ResourceRef{"/api/v1", "pods", "", "", ""}.DebugString()), "pods");
-  EXPECT_EQ((ResourceRef{"/api/v1", "pods", "ns", "p", "status"}.DebugString()), "pods ns/p/status");
-  EXPECT_EQ((ResourceRef{"/api/v1", "pods", "ns", "a b/c", ""}.Path()), "/api/v1/namespaces/ns/pods/a%20b%2Fc");
+  EXPECT_EQ((ResourceRef{"/api/v1", "pods", "ns", "p", "status"}.DebugString()),
+            "pods ns/p/status");
+  EXPECT_EQ((ResourceRef{"/api/v1", "pods", "ns", "a b/c", ""}.Path()),
+            "/api/v1/namespaces/ns/pods/a%20b%2Fc");
 }
 
 TEST(StatusFromHttpTest, MapsCodesAndKeepsTheServerMessage) {
   auto body = [](int code, const std::string& reason, const std::string& msg) {
     return nlohmann::json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Failure"},
-                          {"message", msg},   {"reason", reason},    {"code", code}}
+                          {"message", msg},   {"reason", reason},   {"code", code}}
         .dump();
   };
   struct Case {
@@ -61,17 +64,18 @@ TEST(StatusFromHttpTest, MapsCodesAndKeepsTheServerMessage) {
     std::string reason;
     absl::StatusCode want;
   };
-  for (const Case& c : std::vector<Case>{{400, "BadRequest", absl::StatusCode::kInvalidArgument},
-                                         {401, "Unauthorized", absl::StatusCode::kUnauthenticated},
-                                         {403, "Forbidden", absl::StatusCode::kPermissionDenied},
-                                         {404, "NotFound", absl::StatusCode::kNotFound},
-                                         {409, "AlreadyExists", absl::StatusCode::kAlreadyExists},
-                                         {409, "Conflict", absl::StatusCode::kAborted},
-                                         {410, "Expired", absl::StatusCode::kOutOfRange},
-                                         {422, "Invalid", absl::StatusCode::kInvalidArgument},
-                                         {429, "TooManyRequests", absl::StatusCode::kUnavailable},
-                                         {500, "InternalError", absl::StatusCode::kUnavailable},
-                                         {503, "ServiceUnavailable", absl::StatusCode::kUnavailable}}) {
+  for (const Case& c :
+       std::vector<Case>{{400, "BadRequest", absl::StatusCode::kInvalidArgument},
+                         {401, "Unauthorized", absl::StatusCode::kUnauthenticated},
+                         {403, "Forbidden", absl::StatusCode::kPermissionDenied},
+                         {404, "NotFound", absl::StatusCode::kNotFound},
+                         {409, "AlreadyExists", absl::StatusCode::kAlreadyExists},
+                         {409, "Conflict", absl::StatusCode::kAborted},
+                         {410, "Expired", absl::StatusCode::kOutOfRange},
+                         {422, "Invalid", absl::StatusCode::kInvalidArgument},
+                         {429, "TooManyRequests", absl::StatusCode::kUnavailable},
+                         {500, "InternalError", absl::StatusCode::kUnavailable},
+                         {503, "ServiceUnavailable", absl::StatusCode::kUnavailable}}) {
     absl::Status s = StatusFromHttp(c.code, body(c.code, c.reason, "the server says no"), "PUT /x");
     EXPECT_EQ(s.code(), c.want) << c.code << " " << c.reason << ": " << s;
     EXPECT_CONTAINS(s.message(), "PUT /x: the server says no");
@@ -85,12 +89,14 @@ TEST(StatusFromHttpTest, MapsCodesAndKeepsTheServerMessage) {
 }
 
 TEST(ParseWatchEventLineTest, Types) {
-  auto ev = ParseWatchEventLine(R"({"type":"ADDED","object":{"kind":"ConfigMap","metadata":{"name":"a"}}})");
+  auto ev = ParseWatchEventLine(
+      R"({"type":"ADDED","object":{"kind":"ConfigMap","metadata":{"name":"a"}}})");
   ASSERT_TRUE(ev.ok()) << ev.status();
   EXPECT_EQ(ev->type, WatchEventType::kAdded);
   EXPECT_EQ(ev->object["metadata"]["name"], "a");
 
-  ev = ParseWatchEventLine("{\"type\":\"BOOKMARK\",\"object\":{\"metadata\":{\"resourceVersion\":\"12\"}}}\r\n");
+  ev = ParseWatchEventLine(
+      "{\"type\":\"BOOKMARK\",\"object\":{\"metadata\":{\"resourceVersion\":\"12\"}}}\r\n");
   ASSERT_TRUE(ev.ok()) << ev.status();
   EXPECT_EQ(ev->type, WatchEventType::kBookmark);
   EXPECT_EQ(ev->object["metadata"]["resourceVersion"], "12");
@@ -100,9 +106,12 @@ TEST(ParseWatchEventLineTest, Types) {
     ASSERT_TRUE(ev.ok()) << ev.status();
     EXPECT_STREQ(WatchEventTypeName(ev->type), t);
   }
-  EXPECT_EQ(ParseWatchEventLine("{\"type\":\"ADDED\",\"obj").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ParseWatchEventLine("{\"type\":\"ADDED\"}").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ParseWatchEventLine("{\"object\":{}}").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseWatchEventLine("{\"type\":\"ADDED\",\"obj").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseWatchEventLine("{\"type\":\"ADDED\"}").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseWatchEventLine("{\"object\":{}}").status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseWatchEventLine("{\"type\":\"RENAMED\",\"object\":{}}").status().code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -117,7 +126,8 @@ TEST(StatusFromKubeStatusTest, ExpiredErrorEventIsOutOfRange) {
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
   EXPECT_CONTAINS(s.message(), "too old resource version: 1 (2345)");
 
-  s = StatusFromKubeStatus(nlohmann::json{{"kind", "Status"}, {"code", 500}, {"message", "etcd down"}}, "W");
+  s = StatusFromKubeStatus(
+      nlohmann::json{{"kind", "Status"}, {"code", 500}, {"message", "etcd down"}}, "W");
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(StatusFromKubeStatus(nlohmann::json::object(), "W").code(), absl::StatusCode::kUnknown);
 }
@@ -143,12 +153,14 @@ class FakeServer {
   using Handler = std::function<void(http_request)>;
 
   FakeServer() : url_("http://127.0.0.1:" + std::to_string(FreePort())), listener_(url_) {
-    for (const auto& m : {methods::GET, methods::POST, methods::PUT, methods::PATCH, methods::DEL}) {
+    for (const auto& m :
+         {methods::GET, methods::POST, methods::PUT, methods::PATCH, methods::DEL}) {
       listener_.support(m, [this](http_request req) {
         {
           std::lock_guard<std::mutex> l(mu_);
           uris_.push_back(req.relative_uri().to_string());
-          auths_.push_back(req.headers().has("Authorization") ? req.headers()["Authorization"] : "");
+          auths_.push_back(req.headers().has("Authorization") ? req.headers()["Authorization"]
+                                                              : "");
           content_types_.push_back(req.headers().content_type());
         }
         handler_(req);
@@ -219,18 +231,22 @@ std::unique_ptr<RestKubeClient> NewClient(const std::string& url, RestKubeClient
 const ResourceRef kConfigMaps{"/api/v1", "configmaps", "default", "", ""};
 
 std::string Event(const std::string& type, const std::string& name, const std::string& rv) {
-  return nlohmann::json{{"type", type},
-                        {"object", {{"kind", "ConfigMap"}, {"metadata", {{"name", name}, {"resourceVersion", rv}}}}}}
+  return nlohmann::json{
+      {"type", type},
+      {"object", {{"kind", "ConfigMap"}, {"metadata", {{"name", name}, {"resourceVersion", rv}}}}}}
       .dump();
 }
 
 TEST(RestKubeClientLocalTest, WatchSplitsEventsAcrossChunkBoundaries) {
   FakeServer server;
-  const std::string a = Event("ADDED", "a", "11"), m = Event("MODIFIED", "a", "12"), d = Event("DELETED", "a", "14");
-  const std::string b = R"({"type":"BOOKMARK","object":{"kind":"ConfigMap","metadata":{"resourceVersion":"13"}}})";
+  const std::string a = Event("ADDED", "a", "11"), m = Event("MODIFIED", "a", "12"),
+                    d = Event("DELETED", "a", "14");
+  const std::string b =
+      R"({"type":"BOOKMARK","object":{"kind":"ConfigMap","metadata":{"resourceVersion":"13"}}})";
   server.set_handler([&](http_request req) {
     StreamPieces(&server, req,
-                 {a.substr(0, 10), a.substr(10) + "\n" + m.substr(0, 5), m.substr(5) + "\n", b + "\n" + d + "\n"});
+                 {a.substr(0, 10), a.substr(10) + "\n" + m.substr(0, 5), m.substr(5) + "\n",
+                  b + "\n" + d + "\n"});
   });
   auto client = NewClient(server.url());
   ASSERT_NE(client, nullptr);
@@ -244,26 +260,30 @@ TEST(RestKubeClientLocalTest, WatchSplitsEventsAcrossChunkBoundaries) {
       },
       5);
   EXPECT_TRUE(s.ok()) << s;
-  EXPECT_EQ(seen, (std::vector<std::string>{"ADDED:11", "MODIFIED:12", "BOOKMARK:13", "DELETED:14"}));
-  EXPECT_EQ(server.last_uri(),
-            "/api/v1/namespaces/default/configmaps?watch=1&allowWatchBookmarks=true&timeoutSeconds=5"
-            "&resourceVersion=10&labelSelector=app%3Dx%2Crole%20in%20%28a%2Cb%29");
+  EXPECT_EQ(seen,
+            (std::vector<std::string>{"ADDED:11", "MODIFIED:12", "BOOKMARK:13", "DELETED:14"}));
+  EXPECT_EQ(
+      server.last_uri(),
+      "/api/v1/namespaces/default/configmaps?watch=1&allowWatchBookmarks=true&timeoutSeconds=5"
+      "&resourceVersion=10&labelSelector=app%3Dx%2Crole%20in%20%28a%2Cb%29");
   EXPECT_EQ(server.last_auth(), "Bearer tok");
 }
 
 TEST(RestKubeClientLocalTest, WatchErrorEvent410IsOutOfRange) {
   FakeServer server;
   server.set_handler([&](http_request req) {
-    StreamPieces(&server, req,
-                 {Event("ADDED", "a", "5") + "\n",
-                  R"j({"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",)j"
-                  R"j("message":"too old resource version: 1 (200)","reason":"Expired","code":410}})j"
-                  "\n"},
-                 std::chrono::milliseconds(200));
+    StreamPieces(
+        &server, req,
+        {Event("ADDED", "a", "5") + "\n",
+         R"j({"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",)j"
+         R"j("message":"too old resource version: 1 (200)","reason":"Expired","code":410}})j"
+         "\n"},
+        std::chrono::milliseconds(200));
   });
   auto client = NewClient(server.url());
   int events = 0;
-  absl::Status s = client->Watch(kConfigMaps, "", "1", [&](const WatchEvent&) { return ++events, true; }, 5);
+  absl::Status s = client->Watch(
+      kConfigMaps, "", "1", [&](const WatchEvent&) { return ++events, true; }, 5);
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
   EXPECT_CONTAINS(s.message(), "too old resource version");
   EXPECT_EQ(events, 1);  // the ERROR event itself is not delivered
@@ -272,11 +292,15 @@ TEST(RestKubeClientLocalTest, WatchErrorEvent410IsOutOfRange) {
 TEST(RestKubeClientLocalTest, WatchHttp410IsOutOfRange) {
   FakeServer server;
   server.set_handler([](http_request req) {
-    req.reply(410, nlohmann::json{{"kind", "Status"}, {"code", 410}, {"reason", "Gone"}, {"message", "gone"}}.dump(),
-              "application/json");
+    req.reply(
+        410,
+        nlohmann::json{{"kind", "Status"}, {"code", 410}, {"reason", "Gone"}, {"message", "gone"}}
+            .dump(),
+        "application/json");
   });
   auto client = NewClient(server.url());
-  absl::Status s = client->Watch(kConfigMaps, "", "1", [](const WatchEvent&) { return true; }, 5);
+  absl::Status s = client->Watch(
+      kConfigMaps, "", "1", [](const WatchEvent&) { return true; }, 5);
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
 }
 
@@ -290,7 +314,8 @@ TEST(RestKubeClientLocalTest, WatchStopsWhenCallbackReturnsFalse) {
   auto client = NewClient(server.url());
   int events = 0;
   absl::Time start = absl::Now();
-  absl::Status s = client->Watch(kConfigMaps, "", "", [&](const WatchEvent&) { return ++events < 1; }, 10);
+  absl::Status s = client->Watch(
+      kConfigMaps, "", "", [&](const WatchEvent&) { return ++events < 1; }, 10);
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(events, 1);
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
@@ -301,7 +326,8 @@ TEST(RestKubeClientLocalTest, ListPagesAndMergesItems) {
   server.set_handler([](http_request req) {
     auto q = web::uri::split_query(req.request_uri().query());
     EXPECT_EQ(q["limit"], "2");
-    nlohmann::json page = {{"kind", "ConfigMapList"}, {"apiVersion", "v1"}, {"metadata", {{"resourceVersion", "77"}}}};
+    nlohmann::json page = {
+        {"kind", "ConfigMapList"}, {"apiVersion", "v1"}, {"metadata", {{"resourceVersion", "77"}}}};
     if (q.count("continue") == 0) {
       page["items"] = {{{"metadata", {{"name", "a"}}}}, {{"metadata", {{"name", "b"}}}}};
       page["metadata"]["continue"] = "tok1";
@@ -330,11 +356,15 @@ TEST(RestKubeClientLocalTest, WritesUseTheRightMethodsAndContentTypes) {
   server.set_handler([&](http_request req) {
     method = req.method();
     if (req.method() == methods::POST) {
-      req.reply(409, R"({"kind":"Status","code":409,"reason":"AlreadyExists","message":"configmaps \"a\" already exists"})",
-                "application/json");
+      req.reply(
+          409,
+          R"({"kind":"Status","code":409,"reason":"AlreadyExists","message":"configmaps \"a\" already exists"})",
+          "application/json");
     } else if (req.method() == methods::PUT) {
-      req.reply(409, R"({"kind":"Status","code":409,"reason":"Conflict","message":"the object has been modified"})",
-                "application/json");
+      req.reply(
+          409,
+          R"({"kind":"Status","code":409,"reason":"Conflict","message":"the object has been modified"})",
+          "application/json");
     } else {
       req.reply(200, R"({"kind":"ConfigMap","metadata":{"name":"a"}})", "application/json");
     }
@@ -361,7 +391,8 @@ TEST(RestKubeClientLocalTest, WritesUseTheRightMethodsAndContentTypes) {
 
   EXPECT_TRUE(client->Delete(a, kPropagationBackground).ok());
   EXPECT_EQ(method, "DELETE");
-  EXPECT_EQ(server.last_uri(), "/api/v1/namespaces/default/configmaps/a?propagationPolicy=Background");
+  EXPECT_EQ(server.last_uri(),
+            "/api/v1/namespaces/default/configmaps/a?propagationPolicy=Background");
 }
 
 TEST(RestKubeClientLocalTest, PerCallDeadline) {

@@ -4,7 +4,9 @@ namespace kubetrain {
 
 using nlohmann::json;
 
-std::string Timestamp(absl::Time t) { return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone()); }
+std::string Timestamp(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone());
+}
 
 std::optional<absl::Time> ParseTimestamp(const json& v) {
   if (!v.is_string()) return std::nullopt;
@@ -15,7 +17,8 @@ std::optional<absl::Time> ParseTimestamp(const json& v) {
 }
 
 const json* FindCondition(const json& status, const std::string& type) {
-  if (!status.is_object() || !status.contains("conditions") || !status["conditions"].is_array()) return nullptr;
+  if (!status.is_object() || !status.contains("conditions") || !status["conditions"].is_array())
+    return nullptr;
   for (const auto& c : status["conditions"]) {
     if (c.is_object() && c.value("type", "") == type) return &c;
   }
@@ -35,7 +38,8 @@ void SetCondition(json* status, const std::string& type, bool value, const std::
   for (auto& c : conds) {
     if (!c.is_object() || c.value("type", "") != type) continue;
     if (c.value("status", "") != s) c["lastTransitionTime"] = Timestamp(now);
-    if (c.value("status", "") != s || c.value("reason", "") != reason || c.value("message", "") != message) {
+    if (c.value("status", "") != s || c.value("reason", "") != reason ||
+        c.value("message", "") != message) {
       c["lastUpdateTime"] = Timestamp(now);
     }
     c["status"] = s;
@@ -57,8 +61,8 @@ bool IsFailed(const json& status) { return IsConditionTrue(status, condition::kF
 bool IsFinished(const json& status) { return IsSucceeded(status) || IsFailed(status); }
 
 std::string StateOf(const json& status) {
-  for (const char* t : {condition::kFailed, condition::kSucceeded, condition::kSuspended, condition::kRestarting,
-                        condition::kRunning, condition::kCreated}) {
+  for (const char* t : {condition::kFailed, condition::kSucceeded, condition::kSuspended,
+                        condition::kRestarting, condition::kRunning, condition::kCreated}) {
     if (IsConditionTrue(status, t)) return t;
   }
   return "Pending";

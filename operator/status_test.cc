@@ -22,12 +22,14 @@ TEST(StatusTest, SetConditionKeepsTransitionTimeUntilTheStatusChanges) {
   EXPECT_EQ(FindCondition(status, condition::kRunning), nullptr);  // absent is already false
   SetCondition(&status, condition::kRunning, true, reason::kRunning, "running", kT0);
   ASSERT_TRUE(IsConditionTrue(status, condition::kRunning));
-  SetCondition(&status, condition::kRunning, true, reason::kRunning, "still running", kT0 + absl::Seconds(5));
+  SetCondition(&status, condition::kRunning, true, reason::kRunning, "still running",
+               kT0 + absl::Seconds(5));
   const json* c = FindCondition(status, condition::kRunning);
   EXPECT_EQ((*c)["lastTransitionTime"], "2027-01-15T08:00:00Z");
   EXPECT_EQ((*c)["lastUpdateTime"], "2027-01-15T08:00:05Z");
   EXPECT_EQ((*c)["message"], "still running");
-  SetCondition(&status, condition::kRunning, false, reason::kRestarting, "restarting", kT0 + absl::Seconds(9));
+  SetCondition(&status, condition::kRunning, false, reason::kRestarting, "restarting",
+               kT0 + absl::Seconds(9));
   c = FindCondition(status, condition::kRunning);
   EXPECT_EQ((*c)["status"], "False");
   EXPECT_EQ((*c)["reason"], reason::kRestarting);

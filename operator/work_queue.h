@@ -61,7 +61,8 @@ class WorkQueue {
         next = std::min(next, it->second);
       }
       // Wake up for the earliest due key (real time; the clock is for tests).
-      mu_.AwaitWithTimeout(absl::Condition(&changed_), std::min(next - now, absl::Milliseconds(200)));
+      mu_.AwaitWithTimeout(absl::Condition(&changed_),
+                           std::min(next - now, absl::Milliseconds(200)));
       changed_ = false;
     }
   }

@@ -43,8 +43,10 @@ std::string CheckpointFileName(int64_t version) {
 
 // Parses "ckpt-<digits>.ktc" (exact) into the version.
 bool ParseCheckpointName(absl::string_view name, int64_t* version) {
-  if (!absl::ConsumePrefix(&name, kFilePrefix) || !absl::ConsumeSuffix(&name, kFileSuffix)) return false;
-  if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+  if (!absl::ConsumePrefix(&name, kFilePrefix) || !absl::ConsumeSuffix(&name, kFileSuffix))
+    return false;
+  if (name.empty() ||
+      !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     return false;
   }
   return absl::SimpleAtoi(name, version);
@@ -162,13 +164,16 @@ absl::Status WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint&
   const std::string path = absl::StrCat(shard_dir, "/", CheckpointFileName(ckpt.version));
   if (ckpt.values.size() != ckpt.part_names.size() || ckpt.slots.size() != ckpt.part_names.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cannot write ", path, ": inconsistent checkpoint: ", ckpt.part_names.size(), " part names, ",
-        ckpt.values.size(), " value tensors, ", ckpt.slots.size(), " slot lists"));
+        "cannot write ", path, ": inconsistent checkpoint: ", ckpt.part_names.size(),
+        " part names, ", ckpt.values.size(), " value tensors, ", ckpt.slots.size(), " slot lists"));
   }
   if (ckpt.version < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot write ", path, ": negative version ", ckpt.version));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write ", path, ": negative version ", ckpt.version));
   }
-  if (absl::Status st = WriteFramedFile(path, kMagic, kFormatVersion, EncodePayload(ckpt)); !st.ok()) return st;
+  if (absl::Status st = WriteFramedFile(path, kMagic, kFormatVersion, EncodePayload(ckpt));
+      !st.ok())
+    return st;
 
   // Prune: keep the newest `keep` checkpoints (always including the new one),
   // and remove temp files left by writers of older versions.
@@ -181,7 +186,8 @@ absl::Status WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint&
     if (i < keep_n || version >= ckpt.version) continue;
     const std::string old = absl::StrCat(shard_dir, "/", name);
     if (::unlink(old.c_str()) != 0 && errno != ENOENT && result.ok()) {
-      result = absl::InternalError(absl::StrCat("cannot delete old checkpoint ", old, ": ", ErrnoText(errno)));
+      result = absl::InternalError(
+          absl::StrCat("cannot delete old checkpoint ", old, ": ", ErrnoText(errno)));
     }
   }
   for (const auto& [version, name] : listing->temps) {
@@ -200,8 +206,9 @@ absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path) {
     return absl::DataLossError(absl::StrCat(path, ": corrupt: ", st.message()));
   }
   if (c.values.size() != c.part_names.size() || c.slots.size() != c.part_names.size()) {
-    return absl::DataLossError(absl::StrCat(path, ": inconsistent: ", c.part_names.size(), " part names, ",
-                                            c.values.size(), " value tensors, ", c.slots.size(), " slot lists"));
+    return absl::DataLossError(absl::StrCat(path, ": inconsistent: ", c.part_names.size(),
+                                            " part names, ", c.values.size(), " value tensors, ",
+                                            c.slots.size(), " slot lists"));
   }
   if (c.version < 0) {
     return absl::DataLossError(absl::StrCat(path, ": corrupt: negative version ", c.version));
@@ -216,7 +223,8 @@ absl::StatusOr<ShardCheckpoint> RestoreShardCheckpoint(
   auto listing = ListShardDir(shard_dir);
   if (!listing.ok()) {
     if (absl::IsNotFound(listing.status())) {
-      return absl::NotFoundError(absl::StrCat("no checkpoint in ", shard_dir, " (directory does not exist)"));
+      return absl::NotFoundError(
+          absl::StrCat("no checkpoint in ", shard_dir, " (directory does not exist)"));
     }
     return listing.status();
   }
@@ -236,33 +244,34 @@ absl::StatusOr<ShardCheckpoint> RestoreShardCheckpoint(
     if (ckpt->version != version) {
       // Name and content disagree; treat like corruption rather than trust either.
       if (warn) {
-        warn(absl::StrCat(path, ": holds version ", ckpt->version, " but is named for version ", version,
-                          "; skipped"));
+        warn(absl::StrCat(path, ": holds version ", ckpt->version, " but is named for version ",
+                          version, "; skipped"));
       }
       continue;
     }
     const char* kAdvice =
-        ": refusing to load it (delete the checkpoint directory or point checkpoint.directory elsewhere)";
+        ": refusing to load it (delete the checkpoint directory or point checkpoint.directory "
+        "elsewhere)";
     if (ckpt->model_fingerprint != expected_fingerprint) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint ", path, " was written for model/placement ", ckpt->model_fingerprint,
-          ", this job has ", expected_fingerprint, kAdvice));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", path, " was written for model/placement ",
+                       ckpt->model_fingerprint, ", this job has ", expected_fingerprint, kAdvice));
     }
     if (ckpt->shard_index != shard_index) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint ", path, " was written for PS shard ", ckpt->shard_index, ", this is shard ",
-          shard_index, kAdvice));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", path, " was written for PS shard ", ckpt->shard_index,
+                       ", this is shard ", shard_index, kAdvice));
     }
     if (ckpt->optimizer_type != expected_optimizer) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint ", path, " was written with optimizer \"", ckpt->optimizer_type,
-          "\", this job uses \"", expected_optimizer, "\"", kAdvice));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", path, " was written with optimizer \"", ckpt->optimizer_type,
+                       "\", this job uses \"", expected_optimizer, "\"", kAdvice));
     }
     return ckpt;
   }
-  return absl::NotFoundError(
-      absl::StrCat("no valid checkpoint in ", shard_dir, " (all ", listing->checkpoints.size(),
-                   " files were corrupt or unreadable)"));
+  return absl::NotFoundError(absl::StrCat("no valid checkpoint in ", shard_dir, " (all ",
+                                          listing->checkpoints.size(),
+                                          " files were corrupt or unreadable)"));
 }
 
 }  // namespace kubetrain

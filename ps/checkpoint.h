@@ -22,17 +22,18 @@ struct ShardCheckpoint {
   std::string job_name;
   std::string model_fingerprint;  // Placement::Fingerprint()
   int shard_index = 0;
-  std::string optimizer_type;     // "sgd", "adam", ...
+  std::string optimizer_type;  // "sgd", "adam", ...
   int64_t version = 0;
-  std::vector<std::string> part_names;             // parts of the shard, in order
-  std::vector<std::vector<float>> values;          // per part
+  std::vector<std::string> part_names;                 // parts of the shard, in order
+  std::vector<std::vector<float>> values;              // per part
   std::vector<std::vector<std::vector<float>>> slots;  // per part: optimizer slot buffers
-  std::map<int, int64_t> worker_clocks;            // steps done per worker (bounded staleness)
+  std::map<int, int64_t> worker_clocks;                // steps done per worker (bounded staleness)
 };
 
 // Writes `ckpt` and then deletes all but the newest `keep` checkpoint files of
 // the shard. Errors name the path.
-absl::Status WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint& ckpt, int keep = 3);
+absl::Status WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint& ckpt,
+                                  int keep = 3);
 
 // Reads one checkpoint file, verifying magic, length and checksum.
 absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path);

@@ -25,14 +25,15 @@ ShardCheckpoint Sample(int64_t version, int shard = 0) {
   c.version = version;
   c.part_names = {"dense0/kernel/part0", "dense0/bias", "dense1/kernel"};
   c.values = {{1.5f, -2.25f, 3.0f, static_cast<float>(version)}, {0.0f, -0.0f}, {}};
-  c.slots = {{{0.1f, 0.2f, 0.3f, 0.4f}, {1.0f, 2.0f, 3.0f, 4.0f}}, {{5.0f, 6.0f}, {7.0f, 8.0f}}, {}};
+  c.slots = {
+      {{0.1f, 0.2f, 0.3f, 0.4f}, {1.0f, 2.0f, 3.0f, 4.0f}}, {{5.0f, 6.0f}, {7.0f, 8.0f}}, {}};
   c.worker_clocks = {{0, version}, {1, version - 1}, {2, 7}};
   return c;
 }
 
 std::string PathFor(const std::string& dir, int shard, int64_t version) {
-  return absl::StrCat(dir, "/ps-", shard, "/ckpt-", std::string(12 - std::to_string(version).size(), '0'),
-                      version, ".ktc");
+  return absl::StrCat(dir, "/ps-", shard, "/ckpt-",
+                      std::string(12 - std::to_string(version).size(), '0'), version, ".ktc");
 }
 
 struct Warnings {
@@ -77,7 +78,8 @@ TEST(CheckpointTest, EmptyCheckpointRoundTrips) {
 
 TEST(CheckpointTest, KeepPrunesOldest) {
   const std::string dir = NewTestDir("ckpt");
-  for (int64_t v : {10, 20, 30, 40}) ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(v), /*keep=*/2).ok());
+  for (int64_t v : {10, 20, 30, 40})
+    ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(v), /*keep=*/2).ok());
   EXPECT_EQ(ListDir(dir + "/ps-0"),
             (std::vector<std::string>{"ckpt-000000000030.ktc", "ckpt-000000000040.ktc"}));
 }
@@ -192,8 +194,9 @@ TEST(CheckpointTest, TruncatedNewestFallsBackToPrevious) {
 
   auto direct = ReadShardCheckpoint(newest);
   ASSERT_FALSE(direct.ok());
-  EXPECT_CONTAINS(std::string(direct.status().message()),
-                  absl::StrCat(newest, ": truncated: expected ", full, " bytes, found ", full - 10));
+  EXPECT_CONTAINS(
+      std::string(direct.status().message()),
+      absl::StrCat(newest, ": truncated: expected ", full, " bytes, found ", full - 10));
 
   Warnings w;
   auto c = RestoreShardCheckpoint(dir, 0, "1234abcd", "adam", w.fn());
@@ -258,7 +261,8 @@ TEST(CheckpointTest, AllCorruptIsNotFoundAfterWarnings) {
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
   ASSERT_EQ(w.lines.size(), 2u);
   EXPECT_CONTAINS(w.lines[0], ("ckpt-000000000002.ktc: truncated"));
-  EXPECT_CONTAINS(w.lines[1], ("ckpt-000000000001.ktc: not a kubetrain checkpoint (bad magic); skipped"));
+  EXPECT_CONTAINS(w.lines[1],
+                  ("ckpt-000000000001.ktc: not a kubetrain checkpoint (bad magic); skipped"));
 }
 
 TEST(CheckpointTest, FingerprintMismatchIsRefused) {
@@ -267,10 +271,12 @@ TEST(CheckpointTest, FingerprintMismatchIsRefused) {
   Warnings w;
   auto c = RestoreShardCheckpoint(dir, 0, "5678ef00", "adam", w.fn());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(c.status().message(),
-            absl::StrCat("checkpoint ", PathFor(dir, 0, 100),
-                         " was written for model/placement 1234abcd, this job has 5678ef00: refusing to load "
-                         "it (delete the checkpoint directory or point checkpoint.directory elsewhere)"));
+  EXPECT_EQ(
+      c.status().message(),
+      absl::StrCat(
+          "checkpoint ", PathFor(dir, 0, 100),
+          " was written for model/placement 1234abcd, this job has 5678ef00: refusing to load "
+          "it (delete the checkpoint directory or point checkpoint.directory elsewhere)"));
 }
 
 TEST(CheckpointTest, FingerprintMismatchOfNewestIsNotSkipped) {

@@ -15,21 +15,23 @@ class InProcessPs::Channel final : public ShardChannel {
 
   absl::StatusOr<v1::ShardInfo> GetInfo(const v1::InfoRequest& request, absl::Duration) override {
     v1::ShardInfo info;
-    FillShardInfo(ps_->shard().get(), ps_->config_.placement.Fingerprint(), max_chunk_bytes_, request,
-                  &info);
+    FillShardInfo(ps_->shard().get(), ps_->config_.placement.Fingerprint(), max_chunk_bytes_,
+                  request, &info);
     return info;
   }
 
   absl::StatusOr<v1::PullResponse::Header> Pull(const v1::PullRequest& request,
                                                 const ChunkSink& sink) override {
     const TaskId task = TaskIdFromWire(request.task_type(), request.worker_index());
-    const absl::Duration wait =
-        request.wait_timeout_ms() > 0 ? absl::Milliseconds(request.wait_timeout_ms()) : absl::Seconds(60);
+    const absl::Duration wait = request.wait_timeout_ms() > 0
+                                    ? absl::Milliseconds(request.wait_timeout_ms())
+                                    : absl::Seconds(60);
     absl::Notification served;
     absl::StatusOr<Shard::Snapshot> result;
     std::shared_ptr<Shard> shard;
     const uint64_t ticket = ps_->StartPull(
-        {task.index, request.min_version(), request.worker_clock(), request.incarnation(), task.role},
+        {task.index, request.min_version(), request.worker_clock(), request.incarnation(),
+         task.role},
         ps_->clock_->Now() + wait,
         [&](absl::StatusOr<Shard::Snapshot> s) {
           result = std::move(s);
@@ -39,7 +41,8 @@ class InProcessPs::Channel final : public ShardChannel {
     served.WaitForNotification();
     ps_->EndPull(ticket);
     if (absl::IsCancelled(result.status())) {
-      return absl::UnavailableError(absl::StrCat("ps:", shard->options().shard_index, " restarted"));
+      return absl::UnavailableError(
+          absl::StrCat("ps:", shard->options().shard_index, " restarted"));
     }
     if (!result.ok()) return result.status();
     v1::PullResponse::Header header;
@@ -107,17 +110,19 @@ class InProcessPs::Channel final : public ShardChannel {
   const uint64_t max_chunk_bytes_;
 };
 
-absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Create(const TaskConfig& config, int shard_index,
-                                                                 const Clock* clock, int64_t incarnation) {
+absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Create(const TaskConfig& config,
+                                                                 int shard_index,
+                                                                 const Clock* clock,
+                                                                 int64_t incarnation) {
   if (shard_index < 0 || shard_index >= config.placement.num_shards) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("no PS task ", shard_index, " (the job has ", config.placement.num_shards, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("no PS task ", shard_index, " (the job has ",
+                                                   config.placement.num_shards, ")"));
   }
   ShardOptions options = ShardOptions::ForTask(config, incarnation);
   options.shard_index = shard_index;
   std::unique_ptr<InProcessPs> ps(new InProcessPs(config, options, clock));
-  auto shard = Shard::Create(options, *config.model, config.placement, config.job.training.optimizer,
-                             clock, ShardMetrics{});
+  auto shard = Shard::Create(options, *config.model, config.placement,
+                             config.job.training.optimizer, clock, ShardMetrics{});
   if (!shard.ok()) return shard.status();
   absl::MutexLock l(&ps->mu_);
   ps->shard_ = std::move(*shard);
@@ -143,8 +148,8 @@ absl::Status InProcessPs::Restart(std::optional<ShardCheckpoint> from) {
     absl::MutexLock l(&mu_);
     options.incarnation = shard_->incarnation() + 1;
   }
-  auto fresh = Shard::Create(options, *config_.model, config_.placement, config_.job.training.optimizer,
-                             clock_, ShardMetrics{});
+  auto fresh = Shard::Create(options, *config_.model, config_.placement,
+                             config_.job.training.optimizer, clock_, ShardMetrics{});
   if (!fresh.ok()) return fresh.status();
   if (from.has_value()) {
     if (absl::Status s = (*fresh)->Restore(*from); !s.ok()) return s;

@@ -42,8 +42,8 @@ class InProcessPs {
  public:
   // PS task `shard_index` of the job in `config` (whatever task `config`
   // itself is for). `config` and `clock` must outlive the PS.
-  static absl::StatusOr<std::unique_ptr<InProcessPs>> Create(const TaskConfig& config, int shard_index,
-                                                             const Clock* clock,
+  static absl::StatusOr<std::unique_ptr<InProcessPs>> Create(const TaskConfig& config,
+                                                             int shard_index, const Clock* clock,
                                                              int64_t incarnation = 1);
 
   // The shard serving now (a restart replaces it).

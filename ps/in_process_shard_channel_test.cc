@@ -16,11 +16,12 @@ namespace kubetrain {
 namespace {
 
 std::string Job(const std::string& mode, int ps, int workers, bool chief = false) {
-  return absl::StrCat("apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: {name: inproc}\nspec:\n",
-                      "  replicaSpecs:\n    PS: {replicas: ", ps, "}\n    Worker: {replicas: ", workers, "}\n",
-                      chief ? "    Chief: {replicas: 1}\n" : "", "  training:\n    mode: ", mode,
-                      "\n    model: {type: softmax}\n    optimizer: {type: sgd, learningRate: 1}\n",
-                      "    steps: 50\n    placement: {splitThresholdBytes: 16384}\n");
+  return absl::StrCat(
+      "apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: {name: inproc}\nspec:\n",
+      "  replicaSpecs:\n    PS: {replicas: ", ps, "}\n    Worker: {replicas: ", workers, "}\n",
+      chief ? "    Chief: {replicas: 1}\n" : "", "  training:\n    mode: ", mode,
+      "\n    model: {type: softmax}\n    optimizer: {type: sgd, learningRate: 1}\n",
+      "    steps: 50\n    placement: {splitThresholdBytes: 16384}\n");
 }
 
 v1::PullRequest PullAt(int64_t min_version, int worker = 0, int64_t incarnation = 0) {
@@ -32,7 +33,8 @@ v1::PullRequest PullAt(int64_t min_version, int worker = 0, int64_t incarnation 
 }
 
 // Pulls everything: part -> values; counts the chunks.
-absl::StatusOr<v1::PullResponse::Header> PullAll(ShardChannel* channel, const v1::PullRequest& request,
+absl::StatusOr<v1::PullResponse::Header> PullAll(ShardChannel* channel,
+                                                 const v1::PullRequest& request,
                                                  std::map<std::string, std::vector<float>>* values,
                                                  int* chunks = nullptr) {
   return channel->Pull(request, [&](const v1::TensorChunk& c) {
@@ -167,13 +169,16 @@ TEST_F(InProcessTest, FaultyChannelFailsDropsDelaysAndRestartsOnCue) {
   Make(Job("async", 1, 1));
   FaultyShardChannel faulty(ps_->NewChannel());
   faulty.DropNext(ShardRpc::kGetInfo, 2);
-  EXPECT_EQ(faulty.GetInfo(v1::InfoRequest(), absl::Seconds(1)).status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(faulty.GetInfo(v1::InfoRequest(), absl::Seconds(1)).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(faulty.GetInfo(v1::InfoRequest(), absl::Seconds(1)).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(faulty.GetInfo(v1::InfoRequest(), absl::Seconds(1)).status().code(),
+            absl::StatusCode::kUnavailable);
   EXPECT_TRUE(faulty.GetInfo(v1::InfoRequest(), absl::Seconds(1)).ok());
   EXPECT_EQ(faulty.calls(ShardRpc::kGetInfo), 3);
 
   faulty.FailNext(ShardRpc::kPush, 1, absl::ResourceExhaustedError("full"));
-  EXPECT_EQ(PushAll(&faulty, *ps_->shard(), 0, 0, 1).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(PushAll(&faulty, *ps_->shard(), 0, 0, 1).status().code(),
+            absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(ps_->shard()->version(), 0);  // the PS never saw it
   ASSERT_TRUE(PushAll(&faulty, *ps_->shard(), 0, 0, 1).ok());
   EXPECT_EQ(ps_->shard()->version(), 1);

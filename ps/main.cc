@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
   FlagParser parser("kubetrain-ps --config=trainingjob.yaml  (TF_CONFIG in the environment)");
   parser.String("config", &config_file, "TrainingJob YAML file");
   parser.String("tf_config", &tf_config, "cluster spec JSON (default: $TF_CONFIG)");
-  parser.String("bind_host", &options.bind_host, "address to listen on; the port comes from TF_CONFIG");
+  parser.String("bind_host", &options.bind_host,
+                "address to listen on; the port comes from TF_CONFIG");
   parser.String("metrics_address", &options.metrics_address, "host:port for /metrics; empty = off");
   parser.Int("shutdown_grace_seconds", &shutdown_grace_seconds,
              "after the chief's shutdown, how long to wait for workers to leave");
@@ -41,8 +42,8 @@ int main(int argc, char** argv) {
     Log("error: ", config.status().message());
     return 2;
   }
-  auto task = PsTask::Create(std::move(*config), options, &clock,
-                             std::make_shared<prometheus::Registry>());
+  auto task =
+      PsTask::Create(std::move(*config), options, &clock, std::make_shared<prometheus::Registry>());
   if (!task.ok()) {
     Log("error: ", task.status().message());
     return 2;

@@ -55,15 +55,20 @@ class Momentum final : public Optimizer {
 class Adam final : public Optimizer {
  public:
   Adam(const OptimizerSpec& s, const std::vector<int64_t>& sizes)
-      : lr_(s.learning_rate), b1_(s.beta1), b2_(s.beta2), eps_(s.epsilon),
-        m_(MakeSlots(sizes, 0)), v_(MakeSlots(sizes, 0)) {}
+      : lr_(s.learning_rate),
+        b1_(s.beta1),
+        b2_(s.beta2),
+        eps_(s.epsilon),
+        m_(MakeSlots(sizes, 0)),
+        v_(MakeSlots(sizes, 0)) {}
   void Apply(int part, float* value, const float* grad, int64_t n, int64_t step) override {
     Vec m(m_[part].data(), n), v(v_[part].data(), n);
     ConstVec g(grad, n);
     m = b1_ * m + (1 - b1_) * g;
     v = b2_ * v + (1 - b2_) * g.square();
     double t = static_cast<double>(step);
-    float alpha = static_cast<float>(lr_ * std::sqrt(1 - std::pow(b2_, t)) / (1 - std::pow(b1_, t)));
+    float alpha =
+        static_cast<float>(lr_ * std::sqrt(1 - std::pow(b2_, t)) / (1 - std::pow(b1_, t)));
     Vec(value, n) -= alpha * m / (v.sqrt() + static_cast<float>(eps_));
   }
   std::vector<std::vector<float>*> Slots(int part) override { return {&m_[part], &v_[part]}; }
@@ -76,7 +81,8 @@ class Adam final : public Optimizer {
 class Adagrad final : public Optimizer {
  public:
   Adagrad(const OptimizerSpec& s, const std::vector<int64_t>& sizes)
-      : lr_(s.learning_rate), eps_(s.epsilon),
+      : lr_(s.learning_rate),
+        eps_(s.epsilon),
         accum_(MakeSlots(sizes, static_cast<float>(s.initial_accumulator))) {}
   void Apply(int part, float* value, const float* grad, int64_t n, int64_t) override {
     Vec a(accum_[part].data(), n);

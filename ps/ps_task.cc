@@ -29,24 +29,28 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
                   .Help("RPC duration by method, measured where the RPC is handled or issued")
                   .Register(registry);
   Metrics m;
-  m.shard.staleness =
-      &prometheus::BuildHistogram()
-           .Name("kubetrain_gradient_staleness_steps")
-           .Help("Global steps between the version a gradient was computed on and the version it was applied to (async)")
-           .Register(registry)
-           .Add({}, StalenessBuckets());
-  m.shard.stale_dropped = counter("kubetrain_stale_gradients_dropped_total",
-                                  "Sync-mode gradients dropped because they were computed on an older version");
-  m.shard.applied = counter("kubetrain_gradients_applied_total", "Worker gradients applied to this PS shard");
-  m.shard.rejected =
-      counter("kubetrain_pushes_rejected_total",
-              "Pushes refused as invalid (unknown worker, wrong size, non-finite values, future version)");
+  m.shard.staleness = &prometheus::BuildHistogram()
+                           .Name("kubetrain_gradient_staleness_steps")
+                           .Help(
+                               "Global steps between the version a gradient was computed on and "
+                               "the version it was applied to (async)")
+                           .Register(registry)
+                           .Add({}, StalenessBuckets());
+  m.shard.stale_dropped =
+      counter("kubetrain_stale_gradients_dropped_total",
+              "Sync-mode gradients dropped because they were computed on an older version");
+  m.shard.applied =
+      counter("kubetrain_gradients_applied_total", "Worker gradients applied to this PS shard");
+  m.shard.rejected = counter(
+      "kubetrain_pushes_rejected_total",
+      "Pushes refused as invalid (unknown worker, wrong size, non-finite values, future version)");
   m.shard.version = gauge(kGlobalStepMetric, "Optimizer steps applied (the shard's version)");
-  m.shard.hold_seconds = &prometheus::BuildHistogram()
-                              .Name("kubetrain_pull_hold_seconds")
-                              .Help("How long the PS held pulls for the sync barrier or the staleness bound")
-                              .Register(registry)
-                              .Add({}, LatencyBuckets());
+  m.shard.hold_seconds =
+      &prometheus::BuildHistogram()
+           .Name("kubetrain_pull_hold_seconds")
+           .Help("How long the PS held pulls for the sync barrier or the staleness bound")
+           .Register(registry)
+           .Add({}, LatencyBuckets());
   m.shard.barrier_timeouts =
       counter("kubetrain_barrier_timeouts_total",
               "Sync steps applied after barrierTimeoutSeconds without every expected gradient");
@@ -54,17 +58,19 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
   m.service.push_seconds = &rpc.Add({{"method", "Push"}, {"side", "server"}}, LatencyBuckets());
   m.service.pull_bytes = counter("kubetrain_pull_bytes_total", "Tensor bytes sent by pulls");
   m.service.push_bytes = counter("kubetrain_push_bytes_total", "Tensor bytes received by pushes");
-  m.checkpoints_written = counter("kubetrain_checkpoints_written_total", "Shard checkpoints written");
-  m.checkpoint_restores =
-      counter("kubetrain_checkpoint_restores_total", "Times this PS task started from a checkpoint");
-  m.restored_version = gauge("kubetrain_restored_version",
-                             "Version restored from a checkpoint when this PS task started (0: none)");
+  m.checkpoints_written =
+      counter("kubetrain_checkpoints_written_total", "Shard checkpoints written");
+  m.checkpoint_restores = counter("kubetrain_checkpoint_restores_total",
+                                  "Times this PS task started from a checkpoint");
+  m.restored_version =
+      gauge("kubetrain_restored_version",
+            "Version restored from a checkpoint when this PS task started (0: none)");
   return m;
 }
 
-absl::StatusOr<std::unique_ptr<PsTask>> PsTask::Create(TaskConfig config, PsTaskOptions options,
-                                                       const Clock* clock,
-                                                       std::shared_ptr<prometheus::Registry> registry) {
+absl::StatusOr<std::unique_ptr<PsTask>> PsTask::Create(
+    TaskConfig config, PsTaskOptions options, const Clock* clock,
+    std::shared_ptr<prometheus::Registry> registry) {
   if (config.tf.task_type != "ps") {
     return absl::InvalidArgumentError(absl::StrCat("TF_CONFIG task type is \"", config.tf.task_type,
                                                    "\", kubetrain-ps runs \"ps\" tasks"));
@@ -74,7 +80,8 @@ absl::StatusOr<std::unique_ptr<PsTask>> PsTask::Create(TaskConfig config, PsTask
     if (!port.ok()) return port.status();
     options.port = *port;
   }
-  if (options.incarnation == 0) options.incarnation = std::max<int64_t>(1, absl::ToUnixMicros(clock->Now()));
+  if (options.incarnation == 0)
+    options.incarnation = std::max<int64_t>(1, absl::ToUnixMicros(clock->Now()));
   Metrics metrics = RegisterMetrics(*registry);
   std::unique_ptr<PsTask> task(
       new PsTask(std::move(config), std::move(options), clock, std::move(registry), metrics));
@@ -97,8 +104,12 @@ absl::StatusOr<std::unique_ptr<PsTask>> PsTask::Create(TaskConfig config, PsTask
 
 PsTask::PsTask(TaskConfig config, PsTaskOptions options, const Clock* clock,
                std::shared_ptr<prometheus::Registry> registry, Metrics metrics)
-    : config_(std::move(config)), options_(std::move(options)), clock_(clock),
-      registry_(std::move(registry)), metrics_(metrics), index_(config_.tf.task_index) {}
+    : config_(std::move(config)),
+      options_(std::move(options)),
+      clock_(clock),
+      registry_(std::move(registry)),
+      metrics_(metrics),
+      index_(config_.tf.task_index) {}
 
 PsTask::~PsTask() {
   if (server_) server_->Shutdown(std::chrono::system_clock::now());
@@ -116,11 +127,13 @@ absl::Status PsTask::Restore() {
   }
   if (!ckpt.ok()) return ckpt.status();
   if (absl::Status s = shard_->Restore(*ckpt); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("cannot restore checkpoint of ps:", index_, ": ", s.message()));
+    return absl::Status(
+        s.code(), absl::StrCat("cannot restore checkpoint of ps:", index_, ": ", s.message()));
   }
   metrics_.checkpoint_restores->Increment();
   metrics_.restored_version->Set(static_cast<double>(ckpt->version));
-  Log("ps:", index_, " restored version ", ckpt->version, " from ", ShardCheckpointDir(dir, index_));
+  Log("ps:", index_, " restored version ", ckpt->version, " from ",
+      ShardCheckpointDir(dir, index_));
   return absl::OkStatus();
 }
 
@@ -149,7 +162,8 @@ absl::Status PsTask::Start() {
       metrics_server_ ? absl::StrCat(metrics_port_) : std::string("(off)"), "; mode ",
       TrainingModeName(job.training.mode), ", ", config_.num_workers, " workers, aggregate ",
       o.replicas_to_aggregate, ", target ", config_.target_steps, " steps");
-  Log("placement (fingerprint ", config_.placement.Fingerprint(), "):\n", config_.placement.Describe());
+  Log("placement (fingerprint ", config_.placement.Fingerprint(), "):\n",
+      config_.placement.Describe());
   return absl::OkStatus();
 }
 
@@ -201,7 +215,8 @@ void PsTask::SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snap
   ShardCheckpoint state = snapshot.has_value() ? std::move(*snapshot) : shard_->Checkpoint();
   const absl::Time t0 = absl::Now();
   if (absl::Status s = WriteShardCheckpoint(dir, state); !s.ok()) {
-    Log("warning: checkpoint of ps:", index_, " at version ", state.version, " failed: ", s.message());
+    Log("warning: checkpoint of ps:", index_, " at version ", state.version,
+        " failed: ", s.message());
     return;
   }
   metrics_.checkpoints_written->Increment();
@@ -217,8 +232,8 @@ void PsTask::Finish() {
   if (shard_->version() != saved_version_) SaveCheckpoint("final");
   const ShardStatsSnapshot stats = shard_->stats();
   Log("ps:", index_, " done at version ", stats.version, ": ", stats.gradients_applied,
-      " gradients applied, ", stats.stale_gradients_dropped, " stale dropped, ", stats.pushes_rejected,
-      " rejected");
+      " gradients applied, ", stats.stale_gradients_dropped, " stale dropped, ",
+      stats.pushes_rejected, " rejected");
 }
 
 }  // namespace kubetrain

@@ -20,14 +20,15 @@ struct JobOptions {
   int workers = 1;
   bool evaluator = false;
   std::string mode = "async";
-  std::string hidden;  // "" = softmax; else an mlp's hiddenUnits, e.g. "[8]"
+  std::string hidden;    // "" = softmax; else an mlp's hiddenUnits, e.g. "[8]"
   std::string training;  // more lines under spec.training
 };
 
 // The config of ps:0 of a small job.
 TaskConfig PsConfig(const JobOptions& o) {
-  const std::string model =
-      o.hidden.empty() ? "{type: softmax}" : absl::StrCat("{type: mlp, hiddenUnits: ", o.hidden, "}");
+  const std::string model = o.hidden.empty()
+                                ? "{type: softmax}"
+                                : absl::StrCat("{type: mlp, hiddenUnits: ", o.hidden, "}");
   const std::string yaml = absl::StrCat(
       "apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: {name: pstask}\nspec:\n",
       "  replicaSpecs:\n    PS: {replicas: 1}\n    Worker: {replicas: ", o.workers, "}\n",
@@ -64,8 +65,8 @@ std::vector<std::string> Checkpoints(const std::string& ckpt_dir) {
 class PsTaskTest : public ::testing::Test {
  protected:
   std::unique_ptr<PsTask> Create(const JobOptions& o, PsTaskOptions options = Quiet()) {
-    auto task = PsTask::Create(PsConfig(o), options, &clock_,
-                               std::make_shared<prometheus::Registry>());
+    auto task =
+        PsTask::Create(PsConfig(o), options, &clock_, std::make_shared<prometheus::Registry>());
     EXPECT_TRUE(task.ok()) << task.status();
     return task.ok() ? std::move(*task) : nullptr;
   }
@@ -92,9 +93,9 @@ TEST_F(PsTaskTest, WritesACheckpointAtEveryStepsBoundaryAndAFinalOne) {
   ASSERT_TRUE(task->shard()->Leave({TaskRole::kWorker, 0}).ok());
   EXPECT_TRUE(task->RunRound(absl::ZeroDuration()));
   EXPECT_TRUE(task->RunRound(absl::ZeroDuration()));  // over stays over; no second save
-  EXPECT_EQ(Checkpoints(ckpt_dir_), (std::vector<std::string>{"ckpt-000000000005.ktc",
-                                                              "ckpt-000000000010.ktc",
-                                                              "ckpt-000000000012.ktc"}));
+  EXPECT_EQ(Checkpoints(ckpt_dir_),
+            (std::vector<std::string>{"ckpt-000000000005.ktc", "ckpt-000000000010.ktc",
+                                      "ckpt-000000000012.ktc"}));
 }
 
 TEST_F(PsTaskTest, EverySecondsFollowsTheClockAndSkipsAnUnchangedVersion) {
@@ -137,8 +138,8 @@ TEST_F(PsTaskTest, RestoresTheNewestCheckpointOnStartAndRefusesAnotherModels) {
   EXPECT_NE(again->shard()->incarnation(), first_incarnation);
 
   // The same directory for a different model: refused, naming the file.
-  auto other = PsTask::Create(PsConfig({.hidden = "[8]", .training = training}),
-                              Quiet(), &clock_, std::make_shared<prometheus::Registry>());
+  auto other = PsTask::Create(PsConfig({.hidden = "[8]", .training = training}), Quiet(), &clock_,
+                              std::make_shared<prometheus::Registry>());
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_CONTAINS(std::string(other.status().message()), "ckpt-000000000003.ktc");
@@ -191,7 +192,8 @@ TEST_F(PsTaskTest, StopEndsServeWithAFinalCheckpoint) {
 TEST_F(PsTaskTest, RefusesATaskThatIsNotAPs) {
   TaskConfig config = PsConfig({});
   config.tf.task_type = "worker";
-  auto task = PsTask::Create(std::move(config), Quiet(), &clock_, std::make_shared<prometheus::Registry>());
+  auto task =
+      PsTask::Create(std::move(config), Quiet(), &clock_, std::make_shared<prometheus::Registry>());
   ASSERT_FALSE(task.ok());
   EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_CONTAINS(std::string(task.status().message()), "kubetrain-ps runs \"ps\" tasks");

@@ -61,7 +61,9 @@ std::string ChunkPrefix(const std::string& part, uint64_t offset, uint64_t data_
 }
 
 // gRPC releases a slice through a C callback; the slice keeps the snapshot alive.
-void ReleaseSnapshot(void* holder) { delete static_cast<std::shared_ptr<const std::string>*>(holder); }
+void ReleaseSnapshot(void* holder) {
+  delete static_cast<std::shared_ptr<const std::string>*>(holder);
+}
 
 // Holds a pull in the shard, then streams the header and the chunks. Chunk
 // payloads are slices into the snapshot (zero copy).
@@ -69,15 +71,17 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(Shard* shard, const Clock* clock, const PsServiceOptions& options,
               const PsServiceMetrics& metrics, const v1::PullRequest& req)
-      : shard_(shard), chunk_bytes_(options.max_chunk_bytes), metrics_(metrics), clock_(clock),
+      : shard_(shard),
+        chunk_bytes_(options.max_chunk_bytes),
+        metrics_(metrics),
+        clock_(clock),
         start_(clock->Now()) {
     absl::Duration wait = req.wait_timeout_ms() > 0 ? absl::Milliseconds(req.wait_timeout_ms())
                                                     : options.default_pull_wait;
     const TaskId task = TaskIdFromWire(req.task_type(), req.worker_index());
-    uint64_t ticket = shard_->Pull({task.index, req.min_version(), req.worker_clock(),
-                                    req.incarnation(), task.role},
-                                   start_ + wait,
-                                   [this](absl::StatusOr<Shard::Snapshot> s) { OnSnapshot(std::move(s)); });
+    uint64_t ticket = shard_->Pull(
+        {task.index, req.min_version(), req.worker_clock(), req.incarnation(), task.role},
+        start_ + wait, [this](absl::StatusOr<Shard::Snapshot> s) { OnSnapshot(std::move(s)); });
     absl::MutexLock l(&mu_);
     ticket_ = ticket;
   }
@@ -179,7 +183,11 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
  public:
   PushReactor(Shard* shard, const Clock* clock, const PsServiceMetrics& metrics,
               v1::PushResponse* resp)
-      : shard_(shard), clock_(clock), metrics_(metrics), resp_(resp), start_(clock->Now()),
+      : shard_(shard),
+        clock_(clock),
+        metrics_(metrics),
+        resp_(resp),
+        start_(clock->Now()),
         assembler_(shard) {
     StartRead(&msg_);
   }
@@ -247,7 +255,7 @@ grpc::ServerUnaryReactor* PsService::GetInfo(grpc::CallbackServerContext* ctx,
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* PsService::Pull(grpc::CallbackServerContext*,
-                                                           const grpc::ByteBuffer* raw) {
+                                                            const grpc::ByteBuffer* raw) {
   grpc::ByteBuffer copy(*raw);  // shares the slices; deserialising consumes the buffer
   v1::PullRequest req;
   grpc::Status s = grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::PullRequest>(&copy, &req);
@@ -265,7 +273,8 @@ grpc::ServerReadReactor<v1::PushRequest>* PsService::Push(grpc::CallbackServerCo
 
 grpc::ServerUnaryReactor* PsService::Leave(grpc::CallbackServerContext* ctx,
                                            const v1::LeaveRequest* req, v1::LeaveResponse*) {
-  return Done(ctx, ToGrpcStatus(shard_->Leave(TaskIdFromWire(req->task_type(), req->worker_index()))));
+  return Done(ctx,
+              ToGrpcStatus(shard_->Leave(TaskIdFromWire(req->task_type(), req->worker_index()))));
 }
 
 grpc::ServerUnaryReactor* PsService::Shutdown(grpc::CallbackServerContext* ctx,

@@ -45,14 +45,13 @@ class PsService final
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* ctx, const v1::InfoRequest* req,
                                     v1::ShardInfo* resp) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Pull(grpc::CallbackServerContext* ctx,
-                                                  const grpc::ByteBuffer* req) override;
+                                                   const grpc::ByteBuffer* req) override;
   grpc::ServerReadReactor<v1::PushRequest>* Push(grpc::CallbackServerContext* ctx,
                                                  v1::PushResponse* resp) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
                                   v1::LeaveResponse* resp) override;
   grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* ctx,
-                                     const v1::ShutdownRequest* req,
-                                     v1::ShardStats* resp) override;
+                                     const v1::ShutdownRequest* req, v1::ShardStats* resp) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const v1::InfoRequest* req,
                                      v1::ShardStats* resp) override;
 

@@ -35,7 +35,8 @@ ShardOptions ShardOptions::ForTask(const TaskConfig& config, int64_t incarnation
   o.seed = job.training.seed;
   o.barrier_timeout = absl::Seconds(job.training.barrier_timeout_seconds);
   o.incarnation = incarnation;
-  o.checkpoint_every_steps = job.training.checkpoint_dir.empty() ? 0 : job.training.checkpoint_every_steps;
+  o.checkpoint_every_steps =
+      job.training.checkpoint_dir.empty() ? 0 : job.training.checkpoint_every_steps;
   o.job_name = job.name;
   o.fingerprint = config.placement.Fingerprint();
   o.optimizer_type = job.training.optimizer.type;
@@ -43,14 +44,13 @@ ShardOptions ShardOptions::ForTask(const TaskConfig& config, int64_t incarnation
 }
 
 absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options,
-                                                     const Model& model,
-                                                     const Placement& placement,
+                                                     const Model& model, const Placement& placement,
                                                      const OptimizerSpec& optimizer,
                                                      const Clock* clock, ShardMetrics metrics) {
   if (options.num_workers < 1) return absl::InvalidArgumentError("num_workers must be >= 1");
   if (options.replicas_to_aggregate < 1 || options.replicas_to_aggregate > options.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("replicasToAggregate must be in [1, ",
-                                                   options.num_workers, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("replicasToAggregate must be in [1, ", options.num_workers, "]"));
   }
   std::vector<PartPlacement> parts;
   for (const auto* p : placement.PartsOfShard(options.shard_index)) parts.push_back(*p);
@@ -126,7 +126,8 @@ Shard::Snapshot Shard::MakeSnapshot(absl::Time start, absl::Time now) {
   s.waited_seconds = absl::ToDoubleSeconds(now - start);
   if (snapshot_ == nullptr || snapshot_version_ != version_) {
     // Reuse the previous version's buffer if no pull is still streaming it.
-    if (snapshot_ == nullptr || snapshot_.use_count() > 1) snapshot_ = std::make_shared<std::string>();
+    if (snapshot_ == nullptr || snapshot_.use_count() > 1)
+      snapshot_ = std::make_shared<std::string>();
     size_t total = 0;
     for (const auto& v : values_) total += v.size() * sizeof(float);
     snapshot_->resize(total);
@@ -176,9 +177,10 @@ absl::Status Shard::CheckTask(const TaskId& task) const {
                                                      " (job has ", options_.num_workers, ")"));
     case TaskRole::kChief:
       if (options_.has_chief_task && task.index == 0) return absl::OkStatus();
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown task ", TaskName(task),
-          options_.has_chief_task ? " (the job has one chief)" : " (the job has no Chief replica)"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown task ", TaskName(task),
+                                                     options_.has_chief_task
+                                                         ? " (the job has one chief)"
+                                                         : " (the job has no Chief replica)"));
     case TaskRole::kEvaluator:
       if (task.index >= 0 && task.index < options_.num_evaluators) return absl::OkStatus();
       return absl::InvalidArgumentError(absl::StrCat("unknown task ", TaskName(task), " (job has ",
@@ -248,9 +250,9 @@ void Shard::Tick(absl::Time now) {
   }
   RunReady(std::move(ready));
   for (auto& w : expired) {
-    w.done(absl::DeadlineExceededError(absl::StrCat(
-        "still waiting for version ", w.wait.min_version, " after ",
-        absl::FormatDuration(now - w.start))));
+    w.done(
+        absl::DeadlineExceededError(absl::StrCat("still waiting for version ", w.wait.min_version,
+                                                 " after ", absl::FormatDuration(now - w.start))));
   }
 }
 
@@ -279,14 +281,13 @@ absl::Status Shard::ValidatePush(const PushHeader& h,
         absl::StrCat("unknown worker index ", h.worker, " (job has ", options_.num_workers, ")"));
   }
   if (h.version > version_) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient for version ", h.version,
-                                                   " is from the future (shard is at ",
-                                                   version_, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient for version ", h.version, " is from the future (shard is at ", version_, ")"));
   }
   if (h.version < 0) return absl::InvalidArgumentError("negative version");
   if (grads.size() != parts_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("push has ", grads.size(), " parts, shard holds ",
-                                                   parts_.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("push has ", grads.size(), " parts, shard holds ", parts_.size()));
   }
   for (size_t i = 0; i < parts_.size(); ++i) {
     if (static_cast<int64_t>(grads[i].size()) != parts_[i].num_elements()) {
@@ -345,7 +346,7 @@ absl::StatusOr<Shard::PushResult> Shard::Push(const PushHeader& header,
 }
 
 absl::StatusOr<Shard::PushResult> Shard::PushImpl(const PushHeader& header,
-                                                    const std::vector<std::vector<float>>& grads) {
+                                                  const std::vector<std::vector<float>>& grads) {
   std::vector<std::pair<Waiter, Snapshot>> ready;
   PushResult result;
   {
@@ -383,7 +384,8 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(const PushHeader& header,
       } else {
         for (size_t i = 0; i < parts_.size(); ++i) {
           const auto n = static_cast<Eigen::Index>(grads[i].size());
-          Eigen::Map<Eigen::ArrayXf>(accum_[i].data(), n) += Eigen::Map<const Eigen::ArrayXf>(grads[i].data(), n);
+          Eigen::Map<Eigen::ArrayXf>(accum_[i].data(), n) +=
+              Eigen::Map<const Eigen::ArrayXf>(grads[i].data(), n);
         }
         if (contributors_.empty()) accum_started_ = now;
         contributors_.insert(header.worker);
@@ -486,9 +488,10 @@ ShardCheckpoint Shard::Checkpoint() const {
 std::optional<ShardCheckpoint> Shard::TakePendingCheckpoint(absl::Duration wait) {
   absl::MutexLock l(&mu_);
   if (wait > absl::ZeroDuration()) {
-    mu_.AwaitWithTimeout(
-        absl::Condition(+[](std::optional<ShardCheckpoint>* p) { return p->has_value(); }, &pending_checkpoint_),
-        wait);
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](std::optional<ShardCheckpoint>* p) { return p->has_value(); },
+                             &pending_checkpoint_),
+                         wait);
   }
   std::optional<ShardCheckpoint> c = std::move(pending_checkpoint_);
   pending_checkpoint_.reset();
@@ -516,8 +519,8 @@ ShardCheckpoint Shard::CheckpointLocked() const {
 absl::Status Shard::Restore(const ShardCheckpoint& c) {
   if (c.part_names.size() != parts_.size() || c.values.size() != parts_.size() ||
       c.slots.size() != parts_.size()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint has ", c.part_names.size(), " parts, shard holds ", parts_.size()));
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint has ", c.part_names.size(),
+                                                      " parts, shard holds ", parts_.size()));
   }
   absl::MutexLock l(&mu_);
   for (size_t i = 0; i < parts_.size(); ++i) {
@@ -530,8 +533,8 @@ absl::Status Shard::Restore(const ShardCheckpoint& c) {
     }
     for (size_t k = 0; k < slots.size(); ++k) {
       if (c.slots[i][k].size() != slots[k]->size()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("checkpoint optimizer slot ", k, " of ", parts_[i].name, " has the wrong size"));
+        return absl::FailedPreconditionError(absl::StrCat("checkpoint optimizer slot ", k, " of ",
+                                                          parts_[i].name, " has the wrong size"));
       }
     }
   }

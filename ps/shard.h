@@ -88,7 +88,7 @@ struct ShardOptions {
   int64_t target_steps = 1;
   uint64_t seed = 1;
   absl::Duration barrier_timeout = absl::ZeroDuration();  // 0: wait forever
-  int64_t incarnation = 1;  // unique per start of the PS task
+  int64_t incarnation = 1;                                // unique per start of the PS task
   // > 0: snapshot the state for a checkpoint at every multiple of this version,
   // exactly (see TakePendingCheckpoint), so a restart loses at most this many steps.
   int64_t checkpoint_every_steps = 0;
@@ -103,10 +103,10 @@ struct ShardOptions {
 
 // Where the shard reports what happens; any pointer may be null.
 struct ShardMetrics {
-  prometheus::Histogram* staleness = nullptr;       // steps, per applied async gradient
-  prometheus::Counter* stale_dropped = nullptr;     // sync gradients too old to apply
-  prometheus::Counter* applied = nullptr;           // gradients applied (sync: aggregated ones)
-  prometheus::Counter* rejected = nullptr;          // invalid pushes
+  prometheus::Histogram* staleness = nullptr;    // steps, per applied async gradient
+  prometheus::Counter* stale_dropped = nullptr;  // sync gradients too old to apply
+  prometheus::Counter* applied = nullptr;        // gradients applied (sync: aggregated ones)
+  prometheus::Counter* rejected = nullptr;       // invalid pushes
   prometheus::Gauge* version = nullptr;
   prometheus::Histogram* hold_seconds = nullptr;    // how long pulls were held
   prometheus::Counter* barrier_timeouts = nullptr;  // sync steps applied after the timeout
@@ -129,7 +129,7 @@ class Shard {
     int worker = 0;  // the task's index within its role
     int64_t min_version = 0;
     int64_t worker_clock = 0;  // ignored for readers
-    int64_t incarnation = 0;  // 0: none known yet
+    int64_t incarnation = 0;   // 0: none known yet
     TaskRole role = TaskRole::kWorker;
   };
   struct Snapshot {
@@ -245,7 +245,7 @@ class Shard {
   static void RunReady(std::vector<std::pair<Waiter, Snapshot>> ready);
   // Push() without the buffer recycling.
   absl::StatusOr<PushResult> PushImpl(const PushHeader& header,
-                                        const std::vector<std::vector<float>>& grads);
+                                      const std::vector<std::vector<float>>& grads);
 
   const ShardOptions options_;
   const std::vector<PartPlacement> parts_;

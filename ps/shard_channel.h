@@ -31,7 +31,7 @@ struct ChunkRef {
   const std::string* part;
   uint64_t offset;  // elements
   const float* data;
-  uint64_t count;   // elements
+  uint64_t count;  // elements
 };
 
 // One PS task. Implementations must be thread-safe.

@@ -136,7 +136,8 @@ TEST(ShardAsyncTest, AppliesOnArrivalAndRecordsStaleness) {
 
 TEST(ShardAsyncTest, BoundedStalenessHoldsFastWorkerUntilSlowOneCatchesUpOrLeaves) {
   Fixture f(TrainingMode::kAsync, 2, 1, /*tau=*/1);
-  for (int c = 1; c <= 2; ++c) ASSERT_TRUE(f.shard->Push({0, f.shard->version(), c}, f.Grads(0)).ok());
+  for (int c = 1; c <= 2; ++c)
+    ASSERT_TRUE(f.shard->Push({0, f.shard->version(), c}, f.Grads(0)).ok());
   // Worker 0 has done 2 steps, worker 1 none: 2 - 0 > 1, so worker 0 waits.
   bool served = false;
   f.shard->Pull({0, 0, 2}, f.clock.Now() + absl::Seconds(10), [&](auto s) { served = s.ok(); });
@@ -155,7 +156,8 @@ TEST(ShardAsyncTest, BoundedStalenessHoldsFastWorkerUntilSlowOneCatchesUpOrLeave
 TEST(ShardTest, PullDeadlineAndCancel) {
   Fixture f(TrainingMode::kSync, 2, 2);
   absl::StatusCode code = absl::StatusCode::kOk;
-  f.shard->Pull({0, 1, 0}, f.clock.Now() + absl::Seconds(5), [&](auto s) { code = s.status().code(); });
+  f.shard->Pull({0, 1, 0}, f.clock.Now() + absl::Seconds(5),
+                [&](auto s) { code = s.status().code(); });
   f.shard->Tick(f.clock.Now() + absl::Seconds(1));
   EXPECT_EQ(code, absl::StatusCode::kOk);  // not yet
   f.clock.Advance(absl::Seconds(6));
@@ -171,7 +173,8 @@ TEST(ShardTest, DoneAtTargetReleasesEveryoneAndIgnoresLatePushes) {
   Fixture f(TrainingMode::kSync, 1, 1, {}, /*target=*/2);
   ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(1)).ok());
   bool done = false;
-  f.shard->Pull({0, 5, 1}, f.clock.Now() + absl::Seconds(1), [&](auto s) { done = s.ok() && s->done; });
+  f.shard->Pull({0, 5, 1}, f.clock.Now() + absl::Seconds(1),
+                [&](auto s) { done = s.ok() && s->done; });
   EXPECT_FALSE(done);
   ASSERT_TRUE(f.shard->Push({0, 1, 2}, f.Grads(1)).ok());
   EXPECT_TRUE(done);
@@ -198,7 +201,8 @@ TEST(ShardFailureTest, BarrierTimeoutProceedsWithTheGradientsThatArrived) {
   EXPECT_EQ(f.shard->version(), 1);
   EXPECT_EQ(f.shard->stats().barrier_timeouts, 1);
   auto after = f.Values();
-  for (size_t i = 0; i < after.size(); ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 3.0f);  // mean of 2 and 4
+  for (size_t i = 0; i < after.size(); ++i)
+    EXPECT_FLOAT_EQ(after[i], before[i] - 3.0f);  // mean of 2 and 4
   // No gradient, no step: an empty barrier never times out into an update.
   f.clock.Advance(absl::Seconds(10));
   f.shard->Tick(f.clock.Now());
@@ -207,7 +211,8 @@ TEST(ShardFailureTest, BarrierTimeoutProceedsWithTheGradientsThatArrived) {
 
 TEST(ShardFailureTest, SilentWorkerStopsHoldingBackBoundedStaleness) {
   Fixture f(TrainingMode::kAsync, 2, 1, /*tau=*/1, 100, absl::Seconds(5));
-  for (int c = 1; c <= 3; ++c) ASSERT_TRUE(f.shard->Push({0, f.shard->version(), c}, f.Grads(0)).ok());
+  for (int c = 1; c <= 3; ++c)
+    ASSERT_TRUE(f.shard->Push({0, f.shard->version(), c}, f.Grads(0)).ok());
   bool served = false;
   f.shard->Pull({0, 0, 3}, f.clock.Now() + absl::Seconds(60), [&](auto s) { served = s.ok(); });
   EXPECT_FALSE(served);  // worker 1 (clock 0) holds worker 0 back
@@ -295,8 +300,10 @@ TEST(ShardReadersTest, OnlyTheChiefTaskMayEndTheJob) {
   EXPECT_TRUE(with_chief.shard->shutdown_requested());
   // Without one: worker 0.
   Fixture plain(TrainingMode::kSync, 2, 2);
-  EXPECT_EQ(plain.shard->RequestShutdown({TaskRole::kChief, 0}).code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(plain.shard->RequestShutdown({TaskRole::kWorker, 1}).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(plain.shard->RequestShutdown({TaskRole::kChief, 0}).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(plain.shard->RequestShutdown({TaskRole::kWorker, 1}).code(),
+            absl::StatusCode::kPermissionDenied);
   EXPECT_FALSE(plain.shard->shutdown_requested());
   EXPECT_TRUE(plain.shard->RequestShutdown({TaskRole::kWorker, 0}).ok());
 }
@@ -308,7 +315,8 @@ TEST(ShardReadersTest, TasksTheJobDoesNotHaveAreRefused) {
                     [&](auto s) { status = s.status(); });
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("no Chief replica"), std::string::npos) << status;
-  EXPECT_EQ(plain.shard->Leave({TaskRole::kEvaluator, 0}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(plain.shard->Leave({TaskRole::kEvaluator, 0}).code(),
+            absl::StatusCode::kInvalidArgument);
   Fixture f = ReadersFixture();
   EXPECT_EQ(f.shard->Leave({TaskRole::kEvaluator, 1}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(f.shard->Leave({TaskRole::kChief, 1}).code(), absl::StatusCode::kInvalidArgument);

@@ -65,7 +65,8 @@ class GrpcShardChannel final : public ShardChannel {
     auto s = reader->Finish();
     if (!sink_status.ok()) return sink_status;
     if (!s.ok()) return Annotate(s);
-    if (!have_header) return absl::DataLossError(absl::StrCat("pull from ", address_, ": no header"));
+    if (!have_header)
+      return absl::DataLossError(absl::StrCat("pull from ", address_, ": no header"));
     return header;
   }
 

@@ -31,11 +31,14 @@ int main(int argc, char** argv) {
   parser.String("metrics_address", &options.metrics_address, "host:port for /metrics; empty = off");
   parser.String("result_file", &options.result_file,
                 "chief: also write the final result JSON here (e.g. /dev/termination-log)");
-  parser.Double("progress_interval_seconds", &progress_interval_seconds, "how often the chief reports progress");
+  parser.Double("progress_interval_seconds", &progress_interval_seconds,
+                "how often the chief reports progress");
   parser.String("export_model", &options.export_model,
-                "chief: write the final model here (default: <checkpoint.directory>/model.ktm when checkpoints are on)");
+                "chief: write the final model here (default: <checkpoint.directory>/model.ktm when "
+                "checkpoints are on)");
   parser.Int("step_delay_ms", &step_delay_ms,
-             "sleep this long before every step: makes this worker a straggler (for experiments and tests)");
+             "sleep this long before every step: makes this worker a straggler (for experiments "
+             "and tests)");
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
   if (config_file.empty()) {
     std::fprintf(stderr, "error: --config is required\n\n%s", parser.Usage().c_str());

@@ -67,7 +67,8 @@ class PsClient::Lanes {
       {
         absl::MutexLock l(&lane->mu);
         lane->mu.Await(absl::Condition(
-            +[](Lane* x) ABSL_EXCLUSIVE_LOCKS_REQUIRED(x->mu) { return x->work != nullptr || x->stop; },
+            +[](Lane* x)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(x->mu) { return x->work != nullptr || x->stop; },
             lane));
         if (lane->work == nullptr) return;  // stopped
         work = lane->work;
@@ -85,10 +86,14 @@ class PsClient::Lanes {
 
 PsClient::PsClient(Options options, const Placement* placement, const Clock* clock,
                    std::vector<std::unique_ptr<ShardChannel>> channels, PsClientMetrics metrics)
-    : options_(std::move(options)), placement_(placement), clock_(clock),
-      channels_(std::move(channels)), metrics_(metrics),
+    : options_(std::move(options)),
+      placement_(placement),
+      clock_(clock),
+      channels_(std::move(channels)),
+      metrics_(metrics),
       chunk_elements_(static_cast<uint64_t>(std::max<int64_t>(1, options_.chunk_bytes / 4))),
-      shard_parts_(channels_.size()), parts_by_name_(channels_.size()),
+      shard_parts_(channels_.size()),
+      parts_by_name_(channels_.size()),
       lanes_(std::make_unique<Lanes>(static_cast<int>(channels_.size()))),
       shards_(channels_.size()) {
   for (size_t s = 0; s < channels_.size(); ++s) {
@@ -122,10 +127,9 @@ absl::Status PsClient::WithRetry(const std::string& what, int shard,
     if (s.code() != absl::StatusCode::kUnavailable) return s;
     ++attempts;
     if (clock_->Now() + backoff > deadline) {
-      return absl::UnavailableError(absl::StrCat("gave up on ", what, " to ps:", shard, " after ",
-                                                 attempts, " attempts over ",
-                                                 absl::FormatDuration(options_.retry_timeout),
-                                                 ": ", s.message()));
+      return absl::UnavailableError(absl::StrCat(
+          "gave up on ", what, " to ps:", shard, " after ", attempts, " attempts over ",
+          absl::FormatDuration(options_.retry_timeout), ": ", s.message()));
     }
     if (attempts == 1 || attempts % 10 == 0) {
       Log(TaskName(), " ", what, " to ps:", shard, " unavailable (", s.message(), "); retrying");
@@ -140,8 +144,8 @@ int64_t PsClient::Observe(int s, int64_t incarnation, int64_t version, bool done
   int64_t lost = 0;
   if (state.incarnation != 0 && incarnation != state.incarnation) {
     lost = std::max<int64_t>(0, state.version - version);
-    Log(TaskName(), " ps:", s, " restarted: now at version ", version, ", was ", state.version, " (",
-        lost, " steps lost)");
+    Log(TaskName(), " ps:", s, " restarted: now at version ", version, ", was ", state.version,
+        " (", lost, " steps lost)");
   }
   state.incarnation = incarnation;
   state.version = version;
@@ -151,8 +155,8 @@ int64_t PsClient::Observe(int s, int64_t incarnation, int64_t version, bool done
 
 absl::Status PsClient::Connect() {
   if (static_cast<int>(channels_.size()) != placement_->num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat(channels_.size(), " PS addresses for ",
-                                                   placement_->num_shards, " shards"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(channels_.size(), " PS addresses for ", placement_->num_shards, " shards"));
   }
   std::vector<int64_t> clocks(channels_.size(), 0);
   absl::Status st = ForEachShard([&](int s) {
@@ -170,10 +174,10 @@ absl::Status PsClient::Connect() {
     });
     if (!st.ok()) return st;
     if (info->model_fingerprint() != options_.fingerprint || info->shard_index() != s) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "ps:", s, " holds model/placement ", info->model_fingerprint(), " as shard ",
-          info->shard_index(), ", this task expects ", options_.fingerprint,
-          ": the tasks were started with different TrainingJob specs"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("ps:", s, " holds model/placement ", info->model_fingerprint(), " as shard ",
+                       info->shard_index(), ", this task expects ", options_.fingerprint,
+                       ": the tasks were started with different TrainingJob specs"));
     }
     shards_[s].incarnation = info->incarnation();
     shards_[s].version = info->version();
@@ -192,16 +196,16 @@ absl::StatusOr<PsClient::PullResult> PsClient::Pull(bool next_version, int64_t w
                   variables, params, options_.hold_timeout, /*reask=*/true);
 }
 
-absl::StatusOr<PsClient::PullResult> PsClient::PullAtLeast(int64_t version, int64_t worker_clock,
-                                                           const std::vector<VariableSpec>& variables,
-                                                           Params* params) {
+absl::StatusOr<PsClient::PullResult> PsClient::PullAtLeast(
+    int64_t version, int64_t worker_clock, const std::vector<VariableSpec>& variables,
+    Params* params) {
   return PullImpl([version](int) { return version; }, worker_clock, variables, params,
                   options_.hold_timeout, /*reask=*/true);
 }
 
-absl::StatusOr<PsClient::PullResult> PsClient::PullAtLeastWithin(int64_t version, absl::Duration hold,
-                                                                 const std::vector<VariableSpec>& variables,
-                                                                 Params* params) {
+absl::StatusOr<PsClient::PullResult> PsClient::PullAtLeastWithin(
+    int64_t version, absl::Duration hold, const std::vector<VariableSpec>& variables,
+    Params* params) {
   return PullImpl([version](int) { return version; }, 0, variables, params,
                   std::max(hold, absl::Milliseconds(1)), /*reask=*/false);
 }
@@ -230,9 +234,11 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
       uint64_t n = c.data().size() / 4;
       if (it == parts.end() || c.data().size() % 4 != 0 ||
           c.offset() + n > static_cast<uint64_t>(it->second->num_elements())) {
-        return absl::DataLossError(absl::StrCat("ps:", s, " sent a bad chunk of \"", c.part(), "\""));
+        return absl::DataLossError(
+            absl::StrCat("ps:", s, " sent a bad chunk of \"", c.part(), "\""));
       }
-      float* dst = (*params)[it->second->variable].data() + it->second->element_offset() + c.offset();
+      float* dst =
+          (*params)[it->second->variable].data() + it->second->element_offset() + c.offset();
       std::memcpy(dst, c.data().data(), c.data().size());
       if (metrics_.pull_bytes) metrics_.pull_bytes->Increment(static_cast<double>(c.data().size()));
       return absl::OkStatus();
@@ -257,7 +263,8 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
     }
   });
   if (!st.ok()) return st;
-  if (metrics_.pull_seconds) metrics_.pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
+  if (metrics_.pull_seconds)
+    metrics_.pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
   PullResult r;
   r.version = headers[0].version();
   r.done = true;
@@ -287,7 +294,8 @@ absl::StatusOr<PsClient::StepResult> PsClient::PollStep() {
     });
     if (!rs.ok()) return rs;
     infos[s] = *info;
-    lost[s] = Observe(s, info->incarnation(), info->version(), info->version() >= info->target_steps());
+    lost[s] =
+        Observe(s, info->incarnation(), info->version(), info->version() >= info->target_steps());
     return absl::OkStatus();
   });
   if (!st.ok()) return st;
@@ -304,7 +312,8 @@ absl::StatusOr<PsClient::StepResult> PsClient::PollStep() {
 
 absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t worker_clock) {
   if (!is_worker()) {
-    return absl::FailedPreconditionError(absl::StrCat(TaskName(), " only reads: it cannot push gradients"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(TaskName(), " only reads: it cannot push gradients"));
   }
   std::vector<v1::PushResponse> responses(channels_.size());
   absl::Time start = clock_->Now();
@@ -335,7 +344,8 @@ absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t
     return absl::OkStatus();
   });
   if (!st.ok()) return st;
-  if (metrics_.push_seconds) metrics_.push_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
+  if (metrics_.push_seconds)
+    metrics_.push_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
   PushResult r;
   r.version = responses[0].version();
   for (const auto& resp : responses) {
@@ -371,7 +381,8 @@ absl::StatusOr<v1::ShardStats> PsClient::Shutdown() {
   for (const auto& s : stats) {
     total.set_version(std::min(total.version(), s.version()));
     total.set_gradients_applied(total.gradients_applied() + s.gradients_applied());
-    total.set_stale_gradients_dropped(total.stale_gradients_dropped() + s.stale_gradients_dropped());
+    total.set_stale_gradients_dropped(total.stale_gradients_dropped() +
+                                      s.stale_gradients_dropped());
     total.set_pushes_rejected(total.pushes_rejected() + s.pushes_rejected());
     total.set_staleness_sum(total.staleness_sum() + s.staleness_sum());
     total.set_staleness_max(std::max(total.staleness_max(), s.staleness_max()));

@@ -51,7 +51,7 @@ class PsClient {
   struct Options {
     v1::TaskType task_type = v1::TASK_TYPE_WORKER;  // the task this client speaks for
     int task_index = 0;
-    std::string fingerprint;       // expected from every shard
+    std::string fingerprint;  // expected from every shard
     int64_t chunk_bytes = 1 << 20;
     absl::Duration retry_timeout = absl::Seconds(300);  // PS unreachable: retry this long
     absl::Duration hold_timeout = absl::Seconds(30);    // one held pull; re-issued after
@@ -102,7 +102,8 @@ class PsClient {
   // Like Pull, but waits until every shard has reached `version`. A shard
   // that gets there answers at that moment, with its values at `version`.
   absl::StatusOr<PullResult> PullAtLeast(int64_t version, int64_t worker_clock,
-                                         const std::vector<VariableSpec>& variables, Params* params);
+                                         const std::vector<VariableSpec>& variables,
+                                         Params* params);
   // PullAtLeast that waits at most `hold` on each shard and then ends with
   // DEADLINE_EXCEEDED (`params` incomplete) instead of asking again.
   absl::StatusOr<PullResult> PullAtLeastWithin(int64_t version, absl::Duration hold,
@@ -146,7 +147,8 @@ class PsClient {
   // Runs fn(shard) for every shard at once; the first error (by shard) wins.
   absl::Status ForEachShard(const std::function<absl::Status(int)>& fn);
   // Retries fn while it returns UNAVAILABLE, with backoff, until retry_timeout.
-  absl::Status WithRetry(const std::string& what, int shard, const std::function<absl::Status()>& fn);
+  absl::Status WithRetry(const std::string& what, int shard,
+                         const std::function<absl::Status()>& fn);
   std::string TaskName() const;
 
   // Constant after construction.

@@ -65,7 +65,8 @@ TEST_F(PsClientTest, RetriesAnUnavailablePsWithBackoffUntilTheDeadline) {
   // 1.5, 3.1, 5.1, 7.1, 9.1 s; the next would come after the 10 s deadline.
   EXPECT_EQ(faulty[0]->calls(ShardRpc::kGetInfo), 9);
   EXPECT_EQ(clock_.Now() - start, absl::Milliseconds(9100));
-  EXPECT_NE(s.message().find("gave up on connect to ps:0 after 9 attempts"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("gave up on connect to ps:0 after 9 attempts"), std::string::npos)
+      << s;
   EXPECT_NE(s.message().find("connection refused"), std::string::npos) << s;
 }
 
@@ -98,7 +99,9 @@ TEST_F(PsClientTest, ReissuesAHeldBarrierPullAfterTheHoldTimeout) {
   ASSERT_TRUE(client->Pull(false, 0, config_->model->variables(), &params).ok());
   ASSERT_TRUE(client->Push(Grads(0.1f), 1).ok());
   absl::StatusOr<PsClient::PullResult> barrier;
-  std::thread waiter([&] { barrier = client->Pull(/*next_version=*/true, 1, config_->model->variables(), &params); });
+  std::thread waiter([&] {
+    barrier = client->Pull(/*next_version=*/true, 1, config_->model->variables(), &params);
+  });
   // Worker 1 is slow: the PS lets go of the held pull after its 1 s timeout
   // and the client asks again.
   while (faulty[0]->calls(ShardRpc::kPull) < 3) {
@@ -148,7 +151,8 @@ TEST_F(PsClientTest, MapsPartsOfVariablesSplitOverTwoPsTasksOntoWholeVariables) 
   Make({.ps = 2, .workers = 1, .mode = "async"});
   // The 784x10 kernel (31 KB) is above the 16 KB threshold: split by rows.
   int kernel_parts = 0;
-  for (const auto& p : config_->placement.parts) kernel_parts += p.name.rfind("dense0/kernel/part", 0) == 0;
+  for (const auto& p : config_->placement.parts)
+    kernel_parts += p.name.rfind("dense0/kernel/part", 0) == 0;
   ASSERT_EQ(kernel_parts, 2);
   auto client = Client(0);
   ASSERT_TRUE(client->Connect().ok());
@@ -167,7 +171,8 @@ TEST_F(PsClientTest, MapsPartsOfVariablesSplitOverTwoPsTasksOntoWholeVariables) 
   EXPECT_EQ(pulled->version, 1);
   for (size_t v = 0; v < params.size(); ++v) {
     for (size_t k = 0; k < params[v].size(); ++k) {
-      ASSERT_FLOAT_EQ(params[v][k], initial[v][k] - 0.5f * grads[v][k]) << "variable " << v << " element " << k;
+      ASSERT_FLOAT_EQ(params[v][k], initial[v][k] - 0.5f * grads[v][k])
+          << "variable " << v << " element " << k;
     }
   }
 }

@@ -9,8 +9,8 @@ namespace kubetrain {
 namespace testjob {
 
 std::string JobYaml(const JobShape& shape) {
-  std::string replicas = absl::StrCat("    PS: {replicas: ", shape.ps, "}\n    Worker: {replicas: ",
-                                      shape.workers, "}\n");
+  std::string replicas = absl::StrCat("    PS: {replicas: ", shape.ps,
+                                      "}\n    Worker: {replicas: ", shape.workers, "}\n");
   if (shape.chief) absl::StrAppend(&replicas, "    Chief: {replicas: 1}\n");
   if (shape.evaluator) absl::StrAppend(&replicas, "    Evaluator: {replicas: 1}\n");
   return absl::StrCat(R"(apiVersion: kubetrain.io/v1
@@ -19,16 +19,20 @@ metadata:
   name: unit
 spec:
   replicaSpecs:
-)", replicas, R"(  training:
-    mode: )", shape.mode, R"(
+)",
+                      replicas, R"(  training:
+    mode: )",
+                      shape.mode, R"(
     model: {type: softmax}
     optimizer: {type: sgd, learningRate: 0.5}
     batchSize: 8
-    steps: )", shape.steps, R"(
+    steps: )",
+                      shape.steps, R"(
     seed: 5
     startupTimeoutSeconds: 10
     placement: {splitThresholdBytes: 16384}
-)", shape.training);
+)",
+                      shape.training);
 }
 
 Dataset TinyDataset(int64_t n, uint64_t seed) {

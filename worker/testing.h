@@ -47,8 +47,8 @@ class InProcessCluster {
   int num_ps() const { return static_cast<int>(ps_.size()); }
   // One channel per PS task, each a FaultyShardChannel (returned in
   // `faulty`, if given, for the test to switch faults on).
-  std::vector<std::unique_ptr<ShardChannel>> Channels(std::vector<FaultyShardChannel*>* faulty = nullptr,
-                                                      uint64_t max_chunk_bytes = 4096);
+  std::vector<std::unique_ptr<ShardChannel>> Channels(
+      std::vector<FaultyShardChannel*>* faulty = nullptr, uint64_t max_chunk_bytes = 4096);
   void TickAll();
 
  private:

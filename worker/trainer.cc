@@ -18,7 +18,8 @@ namespace {
 int64_t ExamplesPerStep(const TaskConfig& config) {
   const TrainingSpec& spec = config.job.training;
   const bool sync = spec.mode == TrainingMode::kSync;
-  return static_cast<int64_t>(spec.batch_size) * (sync ? config.job.effective_replicas_to_aggregate() : 1);
+  return static_cast<int64_t>(spec.batch_size) *
+         (sync ? config.job.effective_replicas_to_aggregate() : 1);
 }
 
 void CountLost(int64_t steps_lost, TrainResult* result, const TrainerMetrics& metrics) {
@@ -29,8 +30,9 @@ void CountLost(int64_t steps_lost, TrainResult* result, const TrainerMetrics& me
 }
 
 // Test accuracy of `params`, logged as "<who>: global step v/T test accuracy a".
-double Evaluate(const TaskConfig& config, const Params& params, const Dataset& test, int64_t version,
-                const char* who, const TrainerMetrics& metrics, Progress* progress) {
+double Evaluate(const TaskConfig& config, const Params& params, const Dataset& test,
+                int64_t version, const char* who, const TrainerMetrics& metrics,
+                Progress* progress) {
   const double acc =
       config.model->Accuracy(params, test.images.data(), test.labels.data(), test.size);
   progress->accuracy = acc;
@@ -60,7 +62,8 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   const bool sync = spec.mode == TrainingMode::kSync;
   const int64_t target = config.target_steps;
   const int64_t examples_per_step = ExamplesPerStep(config);
-  if (options.is_chief && test == nullptr) return absl::InvalidArgumentError("chief needs a test set");
+  if (options.is_chief && test == nullptr)
+    return absl::InvalidArgumentError("chief needs a test set");
 
   ShardedBatcher batcher(train, options.worker_index, config.num_workers, spec.seed);
   Params params, grads;
@@ -78,9 +81,10 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   int64_t last_report_step = 0;
 
   auto mean_loss = [&] {
-    return recent_losses.empty() ? 0.0
-                                 : std::accumulate(recent_losses.begin(), recent_losses.end(), 0.0) /
-                                       recent_losses.size();
+    return recent_losses.empty()
+               ? 0.0
+               : std::accumulate(recent_losses.begin(), recent_losses.end(), 0.0) /
+                     recent_losses.size();
   };
 
   while (true) {
@@ -107,7 +111,8 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     absl::Time t0 = clock->Now();
     batcher.Next(spec.batch_size, &x, &y);
     float loss = model.LossAndGradients(params, x.data(), y.data(), spec.batch_size, &grads);
-    if (metrics.compute_seconds) metrics.compute_seconds->Observe(absl::ToDoubleSeconds(clock->Now() - t0));
+    if (metrics.compute_seconds)
+      metrics.compute_seconds->Observe(absl::ToDoubleSeconds(clock->Now() - t0));
     recent_losses.push_back(loss);
     if (recent_losses.size() > 50) recent_losses.pop_front();
 
@@ -130,7 +135,8 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
       last_report = now;
       last_report_step = push->version;
       if (options.is_chief) {
-        if (metrics.examples_per_second) metrics.examples_per_second->Set(*progress.examples_per_second);
+        if (metrics.examples_per_second)
+          metrics.examples_per_second->Set(*progress.examples_per_second);
         on_progress(progress);
       } else {
         Log("worker:", options.worker_index, " step ", push->version, "/", target, " loss ",
@@ -146,8 +152,10 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     if (!final_pull.ok()) return final_pull.status();
     CountLost(final_pull->steps_lost, &result, metrics);
     result.global_step = final_pull->version;
-    result.test_accuracy = Evaluate(config, params, *test, final_pull->version, "chief", metrics, &progress);
-    if (absl::Status s = Export(config, params, final_pull->version, options.export_model, &result); !s.ok()) {
+    result.test_accuracy =
+        Evaluate(config, params, *test, final_pull->version, "chief", metrics, &progress);
+    if (absl::Status s = Export(config, params, final_pull->version, options.export_model, &result);
+        !s.ok()) {
       return s;
     }
   }
@@ -171,8 +179,9 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
 }
 
 absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions& options,
-                                   PsClient* client, const Dataset& test, const Dataset* loss_sample,
-                                   const Clock* clock, TrainerMetrics metrics,
+                                   PsClient* client, const Dataset& test,
+                                   const Dataset* loss_sample, const Clock* clock,
+                                   TrainerMetrics metrics,
                                    const std::function<void(const Progress&)>& on_progress) {
   const TrainingSpec& spec = config.job.training;
   const Model& model = *config.model;
@@ -193,8 +202,8 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
     const double acc = Evaluate(config, params, test, version, who, metrics, &progress);
     if (loss_sample != nullptr && loss_sample->size > 0) {
       const int n = static_cast<int>(std::min<int64_t>(kLossSampleExamples, loss_sample->size));
-      const double loss =
-          model.LossAndGradients(params, loss_sample->images.data(), loss_sample->labels.data(), n, &grads);
+      const double loss = model.LossAndGradients(params, loss_sample->images.data(),
+                                                 loss_sample->labels.data(), n, &grads);
       progress.loss = loss;
       if (metrics.loss) metrics.loss->Set(loss);
     }
@@ -206,7 +215,8 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
     if (last_report_step >= 0 && secs > 0) {
       progress.examples_per_second =
           std::max<int64_t>(0, version - last_report_step) * examples_per_step / secs;
-      if (metrics.examples_per_second) metrics.examples_per_second->Set(*progress.examples_per_second);
+      if (metrics.examples_per_second)
+        metrics.examples_per_second->Set(*progress.examples_per_second);
     }
     last_report = now;
     last_report_step = version;
@@ -215,8 +225,9 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
 
   // The chief wakes up every progress interval to report; the evaluator
   // only at boundaries.
-  const absl::Duration hold =
-      options.is_chief ? std::max(options.progress_interval, absl::Milliseconds(10)) : absl::ZeroDuration();
+  const absl::Duration hold = options.is_chief
+                                  ? std::max(options.progress_interval, absl::Milliseconds(10))
+                                  : absl::ZeroDuration();
   auto poll_and_report = [&]() -> absl::Status {
     auto step = client->PollStep();
     if (!step.ok()) return step.status();
@@ -261,7 +272,8 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
   result.test_accuracy = evaluate(final_pull->version);
   if (progress.loss.has_value()) result.final_loss = *progress.loss;
   if (options.is_chief) {
-    if (absl::Status s = Export(config, params, final_pull->version, options.export_model, &result); !s.ok()) {
+    if (absl::Status s = Export(config, params, final_pull->version, options.export_model, &result);
+        !s.ok()) {
       return s;
     }
   }

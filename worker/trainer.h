@@ -38,7 +38,7 @@ class Histogram;
 
 namespace kubetrain {
 
-struct TrainerMetrics {  // any pointer may be null
+struct TrainerMetrics {                                     // any pointer may be null
   prometheus::Histogram* barrier_wait_seconds = nullptr;    // sync: held at the barrier
   prometheus::Histogram* staleness_wait_seconds = nullptr;  // async: held by the staleness bound
   prometheus::Histogram* compute_seconds = nullptr;
@@ -49,7 +49,7 @@ struct TrainerMetrics {  // any pointer may be null
   prometheus::Gauge* loss = nullptr;
   prometheus::Gauge* accuracy = nullptr;
   prometheus::Gauge* examples_per_second = nullptr;  // chief: global, at each progress report
-  prometheus::Counter* steps_lost = nullptr;  // global steps lost to PS restarts
+  prometheus::Counter* steps_lost = nullptr;         // global steps lost to PS restarts
 };
 
 struct TrainResult {
@@ -83,7 +83,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
                                   const std::function<void(const Progress&)>& on_progress);
 
 struct FollowOptions {
-  bool is_chief = true;  // false: the evaluator
+  bool is_chief = true;                                 // false: the evaluator
   absl::Duration progress_interval = absl::Seconds(1);  // chief
   std::string export_model;  // chief: write the final model file here (empty: don't)
 };
@@ -98,8 +98,9 @@ inline constexpr int64_t kLossSampleExamples = 2048;
 // once at the end. Boundaries are evaluated at the first version at or after
 // them (exactly at them when the wait was already on the PS).
 absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions& options,
-                                   PsClient* client, const Dataset& test, const Dataset* loss_sample,
-                                   const Clock* clock, TrainerMetrics metrics,
+                                   PsClient* client, const Dataset& test,
+                                   const Dataset* loss_sample, const Clock* clock,
+                                   TrainerMetrics metrics,
                                    const std::function<void(const Progress&)>& on_progress);
 
 }  // namespace kubetrain

@@ -52,7 +52,8 @@ class JobTest : public ::testing::Test {
   // Runs Train for every worker on its own thread (worker 0 is the chief
   // unless the job has a Chief replica) and waits for all of them.
   std::vector<absl::StatusOr<TrainResult>> RunWorkers() {
-    std::vector<absl::StatusOr<TrainResult>> results(clients_.size(), absl::UnknownError("not run"));
+    std::vector<absl::StatusOr<TrainResult>> results(clients_.size(),
+                                                     absl::UnknownError("not run"));
     std::vector<std::thread> threads;
     for (size_t i = 0; i < clients_.size(); ++i) {
       threads.emplace_back([this, i, &results] {
@@ -64,8 +65,8 @@ class JobTest : public ::testing::Test {
           results[i] = s;
           return;
         }
-        results[i] = Train(*config_, o, clients_[i].get(), train_, o.is_chief ? &test_ : nullptr, &clock_,
-                           TrainerMetrics{}, [](const Progress&) {});
+        results[i] = Train(*config_, o, clients_[i].get(), train_, o.is_chief ? &test_ : nullptr,
+                           &clock_, TrainerMetrics{}, [](const Progress&) {});
       });
     }
     for (auto& t : threads) t.join();
@@ -201,7 +202,11 @@ TEST_F(JobTest, APsRestartMidJobIsDetectedTheLostStepsCountedAndTheJobFinishes) 
 }
 
 TEST_F(JobTest, ACoordinatorChiefFollowsEvaluatesAndEndsTheJobWithoutPushing) {
-  Make({.ps = 2, .workers = 2, .chief = true, .steps = 30, .training = "    evaluation: {everySteps: 10}\n"});
+  Make({.ps = 2,
+        .workers = 2,
+        .chief = true,
+        .steps = 30,
+        .training = "    evaluation: {everySteps: 10}\n"});
   std::vector<FaultyShardChannel*> chief_channels;
   auto chief = NewClient(0, v1::TASK_TYPE_CHIEF, &chief_channels);
   // The chief waits on both PS tasks for each boundary while the workers
@@ -252,8 +257,7 @@ TEST_F(JobTest, ACoordinatorChiefFollowsEvaluatesAndEndsTheJobWithoutPushing) {
   EXPECT_EQ(chief_channels[0]->calls(ShardRpc::kPull), 3);
   std::vector<int64_t> evaluated_at;
   for (const Progress& p : reports) {
-    if (p.accuracy.has_value() &&
-        (evaluated_at.empty() || evaluated_at.back() != p.global_step)) {
+    if (p.accuracy.has_value() && (evaluated_at.empty() || evaluated_at.back() != p.global_step)) {
       evaluated_at.push_back(p.global_step);
     }
   }

@@ -20,9 +20,9 @@ absl::StatusOr<std::shared_ptr<const Dataset>> LoadSet(const TaskConfig& config,
   auto data = LoadFashionMnist(spec.dataset_path, train);
   if (!data.ok()) return data.status();
   if (train && data->size != config.train_examples) {
-    return absl::InvalidArgumentError(absl::StrCat(spec.dataset_path, " has ", data->size,
-                                                   " training examples, expected ",
-                                                   config.train_examples, " for ", spec.dataset_name));
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.dataset_path, " has ", data->size, " training examples, expected ",
+                     config.train_examples, " for ", spec.dataset_name));
   }
   return std::make_shared<const Dataset>(std::move(*data));
 }
@@ -36,12 +36,13 @@ absl::StatusOr<std::unique_ptr<WorkerTask>> WorkerTask::Create(
   const std::string type = config.tf.task_type;
   const int index = config.tf.task_index;
   if (type != "worker" && type != "chief" && type != "evaluator") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TF_CONFIG task type is \"", type, "\", kubetrain-worker runs \"worker\", \"chief\" and \"evaluator\" tasks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TF_CONFIG task type is \"", type,
+                     "\", kubetrain-worker runs \"worker\", \"chief\" and \"evaluator\" tasks"));
   }
   if (type == "chief" && !config.job.has_chief_replica()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TF_CONFIG task type is \"chief\", but ", config.job.name, " has no Chief replica"));
+    return absl::InvalidArgumentError(absl::StrCat("TF_CONFIG task type is \"chief\", but ",
+                                                   config.job.name, " has no Chief replica"));
   }
   if (options.export_model.empty() && !config.job.training.checkpoint_dir.empty()) {
     options.export_model = config.job.training.checkpoint_dir + "/model.ktm";
@@ -82,14 +83,16 @@ absl::StatusOr<std::unique_ptr<WorkerTask>> WorkerTask::Create(
   client_options.fingerprint = c.placement.Fingerprint();
   client_options.chunk_bytes = c.job.training.chunk_bytes;
   client_options.retry_timeout = absl::Seconds(c.job.training.startup_timeout_seconds);
-  task->client_ = std::make_unique<PsClient>(client_options, &c.placement, clock, std::move(channels),
-                                             task->client_metrics_);
+  task->client_ = std::make_unique<PsClient>(client_options, &c.placement, clock,
+                                             std::move(channels), task->client_metrics_);
   return task;
 }
 
 WorkerTask::WorkerTask(TaskConfig config, WorkerTaskOptions options, const Clock* clock,
                        std::shared_ptr<prometheus::Registry> registry)
-    : config_(std::move(config)), options_(std::move(options)), clock_(clock),
+    : config_(std::move(config)),
+      options_(std::move(options)),
+      clock_(clock),
       registry_(std::move(registry)) {}
 
 void WorkerTask::RegisterMetrics() {
@@ -105,32 +108,41 @@ void WorkerTask::RegisterMetrics() {
     return &prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
   };
   auto histogram = [&](const char* name, const char* help) {
-    return &prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add({}, LatencyBuckets());
+    return &prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add(
+        {}, LatencyBuckets());
   };
-  client_metrics_ = PsClientMetrics{
-      &rpc.Add({{"method", "Pull"}, {"side", "client"}}, LatencyBuckets()),
-      &rpc.Add({{"method", "Push"}, {"side", "client"}}, LatencyBuckets()),
-      counter("kubetrain_pull_bytes_total", "Tensor bytes received by pulls"),
-      counter("kubetrain_push_bytes_total", "Tensor bytes sent by pushes")};
+  client_metrics_ =
+      PsClientMetrics{&rpc.Add({{"method", "Pull"}, {"side", "client"}}, LatencyBuckets()),
+                      &rpc.Add({{"method", "Push"}, {"side", "client"}}, LatencyBuckets()),
+                      counter("kubetrain_pull_bytes_total", "Tensor bytes received by pulls"),
+                      counter("kubetrain_push_bytes_total", "Tensor bytes sent by pushes")};
   TrainerMetrics& m = trainer_metrics_;
-  m.barrier_wait_seconds = histogram("kubetrain_sync_barrier_wait_seconds",
-                                     "Sync mode: time a worker waited at the step barrier for the other replicas");
+  m.barrier_wait_seconds =
+      histogram("kubetrain_sync_barrier_wait_seconds",
+                "Sync mode: time a worker waited at the step barrier for the other replicas");
   m.staleness_wait_seconds = histogram("kubetrain_staleness_bound_wait_seconds",
                                        "Async mode: time a worker was held back by maxStaleness");
-  m.compute_seconds = histogram("kubetrain_compute_seconds", "Time to compute one batch's gradients");
+  m.compute_seconds =
+      histogram("kubetrain_compute_seconds", "Time to compute one batch's gradients");
   m.steps = counter("kubetrain_worker_steps_total", "Gradients this worker computed and pushed");
-  m.examples = counter("kubetrain_worker_examples_total", "Training examples this worker processed");
-  m.dropped = counter("kubetrain_worker_gradients_dropped_total", "This worker's gradients the PS dropped as stale");
+  m.examples =
+      counter("kubetrain_worker_examples_total", "Training examples this worker processed");
+  m.dropped = counter("kubetrain_worker_gradients_dropped_total",
+                      "This worker's gradients the PS dropped as stale");
   m.global_step = gauge(kGlobalStepMetric, "Global step (PS version) last seen by this task");
-  m.loss = gauge(kTrainingLossMetric, "Mean training loss over this worker's recent steps (the chief's: on a training sample)");
-  m.accuracy = gauge(kEvalAccuracyMetric, "Test accuracy at the last evaluation (chief, evaluator)");
+  m.loss = gauge(
+      kTrainingLossMetric,
+      "Mean training loss over this worker's recent steps (the chief's: on a training sample)");
+  m.accuracy =
+      gauge(kEvalAccuracyMetric, "Test accuracy at the last evaluation (chief, evaluator)");
   m.steps_lost = counter("kubetrain_steps_lost_total",
                          "Global steps lost because a PS restarted from an older checkpoint");
   if (is_chief_) {
     target_steps_ = gauge(kTargetStepsMetric, "Global steps the job trains for (chief)");
     target_steps_->Set(static_cast<double>(config_.target_steps));
-    m.examples_per_second = gauge(kExamplesPerSecondMetric,
-                                  "Training examples per second over the whole job, at the last progress report (chief)");
+    m.examples_per_second = gauge(
+        kExamplesPerSecondMetric,
+        "Training examples per second over the whole job, at the last progress report (chief)");
   }
 }
 
@@ -163,9 +175,10 @@ JobResult WorkerTask::MakeResult(const TrainResult& t) const {
   r.ps_restarts_seen = t.ps_restarts_seen;
   r.model_path = t.model_path;
   r.max_staleness = t.ps_stats.staleness_max();
-  r.mean_staleness = t.ps_stats.gradients_applied() > 0
-                         ? static_cast<double>(t.ps_stats.staleness_sum()) / t.ps_stats.gradients_applied()
-                         : 0.0;
+  r.mean_staleness =
+      t.ps_stats.gradients_applied() > 0
+          ? static_cast<double>(t.ps_stats.staleness_sum()) / t.ps_stats.gradients_applied()
+          : 0.0;
   return r;
 }
 
@@ -173,14 +186,15 @@ absl::Status WorkerTask::Run() {
   const TrainingSpec& spec = config_.job.training;
   const int index = config_.tf.task_index;
   Log(name_, is_chief_ && trains_ ? " (chief)" : "", " connecting to ", config_.num_ps,
-      " PS tasks; metrics on ", metrics_server_ ? absl::StrCat(metrics_server_->port()) : std::string("(off)"));
+      " PS tasks; metrics on ",
+      metrics_server_ ? absl::StrCat(metrics_server_->port()) : std::string("(off)"));
   if (absl::Status s = client_->Connect(); !s.ok()) return s;
   auto on_progress = [this](const Progress& p) { Report(FormatReportLine(p)); };
   absl::StatusOr<TrainResult> result;
   if (trains_) {
-    Log(name_, " training ", config_.job.name, ": ", TrainingModeName(spec.mode), ", ", spec.model.type,
-        ", ", config_.target_steps, " global steps, shard of ", data_.train->size / config_.num_workers,
-        " examples");
+    Log(name_, " training ", config_.job.name, ": ", TrainingModeName(spec.mode), ", ",
+        spec.model.type, ", ", config_.target_steps, " global steps, shard of ",
+        data_.train->size / config_.num_workers, " examples");
     TrainerOptions options;
     options.worker_index = index;
     options.is_chief = is_chief_;
@@ -190,9 +204,10 @@ absl::Status WorkerTask::Run() {
     result = Train(config_, options, client_.get(), *data_.train, data_.test.get(), clock_,
                    trainer_metrics_, on_progress);
   } else {
-    Log(name_, " following ", config_.job.name, ": ", TrainingModeName(spec.mode), ", ", spec.model.type,
-        ", ", config_.target_steps, " global steps, evaluating every ",
-        spec.eval_every_steps > 0 ? absl::StrCat(spec.eval_every_steps, " steps and ") : "", "at the end");
+    Log(name_, " following ", config_.job.name, ": ", TrainingModeName(spec.mode), ", ",
+        spec.model.type, ", ", config_.target_steps, " global steps, evaluating every ",
+        spec.eval_every_steps > 0 ? absl::StrCat(spec.eval_every_steps, " steps and ") : "",
+        "at the end");
     FollowOptions options;
     options.is_chief = is_chief_;
     options.progress_interval = options_.progress_interval;
@@ -201,12 +216,14 @@ absl::Status WorkerTask::Run() {
                     trainer_metrics_, on_progress);
   }
   if (!result.ok()) {
-    return absl::Status(result.status().code(), absl::StrCat(name_, ": ", result.status().message()));
+    return absl::Status(result.status().code(),
+                        absl::StrCat(name_, ": ", result.status().message()));
   }
   if (trains_) {
     Log(name_, " done: ", result->local_steps, " local steps, global step ", result->global_step);
   } else {
-    Log(name_, " done: global step ", result->global_step, ", test accuracy ", result->test_accuracy);
+    Log(name_, " done: global step ", result->global_step, ", test accuracy ",
+        result->test_accuracy);
   }
   if (!is_chief_) return absl::OkStatus();
   result_ = MakeResult(*result);

@@ -45,9 +45,9 @@ namespace kubetrain {
 
 struct WorkerTaskOptions {
   std::string metrics_address = "0.0.0.0:9090";  // "" = no /metrics
-  std::string result_file;  // chief: also write the final result JSON here
+  std::string result_file;                       // chief: also write the final result JSON here
   absl::Duration progress_interval = absl::Seconds(1);  // chief: report this often
-  absl::Duration step_delay = absl::ZeroDuration();  // sleep before every step (a straggler)
+  absl::Duration step_delay = absl::ZeroDuration();     // sleep before every step (a straggler)
   // Chief: write the final model here ("" = <checkpoint.directory>/model.ktm
   // when checkpoints are on, else nowhere).
   std::string export_model;

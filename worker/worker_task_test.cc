@@ -52,7 +52,8 @@ class WorkerTaskTest : public ::testing::Test {
     cluster_ = std::move(*cluster);
   }
 
-  absl::StatusOr<std::unique_ptr<WorkerTask>> CreateTask(const std::string& type, int index, Task* out,
+  absl::StatusOr<std::unique_ptr<WorkerTask>> CreateTask(const std::string& type, int index,
+                                                         Task* out,
                                                          WorkerTaskOptions options = {}) {
     auto config = TaskConfigFor(yaml_, type, index);
     if (!config.ok()) return config.status();
@@ -62,8 +63,8 @@ class WorkerTaskTest : public ::testing::Test {
       out->lines.push_back(line);
     };
     out->registry = std::make_shared<prometheus::Registry>();
-    return WorkerTask::Create(std::move(*config), options, &clock_, out->registry, cluster_->Channels(),
-                              data_);
+    return WorkerTask::Create(std::move(*config), options, &clock_, out->registry,
+                              cluster_->Channels(), data_);
   }
 
   void Add(const std::string& type, int index, WorkerTaskOptions options = {}) {
@@ -103,7 +104,11 @@ class WorkerTaskTest : public ::testing::Test {
 };
 
 TEST_F(WorkerTaskTest, AJobWithAChiefReplicaEndsWithTheCoordinatorsResult) {
-  Make({.ps = 2, .workers = 2, .chief = true, .evaluator = true, .steps = 30,
+  Make({.ps = 2,
+        .workers = 2,
+        .chief = true,
+        .evaluator = true,
+        .steps = 30,
         .training = "    evaluation: {everySteps: 10}\n"});
   const std::string dir = NewTestDir("chief");
   ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
@@ -128,7 +133,8 @@ TEST_F(WorkerTaskTest, AJobWithAChiefReplicaEndsWithTheCoordinatorsResult) {
   EXPECT_EQ(result.mode, "sync");
   EXPECT_EQ(result.global_step, 30);
   EXPECT_EQ(result.target_steps, 30);
-  EXPECT_EQ(result.gradients_applied, 2 * 30 * 2);  // 2 shards x 30 steps x 2 workers: not the chief
+  EXPECT_EQ(result.gradients_applied,
+            2 * 30 * 2);  // 2 shards x 30 steps x 2 workers: not the chief
   EXPECT_EQ(result.stale_gradients_dropped, 0);
   EXPECT_GT(result.test_accuracy, 0.5);
   EXPECT_GT(result.final_loss, 0);
@@ -189,8 +195,9 @@ TEST_F(WorkerTaskTest, RefusesTaskTypesItDoesNotRun) {
   auto config = TaskConfigFor(yaml_, "worker", 0);
   ASSERT_TRUE(config.ok());
   config->tf.task_type = "chief";  // a job without a Chief replica
-  auto chief = WorkerTask::Create(std::move(*config), WorkerTaskOptions{.metrics_address = ""}, &clock_,
-                                  std::make_shared<prometheus::Registry>(), cluster_->Channels(), data_);
+  auto chief =
+      WorkerTask::Create(std::move(*config), WorkerTaskOptions{.metrics_address = ""}, &clock_,
+                         std::make_shared<prometheus::Registry>(), cluster_->Channels(), data_);
   ASSERT_FALSE(chief.ok());
   EXPECT_CONTAINS(std::string(chief.status().message()), "has no Chief replica");
 }

@@ -49,33 +49,55 @@ std::vector<LifecycleScenario> LifecycleScenarios() {
   auto add = [&](LifecycleScenario s) { rows.push_back(std::move(s)); };
 
   add({"NeverFailsTheJob", Job(Policy("Never")), {{10, "worker-1", 2}}, {"fail TaskFailed @10"}});
-  add({"ExitCodeRestartsAKilledTask", Job(Policy("ExitCode")),
+  add({"ExitCodeRestartsAKilledTask",
+       Job(Policy("ExitCode")),
        {{10, "worker-1", 137}, {30, "worker-0", 0}},
-       {"restart worker-1 @10", "succeed @30"}, 1, 1});
-  add({"ExitCodeErrorIsPermanent", Job(Policy("ExitCode")), {{10, "worker-0", 1}},
+       {"restart worker-1 @10", "succeed @30"},
+       1,
+       1});
+  add({"ExitCodeErrorIsPermanent",
+       Job(Policy("ExitCode")),
+       {{10, "worker-0", 1}},
        {"fail TaskFailed @10"}});
-  add({"ALostTaskCountsAs137", Job(Policy("ExitCode")),
+  add({"ALostTaskCountsAs137",
+       Job(Policy("ExitCode")),
        {{10, "worker-1", std::nullopt}, {30, "worker-0", 0}},
-       {"restart worker-1 @10", "succeed @30"}, 1, 1});
-  add({"ALostTaskUnderNeverFails", Job(Policy("Never")), {{10, "worker-1", std::nullopt}},
+       {"restart worker-1 @10", "succeed @30"},
+       1,
+       1});
+  add({"ALostTaskUnderNeverFails",
+       Job(Policy("Never")),
+       {{10, "worker-1", std::nullopt}},
        {"fail TaskFailed @10"}});
   {
     JobOptions o = Policy("ExitCode");
     o.backoff_limit = 1;
-    add({"BackoffLimitAllowsThatManyRestarts", Job(o), {{10, "worker-1", 137}, {70, "worker-1", 137}},
-         {"restart worker-1 @10", "fail BackoffLimitExceeded @70"}, 1, 1});
+    add({"BackoffLimitAllowsThatManyRestarts",
+         Job(o),
+         {{10, "worker-1", 137}, {70, "worker-1", 137}},
+         {"restart worker-1 @10", "fail BackoffLimitExceeded @70"},
+         1,
+         1});
     o.backoff_limit = 0;
-    add({"BackoffLimitZeroFailsTheFirstRestart", Job(o), {{10, "worker-0", 143}},
+    add({"BackoffLimitZeroFailsTheFirstRestart",
+         Job(o),
+         {{10, "worker-0", 143}},
          {"fail BackoffLimitExceeded @10"}});
   }
   // Delays 0, 10 s, 20 s (kKubeletBackoff): each failure 10 s or less into its run.
-  add({"RestartsBackOffLikeTheKubelet", Job(Policy("ExitCode")),
+  add({"RestartsBackOffLikeTheKubelet",
+       Job(Policy("ExitCode")),
        {{10, "worker-1", 137}, {20, "worker-1", 137}, {40, "worker-1", 137}, {100, "worker-0", 0}},
-       {"restart worker-1 @10", "restart worker-1 @30", "restart worker-1 @60", "succeed @100"}, 3, 3});
+       {"restart worker-1 @10", "restart worker-1 @30", "restart worker-1 @60", "succeed @100"},
+       3,
+       3});
   {
-    LifecycleScenario s{"OnFailureRestartsAnyFailure", Job(Policy("OnFailure")),
+    LifecycleScenario s{"OnFailureRestartsAnyFailure",
+                        Job(Policy("OnFailure")),
                         {{10, "worker-1", 1}, {20, "worker-1", 1}, {100, "worker-0", 0}},
-                        {"restart worker-1 @10", "restart worker-1 @30", "succeed @100"}, 2, 2};
+                        {"restart worker-1 @10", "restart worker-1 @30", "succeed @100"},
+                        2,
+                        2};
     s.operator_trace = std::vector<std::string>{"succeed @100"};
     s.operator_differs_because = kInPlace;
     add(s);
@@ -83,18 +105,24 @@ std::vector<LifecycleScenario> LifecycleScenarios() {
   {
     JobOptions o = Policy("OnFailure");
     o.backoff_limit = 1;
-    LifecycleScenario s{"InPlaceRestartsCountTowardTheLimit", Job(o),
+    LifecycleScenario s{"InPlaceRestartsCountTowardTheLimit",
+                        Job(o),
                         {{10, "worker-1", 1}, {70, "worker-1", 1}},
-                        {"restart worker-1 @10", "fail BackoffLimitExceeded @70"}, 1, 1};
+                        {"restart worker-1 @10", "fail BackoffLimitExceeded @70"},
+                        1,
+                        1};
     s.operator_trace = std::vector<std::string>{"fail BackoffLimitExceeded @70"};
     s.operator_total_restarts = 2;  // the kubelet already did the second restart
     s.operator_differs_because = kInPlace;
     add(s);
   }
   {
-    LifecycleScenario s{"PsOnFailureRestarts", Job(Policy("Never")),
+    LifecycleScenario s{"PsOnFailureRestarts",
+                        Job(Policy("Never")),
                         {{10, "ps-0", 137}, {40, "worker-0", 0}},
-                        {"restart ps-0 @10", "succeed @40"}, 1, 0};
+                        {"restart ps-0 @10", "succeed @40"},
+                        1,
+                        0};
     s.operator_trace = std::vector<std::string>{"succeed @40"};
     s.operator_differs_because = kInPlace;
     add(s);
@@ -103,30 +131,42 @@ std::vector<LifecycleScenario> LifecycleScenarios() {
     JobOptions o;
     o.deadline_seconds = 60;
     add({"DeadlineIsATimer", Job(o), {}, {"fail DeadlineExceeded @60"}});
-    add({"DeadlineComesBeforeALateSuccess", Job(o), {{60, "worker-0", 0}}, {"fail DeadlineExceeded @60"}});
+    add({"DeadlineComesBeforeALateSuccess",
+         Job(o),
+         {{60, "worker-0", 0}},
+         {"fail DeadlineExceeded @60"}});
   }
   {
     JobOptions o;
     o.success_policy = "AllWorkers";
-    add({"AllWorkersWaitsForEveryWorker", Job(o), {{10, "worker-0", 0}, {20, "worker-1", 0}},
+    add({"AllWorkersWaitsForEveryWorker",
+         Job(o),
+         {{10, "worker-0", 0}, {20, "worker-1", 0}},
          {"succeed @20"}});
   }
   {
     JobOptions o;
     o.chief = true;
-    add({"TheChiefReplicaDecidesSuccess", Job(o),
-         {{10, "worker-0", 0}, {20, "worker-1", 0}, {30, "chief-0", 0}}, {"succeed @30"}});
+    add({"TheChiefReplicaDecidesSuccess",
+         Job(o),
+         {{10, "worker-0", 0}, {20, "worker-1", 0}, {30, "chief-0", 0}},
+         {"succeed @30"}});
   }
-  add({"AFailureOutweighsTheChiefsSuccess", Job(Policy("Never")),
-       {{10, "worker-0", 0}, {10, "worker-1", 1}}, {"fail TaskFailed @10"}});
+  add({"AFailureOutweighsTheChiefsSuccess",
+       Job(Policy("Never")),
+       {{10, "worker-0", 0}, {10, "worker-1", 1}},
+       {"fail TaskFailed @10"}});
   {
     JobOptions o;
     o.evaluator = true;
-    add({"AnEvaluatorFailureFailsTheJob", Job(o), {{10, "evaluator-0", 1}}, {"fail TaskFailed @10"}});
+    add({"AnEvaluatorFailureFailsTheJob",
+         Job(o),
+         {{10, "evaluator-0", 1}},
+         {"fail TaskFailed @10"}});
   }
   {
-    LifecycleScenario s{"AlwaysAndTheChiefsSuccess", Job(Policy("Always")), {{10, "worker-0", 0}},
-                        {"succeed @10"}};
+    LifecycleScenario s{
+        "AlwaysAndTheChiefsSuccess", Job(Policy("Always")), {{10, "worker-0", 0}}, {"succeed @10"}};
     s.operator_trace = std::vector<std::string>{};
     s.operator_total_restarts = 1;
     s.operator_differs_because =

@@ -23,8 +23,8 @@
 namespace kubetrain {
 
 struct ScenarioEvent {
-  int64_t at_seconds = 0;   // since the job started
-  std::string task;         // "worker-1"
+  int64_t at_seconds = 0;        // since the job started
+  std::string task;              // "worker-1"
   std::optional<int> exit_code;  // nullopt: the task is lost (a pod evicted; locally SIGKILL, 137)
 };
 
@@ -36,8 +36,8 @@ struct LifecycleScenario {
   nlohmann::json job;
   std::vector<ScenarioEvent> events;  // time order; the chief's exit 0 reports a result
   std::vector<std::string> trace;     // both runners, unless operator_trace is set
-  int64_t total_restarts = 0;   // restarts at the end, in place or by the runner
-  int64_t worker_restarts = 0;  // of which Worker tasks'
+  int64_t total_restarts = 0;         // restarts at the end, in place or by the runner
+  int64_t worker_restarts = 0;        // of which Worker tasks'
   // Where the operator legitimately differs (the kubelet restarts OnFailure
   // and Always containers in place, so the operator only counts those
   // restarts, including the one it cannot prevent).

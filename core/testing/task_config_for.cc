@@ -10,7 +10,8 @@
 
 namespace kubetrain {
 
-absl::StatusOr<TaskConfig> TaskConfigFor(const std::string& yaml, const std::string& type, int index) {
+absl::StatusOr<TaskConfig> TaskConfigFor(const std::string& yaml, const std::string& type,
+                                         int index) {
   auto job = ParseTrainingJob(yaml);
   if (!job.ok()) return job.status();
   const std::string dir = NewTestDir("job");
@@ -31,8 +32,8 @@ absl::StatusOr<TaskConfig> TaskConfigFor(const std::string& yaml, const std::str
     }
     absl::StrAppend(&cluster, cluster.empty() ? "" : ",", "\"", lower, "\":[", hosts, "]");
   }
-  return LoadTaskConfig(path, absl::StrCat(R"({"cluster":{)", cluster, R"(},"task":{"type":")", type,
-                                           R"(","index":)", index, "}}"));
+  return LoadTaskConfig(path, absl::StrCat(R"({"cluster":{)", cluster, R"(},"task":{"type":")",
+                                           type, R"(","index":)", index, "}}"));
 }
 
 }  // namespace kubetrain

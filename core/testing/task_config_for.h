@@ -13,7 +13,8 @@ namespace kubetrain {
 // The config of task `type`:`index` ("ps", "worker", "chief", "evaluator")
 // of the job in `yaml`, which is written to a new test directory. TF_CONFIG
 // lists every replica of the job at made-up loopback addresses.
-absl::StatusOr<TaskConfig> TaskConfigFor(const std::string& yaml, const std::string& type, int index);
+absl::StatusOr<TaskConfig> TaskConfigFor(const std::string& yaml, const std::string& type,
+                                         int index);
 
 }  // namespace kubetrain
 

@@ -113,7 +113,8 @@ PsProcess::~PsProcess() {
 absl::Status PsProcess::Start(const std::string& binary, const std::string& job_file,
                               const std::string& tf_config, const std::string& log_path) {
   if (access(binary.c_str(), X_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat(binary, " is not an executable (run `make build`, or pass --ps_binary)"));
+    return absl::NotFoundError(
+        absl::StrCat(binary, " is not an executable (run `make build`, or pass --ps_binary)"));
   }
   log_path_ = log_path;
   std::vector<std::string> args = {binary, "--config=" + job_file, "--bind_host=127.0.0.1",
@@ -129,7 +130,8 @@ absl::Status PsProcess::Start(const std::string& binary, const std::string& job_
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
   int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (log_fd < 0) return absl::InternalError(absl::StrCat("open ", log_path, ": ", std::strerror(errno)));
+  if (log_fd < 0)
+    return absl::InternalError(absl::StrCat("open ", log_path, ": ", std::strerror(errno)));
   const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {

@@ -49,7 +49,8 @@ metadata:
   name: bench-step
 spec:
   replicaSpecs:
-    PS: {replicas: )", f.ps, R"(}
+    PS: {replicas: )",
+                      f.ps, R"(}
     Worker: {replicas: 1}
   training:
     mode: sync
@@ -58,11 +59,13 @@ spec:
       hiddenUnits: [256, 128]
     dataset:
       name: fashion-mnist
-      path: )", f.dataset, R"(
+      path: )",
+                      f.dataset, R"(
     optimizer:
       type: adam
       learningRate: 0.001
-    batchSize: )", f.batch, R"(
+    batchSize: )",
+                      f.batch, R"(
     steps: 1000000
     seed: 7
     startupTimeoutSeconds: 30
@@ -132,9 +135,10 @@ int Run(const Flags& f) {
   if (!train.ok()) return Fail("", train.status());
   int64_t model_bytes = 0;
   for (const auto& v : model.variables()) model_bytes += v.num_bytes();
-  std::printf("step benchmark: mlp 784-256-128-10 (%lld bytes), adam, batch %d, sync, %d PS + 1 "
-              "worker; %d steps after %d warm-up\n",
-              static_cast<long long>(model_bytes), batch, num_ps, steps, warmup);
+  std::printf(
+      "step benchmark: mlp 784-256-128-10 (%lld bytes), adam, batch %d, sync, %d PS + 1 "
+      "worker; %d steps after %d warm-up\n",
+      static_cast<long long>(model_bytes), batch, num_ps, steps, warmup);
   std::fflush(stdout);
 
   // Local: one process, no RPC.
@@ -235,7 +239,8 @@ int Run(const Flags& f) {
   for (auto& p : ps) {
     const int code = p.WaitOrKill(10);
     if (code != 0) {
-      std::fprintf(stderr, "warning: kubetrain-ps exit code %d (-1: killed after 10 s); its log:\n%s\n",
+      std::fprintf(stderr,
+                   "warning: kubetrain-ps exit code %d (-1: killed after 10 s); its log:\n%s\n",
                    code, ReadFileOrEmpty(p.log_path()).c_str());
       exit_code = code;
     }
@@ -268,14 +273,15 @@ int Run(const Flags& f) {
 
   const double local_ms = Ms(Summarize(local_step).median);
   const double dist_ms = Ms(Summarize(dist_step).median);
-  std::printf("local_ms=%.3f distributed_ms=%.3f ratio=%.2f pull_ms=%.3f push_ms=%.3f rtt_us=%.0f "
-              "steps=%d compute_ms=%.3f local_compute_ms=%.3f local_apply_ms=%.3f hold_ms=%.3f "
-              "model_bytes=%lld ps=%d\n",
-              local_ms, dist_ms, local_ms > 0 ? dist_ms / local_ms : 0.0,
-              Ms(Summarize(dist_pull).median), Ms(Summarize(dist_push).median),
-              Summarize(rtt).median * 1e6, steps, Ms(Summarize(dist_compute).median),
-              Ms(Summarize(local_compute).median), Ms(Summarize(local_apply).median),
-              Ms(Summarize(dist_wait).median), static_cast<long long>(model_bytes), num_ps);
+  std::printf(
+      "local_ms=%.3f distributed_ms=%.3f ratio=%.2f pull_ms=%.3f push_ms=%.3f rtt_us=%.0f "
+      "steps=%d compute_ms=%.3f local_compute_ms=%.3f local_apply_ms=%.3f hold_ms=%.3f "
+      "model_bytes=%lld ps=%d\n",
+      local_ms, dist_ms, local_ms > 0 ? dist_ms / local_ms : 0.0, Ms(Summarize(dist_pull).median),
+      Ms(Summarize(dist_push).median), Summarize(rtt).median * 1e6, steps,
+      Ms(Summarize(dist_compute).median), Ms(Summarize(local_compute).median),
+      Ms(Summarize(local_apply).median), Ms(Summarize(dist_wait).median),
+      static_cast<long long>(model_bytes), num_ps);
   std::fflush(stdout);
   return 0;
 }
@@ -294,7 +300,8 @@ int main(int argc, char** argv) {
   parser.Int("warmup", &flags.warmup, "untimed steps before them");
   parser.Int("batch", &flags.batch, "batch size");
   parser.Int("rtt_calls", &flags.rtt_calls, "GetInfo round trips timed");
-  parser.Int("ps", &flags.ps, "PS tasks (each a kubetrain-ps child; the model is placed over them)");
+  parser.Int("ps", &flags.ps,
+             "PS tasks (each a kubetrain-ps child; the model is placed over them)");
   parser.Bool("keep_temp", &flags.keep_temp, "keep the temp dir (job file, PS log)");
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
   kubetrain::InitProcess(kubetrain::ProcessProfile::kDefault);

@@ -129,7 +129,8 @@ spec:
     mode: async
     model:
       type: mlp
-      hiddenUnits: [)", f.hidden_units, R"(]
+      hiddenUnits: [)",
+                      f.hidden_units, R"(]
     optimizer:
       type: sgd
       learningRate: 1e-9
@@ -138,7 +139,8 @@ spec:
     placement:
       splitThresholdBytes: 1073741824
     transport:
-      chunkBytes: )", f.chunk_bytes, R"(
+      chunkBytes: )",
+                      f.chunk_bytes, R"(
     startupTimeoutSeconds: 30
 )");
 }
@@ -252,10 +254,11 @@ int Run(const Flags& f) {
     push_gbps.push_back(model_bytes / (t1 - t0) / 1e9);
     pull_gbps.push_back(model_bytes / (t2 - t1) / 1e9);
     ps_gbps.push_back(2.0 * model_bytes / (t2 - t0) / 1e9);
-    std::printf("  ps round %d: push %.1f ms (%.2f GB/s), pull %.1f ms (%.2f GB/s), "
-                "push+pull %.2f GB/s; version %lld\n",
-                r + 1, (t1 - t0) * 1e3, push_gbps.back(), (t2 - t1) * 1e3, pull_gbps.back(),
-                ps_gbps.back(), static_cast<long long>(version));
+    std::printf(
+        "  ps round %d: push %.1f ms (%.2f GB/s), pull %.1f ms (%.2f GB/s), "
+        "push+pull %.2f GB/s; version %lld\n",
+        r + 1, (t1 - t0) * 1e3, push_gbps.back(), (t2 - t1) * 1e3, pull_gbps.back(), ps_gbps.back(),
+        static_cast<long long>(version));
     std::fflush(stdout);
   }
   absl::Status left = client.Leave();
@@ -275,22 +278,27 @@ int Run(const Flags& f) {
   Summary tcp = Summarize(tcp_gbps), psum = Summarize(ps_gbps), push = Summarize(push_gbps),
           pull = Summarize(pull_gbps);
   const double model_mib = model_bytes / 1048576.0;
-  std::printf("model: mlp 784-%lld-10, %lld bytes (%.1f MiB) in %zu unsplit parts on 1 PS; chunk %lld bytes; "
-              "tcp %lld MiB per round in %lld KiB writes\n",
-              static_cast<long long>(f.hidden_units), static_cast<long long>(model_bytes), model_mib,
-              config->placement.parts.size(),
-              static_cast<long long>(f.chunk_bytes), static_cast<long long>(f.tcp_mib),
-              static_cast<long long>(f.tcp_write_kib));
-  std::printf("raw tcp       GB/s: min %.2f  median %.2f  max %.2f\n", tcp.min, tcp.median, tcp.max);
-  std::printf("ps push       GB/s: min %.2f  median %.2f  max %.2f\n", push.min, push.median, push.max);
-  std::printf("ps pull       GB/s: min %.2f  median %.2f  max %.2f\n", pull.min, pull.median, pull.max);
-  std::printf("ps push+pull  GB/s: min %.2f  median %.2f  max %.2f  (%.1f MB per round)\n", psum.min,
-              psum.median, psum.max, 2.0 * model_bytes / 1e6);
+  std::printf(
+      "model: mlp 784-%lld-10, %lld bytes (%.1f MiB) in %zu unsplit parts on 1 PS; chunk %lld "
+      "bytes; "
+      "tcp %lld MiB per round in %lld KiB writes\n",
+      static_cast<long long>(f.hidden_units), static_cast<long long>(model_bytes), model_mib,
+      config->placement.parts.size(), static_cast<long long>(f.chunk_bytes),
+      static_cast<long long>(f.tcp_mib), static_cast<long long>(f.tcp_write_kib));
+  std::printf("raw tcp       GB/s: min %.2f  median %.2f  max %.2f\n", tcp.min, tcp.median,
+              tcp.max);
+  std::printf("ps push       GB/s: min %.2f  median %.2f  max %.2f\n", push.min, push.median,
+              push.max);
+  std::printf("ps pull       GB/s: min %.2f  median %.2f  max %.2f\n", pull.min, pull.median,
+              pull.max);
+  std::printf("ps push+pull  GB/s: min %.2f  median %.2f  max %.2f  (%.1f MB per round)\n",
+              psum.min, psum.median, psum.max, 2.0 * model_bytes / 1e6);
   std::printf("ps exit code: %d\n", exit_code);
-  std::printf("tcp_gbps=%.2f ps_gbps=%.2f ratio=%.3f tcp_min=%.2f tcp_max=%.2f ps_min=%.2f "
-              "ps_max=%.2f model_mib=%.1f rounds=%d\n",
-              tcp.median, psum.median, tcp.median > 0 ? psum.median / tcp.median : 0.0, tcp.min,
-              tcp.max, psum.min, psum.max, model_mib, rounds);
+  std::printf(
+      "tcp_gbps=%.2f ps_gbps=%.2f ratio=%.3f tcp_min=%.2f tcp_max=%.2f ps_min=%.2f "
+      "ps_max=%.2f model_mib=%.1f rounds=%d\n",
+      tcp.median, psum.median, tcp.median > 0 ? psum.median / tcp.median : 0.0, tcp.min, tcp.max,
+      psum.min, psum.max, model_mib, rounds);
   std::fflush(stdout);
   return 0;
 }
@@ -307,7 +315,8 @@ int main(int argc, char** argv) {
   parser.Int("rounds", &flags.rounds, "repetitions of each measurement");
   parser.Int("tcp_mib", &flags.tcp_mib, "MiB sent per raw TCP round");
   parser.Int("tcp_write_kib", &flags.tcp_write_kib, "size of each raw TCP write/read, KiB");
-  parser.Int("hidden_units", &flags.hidden_units, "hidden layer width of the MLP (sets the model size)");
+  parser.Int("hidden_units", &flags.hidden_units,
+             "hidden layer width of the MLP (sets the model size)");
   parser.Int("chunk_bytes", &flags.chunk_bytes, "transport.chunkBytes of the job");
   parser.Bool("keep_temp", &flags.keep_temp, "keep the temp dir (job file, PS log)");
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;

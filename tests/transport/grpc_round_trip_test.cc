@@ -85,7 +85,8 @@ TEST_F(ServiceTest, ChunkedPullReturnsEveryPart) {
   EXPECT_EQ(info->model_fingerprint(), placement_.Fingerprint());
   auto values = PullAll();
   ASSERT_EQ(values.size(), shard_->parts().size());
-  for (const auto& p : shard_->parts()) EXPECT_EQ(values[p.name].size(), static_cast<size_t>(p.num_elements()));
+  for (const auto& p : shard_->parts())
+    EXPECT_EQ(values[p.name].size(), static_cast<size_t>(p.num_elements()));
 }
 
 TEST_F(ServiceTest, MalformedPushesAreRefusedAndChangeNothing) {
@@ -132,10 +133,12 @@ TEST_F(ServiceTest, MalformedPushesAreRefusedAndChangeNothing) {
   EXPECT_EQ(channel_->Push(h, chunks_of(nan)).status().code(), absl::StatusCode::kInvalidArgument);
   // A step from the future; an unknown worker.
   h.set_version(9);
-  EXPECT_EQ(channel_->Push(h, chunks_of(grads)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(channel_->Push(h, chunks_of(grads)).status().code(),
+            absl::StatusCode::kInvalidArgument);
   h.set_version(0);
   h.set_worker_index(5);
-  EXPECT_EQ(channel_->Push(h, chunks_of(grads)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(channel_->Push(h, chunks_of(grads)).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // Only the chief (worker 0: this job has no Chief replica) may end the job.
   EXPECT_EQ(Shutdown(v1::TASK_TYPE_WORKER, 1).status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(Shutdown(v1::TASK_TYPE_CHIEF, 0).status().code(), absl::StatusCode::kPermissionDenied);

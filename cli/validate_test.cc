@@ -1,0 +1,116 @@
+#include "cli/validate.h"
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/testing/temp_files.h"
+#include "gtest/gtest.h"
+
+namespace kubetrain {
+namespace {
+
+struct Validated {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string Slurp(std::FILE* f) {
+  std::rewind(f);
+  std::string s;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
+  std::fclose(f);
+  return s;
+}
+
+Validated Validate(const std::string& file) {
+  std::FILE* out = std::tmpfile();
+  std::FILE* err = std::tmpfile();
+  Validated v;
+  v.code = ValidateCommand(file, out, err);
+  v.out = Slurp(out);
+  v.err = Slurp(err);
+  return v;
+}
+
+std::string Job(const std::string& dataset_path, const std::string& length) {
+  return absl::StrCat(R"(apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata: {name: small}
+spec:
+  replicaSpecs:
+    PS: {replicas: 1}
+    Worker: {replicas: 2}
+  training:
+    mode: sync
+    model: {type: softmax}
+    batchSize: 10
+    dataset: {name: fashion-mnist, path: )",
+                      dataset_path, "}\n    ", length, "\n");
+}
+
+// An IDX label file (magic 0x801, big-endian count) with `n` labels, gzipped.
+void WriteLabels(const std::string& path, uint32_t n) {
+  std::string idx = {0, 0, 8, 1};
+  for (int shift = 24; shift >= 0; shift -= 8) idx.push_back(static_cast<char>(n >> shift));
+  idx.append(n, '\0');
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, idx.data(), idx.size()), static_cast<int>(idx.size()));
+  gzclose(f);
+}
+
+TEST(ValidateTest, EpochsUseTheDatasetsRealSize) {
+  std::string dir = NewTestDir("validate");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  WriteLabels(dir + "/train-labels-idx1-ubyte.gz", 1000);
+  std::string file = dir + "/job.yaml";
+  // 2 epochs of 1000 examples, 2 sync workers x batch 10 per step: 100 steps.
+  WriteFile(file, Job(dir, "epochs: 2"));
+  Validated v = Validate(file);
+  EXPECT_EQ(v.code, 0) << v.err;
+  EXPECT_CONTAINS(v.out,
+                  "valid TrainingJob \"small\": sync mode, softmax model, 1 PS, 2 workers, "
+                  "100 global steps");
+}
+
+TEST(ValidateTest, StepsNeedNoDataset) {
+  std::string dir = NewTestDir("validate");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::string file = dir + "/job.yaml";
+  WriteFile(file, Job(dir + "/absent", "steps: 7"));
+  Validated v = Validate(file);
+  EXPECT_EQ(v.code, 0) << v.err;
+  EXPECT_CONTAINS(v.out, "7 global steps");
+}
+
+TEST(ValidateTest, EpochsWithoutTheDatasetNameTheFile) {
+  std::string dir = NewTestDir("validate");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::string file = dir + "/job.yaml";
+  WriteFile(file, Job(dir + "/absent", "epochs: 1"));
+  Validated v = Validate(file);
+  EXPECT_EQ(v.code, 2);
+  EXPECT_CONTAINS(v.err, "error: " + file + ": ");
+  EXPECT_CONTAINS(v.err, "train-labels-idx1-ubyte.gz");
+}
+
+TEST(ValidateTest, ASpecErrorNamesTheFieldOnce) {
+  std::string dir = NewTestDir("validate");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::string file = dir + "/job.yaml";
+  WriteFile(file, Job(dir, "steps: -1"));
+  Validated v = Validate(file);
+  EXPECT_EQ(v.code, 2);
+  EXPECT_CONTAINS(v.err, "spec.training.steps");
+  EXPECT_EQ(v.out, "");
+}
+
+}  // namespace
+}  // namespace kubetrain
