@@ -14,7 +14,7 @@ BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker operator/kubet
 # The first python3 on PATH that has pytest (Debian's python3-pytest otherwise).
 PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest" 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: all deps lint format build demo demo-async demo-softmax test unit-test integration-test operator-test packaging-test \
+.PHONY: all deps lint format build demo demo-async demo-softmax test unit-test integration-test operator-test scale-test packaging-test \
   cluster-up cluster-down asan tsan clean
 
 all: build
@@ -57,6 +57,13 @@ operator-test: build
 	tests/operator/run_client_test.sh
 	$(PYTHON) -m pytest -q tests/cluster/test_node_agent.py
 	$(PYTHON) -m pytest -q tests/operator
+	tests/scale/build_kwok.sh
+	$(PYTHON) -m pytest -q tests/scale
+
+# The operator with 1000 jobs on kwok nodes (not in make test: about 10 minutes).
+scale-test: build
+	tests/cluster/build.sh
+	tests/scale/run_scale.py --jobs 1000
 
 # Images (every shared library the binaries need is installed by the image),
 # the dashboards (every panel's query returns data from a real Prometheus), the

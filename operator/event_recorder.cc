@@ -7,9 +7,66 @@ namespace kubetrain {
 
 using nlohmann::json;
 
+EventRecorder::EventRecorder(KubeClient* client, const Clock* clock, absl::Duration patch_interval,
+                             size_t max_queued)
+    : client_(client),
+      clock_(clock),
+      patch_interval_(patch_interval),
+      max_queued_(max_queued),
+      sender_([this] { SendLoop(); }) {}
+
+EventRecorder::~EventRecorder() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  sender_.join();
+}
+
 void EventRecorder::Record(const EventTarget& job, const std::string& type,
                            const std::string& reason, const std::string& message) {
-  const absl::Time now = clock_->Now();
+  absl::MutexLock l(&mu_);
+  if (queue_.size() >= max_queued_) {
+    Log("operator: event queue full; dropping ", reason, " for ", job.namespace_, "/", job.name);
+    return;
+  }
+  queue_.push_back({job, type, reason, message, clock_->Now()});
+}
+
+void EventRecorder::Flush() {
+  absl::MutexLock l(&mu_);
+  mu_.Await(absl::Condition(
+      +[](EventRecorder* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
+        return r->queue_.empty() && !r->sending_;
+      },
+      this));
+}
+
+void EventRecorder::SendLoop() {
+  while (true) {
+    Pending e;
+    {
+      absl::MutexLock l(&mu_);
+      mu_.Await(absl::Condition(
+          +[](EventRecorder* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
+            return r->stop_ || !r->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;  // stopping, and everything is sent
+      e = std::move(queue_.front());
+      queue_.pop_front();
+      sending_ = true;
+    }
+    Send(e);
+    absl::MutexLock l(&mu_);
+    sending_ = false;
+  }
+}
+
+void EventRecorder::Send(const Pending& p) {
+  const EventTarget& job = p.job;
+  const std::string &type = p.type, &reason = p.reason, &message = p.message;
+  const absl::Time now = p.at;
   const Key key{job.namespace_ + "/" + job.name, job.uid, type, reason, message};
   std::string name;
   int count;

@@ -4,12 +4,17 @@
 // reason, message) creates an Event; repeats raise its `count` and
 // `lastTimestamp` with one PATCH at most every `patch_interval` (repeats in
 // between are carried into the next patch). Best effort: an Event that
-// cannot be written is logged, never an error. Thread-safe.
+// cannot be written is logged, never an error. Events are sent by one
+// background thread (as client-go's broadcaster does), so a reconcile never
+// waits for them; at most `max_queued` wait, more are dropped and logged.
+// Thread-safe.
 #ifndef KUBETRAIN_OPERATOR_EVENT_RECORDER_H_
 #define KUBETRAIN_OPERATOR_EVENT_RECORDER_H_
 
+#include <deque>
 #include <map>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "absl/synchronization/mutex.h"
@@ -27,13 +32,17 @@ class EventRecorder {
  public:
   // `client` and `clock` must outlive the recorder.
   EventRecorder(KubeClient* client, const Clock* clock,
-                absl::Duration patch_interval = absl::Seconds(30))
-      : client_(client), clock_(clock), patch_interval_(patch_interval) {}
+                absl::Duration patch_interval = absl::Seconds(30), size_t max_queued = 10000);
+  // Sends what is queued, then stops the sender.
+  ~EventRecorder();
 
+  // Queues the Event (its time is now) and returns.
   void Record(const EventTarget& job, const std::string& type, const std::string& reason,
               const std::string& message);
   // The job "namespace/name" is gone: drop what is remembered about its Events.
   void Forget(const std::string& job_key);
+  // Blocks until every Event queued so far has been sent (for tests).
+  void Flush();
 
  private:
   struct Seen {
@@ -44,13 +53,26 @@ class EventRecorder {
   // job key, uid, type, reason, message
   using Key = std::tuple<std::string, std::string, std::string, std::string, std::string>;
 
+  struct Pending {
+    EventTarget job;
+    std::string type, reason, message;
+    absl::Time at;
+  };
+  void SendLoop();
+  void Send(const Pending& e);
+
   // Constant after construction.
   KubeClient* const client_;
   const Clock* const clock_;
   const absl::Duration patch_interval_;
+  const size_t max_queued_;
 
   absl::Mutex mu_;
   std::map<Key, Seen> seen_ ABSL_GUARDED_BY(mu_);
+  std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
+  bool sending_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread sender_;  // last: starts after the rest is built
 };
 
 }  // namespace kubetrain

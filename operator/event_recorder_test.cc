@@ -17,6 +17,7 @@ TEST(EventRecorderTest, RepeatsBecomeACountPatchedAtMostOncePerInterval) {
     clock.Advance(absl::Seconds(1));
   }
   r.Record(job, "Normal", "TrainingJobCreated", "created");
+  r.Flush();
   EXPECT_EQ(kube.Count("/api/v1/namespaces/ns/events"), 2u);
   EXPECT_EQ(kube.calls("create", "events"), 2);
   EXPECT_EQ(kube.calls("patch", "events"), 1);  // at t=30 s; later repeats are carried
@@ -28,6 +29,7 @@ TEST(EventRecorderTest, RepeatsBecomeACountPatchedAtMostOncePerInterval) {
   EXPECT_EQ(warning_count, 31);
   clock.Advance(absl::Seconds(30));
   r.Record(job, "Warning", "FailedCreate", "no image");
+  r.Flush();
   list = kube.List({"/api/v1", "events", "ns", "", ""}, "");
   for (const auto& e : (*list)["items"]) {
     if (e["reason"] == "FailedCreate") warning_count = e["count"];
@@ -36,6 +38,7 @@ TEST(EventRecorderTest, RepeatsBecomeACountPatchedAtMostOncePerInterval) {
   // A forgotten job starts afresh.
   r.Forget("ns/mnist");
   r.Record(job, "Normal", "TrainingJobCreated", "created");
+  r.Flush();
   EXPECT_EQ(kube.calls("create", "events"), 3);
 }
 
@@ -45,11 +48,13 @@ TEST(EventRecorderTest, AnExpiredEventIsWrittenAgain) {
   EventRecorder r(&kube, &clock, absl::Seconds(30));
   const EventTarget job{"ns", "mnist", "uid-1"};
   r.Record(job, "Warning", "FailedCreate", "no image");
+  r.Flush();
   auto list = kube.List({"/api/v1", "events", "ns", "", ""}, "");
   const std::string name = (*list)["items"][0]["metadata"]["name"];
   ASSERT_TRUE(kube.Delete({"/api/v1", "events", "ns", name, ""}, "").ok());
   clock.Advance(absl::Minutes(1));
   r.Record(job, "Warning", "FailedCreate", "no image");
+  r.Flush();
   EXPECT_EQ(kube.Count("/api/v1/namespaces/ns/events"), 1u);
 }
 

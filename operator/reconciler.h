@@ -70,6 +70,8 @@ class Reconciler {
              ReconcilerOptions options = ReconcilerOptions());
 
   ReconcileOutcome Reconcile(const std::string& ns, const std::string& name);
+  // Waits until the Events recorded so far are sent (they go in the background).
+  void FlushEvents() { events_.Flush(); }
 
  private:
   // Sets *requeue_after when a status write was deferred (status_coalesce).

@@ -64,6 +64,7 @@ class ReconcilerTest : public ::testing::Test {
     }));
     kube_.ResetCalls();
     ReconcileOutcome out = reconciler_->Reconcile("default", "mnist");
+    reconciler_->FlushEvents();
     // The point of the cache: a reconcile never lists and never reads.
     EXPECT_EQ(kube_.calls("list"), 0);
     EXPECT_EQ(kube_.calls("get"), 0);

@@ -55,6 +55,7 @@ POSITIVE = {
     ("training", "Task restarts", "A"),
     ("operator", "Reconciles/s by result", "A"), ("operator", "Reconcile latency p50 / p90 / p99", "C"),
     ("operator", "TrainingJobs by state", "A"),
+    ("operator", "API requests/s by verb", "A"), ("operator", "Informer cache objects", "A"),
 }  # seconds to wait for every target to have data
 
 
@@ -142,7 +143,9 @@ def test_required_panels_exist():
     o = exprs("operator")
     for needle in ("rate(kubetrain_operator_reconciles_total", "kubetrain_operator_reconcile_duration_seconds_bucket",
                    "kubetrain_operator_jobs", "kubetrain_operator_queue_depth",
-                   "kubetrain_operator_watch_restarts_total"):
+                   "kubetrain_operator_watch_restarts_total", "rate(kubetrain_operator_api_requests_total",
+                   "kubetrain_operator_api_throttle_seconds_total", "kubetrain_operator_cache_objects",
+                   "kubetrain_operator_expectations_pending", "kubetrain_operator_busy_workers"):
         assert needle in o, needle
 
 

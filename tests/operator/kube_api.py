@@ -47,8 +47,9 @@ class KubeApi:
         return self.request("GET", "/metrics")
 
 
-def request_counts(metrics_text, metric="apiserver_request_total"):
-    """{(verb, resource, subresource): count} summed over the other labels."""
+def request_counts(metrics_text, metric="apiserver_request_total", with_code=False):
+    """{(verb, resource, subresource): count} summed over the other labels
+    ((verb, resource, subresource, code) with with_code)."""
     out = {}
     for line in metrics_text.splitlines():
         if not line.startswith(metric + "{"):
@@ -60,6 +61,8 @@ def request_counts(metrics_text, metric="apiserver_request_total"):
                 k, v = item.split("=", 1)
                 labels[k] = v.strip('"')
         key = (labels.get("verb", ""), labels.get("resource", ""), labels.get("subresource", ""))
+        if with_code:
+            key += (labels.get("code", ""),)
         out[key] = out.get(key, 0) + float(value)
     return out
 

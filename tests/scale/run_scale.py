@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""The operator at scale, without kubelets: a real kube-apiserver + etcd
+(tests/cluster/up.sh), kwok (tests/scale/build_kwok.sh) simulating fake
+nodes and pod lifecycles (tests/scale/kwok.yaml: Pending -> Running after
+0.5-2 s -> Succeeded after 3-7 s more), and the real kubetrain-operator.
+
+N TrainingJobs of 1 PS + 4 workers are created at once and go through
+creation, running, success and deletion (the operator removes their
+objects). With --kill-operator the operator is SIGKILLed once half the pods
+exist and started again. Checks: every job Succeeded, every pod and Service
+created exactly once (the API server's own count of POSTs that succeeded),
+everything cleaned up. Prints the figures, last line:
+
+  jobs=… pods=… create_s=… finish_s=… cleanup_s=… op_rss_mib=… op_cpu_s=… operator_restarts=…
+  ref_create_s=… create_ratio=… api_requests_per_object=…
+
+create_s: from the first job POST until the operator's cache holds every
+pod and Service; finish_s: until every job is Succeeded; op_rss_mib: the
+operator's peak RSS (VmHWM); op_cpu_s: its user+system CPU; api_requests_per_object:
+the operator's requests (apiserver_request_total on pods, Services,
+ConfigMaps, Events and trainingjobs/status, plus its watches; less kwok's
+final DELETE of each pod, the kubelet's part of a graceful deletion) per
+object it created (pods, Services, ConfigMaps). ref_create_s: a plain client (16
+keep-alive connections, the same token bucket) creating the same objects
+in the same run, after the operator's run; create_ratio = create_s / ref_create_s.
+
+  tests/scale/run_scale.py [--jobs 1000] [--nodes 20] [--kill-operator] [-- operator flags]
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import http.client
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "operator"))
+from kube_api import KubeApi, delta, request_counts  # noqa: E402
+
+CACHE = os.environ.get("KUBETRAIN_CACHE", os.path.expanduser("~/.cache/kubetrain"))
+NS = "scale"
+WORKERS = 4
+
+
+def log(*a):
+    print(time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metric(text, name, labels=""):
+    m = re.search(rf"^{name}{{?{re.escape(labels)}}}? ([0-9.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+class Operator:
+    def __init__(self, kubeconfig, state, extra):
+        self.kubeconfig, self.state, self.extra = kubeconfig, state, extra
+        self.proc = None
+        self.port = None
+        self.rss_peak_kib = 0
+        self.cpu_s = 0.0
+        self.starts = 0
+
+    def start(self):
+        self.port = free_port()
+        self.starts += 1
+        out = open(os.path.join(self.state, f"operator.{self.starts}.log"), "w")
+        self.proc = subprocess.Popen(
+            [os.path.join(ROOT, "bin", "kubetrain-operator"), "--kubeconfig", self.kubeconfig,
+             f"--metrics_address=127.0.0.1:{self.port}", "--health_address=", f"--namespace={NS}",
+             f"--kube-api-qps={self.qps}", f"--kube-api-burst={self.burst}", *self.extra], stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                self.metrics()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("the operator's /metrics never came up")
+
+    def metrics(self):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def sample(self):
+        """Peak RSS and CPU so far (of the running process)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                hwm = int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1))
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, AttributeError):
+            return None
+        self.rss_peak_kib = max(self.rss_peak_kib, hwm)
+        return cpu
+
+    def stop(self, sig=signal.SIGTERM):
+        cpu = self.sample()
+        if cpu is not None:
+            self.cpu_s += cpu
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=60)
+
+
+def cache_counts(op):
+    text = op.metrics()
+    return {r: metric(text, "kubetrain_operator_cache_objects", f'resource="{r}"') or 0
+            for r in ("pods", "services", "configmaps")}
+
+
+def job(name, node):
+    template = {"spec": {"nodeName": node}}
+    return {"apiVersion": "kubetrain.io/v1", "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"replicaSpecs": {
+                "PS": {"replicas": 1, "restartPolicy": "OnFailure", "template": template},
+                "Worker": {"replicas": WORKERS, "restartPolicy": "Never", "template": template}},
+                "training": {"model": {"type": "softmax"}, "steps": 10}}}
+
+
+def operator_requests(counts):
+    """The operator's share of apiserver_request_total (the harness only
+    creates, lists and deletes TrainingJobs and creates Nodes)."""
+    out = {}
+    for (verb, resource, sub), n in counts.items():
+        if resource in ("pods", "services", "configmaps", "events"):
+            if resource == "pods" and sub in ("status", "binding"):
+                continue  # kwok
+            if resource == "pods" and verb in ("PATCH", "PUT", "GET"):
+                continue  # kwok
+            out[(verb, resource, sub)] = n
+        elif resource == "trainingjobs" and ((verb == "PUT" and sub == "status") or verb == "WATCH"):
+            out[(verb, resource, sub)] = n
+    return out
+
+
+class Bucket:
+    """The operator's token bucket (--kube-api-qps/--kube-api-burst), for the reference client."""
+
+    def __init__(self, qps, burst):
+        self.qps, self.burst, self.tokens, self.at = qps, burst, float(burst), time.time()
+        self.lock = threading.Lock()
+
+    def wait(self):
+        with self.lock:
+            now = time.time()
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.qps)
+            self.at = now
+            self.tokens -= 1
+            delay = -self.tokens / self.qps if self.tokens < 0 else 0
+        if delay:
+            time.sleep(delay)
+
+
+def reference_create_s(api, jobs, qps, burst, parallelism):
+    """How long a plain client takes to create the same objects (a pod and a
+    Service per task, a ConfigMap per job) with the same QPS budget, on
+    `parallelism` keep-alive connections. Nothing watches these objects."""
+    bucket = Bucket(qps, burst)
+    host = api.server.split("//", 1)[1]
+    work = []
+    for j in range(jobs):
+        work.append(("configmaps", {"metadata": {"name": f"r{j}-config"}, "data": {"a": "b"}}))
+        for t in ["ps-0"] + [f"worker-{w}" for w in range(WORKERS)]:
+            work.append(("services", {"metadata": {"name": f"r{j}-{t}"}, "spec": {
+                "clusterIP": "None", "selector": {"r": f"r{j}-{t}"}, "ports": [{"port": 2222}]}}))
+            work.append(("pods", {"metadata": {"name": f"r{j}-{t}"}, "spec": {
+                "containers": [{"name": "kubetrain", "image": "kubetrain-runtime:latest"}]}}))
+    it = iter(work)
+    lock = threading.Lock()
+
+    def worker():
+        conn = http.client.HTTPSConnection(host, context=api.ctx, timeout=60)
+        while True:
+            with lock:
+                item = next(it, None)
+            if item is None:
+                return
+            bucket.wait()
+            conn.request("POST", f"/api/v1/namespaces/{NS}/{item[0]}", json.dumps(item[1]),
+                         {"Authorization": f"Bearer {api.token}", "Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 201, (resp.status, item)
+
+    t0 = time.time()
+    threads = [threading.Thread(target=worker) for _ in range(parallelism)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.time() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--nodes", type=int, default=20)
+    ap.add_argument("--kill-operator", action="store_true")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--no-reference", action="store_true",
+                    help="skip the plain client creating the same objects (ref_create_s)")
+    ap.add_argument("--qps", type=float, default=100, help="the operator's --kube-api-qps (and the reference's)")
+    ap.add_argument("--burst", type=int, default=200)
+    ap.add_argument("operator_flags", nargs="*")
+    args = ap.parse_args()
+
+    subprocess.run([os.path.join(HERE, "build_kwok.sh"), "--quiet"], check=True)
+    state = tempfile.mkdtemp(prefix="kubetrain-scale.")
+    env = dict(os.environ, KUBETRAIN_STATE=state)
+    env.pop("KUBECONFIG", None)
+    up = subprocess.run([os.path.join(ROOT, "tests", "cluster", "up.sh")], capture_output=True,
+                        text=True, env=env)
+    if up.returncode != 0:
+        sys.exit(f"up.sh failed:\n{up.stderr[-3000:]}")
+    for line in up.stdout.splitlines():
+        if line.startswith("export KUBECONFIG="):
+            env["KUBECONFIG"] = line.split("=", 1)[1].strip('"')
+    kubeconfig = env["KUBECONFIG"]
+    kubectl = os.path.join(CACHE, "bin", "kubectl")
+    procs = []
+    op = Operator(kubeconfig, state, args.operator_flags)
+    op.qps, op.burst = args.qps, args.burst
+    try:
+        run = lambda *a: subprocess.run([kubectl, *a], env=env, check=True, capture_output=True)
+        run("apply", "--server-side", "-f", os.path.join(ROOT, "deploy", "crd", "kubetrain.io_trainingjobs.yaml"))
+        run("wait", "--for=condition=Established", "crd/trainingjobs.kubetrain.io", "--timeout=60s")
+        run("create", "namespace", NS)
+        api = KubeApi(kubeconfig)
+        for i in range(args.nodes):
+            api.request("POST", "/api/v1/nodes", {
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": f"kwok-node-{i}", "annotations": {"kwok.x-k8s.io/node": "fake"},
+                             "labels": {"type": "kwok"}},
+                "spec": {"taints": []}})
+        kwok_log = open(os.path.join(state, "kwok.log"), "w")
+        procs.append(subprocess.Popen(
+            [os.path.join(CACHE, "bin", "kwok"), "--kubeconfig", kubeconfig,
+             "--config", os.path.join(HERE, "kwok.yaml"),
+             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+             "--cidr=127.20.0.1/16", "--node-ip=127.0.0.1",
+             f"--server-address=127.0.0.1:{free_port()}"],
+            stdout=kwok_log, stderr=subprocess.STDOUT))
+        op.start()
+        time.sleep(1)
+        tasks = args.jobs * (1 + WORKERS)
+        objects = args.jobs * (2 * (1 + WORKERS) + 1)
+        text = api.metrics()
+        before, before_codes = request_counts(text), request_counts(text, with_code=True)
+        log(f"creating {args.jobs} jobs ({tasks} pods) on {args.nodes} kwok nodes")
+        t0 = time.time()
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: api.request(
+                "POST", f"/apis/kubetrain.io/v1/namespaces/{NS}/trainingjobs",
+                job(f"s{i}", f"kwok-node-{i % args.nodes}")), range(args.jobs)))
+        posted_s = time.time() - t0
+        killed = False
+        create_s = finish_s = None
+        deadline = t0 + args.timeout
+        while time.time() < deadline:
+            op.sample()
+            c = cache_counts(op)
+            if args.kill_operator and not killed and c["pods"] >= tasks // 2:
+                log(f"SIGKILL the operator at {c['pods']:.0f} pods")
+                op.stop(signal.SIGKILL)
+                op.start()
+                killed = True
+                continue
+            if create_s is None and c["pods"] >= tasks and c["services"] >= tasks:
+                create_s = time.time() - t0
+                log(f"all pods and Services exist after {create_s:.1f} s")
+            if create_s is not None:
+                items = api.get(f"/apis/kubetrain.io/v1/namespaces/{NS}/trainingjobs")["items"]
+                states = [j.get("status", {}).get("state") for j in items]
+                if states.count("Succeeded") == args.jobs:
+                    finish_s = time.time() - t0
+                    break
+                bad = [j["metadata"]["name"] for j in items if j.get("status", {}).get("state") == "Failed"]
+                if bad:
+                    sys.exit(f"jobs failed: {bad[:10]}")
+            time.sleep(1)
+        if finish_s is None:
+            sys.exit(f"timed out: create_s={create_s}")
+        log(f"all {args.jobs} jobs Succeeded after {finish_s:.1f} s; deleting them")
+        # Exactly the objects the jobs need, none twice under another name, none missing.
+        want = {f"s{j}-{t}" for j in range(args.jobs) for t in ["ps-0"] + [f"worker-{w}" for w in range(WORKERS)]}
+        names = {r: sorted(o["metadata"]["name"] for o in api.get(f"/api/v1/namespaces/{NS}/{r}")["items"])
+                 for r in ("pods", "services")}
+        for r, got in names.items():
+            if sorted(want) != got:
+                sys.exit(f"FAILED: {r} are not exactly the jobs' tasks: {len(got)} vs {len(want)}, "
+                         f"extra {sorted(set(got) - want)[:5]}, missing {sorted(want - set(got))[:5]}")
+        t1 = time.time()
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: api.request(
+                "DELETE", f"/apis/kubetrain.io/v1/namespaces/{NS}/trainingjobs/s{i}"), range(args.jobs)))
+        while time.time() < deadline:
+            op.sample()
+            if all(v == 0 for v in cache_counts(op).values()):
+                break
+            time.sleep(1)
+        cleanup_s = time.time() - t1
+        time.sleep(2)
+        text = api.metrics()
+        op.stop()
+        used = operator_requests(delta(request_counts(text), before))
+        # kwok finishes each graceful pod deletion with a DELETE of its own
+        # (the kubelet's part): one per pod, not the operator's.
+        used[("DELETE", "pods", "")] = used.get(("DELETE", "pods", ""), 0) - tasks
+        for r in ("pods", "services"):  # the harness's own check above
+            used[("LIST", r, "")] = used.get(("LIST", r, ""), 0) - 1
+        codes = delta(request_counts(text, with_code=True), before_codes)
+        # No object was created twice (POSTs answered 201; a POST cut off by
+        # the SIGKILL may be recorded with another code).
+        created = {r: int(codes.get(("POST", r, "", "201"), 0)) for r in ("pods", "services", "configmaps")}
+        total = sum(used.values())
+        by = {f"{v} {r}{'/' + s if s else ''}": int(n) for (v, r, s), n in sorted(used.items())}
+        leftovers = api.get(f"/api/v1/namespaces/{NS}/pods")["items"]
+        ref = ""
+        if not args.no_reference:
+            ref_s = reference_create_s(api, args.jobs, args.qps, args.burst, 16)
+            ref = f" ref_create_s={ref_s:.1f} create_ratio={create_s / ref_s:.2f}"
+        print(json.dumps({"requests": by, "posted_jobs_s": round(posted_s, 2)}), flush=True)
+        want_created = {"pods": tasks, "services": tasks, "configmaps": args.jobs}
+        ok = not leftovers and all(created[r] <= want_created[r] for r in created) and (
+            args.kill_operator or created == want_created)
+        print(f"jobs={args.jobs} pods={tasks} create_s={create_s:.1f} finish_s={finish_s:.1f} "
+              f"cleanup_s={cleanup_s:.1f} op_rss_mib={op.rss_peak_kib / 1024:.1f} op_cpu_s={op.cpu_s:.1f} "
+              f"operator_restarts={op.starts - 1}{ref} api_requests_per_object={total / objects:.2f}", flush=True)
+        if not ok:
+            sys.exit(f"FAILED: creates {created} (want {want_created}), {len(leftovers)} pods left")
+    finally:
+        if op.proc and op.proc.poll() is None:
+            op.proc.kill()
+        for p in procs:
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        subprocess.run([os.path.join(ROOT, "tests", "cluster", "down.sh"), "--purge", "--quiet"], env=env)
+
+
+if __name__ == "__main__":
+    main()
