@@ -30,7 +30,7 @@ namespace kubetrain {
 
 struct ControllerOptions {
   std::string namespace_;  // "" = all namespaces
-  int workers = 4;
+  int workers = 8;
   int watch_timeout_seconds = 60;
   absl::Duration resync = absl::Seconds(60);
 };

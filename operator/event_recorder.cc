@@ -36,9 +36,8 @@ void EventRecorder::Record(const EventTarget& job, const std::string& type,
 void EventRecorder::Flush() {
   absl::MutexLock l(&mu_);
   mu_.Await(absl::Condition(
-      +[](EventRecorder* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
-        return r->queue_.empty() && !r->sending_;
-      },
+      +[](EventRecorder* r)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) { return r->queue_.empty() && !r->sending_; },
       this));
 }
 
@@ -48,9 +47,8 @@ void EventRecorder::SendLoop() {
     {
       absl::MutexLock l(&mu_);
       mu_.Await(absl::Condition(
-          +[](EventRecorder* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
-            return r->stop_ || !r->queue_.empty();
-          },
+          +[](EventRecorder* r)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) { return r->stop_ || !r->queue_.empty(); },
           this));
       if (queue_.empty()) return;  // stopping, and everything is sent
       e = std::move(queue_.front());

@@ -16,7 +16,7 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
   defaults.Finish();
   EXPECT_EQ(defaults.kubeconfig, "/env/kubeconfig");
   EXPECT_EQ(defaults.config.port, 2222);
-  EXPECT_EQ(defaults.controller.workers, 4);
+  EXPECT_EQ(defaults.controller.workers, 8);
   EXPECT_EQ(defaults.kube_api_qps, 100);
   EXPECT_EQ(defaults.kube_api_burst, 200);
   EXPECT_EQ(defaults.reconciler.create_parallelism, 16);

@@ -296,10 +296,11 @@ absl::Status Reconciler::Apply(const JobObject& job, const Actions& a,
   const EventTarget target{ns, job.name, job.uid};
   // Pods after their Services and ConfigMap exist, so DNS and the mounted
   // job file are there when a task starts.
-  absl::Status applied = CreateAll(job, "services", a.create_services, false);
-  if (applied.ok() && a.create_config_map) {
-    applied = CreateAll(job, "configmaps", {*a.create_config_map}, false);
-  }
+  absl::Status applied = RunBounded(2, 2, [&](size_t i) {
+    if (i == 0) return CreateAll(job, "services", a.create_services, false);
+    return a.create_config_map ? CreateAll(job, "configmaps", {*a.create_config_map}, false)
+                               : absl::OkStatus();
+  });
   if (applied.ok()) applied = CreateAll(job, "pods", a.create_pods, true);
   absl::Status deleted = DeleteAll(ns, job.name, "pods", a.delete_pods);
   if (applied.ok()) applied = deleted;

@@ -5,9 +5,10 @@
 namespace kubetrain {
 
 ThrottledKubeClient::ThrottledKubeClient(KubeClient* base, TokenBucket* bucket,
-                                         prometheus::Registry& registry)
+                                         prometheus::Registry& registry, TokenBucket* events_bucket)
     : base_(base),
       bucket_(bucket),
+      events_bucket_(events_bucket ? events_bucket : bucket),
       requests_(prometheus::BuildCounter()
                     .Name("kubetrain_operator_api_requests_total")
                     .Help("Requests to the API server by verb, resource and result code")
@@ -24,8 +25,8 @@ ThrottledKubeClient::ThrottledKubeClient(KubeClient* base, TokenBucket* bucket,
                      .Register(registry)
                      .Add({})) {}
 
-void ThrottledKubeClient::Throttle() {
-  const absl::Duration waited = bucket_->Wait();
+void ThrottledKubeClient::Throttle(const ResourceRef& ref) {
+  const absl::Duration waited = (ref.plural == "events" ? events_bucket_ : bucket_)->Wait();
   if (waited > absl::ZeroDuration()) {
     throttled_.Increment();
     throttle_seconds_.Increment(absl::ToDoubleSeconds(waited));
@@ -44,7 +45,7 @@ void ThrottledKubeClient::Count(const char* verb, const ResourceRef& ref,
 }
 
 absl::StatusOr<nlohmann::json> ThrottledKubeClient::Get(const ResourceRef& ref) {
-  Throttle();
+  Throttle(ref);
   auto r = base_->Get(ref);
   Count("get", ref, r.status());
   return r;
@@ -52,7 +53,7 @@ absl::StatusOr<nlohmann::json> ThrottledKubeClient::Get(const ResourceRef& ref) 
 
 absl::StatusOr<nlohmann::json> ThrottledKubeClient::List(const ResourceRef& ref,
                                                          const std::string& label_selector) {
-  Throttle();
+  Throttle(ref);
   auto r = base_->List(ref, label_selector);
   Count("list", ref, r.status());
   return r;
@@ -60,7 +61,7 @@ absl::StatusOr<nlohmann::json> ThrottledKubeClient::List(const ResourceRef& ref,
 
 absl::StatusOr<nlohmann::json> ThrottledKubeClient::Create(const ResourceRef& ref,
                                                            const nlohmann::json& object) {
-  Throttle();
+  Throttle(ref);
   auto r = base_->Create(ref, object);
   Count("create", ref, r.status());
   return r;
@@ -68,7 +69,7 @@ absl::StatusOr<nlohmann::json> ThrottledKubeClient::Create(const ResourceRef& re
 
 absl::StatusOr<nlohmann::json> ThrottledKubeClient::Replace(const ResourceRef& ref,
                                                             const nlohmann::json& object) {
-  Throttle();
+  Throttle(ref);
   auto r = base_->Replace(ref, object);
   Count("update", ref, r.status());
   return r;
@@ -76,7 +77,7 @@ absl::StatusOr<nlohmann::json> ThrottledKubeClient::Replace(const ResourceRef& r
 
 absl::StatusOr<nlohmann::json> ThrottledKubeClient::MergePatch(const ResourceRef& ref,
                                                                const nlohmann::json& patch) {
-  Throttle();
+  Throttle(ref);
   auto r = base_->MergePatch(ref, patch);
   Count("patch", ref, r.status());
   return r;
@@ -84,7 +85,7 @@ absl::StatusOr<nlohmann::json> ThrottledKubeClient::MergePatch(const ResourceRef
 
 absl::Status ThrottledKubeClient::Delete(const ResourceRef& ref,
                                          const std::string& propagation_policy) {
-  Throttle();
+  Throttle(ref);
   absl::Status s = base_->Delete(ref, propagation_policy);
   Count("delete", ref, s);
   return s;
@@ -94,7 +95,7 @@ absl::Status ThrottledKubeClient::Watch(const ResourceRef& ref, const std::strin
                                         const std::string& resource_version,
                                         const std::function<bool(const WatchEvent&)>& on_event,
                                         int timeout_seconds) {
-  Throttle();
+  Throttle(ref);
   absl::Status s = base_->Watch(ref, label_selector, resource_version, on_event, timeout_seconds);
   Count("watch", ref, s);
   return s;

@@ -1,6 +1,9 @@
 // ThrottledKubeClient: a forwarding KubeClient (leveldb's EnvWrapper style)
 // that takes a token from a TokenBucket before every request, a watch's
-// start included (--kube-api-qps / --kube-api-burst), and counts requests by
+// start included (--kube-api-qps / --kube-api-burst). Events, best effort,
+// draw from their own smaller bucket when one is given (as client-go's
+// event sink has its own limit), so they never delay a pod or a status
+// write. It counts requests by
 // verb and resource, errors by code, and the time spent waiting for tokens
 // (kubetrain_operator_api_requests_total{verb,resource,code},
 // kubetrain_operator_api_throttle_seconds_total). Thread-safe if `base` is.
@@ -21,8 +24,10 @@ namespace kubetrain {
 
 class ThrottledKubeClient final : public KubeClient {
  public:
-  // `base` and `bucket` must outlive this object; metrics go to `registry`.
-  ThrottledKubeClient(KubeClient* base, TokenBucket* bucket, prometheus::Registry& registry);
+  // `base` and the buckets must outlive this object; metrics go to
+  // `registry`. `events_bucket` may be null (events share `bucket`).
+  ThrottledKubeClient(KubeClient* base, TokenBucket* bucket, prometheus::Registry& registry,
+                      TokenBucket* events_bucket = nullptr);
 
   absl::StatusOr<nlohmann::json> Get(const ResourceRef& ref) override;
   absl::StatusOr<nlohmann::json> List(const ResourceRef& ref,
@@ -40,12 +45,13 @@ class ThrottledKubeClient final : public KubeClient {
                      int timeout_seconds) override;
 
  private:
-  void Throttle();
+  void Throttle(const ResourceRef& ref);
   void Count(const char* verb, const ResourceRef& ref, const absl::Status& status);
 
   // Constant after construction.
   KubeClient* const base_;
   TokenBucket* const bucket_;
+  TokenBucket* const events_bucket_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Counter& throttle_seconds_;
   prometheus::Counter& throttled_;

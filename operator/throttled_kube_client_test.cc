@@ -52,5 +52,19 @@ TEST(ThrottledKubeClientTest, EveryRequestTakesATokenAndIsCounted) {
   EXPECT_NE(text.find("kubetrain_operator_api_throttle_seconds_total 1.4"), std::string::npos);
 }
 
+TEST(ThrottledKubeClientTest, EventsDrawFromTheirOwnBucket) {
+  FakeKubeClient kube;
+  FakeClock clock;
+  TokenBucket bucket(&clock, 5, 1), events(&clock, 1, 1);
+  prometheus::Registry registry;
+  ThrottledKubeClient c(&kube, &bucket, registry, &events);
+  const absl::Time t0 = clock.Now();
+  ASSERT_TRUE(c.Create({"/api/v1", "events", "ns", "", ""}, {{"metadata", {{"name", "e"}}}}).ok());
+  ASSERT_TRUE(c.Create({"/api/v1", "pods", "ns", "", ""}, {{"metadata", {{"name", "p"}}}}).ok());
+  EXPECT_EQ(clock.Now(), t0);  // each took its own bucket's saved token
+  ASSERT_TRUE(c.Create({"/api/v1", "events", "ns", "", ""}, {{"metadata", {{"name", "e2"}}}}).ok());
+  EXPECT_EQ(clock.Now() - t0, absl::Seconds(1));  // the events bucket's rate
+}
+
 }  // namespace
 }  // namespace kubetrain
