@@ -15,8 +15,7 @@ class InProcessPs::Channel final : public ShardChannel {
 
   absl::StatusOr<v1::ShardInfo> GetInfo(const v1::InfoRequest& request, absl::Duration) override {
     v1::ShardInfo info;
-    FillShardInfo(ps_->shard().get(), ps_->config_.placement.Fingerprint(), max_chunk_bytes_,
-                  request, &info);
+    FillShardInfo(ps_->shard().get(), ps_->config_.fingerprint, max_chunk_bytes_, request, &info);
     return info;
   }
 
