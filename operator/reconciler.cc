@@ -154,6 +154,7 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
     {
       absl::MutexLock l(&mu_);
       rejected_.erase(key);
+      status_written_.erase(key);
     }
     events_.Forget(key);
     out.status = CleanUp(ns, name);
@@ -197,8 +198,8 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
     if (progress_ && !chief_ip.empty()) observed.progress = progress_(chief_ip);
 
     Actions actions = Desired(job, observed, config_);
-    out.status = Apply(job, actions);
     out.requeue_after = actions.requeue_after;
+    out.status = Apply(job, actions, &out.requeue_after);
     out.state = actions.status.value("state", "");
     if (IsFinished(actions.status)) {
       absl::MutexLock l(&mu_);
@@ -276,7 +277,21 @@ absl::Status Reconciler::CreateAll(const JobObject& job, const std::string& plur
   return status;
 }
 
-absl::Status Reconciler::Apply(const JobObject& job, const Actions& a) {
+namespace {
+// True if `a` and `b` differ only in counts and progress.
+bool OnlyCountsDiffer(const json& a, const json& b) {
+  if (!a.is_object() || !b.is_object()) return false;
+  json x = a, y = b;
+  for (const char* k : {"replicaStatuses", "progress"}) {
+    x.erase(k);
+    y.erase(k);
+  }
+  return x == y;
+}
+}  // namespace
+
+absl::Status Reconciler::Apply(const JobObject& job, const Actions& a,
+                               std::optional<absl::Duration>* requeue_after) {
   const std::string& ns = job.namespace_;
   const EventTarget target{ns, job.name, job.uid};
   // Pods after their Services and ConfigMap exist, so DNS and the mounted
@@ -291,7 +306,19 @@ absl::Status Reconciler::Apply(const JobObject& job, const Actions& a) {
 
   for (const auto& e : a.events) events_.Record(target, e.type, e.reason, e.message);
 
-  if (a.status != job.status) {
+  const std::string key = ns + "/" + job.name;
+  bool write = a.status != job.status;
+  if (write && OnlyCountsDiffer(a.status, job.status)) {
+    const absl::Time now = clock_->Now();
+    absl::MutexLock l(&mu_);
+    auto it = status_written_.find(key);
+    if (it != status_written_.end() && now - it->second < options_.status_coalesce) {
+      const absl::Duration wait = it->second + options_.status_coalesce - now;
+      if (!*requeue_after || wait < **requeue_after) *requeue_after = wait;
+      write = false;  // coalesced into a write once the interval has passed
+    }
+  }
+  if (write) {
     // Replace (not merge) so removed keys go too; a conflict means the job
     // changed meanwhile: the caller retries after the cache has it.
     json updated = job.object;
@@ -299,6 +326,8 @@ absl::Status Reconciler::Apply(const JobObject& job, const Actions& a) {
     auto r = client_->Replace(TrainingJobs(ns, job.name, "status"), updated);
     if (r.ok()) {
       cache_->UpdateJob(*r);
+      absl::MutexLock l(&mu_);
+      status_written_[key] = clock_->Now();
     } else if (applied.ok()) {
       applied = r.status();
     }

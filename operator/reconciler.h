@@ -54,6 +54,11 @@ struct ReconcilerOptions {
   // While a job's expectations are unmet, look again after this (the watch
   // event that meets them normally comes first).
   absl::Duration expectations_recheck = absl::Seconds(5);
+  // Status changes that are only counts and progress (replicaStatuses,
+  // progress) are written at most once per this per job: pods starting one
+  // by one cost one status write, not one each. Conditions, the state and
+  // restart history are written at once.
+  absl::Duration status_coalesce = absl::Seconds(1);
 };
 
 class Reconciler {
@@ -67,7 +72,9 @@ class Reconciler {
   ReconcileOutcome Reconcile(const std::string& ns, const std::string& name);
 
  private:
-  absl::Status Apply(const JobObject& job, const Actions& actions);
+  // Sets *requeue_after when a status write was deferred (status_coalesce).
+  absl::Status Apply(const JobObject& job, const Actions& actions,
+                     std::optional<absl::Duration>* requeue_after);
   absl::Status CleanUp(const std::string& ns, const std::string& name);
   // Creates `objects` of `plural` (expecting each first); remembers an
   // invalid-object refusal for the job.
@@ -89,6 +96,8 @@ class Reconciler {
   absl::Mutex mu_;
   // job key -> the API server's message for an object it refused (see above).
   std::map<std::string, std::string> rejected_ ABSL_GUARDED_BY(mu_);
+  // job key -> when its status was last written.
+  std::map<std::string, absl::Time> status_written_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kubetrain

@@ -244,6 +244,40 @@ TEST_F(ReconcilerTest, ProgressIsReadFromTheChiefTasksPod) {
   EXPECT_EQ(kube_.calls("update"), 0);
 }
 
+TEST_F(ReconcilerTest, CountOnlyStatusChangesAreCoalesced) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  Start();
+  ASSERT_TRUE(Pass().status.ok());  // Created: written at once
+  auto run = [&](const std::string& pod) {
+    ASSERT_TRUE(kube_
+                    .MergePatch({"/api/v1", "pods", "default", pod, ""},
+                                {{"status", {{"phase", "Running"}}}})
+                    .ok());
+    ASSERT_TRUE(WaitFor([&] {
+      for (const auto& p : cache_->Pods("default/mnist"))
+        if (p["metadata"]["name"] == pod)
+          return p.value("/status/phase"_json_pointer, std::string()) == "Running";
+      return false;
+    }));
+  };
+  run("mnist-ps-0");
+  auto out = Pass();  // the Running condition: written at once
+  EXPECT_EQ(kube_.calls("update"), 1);
+  run("mnist-worker-0");
+  // One task more active, within a second of the last write: deferred.
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("update"), 0);
+  ASSERT_TRUE(out.requeue_after.has_value());
+  EXPECT_LE(*out.requeue_after, absl::Seconds(1));
+  clock_.Advance(absl::Seconds(1));
+  out = Pass();
+  EXPECT_EQ(kube_.calls("update"), 1);
+  EXPECT_EQ((*kube_.Get(
+                TrainingJobs("default", "mnist")))["status"]["replicaStatuses"]["Worker"]["active"],
+            1);
+}
+
 TEST_F(ReconcilerTest, MalformedObjectIsAnErrorNotACrash) {
   json bad = Job();
   bad["metadata"]["generation"] = "not-a-number";
