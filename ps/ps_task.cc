@@ -151,7 +151,7 @@ absl::Status PsTask::Start() {
   if (server_) return absl::OkStatus();
   const TrainingJob& job = config_.job;
   PsServiceOptions service_options;
-  service_options.model_fingerprint = config_.placement.Fingerprint();
+  service_options.model_fingerprint = config_.fingerprint;
   service_options.max_chunk_bytes = job.training.chunk_bytes;
   service_ = std::make_unique<PsService>(shard_.get(), clock_, service_options, metrics_.service);
   grpc::EnableDefaultHealthCheckService(true);
@@ -170,8 +170,7 @@ absl::Status PsTask::Start() {
       metrics_server_ ? absl::StrCat(metrics_port_) : std::string("(off)"), "; mode ",
       TrainingModeName(job.training.mode), ", ", config_.num_workers, " workers, aggregate ",
       o.replicas_to_aggregate, ", target ", config_.target_steps, " steps");
-  Log("placement (fingerprint ", config_.placement.Fingerprint(), "):\n",
-      config_.placement.Describe());
+  Log("job fingerprint ", config_.fingerprint, "; placement:\n", config_.placement.Describe());
   return absl::OkStatus();
 }
 
