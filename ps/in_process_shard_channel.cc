@@ -15,7 +15,7 @@ class InProcessPs::Channel final : public ShardChannel {
 
   absl::StatusOr<v1::ShardInfo> GetInfo(const v1::InfoRequest& request, absl::Duration) override {
     v1::ShardInfo info;
-    if (absl::Status s = FillShardInfo(ps_->shard().get(), ps_->config_.placement.Fingerprint(),
+    if (absl::Status s = FillShardInfo(ps_->shard().get(), ps_->config_.fingerprint,
                                        max_chunk_bytes_, request, &info);
         !s.ok()) {
       return s;
