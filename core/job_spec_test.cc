@@ -1,8 +1,13 @@
 #include "core/job_spec.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -291,6 +296,63 @@ TEST(JobSpecTest, FileParseErrorsArePrefixedWithTheFileName) {
                      (path + ": spec.training.mode: must be one of sync, async"));
 }
 
+TEST(JobSpecTest, ADirectoryIsNamedAsOne) {
+  const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  absl::StatusOr<TrainingJob> job = LoadTrainingJobFile(dir);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(job.status().message(), dir + ": is a directory, expected a TrainingJob YAML file");
+}
+
+TEST(JobSpecTest, FilesOverTheKubernetesObjectLimitAreRefusedBeforeParsing) {
+  std::string path = absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp",
+                                  "/huge-trainingjob.yaml");
+  // Valid YAML, padded with a comment past the limit.
+  std::string text = std::string(kValid) + "# " + std::string(kMaxTrainingJobBytes, 'x') + "\n";
+  std::ofstream(path) << text;
+  absl::StatusOr<TrainingJob> job = LoadTrainingJobFile(path);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().message(),
+            absl::StrCat(path, ": is ", text.size(),
+                         " bytes; a TrainingJob may be at most 1572864 bytes (1.5 MiB, the size "
+                         "Kubernetes allows an object)"));
+  EXPECT_STARTS_WITH(ErrorOf(text), absl::StrCat("is ", text.size(), " bytes; a TrainingJob"));
+  // Through a pipe (no size up front) the reader stops at the limit.
+  const std::string fifo = path + ".fifo";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::thread writer([&] {
+    std::ofstream out(fifo);
+    out << text << text;  // stops when the reader closes its end (SIGPIPE is ignored below)
+  });
+  std::signal(SIGPIPE, SIG_IGN);
+  job = LoadTrainingJobFile(fifo);
+  writer.join();
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().message(),
+            absl::StrCat(fifo,
+                         ": is more than 1572864 bytes; a TrainingJob may be at most 1.5 MiB (the "
+                         "size Kubernetes allows an object)"));
+  // Just under the limit is parsed.
+  std::string fits = std::string(kValid) + "# " +
+                     std::string(kMaxTrainingJobBytes - std::string(kValid).size() - 3, 'x') + "\n";
+  ASSERT_EQ(static_cast<int64_t>(fits.size()), kMaxTrainingJobBytes);
+  EXPECT_EQ(ErrorOf(fits), "<parsed OK>");
+}
+
+TEST(JobSpecErrors, AnUnterminatedQuoteGivesLineAndColumn) {
+  EXPECT_EQ(ErrorOf(Replace("name: test-job", "name: \"test-job")),
+            "invalid YAML at line 4, column 9: unterminated quoted string (no closing \" before "
+            "the end)");
+  EXPECT_EQ(ErrorOf(Replace("image: kubetrain:dev", "image: 'kubetrain:dev")),
+            "invalid YAML at line 18, column 20: unterminated quoted string (no closing ' before "
+            "the end)");
+  // Closed quotes with escapes inside are fine.
+  EXPECT_EQ(ErrorOf(Replace("image: kubetrain:dev", "image: \"kube\\\"train\\\\\"")),
+            "<parsed OK>");
+  EXPECT_EQ(ErrorOf(Replace("image: kubetrain:dev", "image: 'it''s'")), "<parsed OK>");
+}
+
 // ---- Malformed specs: each error names the offending field. ----
 
 TEST(JobSpecErrors, MissingWorker) {
@@ -417,6 +479,33 @@ TEST(JobSpecErrors, LearningRateNotPositive) {
             "spec.training.optimizer.learningRate: must be > 0, got -1");
   EXPECT_EQ(ErrorOf(Replace("learningRate: 0.1", "learningRate: .nan")),
             "spec.training.optimizer.learningRate: must be a finite number, got nan");
+}
+
+TEST(JobSpecErrors, HyperParametersMustFitFloat32) {
+  EXPECT_EQ(ErrorOf(Replace("learningRate: 0.1", "learningRate: 1e39")),
+            "spec.training.optimizer.learningRate: must be at most 3.40282e+38 in magnitude (it "
+            "is used as a float32), got 1e+39");
+  EXPECT_STARTS_WITH(ErrorOf(Replace("learningRate: 0.1", "learningRate: 1e-40")),
+                     "spec.training.optimizer.learningRate: must be 0 or at least 1.17549e-38");
+  EXPECT_EQ(ErrorOf(Replace("momentum: 0.5", "momentum: 0.99999999999")),
+            "spec.training.optimizer.momentum: must be < 1 as a float32 (0.99999999999 rounds to "
+            "1), got 0.99999999999");
+  const std::string adam = "type: adam\n      learningRate: 0.1\n";
+  auto with_adam = [&](const std::string& extra) {
+    return Replace(
+        "type: momentum\n      learningRate: 0.1\n      momentum: 0.5\n      "
+        "nesterov: true\n",
+        adam + extra);
+  };
+  EXPECT_STARTS_WITH(ErrorOf(with_adam("      epsilon: 1e-50\n")),
+                     "spec.training.optimizer.epsilon: must be 0 or at least 1.17549e-38 in "
+                     "magnitude (it is used as a float32");
+  EXPECT_EQ(ErrorOf(with_adam("      beta2: 0.99999999999\n")),
+            "spec.training.optimizer.beta2: must be < 1 as a float32 (0.99999999999 rounds to 1), "
+            "got 0.99999999999");
+  // The edges of the range are fine.
+  EXPECT_EQ(ErrorOf(Replace("learningRate: 0.1", "learningRate: 3e38")), "<parsed OK>");
+  EXPECT_EQ(ErrorOf(with_adam("      epsilon: 1e-37\n")), "<parsed OK>");
 }
 
 TEST(JobSpecErrors, OptimizerFields) {

@@ -54,6 +54,10 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
   m.shard.barrier_timeouts =
       counter("kubetrain_barrier_timeouts_total",
               "Sync steps applied after barrierTimeoutSeconds without every expected gradient");
+  m.shard.nonfinite_updates =
+      counter("kubetrain_nonfinite_updates_total",
+              "Optimizer updates refused because they would have stored a non-finite value "
+              "(parameters and optimizer state unchanged)");
   m.service.pull_seconds = &rpc.Add({{"method", "Pull"}, {"side", "server"}}, LatencyBuckets());
   m.service.push_seconds = &rpc.Add({{"method", "Push"}, {"side", "server"}}, LatencyBuckets());
   m.service.pull_bytes = counter("kubetrain_pull_bytes_total", "Tensor bytes sent by pulls");
@@ -141,7 +145,7 @@ absl::Status PsTask::Start() {
   if (server_) return absl::OkStatus();
   const TrainingJob& job = config_.job;
   PsServiceOptions service_options;
-  service_options.model_fingerprint = config_.placement.Fingerprint();
+  service_options.model_fingerprint = config_.fingerprint;
   service_options.max_chunk_bytes = job.training.chunk_bytes;
   service_ = std::make_unique<PsService>(shard_.get(), clock_, service_options, metrics_.service);
   grpc::EnableDefaultHealthCheckService(true);
@@ -162,8 +166,7 @@ absl::Status PsTask::Start() {
       metrics_server_ ? absl::StrCat(metrics_port_) : std::string("(off)"), "; mode ",
       TrainingModeName(job.training.mode), ", ", config_.num_workers, " workers, aggregate ",
       o.replicas_to_aggregate, ", target ", config_.target_steps, " steps");
-  Log("placement (fingerprint ", config_.placement.Fingerprint(), "):\n",
-      config_.placement.Describe());
+  Log("job fingerprint ", config_.fingerprint, "; placement:\n", config_.placement.Describe());
   return absl::OkStatus();
 }
 

@@ -15,12 +15,6 @@
 namespace kubetrain {
 namespace {
 
-grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const grpc::Status& status) {
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(status);
-  return reactor;
-}
-
 void AppendVarint(uint64_t v, std::string* out) {
   while (v >= 0x80) {
     out->push_back(static_cast<char>(v | 0x80));
@@ -65,20 +59,45 @@ void ReleaseSnapshot(void* holder) {
   delete static_cast<std::shared_ptr<const std::string>*>(holder);
 }
 
+grpc::ByteBuffer Serialize(const google::protobuf::Message& msg) {
+  std::string encoded = msg.SerializeAsString();
+  grpc::Slice slice(std::move(encoded));
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Parses a request; consumes `raw`. INVALID_ARGUMENT naming the method and
+// the message type if the bytes are not one.
+template <typename T>
+absl::Status Parse(const char* method, grpc::ByteBuffer* raw, T* out) {
+  grpc::Status s = grpc::GenericDeserialize<grpc::ProtoBufferReader, T>(raw, out);
+  if (s.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(method, ": malformed request: not a valid ", T::descriptor()->name(),
+                   s.error_message().empty() ? "" : absl::StrCat(" (", s.error_message(), ")")));
+}
+
+// Answers a pull whose request was refused.
+class RejectReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RejectReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
 // Holds a pull in the shard, then streams the header and the chunks. Chunk
 // payloads are slices into the snapshot (zero copy).
-class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class PsService::PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  PullReactor(Shard* shard, const Clock* clock, const PsServiceOptions& options,
-              const PsServiceMetrics& metrics, const v1::PullRequest& req)
-      : shard_(shard),
-        chunk_bytes_(options.max_chunk_bytes),
-        metrics_(metrics),
-        clock_(clock),
-        start_(clock->Now()) {
+  PullReactor(PsService* service, grpc::CallbackServerContext* ctx, const v1::PullRequest& req,
+              const TaskId& task)
+      : service_(service),
+        ctx_(ctx),
+        shard_(service->shard_),
+        chunk_bytes_(service->options_.max_chunk_bytes),
+        start_(service->clock_->Now()) {
     absl::Duration wait = req.wait_timeout_ms() > 0 ? absl::Milliseconds(req.wait_timeout_ms())
-                                                    : options.default_pull_wait;
-    const TaskId task = TaskIdFromWire(req.task_type(), req.worker_index());
+                                                    : service->options_.default_pull_wait;
     uint64_t ticket = shard_->Pull(
         {task.index, req.min_version(), req.worker_clock(), req.incarnation(), task.role},
         start_ + wait, [this](absl::StatusOr<Shard::Snapshot> s) { OnSnapshot(std::move(s)); });
@@ -108,7 +127,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  private:
   void OnSnapshot(absl::StatusOr<Shard::Snapshot> snap) {
     if (!snap.ok()) {
-      Finish(ToGrpcStatus(snap.status()));
+      Finish(absl::IsInvalidArgument(snap.status()) ? service_->Refuse("Pull", ctx_, snap.status())
+                                                    : ToGrpcStatus(snap.status()));
       return;
     }
     snapshot_ = std::move(*snap);
@@ -119,9 +139,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     h->set_waited_seconds(snapshot_.waited_seconds);
     h->set_total_bytes(snapshot_.bytes->size());
     h->set_incarnation(snapshot_.incarnation);
-    std::string encoded = msg.SerializeAsString();
-    grpc::Slice slice(encoded.data(), encoded.size());
-    out_ = grpc::ByteBuffer(&slice, 1);
+    out_ = Serialize(msg);
     StartWrite(&out_);
   }
 
@@ -141,7 +159,9 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
                         new std::shared_ptr<const std::string>(snapshot_.bytes))};
         out_ = grpc::ByteBuffer(slices, 2);
         part_offset_ += n;
-        if (metrics_.pull_bytes) metrics_.pull_bytes->Increment(static_cast<double>(n));
+        if (service_->metrics_.pull_bytes) {
+          service_->metrics_.pull_bytes->Increment(static_cast<double>(n));
+        }
         StartWrite(&out_);
         return;
       }
@@ -149,16 +169,17 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       part_offset_ = 0;
       ++part_;
     }
-    if (metrics_.pull_seconds) {
-      metrics_.pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start_));
+    if (service_->metrics_.pull_seconds) {
+      service_->metrics_.pull_seconds->Observe(
+          absl::ToDoubleSeconds(service_->clock_->Now() - start_));
     }
     Finish(grpc::Status::OK);
   }
 
+  PsService* const service_;
+  grpc::CallbackServerContext* const ctx_;
   Shard* const shard_;
   const uint64_t chunk_bytes_;
-  const PsServiceMetrics metrics_;
-  const Clock* const clock_;
   const absl::Time start_;
   absl::Mutex mu_;
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
@@ -170,42 +191,47 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   uint64_t base_ = 0;         // bytes before the current part in the snapshot
 };
 
-// Answers a pull whose request could not be parsed.
-class RejectReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+// Reassembles a pushed gradient message by message (ps/shard_wire.h),
+// refusing anything malformed at once; applies it only on a clean half-close.
+class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  explicit RejectReactor(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
-};
-
-// Reassembles a pushed gradient chunk by chunk (ps/shard_wire.h), rejecting
-// bad chunks at once.
-class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
- public:
-  PushReactor(Shard* shard, const Clock* clock, const PsServiceMetrics& metrics,
-              v1::PushResponse* resp)
-      : shard_(shard),
-        clock_(clock),
-        metrics_(metrics),
+  PushReactor(PsService* service, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp)
+      : service_(service),
+        ctx_(ctx),
         resp_(resp),
-        start_(clock->Now()),
-        assembler_(shard) {
-    StartRead(&msg_);
+        start_(service->clock_->Now()),
+        assembler_(service->shard_) {
+    StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
+      // The reads end both on the client's half-close and on a cancel (or a
+      // broken connection); gRPC marks the context cancelled in the latter
+      // case before this call.
+      if (ctx_->IsCancelled()) {
+        Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                            "push cancelled before the client half-closed it: nothing applied"));
+        return;
+      }
       Complete();
       return;
     }
-    absl::Status s = assembler_.Add(msg_);
+    ++messages_;
+    v1::PushRequest msg;
+    absl::Status s = Parse("Push", &in_, &msg);
+    if (!s.ok()) service_->shard_->RecordRejectedPush();  // the assembler counts its own
+    if (s.ok()) s = assembler_.Add(msg);
     if (!s.ok()) {
-      Finish(ToGrpcStatus(s));
+      Finish(service_->Refuse(
+          "Push", ctx_,
+          absl::Status(s.code(), absl::StrCat(s.message(), " (message ", messages_, ")"))));
       return;
     }
-    if (metrics_.push_bytes && msg_.has_chunk()) {
-      metrics_.push_bytes->Increment(static_cast<double>(msg_.chunk().data().size()));
+    if (service_->metrics_.push_bytes && msg.has_chunk()) {
+      service_->metrics_.push_bytes->Increment(static_cast<double>(msg.chunk().data().size()));
     }
-    StartRead(&msg_);
+    StartRead(&in_);
   }
 
   void OnDone() override { delete this; }
@@ -214,30 +240,35 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
   void Complete() {
     auto r = assembler_.Finish();
     if (!r.ok()) {
-      Finish(ToGrpcStatus(r.status()));
+      if (absl::IsInvalidArgument(r.status())) {
+        Finish(service_->Refuse("Push", ctx_, r.status()));
+      } else {
+        Finish(ToGrpcStatus(r.status()));
+      }
       return;
     }
-    resp_->set_version(r->version);
-    resp_->set_dropped(r->dropped);
-    resp_->set_done(r->done);
-    resp_->set_staleness(r->staleness);
-    resp_->set_incarnation(shard_->incarnation());
-    if (metrics_.push_seconds) {
-      metrics_.push_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start_));
+    v1::PushResponse resp;
+    resp.set_version(r->version);
+    resp.set_dropped(r->dropped);
+    resp.set_done(r->done);
+    resp.set_staleness(r->staleness);
+    resp.set_incarnation(service_->shard_->incarnation());
+    *resp_ = Serialize(resp);
+    if (service_->metrics_.push_seconds) {
+      service_->metrics_.push_seconds->Observe(
+          absl::ToDoubleSeconds(service_->clock_->Now() - start_));
     }
     Finish(grpc::Status::OK);
   }
 
-  Shard* const shard_;
-  const Clock* const clock_;
-  const PsServiceMetrics metrics_;
-  v1::PushResponse* const resp_;
+  PsService* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  grpc::ByteBuffer* const resp_;
   const absl::Time start_;
-  v1::PushRequest msg_;
+  grpc::ByteBuffer in_;
+  int64_t messages_ = 0;
   PushAssembler assembler_;
 };
-
-}  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -248,49 +279,88 @@ PsService::PsService(Shard* shard, const Clock* clock, PsServiceOptions options,
                      PsServiceMetrics metrics)
     : shard_(shard), clock_(clock), options_(std::move(options)), metrics_(metrics) {}
 
-grpc::ServerUnaryReactor* PsService::GetInfo(grpc::CallbackServerContext* ctx,
-                                             const v1::InfoRequest* req, v1::ShardInfo* resp) {
-  FillShardInfo(shard_, options_.model_fingerprint, options_.max_chunk_bytes, *req, resp);
-  return Done(ctx, grpc::Status::OK);
-}
-
-grpc::ServerWriteReactor<grpc::ByteBuffer>* PsService::Pull(grpc::CallbackServerContext*,
-                                                            const grpc::ByteBuffer* raw) {
-  grpc::ByteBuffer copy(*raw);  // shares the slices; deserialising consumes the buffer
-  v1::PullRequest req;
-  grpc::Status s = grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::PullRequest>(&copy, &req);
-  if (!s.ok()) {
-    return new RejectReactor(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                          "pull: malformed PullRequest: " + s.error_message()));
+grpc::Status PsService::Refuse(const char* method, grpc::CallbackServerContext* ctx,
+                               const absl::Status& s) {
+  int64_t suppressed = 0;
+  if (refused_log_.Allow(clock_->Now(), &suppressed)) {
+    Log("ps:", shard_->options().shard_index, " refused ", method, " from ", ctx->peer(), ": ",
+        s.message(),
+        suppressed > 0 ? absl::StrCat(" (", suppressed, " refused requests not logged before)")
+                       : std::string());
   }
-  return new PullReactor(shard_, clock_, options_, metrics_, req);
+  return ToGrpcStatus(s);
 }
 
-grpc::ServerReadReactor<v1::PushRequest>* PsService::Push(grpc::CallbackServerContext*,
-                                                          v1::PushResponse* resp) {
-  return new PushReactor(shard_, clock_, metrics_, resp);
+grpc::ServerUnaryReactor* PsService::Answer(const char* method, grpc::CallbackServerContext* ctx,
+                                            const absl::Status& status,
+                                            const google::protobuf::Message& resp,
+                                            grpc::ByteBuffer* out) {
+  auto* reactor = ctx->DefaultReactor();
+  if (status.ok()) {
+    *out = Serialize(resp);
+    reactor->Finish(grpc::Status::OK);
+  } else {
+    reactor->Finish(Refuse(method, ctx, status));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PsService::GetInfo(grpc::CallbackServerContext* ctx,
+                                             const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
+  grpc::ByteBuffer copy(*raw);  // shares the slices; parsing consumes the buffer
+  v1::InfoRequest req;
+  v1::ShardInfo resp;
+  absl::Status s = Parse("GetInfo", &copy, &req);
+  if (s.ok())
+    s = FillShardInfo(shard_, options_.model_fingerprint, options_.max_chunk_bytes, req, &resp);
+  return Answer("GetInfo", ctx, s, resp, out);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* PsService::Pull(grpc::CallbackServerContext* ctx,
+                                                            const grpc::ByteBuffer* raw) {
+  grpc::ByteBuffer copy(*raw);
+  v1::PullRequest req;
+  absl::Status s = Parse("Pull", &copy, &req);
+  absl::StatusOr<TaskId> task = s.ok() ? TaskFromWire(req.task_type(), req.worker_index()) : s;
+  if (!task.ok()) return new RejectReactor(Refuse("Pull", ctx, task.status()));
+  return new PullReactor(this, ctx, req, *task);
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* PsService::Push(grpc::CallbackServerContext* ctx,
+                                                           grpc::ByteBuffer* resp) {
+  return new PushReactor(this, ctx, resp);
 }
 
 grpc::ServerUnaryReactor* PsService::Leave(grpc::CallbackServerContext* ctx,
-                                           const v1::LeaveRequest* req, v1::LeaveResponse*) {
-  return Done(ctx,
-              ToGrpcStatus(shard_->Leave(TaskIdFromWire(req->task_type(), req->worker_index()))));
+                                           const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
+  grpc::ByteBuffer copy(*raw);
+  v1::LeaveRequest req;
+  absl::Status s = Parse("Leave", &copy, &req);
+  absl::StatusOr<TaskId> task = s.ok() ? TaskFromWire(req.task_type(), req.worker_index()) : s;
+  s = task.ok() ? shard_->Leave(*task) : task.status();
+  return Answer("Leave", ctx, s, v1::LeaveResponse(), out);
 }
 
 grpc::ServerUnaryReactor* PsService::Shutdown(grpc::CallbackServerContext* ctx,
-                                              const v1::ShutdownRequest* req,
-                                              v1::ShardStats* resp) {
-  absl::Status allowed =
-      shard_->RequestShutdown(TaskIdFromWire(req->task_type(), req->worker_index()));
-  if (!allowed.ok()) return Done(ctx, ToGrpcStatus(allowed));
-  FillShardStats(shard_->stats(), resp);
-  return Done(ctx, grpc::Status::OK);
+                                              const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
+  grpc::ByteBuffer copy(*raw);
+  v1::ShutdownRequest req;
+  v1::ShardStats resp;
+  absl::Status s = Parse("Shutdown", &copy, &req);
+  absl::StatusOr<TaskId> task = s.ok() ? TaskFromWire(req.task_type(), req.worker_index()) : s;
+  s = task.ok() ? shard_->RequestShutdown(*task) : task.status();
+  if (s.ok()) FillShardStats(shard_->stats(), &resp);
+  return Answer("Shutdown", ctx, s, resp, out);
 }
 
 grpc::ServerUnaryReactor* PsService::GetStats(grpc::CallbackServerContext* ctx,
-                                              const v1::InfoRequest*, v1::ShardStats* resp) {
-  FillShardStats(shard_->stats(), resp);
-  return Done(ctx, grpc::Status::OK);
+                                              const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
+  grpc::ByteBuffer copy(*raw);
+  v1::InfoRequest req;
+  v1::ShardStats resp;
+  absl::Status s = Parse("GetStats", &copy, &req);
+  if (s.ok()) FillShardStats(shard_->stats(), &resp);
+  return Answer("GetStats", ctx, s, resp, out);
 }
 
 }  // namespace kubetrain

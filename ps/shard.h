@@ -8,11 +8,21 @@
 // are ignored and every pull returns at once with done = true.
 //
 // Sync mode: a push carries the version it was computed against. A push for
-// the current version is accumulated (at most once per worker); when
+// the current version is kept (at most one per worker); when
 // `replicas_to_aggregate` have arrived they are averaged and applied, and the
 // version advances. A push for an older version is stale: dropped and counted.
 // A push for a version the shard has not reached is INVALID_ARGUMENT.
 // Workers wait at the barrier by pulling with min_version = v + 1.
+//
+// Numerics: the average is summed in double, in worker-index order (so it
+// cannot overflow for finite float32 inputs and does not depend on the order
+// in which gradients arrive), then rounded to float32 once. Every update is
+// staged and checked: an update that would store a non-finite value in a
+// parameter or in the optimizer's state is refused as a whole (nothing
+// changes), counted (nonfinite_updates) and logged at most once per 10 s.
+// A refused sync step still advances the version (the step is skipped, so the
+// workers at the barrier go on); a refused async push is dropped (dropped =
+// true, the version does not move).
 //
 // Async mode: a push is applied on arrival; staleness = version at apply -
 // version pulled is recorded. With max_staleness = tau, a pull from a worker
@@ -52,6 +62,7 @@
 #include "absl/time/time.h"
 #include "core/clock.h"
 #include "core/job_spec.h"
+#include "core/log.h"
 #include "core/model.h"
 #include "core/placement.h"
 #include "core/task_config.h"
@@ -108,8 +119,9 @@ struct ShardMetrics {
   prometheus::Counter* applied = nullptr;        // gradients applied (sync: aggregated ones)
   prometheus::Counter* rejected = nullptr;       // invalid pushes
   prometheus::Gauge* version = nullptr;
-  prometheus::Histogram* hold_seconds = nullptr;    // how long pulls were held
-  prometheus::Counter* barrier_timeouts = nullptr;  // sync steps applied after the timeout
+  prometheus::Histogram* hold_seconds = nullptr;     // how long pulls were held
+  prometheus::Counter* barrier_timeouts = nullptr;   // sync steps applied after the timeout
+  prometheus::Counter* nonfinite_updates = nullptr;  // updates refused as non-finite
 };
 
 struct ShardStatsSnapshot {
@@ -121,6 +133,8 @@ struct ShardStatsSnapshot {
   int64_t staleness_max = 0;
   int64_t barrier_timeouts = 0;
   int64_t restored_version = 0;
+  int64_t nonfinite_updates = 0;  // updates refused: they would have stored Inf/NaN
+  int64_t duplicate_pushes = 0;   // repeated push ids, answered without applying again
 };
 
 class Shard {
@@ -147,6 +161,7 @@ class Shard {
     int64_t version = 0;
     int64_t worker_clock = 0;
     int64_t incarnation = 0;  // 0: do not check
+    uint64_t push_id = 0;     // 0: none (see Push)
   };
   struct PushResult {
     int64_t version = 0;
@@ -181,13 +196,22 @@ class Shard {
 
   // grads[i] holds the gradient of parts()[i]. Validates everything (worker
   // index, version, sizes, finiteness) before touching any state: a rejected
-  // push leaves the shard unchanged.
+  // push leaves the shard unchanged. A push whose push_id (non-zero) is the
+  // last one this worker's pushes had is a retry: it is answered as the first
+  // was (with the current version) and not applied again.
   absl::StatusOr<PushResult> Push(const PushHeader& header, std::vector<std::vector<float>> grads);
+  // A push refused before it reached Push (malformed on the wire): counted
+  // with the rejected pushes.
+  void RecordRejectedPush();
 
-  // Buffers for one push's gradients (parts() layout, contents unspecified),
-  // recycled from earlier pushes: large buffers are expensive to fault in
-  // again on every RPC. Push() takes them back.
-  std::vector<std::vector<float>> AcquireGradientBuffers();
+  // A set of buffers for one push's gradients (parts() layout, full size,
+  // contents unspecified) recycled from earlier pushes, or empty if there is
+  // none: large buffers are expensive to fault in again on every RPC. Push()
+  // takes them back; so does ReleaseGradientBuffers (wrong sizes are freed).
+  std::vector<std::vector<float>> TakePooledGradientBuffers();
+  void ReleaseGradientBuffers(std::vector<std::vector<float>> buffers);
+  // Bytes of one whole gradient (every part).
+  uint64_t gradient_bytes() const { return gradient_bytes_; }
 
   // A worker sends nothing more (it no longer holds back bounded staleness);
   // an evaluator reads nothing more. A chief's Leave changes nothing.
@@ -229,26 +253,34 @@ class Shard {
   bool Done() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanServe(const PullWait& w, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Snapshot MakeSnapshot(absl::Time start, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseGradientBuffers(std::vector<std::vector<float>> buffers);
   // Removes the waiters that can now be served; the caller runs them unlocked.
   std::vector<std::pair<Waiter, Snapshot>> TakeReadyWaiters(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Averages and applies the accumulated sync gradients (at least one).
-  void ApplyAccumulatedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool Alive(int worker, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyLocked(const std::vector<std::vector<float>>& grads, float scale)
+  // Averages and applies the pending sync gradients (at least one) and
+  // advances the version; their buffers go to *freed.
+  void ApplyPendingLocked(std::vector<std::vector<std::vector<float>>>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Alive(int worker, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stages the optimizer's update for every part and commits it only if every
+  // new value and slot is finite (else counts and logs it). Returns whether
+  // it was applied. Does not change the version.
+  bool ApplyLocked(const std::vector<std::vector<float>>& grads) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The version advances by one optimizer step (applied or skipped).
+  void StepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetVersionLocked(int64_t v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ShardCheckpoint CheckpointLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidatePush(const PushHeader& h, const std::vector<std::vector<float>>& grads) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunReady(std::vector<std::pair<Waiter, Snapshot>> ready);
-  // Push() without the buffer recycling.
+  // Push() without the buffer recycling: it may keep `grads` (sync) and
+  // puts the buffers it is done with in *freed.
   absl::StatusOr<PushResult> PushImpl(const PushHeader& header,
-                                      const std::vector<std::vector<float>>& grads);
+                                      std::vector<std::vector<float>>* grads,
+                                      std::vector<std::vector<std::vector<float>>>* freed);
 
   const ShardOptions options_;
   const std::vector<PartPlacement> parts_;
+  const uint64_t gradient_bytes_;
   const Clock* const clock_;
   const ShardMetrics metrics_;
 
@@ -256,14 +288,19 @@ class Shard {
   std::vector<std::vector<float>> values_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  // Sync aggregation for the current version.
-  std::vector<std::vector<float>> accum_ ABSL_GUARDED_BY(mu_);
-  std::set<int> contributors_ ABSL_GUARDED_BY(mu_);
+  // The next values, written by the optimizer's Stage and swapped with
+  // values_ when an update is committed.
+  std::vector<std::vector<float>> staged_values_ ABSL_GUARDED_BY(mu_);
+  // Sync aggregation for the current version: each contributing worker's
+  // gradient, by worker index (the order they are summed in).
+  std::map<int, std::vector<std::vector<float>>> pending_ ABSL_GUARDED_BY(mu_);
   absl::Time accum_started_ ABSL_GUARDED_BY(mu_);  // first gradient of the current step
   std::map<int, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
   // Steps completed per worker (bounded staleness); left workers are removed.
   std::map<int, int64_t> worker_clock_ ABSL_GUARDED_BY(mu_);
   std::set<int> left_ ABSL_GUARDED_BY(mu_);
+  // Per worker: the id of its last push handled and the answer it got.
+  std::map<int, std::pair<uint64_t, PushResult>> last_push_ ABSL_GUARDED_BY(mu_);
   std::set<int> evaluators_left_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
@@ -277,6 +314,8 @@ class Shard {
 
   absl::Mutex pool_mu_;
   std::vector<std::vector<std::vector<float>>> gradient_pool_ ABSL_GUARDED_BY(pool_mu_);
+
+  LogLimiter nonfinite_log_{absl::Seconds(10)};  // thread-safe itself
 };
 
 }  // namespace kubetrain

@@ -2,14 +2,18 @@
 // (ps/service.h) and the worker's channel (worker/grpc_shard_channel.h).
 // Chunked pulls and pushes round trip, malformed pushes are refused with
 // INVALID_ARGUMENT while the server stays up and its state stays unchanged,
-// and the task a request names (worker, chief, evaluator) reaches the shard.
+// huge finite gradients never make a parameter non-finite, and the task a
+// request names (worker, chief, evaluator) reaches the shard.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
+#include <prometheus/counter.h>
+
 #include "ps/service.h"
+#include "tests/transport/raw_ps_client.h"
 #include "worker/grpc_shard_channel.h"
 
 namespace kubetrain {
@@ -18,7 +22,7 @@ namespace {
 class ServiceTest : public ::testing::Test {
  protected:
   void SetUp() override { Start(/*has_chief=*/false); }
-  void Start(bool has_chief) {
+  void Start(bool has_chief, TrainingMode mode = TrainingMode::kSync) {
     ModelSpec spec;
     spec.type = "mlp";
     spec.hidden_units = {300};
@@ -26,7 +30,8 @@ class ServiceTest : public ::testing::Test {
     placement_ = PlaceVariables(model_->variables(), 1, 1 << 30);
     ShardOptions o;
     o.num_workers = 2;
-    o.replicas_to_aggregate = 2;
+    o.mode = mode;
+    o.replicas_to_aggregate = mode == TrainingMode::kSync ? 2 : 1;
     o.target_steps = 100;
     o.has_chief_task = has_chief;
     OptimizerSpec opt;
@@ -36,7 +41,10 @@ class ServiceTest : public ::testing::Test {
     PsServiceOptions so;
     so.model_fingerprint = placement_.Fingerprint();
     so.max_chunk_bytes = 64 << 10;  // forces many chunks for the 784x300 kernel
-    service_ = std::make_unique<PsService>(shard_.get(), &clock_, so, PsServiceMetrics{});
+    PsServiceMetrics metrics;
+    push_bytes_ = std::make_unique<prometheus::Counter>();
+    metrics.push_bytes = push_bytes_.get();
+    service_ = std::make_unique<PsService>(shard_.get(), &clock_, so, metrics);
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     b.SetMaxReceiveMessageSize((64 << 10) + (64 << 10));
@@ -44,6 +52,8 @@ class ServiceTest : public ::testing::Test {
     server_ = b.BuildAndStart();
     ASSERT_GT(port_, 0);
     channel_ = NewGrpcShardChannel("127.0.0.1:" + std::to_string(port_), 64 << 10);
+    raw_ = std::make_unique<RawPsClient>(grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
+                                                             grpc::InsecureChannelCredentials()));
   }
   void TearDown() override { server_->Shutdown(); }
 
@@ -69,6 +79,64 @@ class ServiceTest : public ::testing::Test {
     return out;
   }
 
+  // A gradient as the worker's chunks (10000 elements each).
+  std::vector<ChunkRef> ChunksOf(const std::vector<std::vector<float>>& g) {
+    std::vector<ChunkRef> chunks;
+    for (size_t i = 0; i < g.size(); ++i) {
+      for (size_t off = 0; off < g[i].size(); off += 10000) {
+        chunks.push_back({&shard_->parts()[i].name, off, g[i].data() + off,
+                          std::min<size_t>(10000, g[i].size() - off)});
+      }
+    }
+    return chunks;
+  }
+  // Every part's gradient filled with `v`.
+  std::vector<std::vector<float>> Grads(float v) {
+    std::vector<std::vector<float>> g;
+    for (const auto& p : shard_->parts()) g.emplace_back(p.num_elements(), v);
+    return g;
+  }
+  static v1::PushRequest::Header Header(int worker, int64_t version, uint64_t push_id = 0) {
+    v1::PushRequest::Header h;
+    h.set_worker_index(worker);
+    h.set_version(version);
+    h.set_worker_clock(version + 1);
+    h.set_push_id(push_id);
+    return h;
+  }
+  absl::StatusOr<v1::PushResponse> PushFrom(int worker, int64_t version,
+                                            const std::vector<std::vector<float>>& g,
+                                            uint64_t push_id = 0) {
+    return channel_->Push(Header(worker, version, push_id), ChunksOf(g));
+  }
+  // The same push as raw messages (RawPsClient).
+  std::vector<std::string> Encoded(const v1::PushRequest::Header& h,
+                                   const std::vector<std::vector<float>>& g) {
+    std::vector<PartGradient> parts;
+    for (size_t i = 0; i < g.size(); ++i) parts.push_back({shard_->parts()[i].name, g[i]});
+    return EncodePush(h, parts, 10000);
+  }
+  uint64_t GradientBytes() const { return shard_->gradient_bytes(); }
+  // Waits until the service has read `bytes` gradient bytes in all.
+  void AwaitPushBytes(double bytes) {
+    for (int i = 0; i < 500 && push_bytes_->Value() < bytes; ++i)
+      absl::SleepFor(absl::Milliseconds(10));
+    ASSERT_EQ(push_bytes_->Value(), bytes);
+  }
+  // Values bit for bit.
+  static bool SameBits(const std::map<std::string, std::vector<float>>& a,
+                       const std::map<std::string, std::vector<float>>& b) {
+    if (a.size() != b.size()) return false;
+    for (const auto& [name, v] : a) {
+      auto it = b.find(name);
+      if (it == b.end() || it->second.size() != v.size() ||
+          std::memcmp(v.data(), it->second.data(), v.size() * sizeof(float)) != 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   FakeClock clock_;
   std::unique_ptr<Model> model_;
   Placement placement_;
@@ -77,6 +145,8 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::unique_ptr<ShardChannel> channel_;
+  std::unique_ptr<prometheus::Counter> push_bytes_;  // gradient bytes the service has read
+  std::unique_ptr<RawPsClient> raw_;
 };
 
 TEST_F(ServiceTest, ChunkedPullReturnsEveryPart) {
@@ -91,18 +161,8 @@ TEST_F(ServiceTest, ChunkedPullReturnsEveryPart) {
 
 TEST_F(ServiceTest, MalformedPushesAreRefusedAndChangeNothing) {
   auto before = PullAll();
-  std::vector<std::vector<float>> grads;
-  for (const auto& p : shard_->parts()) grads.emplace_back(p.num_elements(), 1.0f);
-  auto chunks_of = [&](const std::vector<std::vector<float>>& g) {
-    std::vector<ChunkRef> chunks;
-    for (size_t i = 0; i < g.size(); ++i) {
-      for (size_t off = 0; off < g[i].size(); off += 10000) {
-        chunks.push_back({&shard_->parts()[i].name, off, g[i].data() + off,
-                          std::min<size_t>(10000, g[i].size() - off)});
-      }
-    }
-    return chunks;
-  };
+  std::vector<std::vector<float>> grads = Grads(1.0f);
+  auto chunks_of = [&](const std::vector<std::vector<float>>& g) { return ChunksOf(g); };
   v1::PushRequest::Header h;
   h.set_worker_index(0);
   h.set_version(0);
@@ -111,13 +171,17 @@ TEST_F(ServiceTest, MalformedPushesAreRefusedAndChangeNothing) {
   std::string bogus = "no/such/variable";
   std::vector<ChunkRef> bad = chunks_of(grads);
   bad[0].part = &bogus;
-  EXPECT_EQ(channel_->Push(h, bad).status().code(), absl::StatusCode::kInvalidArgument);
+  auto unknown = channel_->Push(h, bad);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("malformed chunk"), std::string::npos)
+      << unknown.status();
   // Missing the last chunk (incomplete gradient).
   bad = chunks_of(grads);
   bad.pop_back();
   auto r = channel_->Push(h, bad);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("incomplete"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("incomplete gradient"), std::string::npos) << r.status();
+  EXPECT_EQ(r.status().message().find("malformed"), std::string::npos) << r.status();
   // A chunk at the wrong offset (a gap in the part).
   bad = chunks_of(grads);
   for (auto& c : bad) {
@@ -126,7 +190,9 @@ TEST_F(ServiceTest, MalformedPushesAreRefusedAndChangeNothing) {
       break;
     }
   }
-  EXPECT_EQ(channel_->Push(h, bad).status().code(), absl::StatusCode::kInvalidArgument);
+  auto gap = channel_->Push(h, bad);
+  EXPECT_EQ(gap.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(gap.status().message().find("malformed chunk"), std::string::npos) << gap.status();
   // A non-finite value.
   auto nan = grads;
   nan[0][5] = std::nanf("");
@@ -194,6 +260,199 @@ TEST_F(ServiceTest, TheTaskTypeOnTheWireReachesTheShard) {
   leave.set_task_type(v1::TASK_TYPE_CHIEF);
   ASSERT_TRUE(channel_->Leave(leave).ok());
   EXPECT_FALSE(shard_->all_workers_left());
+}
+
+}  // namespace
+}  // namespace kubetrain
+
+namespace kubetrain {
+namespace {
+
+// Issue 9, finding 2: two valid pushes of 3e38 summed in float32 made every
+// parameter -Inf. Now the mean is taken in double, and an update that would
+// overflow is refused with the parameters bit-identical.
+TEST_F(ServiceTest, HugeFiniteGradientsNeverMakeAParameterNonFinite) {
+  const auto initial = PullAll();
+  const auto huge = Grads(3e38f);
+  ASSERT_TRUE(PushFrom(0, 0, huge).ok());
+  auto r = PushFrom(1, 0, huge);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->version(), 1);
+  EXPECT_FALSE(r->dropped());
+  int64_t version = -1;
+  const auto after_one = PullAll(&version);
+  EXPECT_EQ(version, 1);
+  for (const auto& [name, v] : after_one) {
+    for (size_t k = 0; k < v.size(); ++k) {
+      ASSERT_TRUE(std::isfinite(v[k])) << name << "[" << k << "]";
+      ASSERT_EQ(v[k], initial.at(name)[k] - 3e38f) << name << "[" << k << "]";
+    }
+  }
+  // The next step would take every value past -FLT_MAX: refused as a whole,
+  // the step skipped (the version moves so the barrier lets the workers go).
+  ASSERT_TRUE(PushFrom(0, 1, huge).ok());
+  r = PushFrom(1, 1, huge);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->dropped());
+  EXPECT_EQ(r->version(), 2);
+  const auto after_refused = PullAll(&version);
+  EXPECT_EQ(version, 2);
+  ASSERT_EQ(after_refused.size(), after_one.size());
+  for (const auto& [name, v] : after_refused) {
+    const auto& was = after_one.at(name);
+    ASSERT_EQ(v.size(), was.size());
+    EXPECT_EQ(std::memcmp(v.data(), was.data(), v.size() * sizeof(float)), 0) << name;
+  }
+  auto stats = Shutdown(v1::TASK_TYPE_WORKER, 0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->nonfinite_updates(), 1);
+  EXPECT_EQ(stats->gradients_applied(), 2);
+}
+
+}  // namespace
+}  // namespace kubetrain
+
+namespace kubetrain {
+namespace {
+
+// Issue 9, finding 4: a push the client cancels after its last chunk was
+// applied although the client saw CANCELLED.
+TEST_F(ServiceTest, APushCancelledAfterItsLastChunkChangesNothing) {
+  int64_t version = -1;
+  const auto before = PullAll(&version);
+  const auto grads = Grads(1.0f);
+  std::string response;
+  grpc::Status s =
+      raw_->Push(Encoded(Header(0, 0, /*push_id=*/7), grads), RawPsClient::End::kCancel, &response,
+                 [&] { AwaitPushBytes(static_cast<double>(GradientBytes())); });
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  EXPECT_TRUE(SameBits(PullAll(&version), before));
+  EXPECT_EQ(version, 0);
+  // Worker 0's gradient is not waiting in the step either: worker 1 alone
+  // does not complete it ...
+  ASSERT_TRUE(PushFrom(1, 0, grads).ok());
+  EXPECT_EQ(shard_->version(), 0);
+  // ... and worker 0's retry (same push id) is the one that counts, once.
+  auto retry = PushFrom(0, 0, grads, /*push_id=*/7);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->version(), 1);
+  EXPECT_FALSE(retry->dropped());
+  for (const auto& [name, v] : PullAll()) {
+    for (size_t k = 0; k < v.size(); ++k) ASSERT_EQ(v[k], before.at(name)[k] - 1.0f) << name;
+  }
+}
+
+TEST_F(ServiceTest, ACompleteGradientFollowedByAnythingMalformedChangesNothing) {
+  int64_t version = -1;
+  const auto before = PullAll(&version);
+  const auto grads = Grads(1.0f);
+  // An unparseable message after the last chunk (a length that runs past its end).
+  auto garbage = Encoded(Header(0, 0), grads);
+  garbage.push_back(
+      std::string("\x0a\x05"
+                  "ab",
+                  4));
+  std::string response;
+  grpc::Status s = raw_->Push(garbage, RawPsClient::End::kHalfClose, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("malformed request: not a valid PushRequest"), std::string::npos)
+      << s.error_message();
+  // A chunk past the end of a complete part.
+  auto extra = Encoded(Header(0, 0), grads);
+  extra.push_back(extra.back());
+  s = raw_->Push(extra, RawPsClient::End::kHalfClose, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("malformed chunk"), std::string::npos) << s.error_message();
+  // A second header.
+  auto two_headers = Encoded(Header(0, 0), grads);
+  two_headers.push_back(two_headers.front());
+  s = raw_->Push(two_headers, RawPsClient::End::kHalfClose, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // A header declaring another size than the shard's.
+  auto declared = Header(0, 0);
+  declared.set_total_bytes(GradientBytes() + 4);
+  s = raw_->Push(Encoded(declared, grads), RawPsClient::End::kHalfClose, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("declares"), std::string::npos) << s.error_message();
+
+  EXPECT_TRUE(SameBits(PullAll(&version), before));
+  EXPECT_EQ(version, 0);
+  ASSERT_TRUE(PushFrom(1, 0, grads).ok());
+  EXPECT_EQ(shard_->version(), 0);  // nothing of worker 0 is waiting in the step
+  EXPECT_EQ(shard_->stats().pushes_rejected, 4);
+  // The declared size, when right, is accepted.
+  declared.set_total_bytes(GradientBytes());
+  s = raw_->Push(Encoded(declared, grads), RawPsClient::End::kHalfClose, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(shard_->version(), 1);
+}
+
+TEST_F(ServiceTest, EveryMalformedRequestGetsInvalidArgumentWithAMessage) {
+  const std::string garbage(
+      "\x0a\x05"
+      "ab",
+      4);  // not any message: a length past the end
+  for (const char* method : {"GetInfo", "Leave", "Shutdown", "GetStats"}) {
+    grpc::Status s = raw_->Unary(method, garbage, nullptr);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_NE(s.error_message().find("malformed request"), std::string::npos)
+        << method << ": " << s.error_message();
+  }
+  grpc::Status s = raw_->Pull(garbage, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("malformed request"), std::string::npos) << s.error_message();
+  s = raw_->Push({garbage}, RawPsClient::End::kHalfClose, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(s.error_message().empty());
+  // Well-formed messages naming what the job does not have.
+  v1::InfoRequest info;
+  info.set_task_type(static_cast<v1::TaskType>(9));
+  s = raw_->Unary("GetInfo", info.SerializeAsString(), nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("unknown task_type 9"), std::string::npos) << s.error_message();
+  info.set_task_type(v1::TASK_TYPE_WORKER);
+  info.set_worker_index(5);
+  s = raw_->Unary("GetInfo", info.SerializeAsString(), nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("unknown worker index 5"), std::string::npos)
+      << s.error_message();
+  // A push that ends before its gradient does: "incomplete", not "malformed".
+  auto part = Encoded(Header(0, 0), Grads(1.0f));
+  part.pop_back();
+  s = raw_->Push(part, RawPsClient::End::kHalfClose, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("incomplete gradient"), std::string::npos) << s.error_message();
+  // Still serving, nothing changed.
+  auto ok = channel_->GetInfo(v1::InfoRequest(), absl::Seconds(5));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->version(), 0);
+  EXPECT_FALSE(shard_->shutdown_requested());
+}
+
+TEST_F(ServiceTest, ARetriedAsyncPushIsAppliedOnce) {
+  server_->Shutdown();
+  Start(/*has_chief=*/false, TrainingMode::kAsync);
+  const auto grads = Grads(1.0f);
+  auto first = PushFrom(0, 0, grads, /*push_id=*/42);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->version(), 1);
+  int64_t version = -1;
+  const auto once = PullAll(&version);
+  // The answer was lost; the worker sends the same push again.
+  auto retry = PushFrom(0, 0, grads, /*push_id=*/42);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->version(), 1);
+  EXPECT_FALSE(retry->dropped());
+  EXPECT_TRUE(SameBits(PullAll(&version), once));
+  EXPECT_EQ(version, 1);
+  // The next push (a new id) is applied.
+  auto next = PushFrom(0, 1, grads, /*push_id=*/43);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->version(), 2);
+  auto stats = Shutdown(v1::TASK_TYPE_WORKER, 0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->duplicate_pushes(), 1);
+  EXPECT_EQ(stats->gradients_applied(), 2);
 }
 
 }  // namespace
