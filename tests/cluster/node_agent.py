@@ -726,6 +726,8 @@ class Agent:
             if not c.proc and not c.done and run.mounts is not None and now >= c.next_start:
                 if c.state and "terminated" in c.state:
                     c.last_state, c.restarts = c.state, c.restarts + 1
+                if run.sent is None:
+                    self.report(run)  # ContainerCreating first: mounting an image takes a moment
                 self.start(run, c)
         running = [c for c in run.containers if c.proc]
         if run.kill_deadline is not None:
