@@ -6,7 +6,9 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
+#include <grpcpp/server_builder.h>
 #include <prometheus/counter.h>
+#include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 
 #include "absl/strings/str_cat.h"
@@ -193,6 +195,9 @@ class PsService::PullReactor final : public grpc::ServerWriteReactor<grpc::ByteB
 
 // Reassembles a pushed gradient message by message (ps/shard_wire.h),
 // refusing anything malformed at once; applies it only on a clean half-close.
+// Reads and the end of the call are serialised by mu_, so Tick can close an
+// idle stream from its own thread (gRPC never runs a reaction inline in
+// StartRead or Finish, so holding mu_ across them cannot deadlock).
 class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   PushReactor(PsService* service, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp)
@@ -200,30 +205,53 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
         ctx_(ctx),
         resp_(resp),
         start_(service->clock_->Now()),
+        last_active_(start_),
         assembler_(service->shard_) {
+    service_->RegisterPush(this);  // before mu_: the lock order
+    absl::MutexLock l(&mu_);
+    admitted_ = service_->AdmitPush();
+    if (!admitted_) {
+      EndLocked(service_->Refuse(
+          "Push", ctx_,
+          absl::ResourceExhaustedError(absl::StrCat("push: ", service_->max_push_streams_,
+                                                    " push streams already open on this PS"))));
+      return;
+    }
     StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
+    absl::MutexLock l(&mu_);
+    if (ended_) return;  // closed as idle while this read was outstanding
     if (!ok) {
       // The reads end both on the client's half-close and on a cancel (or a
       // broken connection); gRPC marks the context cancelled in the latter
       // case before this call.
       if (ctx_->IsCancelled()) {
-        Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                            "push cancelled before the client half-closed it: nothing applied"));
+        EndLocked(grpc::Status(grpc::StatusCode::CANCELLED,
+                               "push cancelled before the client half-closed it: nothing applied"));
         return;
       }
-      Complete();
+      CompleteLocked();
       return;
     }
+    last_active_ = service_->clock_->Now();
     ++messages_;
     v1::PushRequest msg;
     absl::Status s = Parse("Push", &in_, &msg);
     if (!s.ok()) service_->shard_->RecordRejectedPush();  // the assembler counts its own
     if (s.ok()) s = assembler_.Add(msg);
+    if (s.ok() && msg.has_header()) {
+      if (!service_->AdmitWorker(msg.header().worker_index())) {
+        s = absl::ResourceExhaustedError(absl::StrCat(
+            "push: worker ", msg.header().worker_index(), " already has ",
+            service_->options_.max_push_streams_per_worker, " push streams open on this PS"));
+      } else {
+        worker_ = msg.header().worker_index();
+      }
+    }
     if (!s.ok()) {
-      Finish(service_->Refuse(
+      EndLocked(service_->Refuse(
           "Push", ctx_,
           absl::Status(s.code(), absl::StrCat(s.message(), " (message ", messages_, ")"))));
       return;
@@ -234,17 +262,47 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
     StartRead(&in_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->RemovePush(this);
+    delete this;
+  }
+
+  // Tick: ends the call if no message came for `timeout`. REQUIRES: the
+  // service's pushes_mu_ is held (so OnDone cannot run meanwhile).
+  void ExpireIfIdle(absl::Time now, absl::Duration timeout) {
+    absl::MutexLock l(&mu_);
+    if (ended_ || now - last_active_ < timeout) return;
+    if (service_->metrics_.push_streams_refused)
+      service_->metrics_.push_streams_refused->Increment();
+    EndLocked(service_->Refuse(
+        "Push", ctx_,
+        absl::UnavailableError(absl::StrCat("push: no message for ", absl::FormatDuration(timeout),
+                                            ": stream closed, nothing applied"))));
+  }
 
  private:
-  void Complete() {
+  // Frees the stream's slots and buffers before the client hears the end, so
+  // its next push never finds them taken.
+  void EndLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ended_ = true;
+    if (worker_ >= 0) service_->ReleaseWorker(worker_);
+    worker_ = -1;
+    if (admitted_) service_->ReleasePush();
+    admitted_ = false;
+    assembler_.Abandon();
+    if (!status.ok()) ++service_->abnormal_ends_;
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        service_->metrics_.push_streams_refused) {
+      service_->metrics_.push_streams_refused->Increment();
+    }
+    Finish(status);
+  }
+
+  void CompleteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto r = assembler_.Finish();
     if (!r.ok()) {
-      if (absl::IsInvalidArgument(r.status())) {
-        Finish(service_->Refuse("Push", ctx_, r.status()));
-      } else {
-        Finish(ToGrpcStatus(r.status()));
-      }
+      EndLocked(absl::IsInvalidArgument(r.status()) ? service_->Refuse("Push", ctx_, r.status())
+                                                    : ToGrpcStatus(r.status()));
       return;
     }
     v1::PushResponse resp;
@@ -258,16 +316,21 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
       service_->metrics_.push_seconds->Observe(
           absl::ToDoubleSeconds(service_->clock_->Now() - start_));
     }
-    Finish(grpc::Status::OK);
+    EndLocked(grpc::Status::OK);
   }
 
   PsService* const service_;
   grpc::CallbackServerContext* const ctx_;
   grpc::ByteBuffer* const resp_;
   const absl::Time start_;
-  grpc::ByteBuffer in_;
-  int64_t messages_ = 0;
-  PushAssembler assembler_;
+  absl::Mutex mu_;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_active_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer in_ ABSL_GUARDED_BY(mu_);
+  int64_t messages_ ABSL_GUARDED_BY(mu_) = 0;
+  bool admitted_ ABSL_GUARDED_BY(mu_) = false;  // counted in the PS's open streams
+  int worker_ ABSL_GUARDED_BY(mu_) = -1;        // counted as this worker's stream
+  PushAssembler assembler_ ABSL_GUARDED_BY(mu_);
 };
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
@@ -275,9 +338,76 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+void ConfigurePsServer(uint64_t max_chunk_bytes, grpc::ServerBuilder* builder) {
+  // Both ends agree on the chunk size; leave headroom for the message framing.
+  builder->SetMaxReceiveMessageSize(static_cast<int>(max_chunk_bytes + (64 << 10)));
+  builder->SetMaxSendMessageSize(static_cast<int>(max_chunk_bytes + (64 << 10)));
+  // Pings find a peer that is gone without a word (a killed or stopped pod,
+  // a cut link): its streams end instead of holding the PS's resources.
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Accept the workers' pings (every 20 s, worker/grpc_shard_channel.cc).
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+}
+
 PsService::PsService(Shard* shard, const Clock* clock, PsServiceOptions options,
                      PsServiceMetrics metrics)
-    : shard_(shard), clock_(clock), options_(std::move(options)), metrics_(metrics) {}
+    : shard_(shard),
+      clock_(clock),
+      options_(std::move(options)),
+      metrics_(metrics),
+      max_push_streams_(options_.max_push_streams > 0 ? options_.max_push_streams
+                                                      : 2 * shard->options().num_workers + 16),
+      worker_pushes_(new std::atomic<int>[std::max(1, shard->options().num_workers)]()) {}
+
+void PsService::RegisterPush(PushReactor* push) {
+  absl::MutexLock l(&pushes_mu_);
+  pushes_.insert(push);
+}
+
+void PsService::RemovePush(PushReactor* push) {
+  absl::MutexLock l(&pushes_mu_);
+  pushes_.erase(push);
+}
+
+bool PsService::AdmitPush() {
+  if (open_pushes_.fetch_add(1) >= max_push_streams_) {
+    --open_pushes_;
+    return false;
+  }
+  if (metrics_.push_streams) metrics_.push_streams->Increment();
+  return true;
+}
+
+void PsService::ReleasePush() {
+  --open_pushes_;
+  if (metrics_.push_streams) metrics_.push_streams->Decrement();
+}
+
+bool PsService::AdmitWorker(int worker) {
+  // The assembler has checked nothing about the index yet: the shard refuses
+  // an unknown worker when the push completes; such streams are not counted.
+  if (worker < 0 || worker >= shard_->options().num_workers) return true;
+  if (worker_pushes_[worker].fetch_add(1) >= options_.max_push_streams_per_worker) {
+    --worker_pushes_[worker];
+    return false;
+  }
+  return true;
+}
+
+void PsService::ReleaseWorker(int worker) {
+  if (worker >= 0 && worker < shard_->options().num_workers) --worker_pushes_[worker];
+}
+
+int64_t PsService::Tick(absl::Time now) {
+  {
+    absl::MutexLock l(&pushes_mu_);
+    for (PushReactor* push : pushes_) push->ExpireIfIdle(now, options_.push_idle_timeout);
+  }
+  return abnormal_ends_.exchange(0);
+}
 
 grpc::Status PsService::Refuse(const char* method, grpc::CallbackServerContext* ctx,
                                const absl::Status& s) {

@@ -71,8 +71,12 @@ absl::Status PushAssembler::Refuse(const std::string& message) {
   return absl::InvalidArgumentError(message);
 }
 
-PushAssembler::~PushAssembler() {
+PushAssembler::~PushAssembler() { Abandon(); }
+
+void PushAssembler::Abandon() {
   if (!grads_.empty()) shard_->ReleaseGradientBuffers(std::move(grads_));
+  grads_.clear();
+  have_header_ = false;
 }
 
 absl::Status PushAssembler::Add(const v1::PushRequest& message) {

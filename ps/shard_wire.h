@@ -49,6 +49,8 @@ class PushAssembler {
   absl::Status AddChunk(const std::string& part, uint64_t offset, absl::string_view data);
   // Checks that every part is complete, then hands the gradient to the shard.
   absl::StatusOr<Shard::PushResult> Finish();
+  // Gives the buffers back to the shard's pool; the push cannot complete.
+  void Abandon();
   // Gradient bytes received so far.
   uint64_t received_bytes() const { return received_bytes_; }
 

@@ -128,7 +128,11 @@ absl::Status PsClient::WithRetry(const std::string& what, int shard,
   while (true) {
     if (cancelled_) return absl::CancelledError(absl::StrCat(what, " to ps:", shard, " cancelled"));
     absl::Status s = fn();
-    if (s.code() != absl::StatusCode::kUnavailable) return s;
+    // RESOURCE_EXHAUSTED: the PS's stream limits; an overlapping stream of ours ends soon.
+    if (s.code() != absl::StatusCode::kUnavailable &&
+        s.code() != absl::StatusCode::kResourceExhausted) {
+      return s;
+    }
     ++attempts;
     if (clock_->Now() + backoff > deadline) {
       return absl::UnavailableError(absl::StrCat(

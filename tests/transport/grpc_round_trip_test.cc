@@ -9,9 +9,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include <prometheus/counter.h>
 
+#include "absl/synchronization/notification.h"
 #include "ps/service.h"
 #include "tests/transport/raw_ps_client.h"
 #include "worker/grpc_shard_channel.h"
@@ -22,7 +24,8 @@ namespace {
 class ServiceTest : public ::testing::Test {
  protected:
   void SetUp() override { Start(/*has_chief=*/false); }
-  void Start(bool has_chief, TrainingMode mode = TrainingMode::kSync) {
+  void Start(bool has_chief, TrainingMode mode = TrainingMode::kSync,
+             PsServiceOptions so = PsServiceOptions()) {
     ModelSpec spec;
     spec.type = "mlp";
     spec.hidden_units = {300};
@@ -38,7 +41,6 @@ class ServiceTest : public ::testing::Test {
     opt.type = "sgd";
     opt.learning_rate = 1;
     shard_ = *Shard::Create(o, *model_, placement_, opt, &clock_, ShardMetrics{});
-    PsServiceOptions so;
     so.model_fingerprint = placement_.Fingerprint();
     so.max_chunk_bytes = 64 << 10;  // forces many chunks for the 784x300 kernel
     PsServiceMetrics metrics;
@@ -47,11 +49,13 @@ class ServiceTest : public ::testing::Test {
     service_ = std::make_unique<PsService>(shard_.get(), &clock_, so, metrics);
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    b.SetMaxReceiveMessageSize((64 << 10) + (64 << 10));
+    ConfigurePsServer(so.max_chunk_bytes, &b);
     b.RegisterService(service_.get());
     server_ = b.BuildAndStart();
     ASSERT_GT(port_, 0);
     channel_ = NewGrpcShardChannel("127.0.0.1:" + std::to_string(port_), 64 << 10);
+    // Connected before the test starts (a restarted server has a new port).
+    ASSERT_TRUE(channel_->GetInfo(v1::InfoRequest(), absl::Seconds(10)).ok());
     raw_ = std::make_unique<RawPsClient>(grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
                                                              grpc::InsecureChannelCredentials()));
   }
@@ -453,6 +457,115 @@ TEST_F(ServiceTest, ARetriedAsyncPushIsAppliedOnce) {
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->duplicate_pushes(), 1);
   EXPECT_EQ(stats->gradients_applied(), 2);
+}
+
+}  // namespace
+}  // namespace kubetrain
+
+namespace kubetrain {
+namespace {
+
+// Push streams held open by threads until Release(); each sends `messages`
+// and then waits, and is then ended with `end`.
+class HeldPushes {
+ public:
+  explicit HeldPushes(RawPsClient* client) : client_(client) {}
+  ~HeldPushes() { Release(); }
+  void Open(std::vector<std::string> messages, RawPsClient::End end = RawPsClient::End::kCancel) {
+    const size_t i = statuses_.size();
+    statuses_.emplace_back();
+    threads_.emplace_back([this, i, end, messages = std::move(messages)] {
+      statuses_[i] = client_->Push(
+          messages, end, nullptr, [this] { release_.WaitForNotification(); }, absl::Seconds(60));
+    });
+  }
+  // Ends every stream; returns their statuses in the order opened.
+  std::vector<grpc::Status> Release() {
+    if (!release_.HasBeenNotified()) release_.Notify();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    return statuses_;
+  }
+
+ private:
+  RawPsClient* const client_;
+  absl::Notification release_;
+  std::vector<grpc::Status> statuses_;
+  std::vector<std::thread> threads_;
+};
+
+double ChunkBytes(const std::string& encoded) {
+  v1::PushRequest msg;
+  EXPECT_TRUE(msg.ParseFromString(encoded));
+  return static_cast<double>(msg.chunk().data().size());
+}
+
+void AwaitOpenPushes(const PsService& service, int n) {
+  for (int i = 0; i < 500 && service.open_push_streams() != n; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(service.open_push_streams(), n);
+}
+
+TEST_F(ServiceTest, PushStreamsAreLimitedPerPsAndPerWorker) {
+  server_->Shutdown();
+  PsServiceOptions so;
+  so.max_push_streams = 3;
+  so.max_push_streams_per_worker = 1;
+  Start(/*has_chief=*/false, TrainingMode::kSync, so);
+  const auto grads = Grads(1.0f);
+  const auto full = Encoded(Header(0, 0), grads);
+  {
+    // Worker 0 has a push open (header and one chunk, then silence).
+    HeldPushes held(raw_.get());
+    held.Open({full[0], full[1]});
+    AwaitOpenPushes(*service_, 1);
+    AwaitPushBytes(ChunkBytes(full[1]));
+    // A second one from worker 0 is refused as soon as its header arrives.
+    grpc::Status s = raw_->Push(full, RawPsClient::End::kHalfClose, nullptr);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_NE(s.error_message().find("worker 0 already has 1 push streams open"), std::string::npos)
+        << s.error_message();
+    // Two silent streams fill the PS's limit of 3; a fourth is refused at once.
+    held.Open({});
+    held.Open({});
+    AwaitOpenPushes(*service_, 3);
+    s = raw_->Push(Encoded(Header(1, 0), grads), RawPsClient::End::kHalfClose, nullptr);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_NE(s.error_message().find("3 push streams already open"), std::string::npos)
+        << s.error_message();
+    for (const auto& st : held.Release()) EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED);
+  }
+  AwaitOpenPushes(*service_, 0);
+  EXPECT_EQ(shard_->version(), 0);
+  // The slots are free again: both workers push, one step.
+  ASSERT_TRUE(PushFrom(0, 0, grads).ok());
+  ASSERT_TRUE(PushFrom(1, 0, grads).ok());
+  EXPECT_EQ(shard_->version(), 1);
+}
+
+TEST_F(ServiceTest, AnIdlePushStreamIsClosedAndChangesNothing) {
+  const auto before = PullAll();
+  const auto full = Encoded(Header(0, 0), Grads(1.0f));
+  HeldPushes held(raw_.get());
+  held.Open({full[0], full[1]}, RawPsClient::End::kHalfClose);
+  AwaitOpenPushes(*service_, 1);
+  AwaitPushBytes(ChunkBytes(full[1]));
+  EXPECT_EQ(service_->Tick(clock_.Now() + absl::Seconds(29)), 0);  // not idle long enough
+  EXPECT_EQ(service_->open_push_streams(), 1);
+  EXPECT_EQ(service_->Tick(clock_.Now() + absl::Seconds(31)), 1);  // closed as idle
+  AwaitOpenPushes(*service_, 0);
+  const auto statuses = held.Release();
+  ASSERT_EQ(statuses.size(), 1u);
+  EXPECT_EQ(statuses[0].error_code(), grpc::StatusCode::UNAVAILABLE) << statuses[0].error_message();
+  EXPECT_NE(statuses[0].error_message().find("no message for 30s"), std::string::npos)
+      << statuses[0].error_message();
+  EXPECT_TRUE(SameBits(PullAll(), before));
+  // Nothing of worker 0 waits in the step: its next push and worker 1's make it.
+  ASSERT_TRUE(PushFrom(1, 0, Grads(1.0f)).ok());
+  EXPECT_EQ(shard_->version(), 0);
+  ASSERT_TRUE(PushFrom(0, 0, Grads(1.0f)).ok());
+  EXPECT_EQ(shard_->version(), 1);
 }
 
 }  // namespace
