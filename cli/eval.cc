@@ -16,11 +16,8 @@
 namespace kubetrain {
 
 std::string ModelSummary(const ModelSpec& spec) {
-  std::vector<int> dims;
-  dims.push_back(spec.input_dim);
-  dims.insert(dims.end(), spec.hidden_units.begin(), spec.hidden_units.end());
-  dims.push_back(spec.num_classes);
-  return absl::StrCat(spec.type, " ", absl::StrJoin(dims, "-"));
+  auto model = Model::Create(spec);
+  return model.ok() ? model->Summary() : spec.type;
 }
 
 absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path,
@@ -33,9 +30,9 @@ absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path,
   }
   auto data = LoadFashionMnist(data_dir, /*train=*/false);
   if (!data.ok()) return data.status();
-  if (data->feature_dim() != file->spec.input_dim) {
+  if (data->feature_dim() != model->input_dim()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        model_path, ": the model takes ", file->spec.input_dim, " input features, the test set in ",
+        model_path, ": the model takes ", model->input_dim(), " input features, the test set in ",
         data_dir, " has ", data->feature_dim(), " (", data->rows, "x", data->cols, " images)"));
   }
   EvalResult result;

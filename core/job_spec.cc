@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -381,10 +382,92 @@ absl::Status ParseRunPolicy(const Fields& spec, RunPolicy* out) {
   return absl::OkStatus();
 }
 
+template <typename T>
+absl::Status CheckRange(const std::string& path, T value, T min, T max);
+
+// One entry of spec.training.model.layers; fields depend on its type.
+absl::Status ParseLayer(const YAML::Node& node, const std::string& path, LayerSpec* out) {
+  Fields f;
+  KT_RETURN_IF_ERROR(Fields::Read(node, path, {}, &f));
+  std::string type;
+  if (!f.Has("type")) return FieldError(path + ".type", "required");
+  KT_RETURN_IF_ERROR(ReadString(f, "type", &type));
+  const std::vector<std::string> types = {"dense",     "conv2d",  "maxpool2d",
+                                          "avgpool2d", "flatten", "dropout"};
+  KT_RETURN_IF_ERROR(CheckOneOf(path + ".type", type, types));
+  out->type = *LayerTypeFromName(type);
+  std::vector<std::string> known = {"type"};
+  switch (out->type) {
+    case LayerType::kDense:
+      known.insert(known.end(), {"units", "activation"});
+      break;
+    case LayerType::kConv2D:
+      known.insert(known.end(), {"filters", "kernel", "stride", "padding", "activation"});
+      break;
+    case LayerType::kMaxPool2D:
+    case LayerType::kAvgPool2D:
+      known.insert(known.end(), {"size", "stride"});
+      break;
+    case LayerType::kFlatten:
+      break;
+    case LayerType::kDropout:
+      known.push_back("rate");
+      break;
+  }
+  KT_RETURN_IF_ERROR(Fields::Read(node, path, known, &f));
+  auto required_int = [&](const std::string& key, int* v) -> absl::Status {
+    if (!f.Has(key)) return FieldError(f.PathOf(key), absl::StrCat("required for ", type));
+    KT_RETURN_IF_ERROR(ReadInt32(f, key, v));
+    return CheckRange(f.PathOf(key), *v, 1, kMaxHiddenUnits);
+  };
+  if (f.Has("activation")) {
+    std::string a;
+    KT_RETURN_IF_ERROR(ReadString(f, "activation", &a));
+    KT_RETURN_IF_ERROR(
+        CheckOneOf(f.PathOf("activation"), a, {"relu", "tanh", "sigmoid", "linear"}));
+    out->activation = *ActivationFromName(a);
+  }
+  switch (out->type) {
+    case LayerType::kDense:
+      return required_int("units", &out->units);
+    case LayerType::kConv2D: {
+      KT_RETURN_IF_ERROR(required_int("filters", &out->filters));
+      KT_RETURN_IF_ERROR(required_int("kernel", &out->kernel));
+      out->stride = 1;
+      KT_RETURN_IF_ERROR(ReadInt32(f, "stride", &out->stride));
+      KT_RETURN_IF_ERROR(CheckRange(f.PathOf("stride"), out->stride, 1, kMaxHiddenUnits));
+      std::string padding = "valid";
+      KT_RETURN_IF_ERROR(ReadString(f, "padding", &padding));
+      KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("padding"), padding, {"same", "valid"}));
+      out->same_padding = padding == "same";
+      return absl::OkStatus();
+    }
+    case LayerType::kMaxPool2D:
+    case LayerType::kAvgPool2D:
+      out->kernel = 2;
+      KT_RETURN_IF_ERROR(ReadInt32(f, "size", &out->kernel));
+      KT_RETURN_IF_ERROR(CheckRange(f.PathOf("size"), out->kernel, 1, kMaxHiddenUnits));
+      out->stride = out->kernel;
+      KT_RETURN_IF_ERROR(ReadInt32(f, "stride", &out->stride));
+      return CheckRange(f.PathOf("stride"), out->stride, 1, kMaxHiddenUnits);
+    case LayerType::kFlatten:
+      return absl::OkStatus();
+    case LayerType::kDropout:
+      if (!f.Has("rate")) return FieldError(f.PathOf("rate"), "required for dropout");
+      KT_RETURN_IF_ERROR(ReadDouble(f, "rate", &out->rate));
+      if (!(out->rate >= 0 && out->rate < 1)) {
+        return FieldError(f.PathOf("rate"), absl::StrCat("must be in [0, 1), got ", out->rate));
+      }
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseModel(const Fields& training, ModelSpec* out) {
   Fields f;
   bool present;
-  KT_RETURN_IF_ERROR(ReadSection(training, "model", {"type", "hiddenUnits"}, &f, &present));
+  KT_RETURN_IF_ERROR(
+      ReadSection(training, "model", {"type", "hiddenUnits", "layers", "head"}, &f, &present));
   if (!present) return absl::OkStatus();
   KT_RETURN_IF_ERROR(ReadString(f, "type", &out->type));
   if (const YAML::Node* n = f.Get("hiddenUnits")) {
@@ -395,6 +478,32 @@ absl::Status ParseModel(const Fields& training, ModelSpec* out) {
       int units;
       KT_RETURN_IF_ERROR(ToInt32((*n)[i], absl::StrCat(path, "[", i, "]"), &units));
       out->hidden_units.push_back(units);
+    }
+  }
+  if (const YAML::Node* n = f.Get("layers")) {
+    const std::string path = f.PathOf("layers");
+    if (f.Has("type") && out->type != "layers") {
+      return FieldError(path, absl::StrCat("cannot be set with type ", Quote(out->type),
+                                           " (a layer list is type \"layers\"; omit type)"));
+    }
+    if (!n->IsSequence()) return TypeError(path, "a list of layers", *n);
+    if (n->size() == 0) return FieldError(path, "needs at least one layer");
+    out->type = "layers";
+    out->layers.clear();
+    for (size_t i = 0; i < n->size(); ++i) {
+      LayerSpec layer;
+      KT_RETURN_IF_ERROR(ParseLayer((*n)[i], absl::StrCat(path, "[", i, "]"), &layer));
+      out->layers.push_back(layer);
+    }
+  }
+  if (f.Has("head")) {
+    std::string head;
+    KT_RETURN_IF_ERROR(ReadString(f, "head", &head));
+    KT_RETURN_IF_ERROR(
+        CheckOneOf(f.PathOf("head"), head, {"softmax", "sigmoid", "meanSquaredError"}));
+    out->head = *HeadTypeFromName(head);
+    if (out->type != "layers") {
+      return FieldError(f.PathOf("head"), "only applies to a layer list (model.layers)");
     }
   }
   return absl::OkStatus();
@@ -411,6 +520,15 @@ absl::Status ParseDataset(const Fields& training, TrainingSpec* out) {
   if (!f.Has("path") && out->dataset_name != "fashion-mnist") {
     return FieldError(f.PathOf("path"),
                       absl::StrCat("required for dataset ", Quote(out->dataset_name)));
+  }
+  return absl::OkStatus();
+}
+
+// The model's input shape and classes come from the dataset: IDX images are
+// [28, 28, 1] with 10 classes.
+absl::Status ConnectModelToDataset(TrainingSpec* t) {
+  if (t->model.type == "layers" && t->model.input_shape.empty()) {
+    t->model.input_shape = {28, 28, 1};
   }
   return absl::OkStatus();
 }
@@ -479,6 +597,7 @@ absl::Status ParseTraining(const Fields& spec, TrainingSpec* out) {
   KT_RETURN_IF_ERROR(ReadInt64(f, "maxStaleness", &out->max_staleness));
   KT_RETURN_IF_ERROR(ParseModel(f, &out->model));
   KT_RETURN_IF_ERROR(ParseDataset(f, out));
+  KT_RETURN_IF_ERROR(ConnectModelToDataset(out));
   KT_RETURN_IF_ERROR(ParseOptimizer(f, &out->optimizer));
   KT_RETURN_IF_ERROR(ReadInt32(f, "batchSize", &out->batch_size));
   KT_RETURN_IF_ERROR(ReadInt64(f, "steps", &out->steps));
@@ -618,7 +737,7 @@ absl::Status ValidateReplicas(const TrainingJob& job) {
 
 absl::Status ValidateModel(const ModelSpec& model) {
   const std::string path = "spec.training.model";
-  KT_RETURN_IF_ERROR(CheckOneOf(path + ".type", model.type, {"softmax", "mlp"}));
+  KT_RETURN_IF_ERROR(CheckOneOf(path + ".type", model.type, {"softmax", "mlp", "layers"}));
   const std::string units_path = path + ".hiddenUnits";
   if (model.type == "softmax" && !model.hidden_units.empty()) {
     return FieldError(units_path, "must be empty for type softmax (a single 784 -> 10 layer)");
@@ -626,13 +745,26 @@ absl::Status ValidateModel(const ModelSpec& model) {
   if (model.type == "mlp" && model.hidden_units.empty()) {
     return FieldError(units_path, "required for type mlp (at least one hidden layer)");
   }
+  if (model.type == "layers" && !model.hidden_units.empty()) {
+    return FieldError(units_path, "only applies to type mlp (use dense layers in model.layers)");
+  }
+  if (model.type == "layers" && model.layers.empty()) {
+    return FieldError(path + ".layers", "required for type layers");
+  }
   for (size_t i = 0; i < model.hidden_units.size(); ++i) {
     KT_RETURN_IF_ERROR(CheckRange(absl::StrCat(units_path, "[", i, "]"), model.hidden_units[i], 1,
                                   kMaxHiddenUnits));
   }
-  // The model library is the authority on what it can build.
+  // The model library is the authority on what it can build; its errors on
+  // a layer start with "layers[i]: " and become that field's path.
   absl::StatusOr<Model> created = Model::Create(model);
-  if (!created.ok()) return FieldError(path, created.status().message());
+  if (!created.ok()) {
+    const absl::string_view message = created.status().message();
+    if (absl::StartsWith(message, "layers")) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ".", message));
+    }
+    return FieldError(path, message);
+  }
   return absl::OkStatus();
 }
 

@@ -110,7 +110,15 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     if (options.step_delay > absl::ZeroDuration()) clock->SleepFor(options.step_delay);
     absl::Time t0 = clock->Now();
     batcher.Next(spec.batch_size, &x, &y);
-    float loss = model.LossAndGradients(params, x.data(), y.data(), spec.batch_size, &grads);
+    // Dropout masks differ per worker and step, and repeat exactly on a rerun.
+    const uint64_t dropout_seed = spec.seed ^
+                                  (uint64_t{static_cast<uint32_t>(options.worker_index)} << 40) ^
+                                  static_cast<uint64_t>(result.local_steps);
+    Batch batch;
+    batch.x = x.data();
+    batch.labels = y.data();
+    batch.size = spec.batch_size;
+    float loss = model.LossAndGradients(params, batch, dropout_seed, &grads);
     if (metrics.compute_seconds)
       metrics.compute_seconds->Observe(absl::ToDoubleSeconds(clock->Now() - t0));
     recent_losses.push_back(loss);
