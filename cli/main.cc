@@ -40,6 +40,10 @@ int main(int argc, char** argv) {
   std::string restart_policy;
   options.bin_dir = kubetrain::ExecutableDir();
   kubetrain::FlagParser parser("kubetrain " + command + " FILE.yaml");
+  std::string memory_limit;
+  parser.String("memory_limit", &memory_limit,
+                "the memory each task may use (8Gi, 512Mi, ...; default: the cgroup's limit, "
+                "else the machine's memory): a model that cannot fit is refused");
   if (command == "run") {
     parser.String("summary_json", &options.summary_json,
                   "also write the job summary as JSON to this file");
@@ -59,8 +63,9 @@ int main(int argc, char** argv) {
                  parser.Usage().c_str());
     return 2;
   }
-  if (command == "validate") return kubetrain::ValidateCommand(files[0]);
+  if (command == "validate") return kubetrain::ValidateCommand(files[0], memory_limit);
   options.job_file = files[0];
+  options.memory_limit = memory_limit;
   if (!restart_policy.empty()) {
     options.restart_policy = kubetrain::RestartPolicyFromName(restart_policy);
     if (!options.restart_policy) {

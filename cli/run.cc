@@ -11,6 +11,7 @@
 #include "cli/console.h"
 #include "cli/job_runner.h"
 #include "cli/process.h"
+#include "cli/validate.h"
 #include "core/clock.h"
 #include "core/cluster_spec.h"
 #include "core/task_config.h"
@@ -50,6 +51,16 @@ int RunJob(const RunOptions& options) {
   if (options.restart_policy) {
     for (auto& [key, replica] : job->replica_specs)
       replica.restart_policy = *options.restart_policy;
+  }
+  auto limit = MemoryLimitFromFlag(options.memory_limit);
+  if (!limit.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(limit.status().message()).c_str());
+    return 2;
+  }
+  if (absl::Status s = CheckModelFitsMemory(*job, *limit, /*tasks_share_limit=*/true); !s.ok()) {
+    std::fprintf(stderr, "error: %s: %s\n", options.job_file.c_str(),
+                 std::string(s.message()).c_str());
+    return 2;
   }
   auto target = JobTargetSteps(*job);
   if (!target.ok()) {

@@ -24,6 +24,9 @@ struct RunOptions {
   // The chief writes the final model here (default with checkpoints on:
   // <checkpoint.directory>/model.ktm).
   std::string export_model;
+  // --memory-limit ("" = the cgroup's limit, else the machine's memory): every
+  // task runs on this machine, so together they must fit in it.
+  std::string memory_limit;
   // Set (by a signal handler) to stop the job: children get SIGTERM, then SIGKILL.
   const std::atomic<bool>* interrupted = nullptr;
 };

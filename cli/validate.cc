@@ -2,15 +2,37 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "core/job_spec.h"
+#include "core/memory_budget.h"
 #include "core/task_config.h"
 
 namespace kubetrain {
 
-int ValidateCommand(const std::string& file, std::FILE* out, std::FILE* err) {
+absl::StatusOr<MemoryLimit> MemoryLimitFromFlag(const std::string& flag) {
+  if (flag.empty()) return DetectMemoryLimit();
+  auto bytes = ParseMemoryQuantity(flag);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--memory-limit: ", bytes.status().message()));
+  }
+  return MemoryLimit{*bytes, absl::StrCat("--memory-limit ", flag)};
+}
+
+int ValidateCommand(const std::string& file, const std::string& memory_limit, std::FILE* out,
+                    std::FILE* err) {
+  auto limit = MemoryLimitFromFlag(memory_limit);
+  if (!limit.ok()) {
+    std::fprintf(err, "error: %s\n", std::string(limit.status().message()).c_str());
+    return 2;
+  }
   absl::StatusOr<TrainingJob> job = LoadTrainingJobFile(file);
   if (!job.ok()) {  // the message already names the file
     std::fprintf(err, "error: %s\n", std::string(job.status().message()).c_str());
+    return 2;
+  }
+  // Each task on a node of its own (Kubernetes): each must fit the limit.
+  if (absl::Status s = CheckModelFitsMemory(*job, *limit, /*tasks_share_limit=*/false); !s.ok()) {
+    std::fprintf(err, "error: %s: %s\n", file.c_str(), std::string(s.message()).c_str());
     return 2;
   }
   absl::StatusOr<int64_t> steps = JobTargetSteps(*job);

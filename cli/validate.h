@@ -7,10 +7,19 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "core/memory_budget.h"
+
 namespace kubetrain {
 
+// The --memory-limit flag ("" = DetectMemoryLimit()) as a MemoryLimit.
+absl::StatusOr<MemoryLimit> MemoryLimitFromFlag(const std::string& flag);
+
 // Returns the exit code: 0 valid, 2 not (the error is written to `err`).
-int ValidateCommand(const std::string& file, std::FILE* out = stdout, std::FILE* err = stderr);
+// `memory_limit` is the --memory-limit flag ("" = the cgroup's limit or the
+// machine's memory): the model must fit every task in it (core/memory_budget.h).
+int ValidateCommand(const std::string& file, const std::string& memory_limit = "",
+                    std::FILE* out = stdout, std::FILE* err = stderr);
 
 }  // namespace kubetrain
 

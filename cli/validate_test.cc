@@ -29,11 +29,11 @@ std::string Slurp(std::FILE* f) {
   return s;
 }
 
-Validated Validate(const std::string& file) {
+Validated Validate(const std::string& file, const std::string& memory_limit = "") {
   std::FILE* out = std::tmpfile();
   std::FILE* err = std::tmpfile();
   Validated v;
-  v.code = ValidateCommand(file, out, err);
+  v.code = ValidateCommand(file, memory_limit, out, err);
   v.out = Slurp(out);
   v.err = Slurp(err);
   return v;
@@ -110,6 +110,28 @@ TEST(ValidateTest, ASpecErrorNamesTheFieldOnce) {
   EXPECT_EQ(v.code, 2);
   EXPECT_CONTAINS(v.err, "spec.training.steps");
   EXPECT_EQ(v.out, "");
+}
+
+TEST(ValidateTest, AModelThatCannotFitIsRefusedNamingTheLimit) {
+  std::string dir = NewTestDir("validate");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::string file = dir + "/job.yaml";
+  std::string yaml = Job(dir, "steps: 7");
+  yaml.replace(yaml.find("model: {type: softmax}"), 22,
+               "model: {type: mlp, hiddenUnits: [65536, 65536]}");
+  WriteFile(file, yaml);
+  // ~16 GiB of parameters: refused against a stated limit, and against this
+  // machine's memory unless it has well over 48 GiB.
+  Validated v = Validate(file, "8Gi");
+  EXPECT_EQ(v.code, 2);
+  EXPECT_CONTAINS(v.err,
+                  "error: " + file + ": spec.training.model: needs at least 48.6 GiB on ps:0");
+  EXPECT_CONTAINS(v.err, "more than the 8.0 GiB of --memory-limit 8Gi");
+  v = Validate(file, "1Ti");
+  EXPECT_EQ(v.code, 0) << v.err;
+  v = Validate(file, "lots");
+  EXPECT_EQ(v.code, 2);
+  EXPECT_CONTAINS(v.err, "--memory-limit: \"lots\" is not a memory size");
 }
 
 }  // namespace

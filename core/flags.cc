@@ -1,9 +1,14 @@
 #include "core/flags.h"
 
 #include <malloc.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <new>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -111,8 +116,44 @@ std::optional<int> FlagParser::ParseMain(int argc, char** argv, int first,
   return std::nullopt;
 }
 
+namespace {
+
+void WriteStderr(const char* text) {
+  for (size_t left = std::strlen(text); left > 0;) {
+    ssize_t n = ::write(STDERR_FILENO, text, left);
+    if (n <= 0) return;
+    text += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+// No allocation here: we may be out of memory.
+[[noreturn]] void OnTerminate() {
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::bad_alloc&) {
+      WriteStderr(
+          "error: out of memory (std::bad_alloc): this task cannot hold the model or its buffers "
+          "in the memory it has; use a smaller spec.training.model, more PS replicas, or give the "
+          "task more memory\n");
+      ::_exit(2);
+    } catch (const std::exception& ex) {
+      WriteStderr("error: uncaught exception: ");
+      WriteStderr(ex.what());
+      WriteStderr("\n");
+    } catch (...) {
+      WriteStderr("error: uncaught exception of unknown type\n");
+    }
+  }
+  std::abort();
+}
+
+}  // namespace
+
 void InitProcess(ProcessProfile profile) {
   std::signal(SIGPIPE, SIG_IGN);
+  std::set_terminate(OnTerminate);
   if (profile == ProcessProfile::kTensorBuffers) {
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 512 << 20);

@@ -48,7 +48,10 @@ class FlagParser {
 };
 
 // Process set-up shared by the long-running binaries: SIGPIPE ignored (a
-// peer that goes away is an error on the socket, not a dead process) and,
+// peer that goes away is an error on the socket, not a dead process); an
+// exception that escapes (on any thread) ends the process with a message
+// instead of a bare abort: std::bad_alloc exits with code 2 (a configuration
+// error: the model or a buffer does not fit this task's memory); and,
 // with kTensorBuffers, malloc tuned to keep tensor-sized buffers in the
 // process instead of returning them to the kernel and faulting them in again
 // on every RPC.

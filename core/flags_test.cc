@@ -2,6 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <limits>
+#include <new>
+#include <thread>
+#include <vector>
+
 namespace kubetrain {
 namespace {
 
@@ -63,6 +69,28 @@ TEST(FlagsTest, ParseMainReturnsExitCodes) {
   char u[] = "--unknown=1";
   char* unknown[] = {a0, u};
   EXPECT_EQ(bad.ParseMain(2, unknown), 2);
+}
+
+// std::bad_alloc escaping on any thread ends the task with exit code 2 and a
+// message, not an abort (SIGABRT, 134) with a core dump.
+TEST(InitProcessDeathTest, BadAllocExitsWithCodeTwo) {
+  EXPECT_EXIT(
+      {
+        InitProcess(ProcessProfile::kTensorBuffers);
+        std::thread([] { throw std::bad_alloc(); }).join();
+      },
+      ::testing::ExitedWithCode(2), "error: out of memory \\(std::bad_alloc\\)");
+  EXPECT_EXIT(
+      {
+        InitProcess(ProcessProfile::kDefault);
+        // A real failed allocation, not only a thrown one (on a thread: gtest
+        // would catch it on its own).
+        std::thread([] {
+          std::vector<float> huge(std::numeric_limits<size_t>::max() / 8);
+          std::printf("%f\n", huge[0]);
+        }).join();
+      },
+      ::testing::ExitedWithCode(2), "out of memory");
 }
 
 }  // namespace

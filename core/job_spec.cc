@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -18,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 
@@ -713,6 +715,34 @@ absl::Status CheckFinite(const std::string& path, double value) {
   return FieldError(path, absl::StrCat("must be a finite number, got ", value));
 }
 
+// Hyper-parameters are doubles in the spec but float32 where the PS uses
+// them: a value float32 cannot hold (1e39 -> inf, 1e-50 -> 0) must be refused
+// here, naming the field, not found by the optimizer at step 2.
+// The shortest text that reads back as `value` (StrCat keeps 6 digits,
+// which would print 0.99999999999 as "1").
+std::string ExactDouble(double value) {
+  for (int digits = 6; digits < 17; ++digits) {
+    std::string text = absl::StrFormat("%.*g", digits, value);
+    if (std::strtod(text.c_str(), nullptr) == value) return text;
+  }
+  return absl::StrFormat("%.17g", value);
+}
+
+absl::Status CheckFloat32(const std::string& path, double value) {
+  const double magnitude = std::fabs(value);
+  if (magnitude > std::numeric_limits<float>::max()) {
+    return FieldError(path, absl::StrCat("must be at most ", std::numeric_limits<float>::max(),
+                                         " in magnitude (it is used as a float32), got ", value));
+  }
+  if (value != 0 && magnitude < std::numeric_limits<float>::min()) {
+    return FieldError(path,
+                      absl::StrCat("must be 0 or at least ", std::numeric_limits<float>::min(),
+                                   " in magnitude (it is used as a float32, where ", value,
+                                   " would be 0 or denormal), got ", value));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateReplicas(const TrainingJob& job) {
   static const std::vector<std::string> kTypes = {"PS", "Worker", "Chief", "Evaluator"};
   for (const auto& [type, spec] : job.replica_specs) {
@@ -823,6 +853,24 @@ absl::Status ValidateTraining(const TrainingJob& job) {
   }
   KT_RETURN_IF_ERROR(CheckFinite(opath + ".initialAccumulator", o.initial_accumulator));
   KT_RETURN_IF_ERROR(CheckAtLeast(opath + ".initialAccumulator", o.initial_accumulator, 0.0));
+  for (const auto& [name, value] : {std::pair<const char*, double>{"learningRate", o.learning_rate},
+                                    {"momentum", o.momentum},
+                                    {"beta1", o.beta1},
+                                    {"beta2", o.beta2},
+                                    {"epsilon", o.epsilon},
+                                    {"initialAccumulator", o.initial_accumulator}}) {
+    KT_RETURN_IF_ERROR(CheckFloat32(opath + "." + name, value));
+  }
+  // A decay that rounds to 1 in float32 never decays (and adam divides by 1 - beta^t).
+  for (const auto& [name, value] : {std::pair<const char*, double>{"momentum", o.momentum},
+                                    {"beta1", o.beta1},
+                                    {"beta2", o.beta2}}) {
+    if (!(static_cast<float>(value) < 1.0f)) {
+      return FieldError(opath + "." + name,
+                        absl::StrCat("must be < 1 as a float32 (", ExactDouble(value),
+                                     " rounds to 1), got ", ExactDouble(value)));
+    }
+  }
 
   KT_RETURN_IF_ERROR(CheckRange(path + ".batchSize", t.batch_size, 1, kMaxBatchSize));
   if (t.steps.has_value() && t.epochs.has_value()) {

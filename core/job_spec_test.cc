@@ -419,6 +419,33 @@ TEST(JobSpecErrors, LearningRateNotPositive) {
             "spec.training.optimizer.learningRate: must be a finite number, got nan");
 }
 
+TEST(JobSpecErrors, HyperParametersMustFitFloat32) {
+  EXPECT_EQ(ErrorOf(Replace("learningRate: 0.1", "learningRate: 1e39")),
+            "spec.training.optimizer.learningRate: must be at most 3.40282e+38 in magnitude (it "
+            "is used as a float32), got 1e+39");
+  EXPECT_STARTS_WITH(ErrorOf(Replace("learningRate: 0.1", "learningRate: 1e-40")),
+                     "spec.training.optimizer.learningRate: must be 0 or at least 1.17549e-38");
+  EXPECT_EQ(ErrorOf(Replace("momentum: 0.5", "momentum: 0.99999999999")),
+            "spec.training.optimizer.momentum: must be < 1 as a float32 (0.99999999999 rounds to "
+            "1), got 0.99999999999");
+  const std::string adam = "type: adam\n      learningRate: 0.1\n";
+  auto with_adam = [&](const std::string& extra) {
+    return Replace(
+        "type: momentum\n      learningRate: 0.1\n      momentum: 0.5\n      "
+        "nesterov: true\n",
+        adam + extra);
+  };
+  EXPECT_STARTS_WITH(ErrorOf(with_adam("      epsilon: 1e-50\n")),
+                     "spec.training.optimizer.epsilon: must be 0 or at least 1.17549e-38 in "
+                     "magnitude (it is used as a float32");
+  EXPECT_EQ(ErrorOf(with_adam("      beta2: 0.99999999999\n")),
+            "spec.training.optimizer.beta2: must be < 1 as a float32 (0.99999999999 rounds to 1), "
+            "got 0.99999999999");
+  // The edges of the range are fine.
+  EXPECT_EQ(ErrorOf(Replace("learningRate: 0.1", "learningRate: 3e38")), "<parsed OK>");
+  EXPECT_EQ(ErrorOf(with_adam("      epsilon: 1e-37\n")), "<parsed OK>");
+}
+
 TEST(JobSpecErrors, OptimizerFields) {
   EXPECT_EQ(ErrorOf(Replace("momentum: 0.5", "momentum: 1")),
             "spec.training.optimizer.momentum: must be in [0, 1), got 1");

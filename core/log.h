@@ -3,10 +3,12 @@
 #ifndef KUBETRAIN_CORE_LOG_H_
 #define KUBETRAIN_CORE_LOG_H_
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -19,6 +21,35 @@ void Log(const Args&... args) {
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
 }
+
+// Rate limit for a log line that a client can trigger at will (bad requests,
+// refused updates): the first occurrence is logged, then at most one per
+// `interval`; Allow says how many were not logged in between. Thread-safe.
+class LogLimiter {
+ public:
+  explicit LogLimiter(absl::Duration interval) : interval_(interval) {}
+  // True if this occurrence (at `now`) is to be logged; then *suppressed is
+  // the number of occurrences not logged since the last one that was.
+  bool Allow(absl::Time now, int64_t* suppressed) {
+    absl::MutexLock l(&mu_);
+    if (logged_once_ && now - last_ < interval_) {
+      ++suppressed_;
+      return false;
+    }
+    logged_once_ = true;
+    last_ = now;
+    *suppressed = suppressed_;
+    suppressed_ = 0;
+    return true;
+  }
+
+ private:
+  const absl::Duration interval_;
+  absl::Mutex mu_;
+  bool logged_once_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_ ABSL_GUARDED_BY(mu_);
+  int64_t suppressed_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 }  // namespace kubetrain
 

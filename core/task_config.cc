@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/dataset.h"
+#include "core/memory_budget.h"
 
 namespace kubetrain {
 
@@ -51,6 +52,13 @@ absl::StatusOr<TaskConfig> LoadTaskConfig(const std::string& job_file,
   auto model = Model::Create(c.job.training.model);
   if (!model.ok()) return model.status();
   c.model = std::make_unique<Model>(std::move(*model));
+  // Before anything is allocated: a model this task cannot hold is a
+  // configuration error naming spec.training.model, not a std::bad_alloc.
+  if (absl::Status s =
+          CheckTaskFitsMemory(c.job, c.tf.task_type, c.tf.task_index, DetectMemoryLimit());
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(job_file, ": ", s.message()));
+  }
   c.placement =
       PlaceVariables(c.model->variables(), c.num_ps, c.job.training.split_threshold_bytes);
   auto examples = TrainExamples(c.job.training);

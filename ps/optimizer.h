@@ -1,8 +1,13 @@
 // Optimizers applied by a PS shard to the parts it holds.
 //
 // Each optimizer keeps its slot state (momentum, Adam moments, Adagrad
-// accumulators) per part, sized at construction. Not thread-safe: the shard
-// calls Apply under its own lock.
+// accumulators) per part, sized at construction. An update is staged and
+// then committed, so the shard can refuse an update that would store a
+// non-finite value and keep parameters and optimizer state exactly as they
+// were: Stage computes the new values and slots without changing any state,
+// Commit makes the staged slots current. The slots are double-buffered
+// (Commit swaps), so staging costs no copy. Not thread-safe: the shard calls
+// it under its own lock.
 #ifndef KUBETRAIN_PS_OPTIMIZER_H_
 #define KUBETRAIN_PS_OPTIMIZER_H_
 
@@ -19,11 +24,24 @@ namespace kubetrain {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // value -= update(grad) for part `part` (n elements). `step` counts the
-  // updates applied to this shard so far, starting at 1 (Adam's bias correction).
-  virtual void Apply(int part, float* value, const float* grad, int64_t n, int64_t step) = 0;
-  // Slot buffers of a part, in a fixed order (for checkpoints).
+  // value_out = value - update(grad) for part `part` (n elements), and the
+  // part's new slot state into its staging buffers; value_out may be value.
+  // `step` counts the updates applied to this shard so far, starting at 1
+  // (Adam's bias correction). Returns false if any new value or slot element
+  // is not finite. Nothing current changes until Commit(part).
+  virtual bool Stage(int part, const float* value, const float* grad, int64_t n, int64_t step,
+                     float* value_out) = 0;
+  // Makes the slot state of the last Stage(part) current.
+  virtual void Commit(int part) = 0;
+  // Current slot buffers of a part, in a fixed order (for checkpoints).
   virtual std::vector<std::vector<float>*> Slots(int part) = 0;
+
+  // Stage in place and Commit, whatever the result (tests).
+  bool Apply(int part, float* value, const float* grad, int64_t n, int64_t step) {
+    const bool finite = Stage(part, value, grad, n, step, value);
+    Commit(part);
+    return finite;
+  }
 };
 
 // part_sizes[i] = element count of part i.

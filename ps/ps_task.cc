@@ -54,6 +54,10 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
   m.shard.barrier_timeouts =
       counter("kubetrain_barrier_timeouts_total",
               "Sync steps applied after barrierTimeoutSeconds without every expected gradient");
+  m.shard.nonfinite_updates =
+      counter("kubetrain_nonfinite_updates_total",
+              "Optimizer updates refused because they would have stored a non-finite value "
+              "(parameters and optimizer state unchanged)");
   m.service.pull_seconds = &rpc.Add({{"method", "Pull"}, {"side", "server"}}, LatencyBuckets());
   m.service.push_seconds = &rpc.Add({{"method", "Push"}, {"side", "server"}}, LatencyBuckets());
   m.service.pull_bytes = counter("kubetrain_pull_bytes_total", "Tensor bytes sent by pulls");

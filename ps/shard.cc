@@ -1,7 +1,9 @@
 #include "ps/shard.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include <eigen3/Eigen/Core>
 
@@ -79,8 +81,8 @@ Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique
   absl::MutexLock l(&mu_);
   optimizer_ = std::move(opt);
   values_.resize(parts_.size());
-  accum_.resize(parts_.size());
-  for (size_t i = 0; i < parts_.size(); ++i) accum_[i].assign(parts_[i].num_elements(), 0.0f);
+  staged_values_.resize(parts_.size());
+  for (size_t i = 0; i < parts_.size(); ++i) staged_values_[i].resize(parts_[i].num_elements());
   absl::Time now = clock_->Now();
   for (int w = 0; w < options_.num_workers; ++w) {
     worker_clock_[w] = 0;
@@ -229,13 +231,14 @@ void Shard::CancelPull(uint64_t ticket) {
 void Shard::Tick(absl::Time now) {
   std::vector<Waiter> expired;
   std::vector<std::pair<Waiter, Snapshot>> ready;
+  std::vector<std::vector<std::vector<float>>> freed;
   {
     absl::MutexLock l(&mu_);
     if (options_.mode == TrainingMode::kSync && options_.barrier_timeout > absl::ZeroDuration() &&
-        !contributors_.empty() && !Done() && now - accum_started_ >= options_.barrier_timeout) {
+        !pending_.empty() && !Done() && now - accum_started_ >= options_.barrier_timeout) {
       ++stats_.barrier_timeouts;
       if (metrics_.barrier_timeouts) metrics_.barrier_timeouts->Increment();
-      ApplyAccumulatedLocked();
+      ApplyPendingLocked(&freed);
     }
     // A worker may just have been declared dead: its clock no longer holds anyone.
     ready = TakeReadyWaiters(now);
@@ -248,6 +251,7 @@ void Shard::Tick(absl::Time now) {
       }
     }
   }
+  for (auto& buffers : freed) ReleaseGradientBuffers(std::move(buffers));
   RunReady(std::move(ready));
   for (auto& w : expired) {
     w.done(
@@ -305,31 +309,68 @@ absl::Status Shard::ValidatePush(const PushHeader& h,
   return absl::OkStatus();
 }
 
-void Shard::ApplyLocked(const std::vector<std::vector<float>>& grads, float scale) {
-  int64_t step = version_ + 1;
-  std::vector<float> scaled;
-  for (size_t i = 0; i < parts_.size(); ++i) {
-    const float* g = grads[i].data();
-    if (scale != 1.0f) {
-      scaled.resize(grads[i].size());
-      for (size_t k = 0; k < scaled.size(); ++k) scaled[k] = grads[i][k] * scale;
-      g = scaled.data();
-    }
-    optimizer_->Apply(static_cast<int>(i), values_[i].data(), g, parts_[i].num_elements(), step);
+bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads) {
+  const int64_t step = version_ + 1;
+  bool finite = true;
+  for (size_t i = 0; i < parts_.size() && finite; ++i) {
+    finite = optimizer_->Stage(static_cast<int>(i), values_[i].data(), grads[i].data(),
+                               parts_[i].num_elements(), step, staged_values_[i].data());
   }
+  if (!finite) {
+    // Nothing was committed: values and optimizer state are as they were.
+    ++stats_.nonfinite_updates;
+    if (metrics_.nonfinite_updates) metrics_.nonfinite_updates->Increment();
+    int64_t suppressed = 0;
+    if (nonfinite_log_.Allow(clock_->Now(), &suppressed)) {
+      Log("warning: ps:", options_.shard_index, " refused the update of step ", step,
+          ": it would store a non-finite value (parameters and optimizer state unchanged; ",
+          stats_.nonfinite_updates, " refused so far, ", suppressed,
+          " not logged since the last message)");
+    }
+    return false;
+  }
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    std::swap(values_[i], staged_values_[i]);
+    optimizer_->Commit(static_cast<int>(i));
+  }
+  return true;
+}
+
+void Shard::StepLocked() {
   SetVersionLocked(version_ + 1);
   if (options_.checkpoint_every_steps > 0 && version_ % options_.checkpoint_every_steps == 0) {
     pending_checkpoint_ = CheckpointLocked();
   }
 }
 
-void Shard::ApplyAccumulatedLocked() {
-  const auto n = static_cast<int64_t>(contributors_.size());
-  ApplyLocked(accum_, 1.0f / static_cast<float>(n));
-  stats_.gradients_applied += n;
-  if (metrics_.applied) metrics_.applied->Increment(static_cast<double>(n));
-  for (auto& a : accum_) std::fill(a.begin(), a.end(), 0.0f);
-  contributors_.clear();
+void Shard::ApplyPendingLocked(std::vector<std::vector<std::vector<float>>>* freed) {
+  const auto n = static_cast<int64_t>(pending_.size());
+  // The mean goes into the first (lowest-index) worker's buffers, element
+  // block by element block, summed in double in worker order: no overflow for
+  // finite float32 inputs, and the same bits whatever the arrival order.
+  std::vector<std::vector<float>>& mean = pending_.begin()->second;
+  constexpr Eigen::Index kBlock = 4096;
+  Eigen::ArrayXd sum(kBlock);
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const Eigen::Index size = static_cast<Eigen::Index>(parts_[i].num_elements());
+    for (Eigen::Index b = 0; b < size; b += kBlock) {
+      const Eigen::Index len = std::min(kBlock, size - b);
+      auto acc = sum.head(len);
+      acc.setZero();
+      for (const auto& [worker, g] : pending_) {
+        acc += Eigen::Map<const Eigen::ArrayXf>(g[i].data() + b, len).cast<double>();
+      }
+      Eigen::Map<Eigen::ArrayXf>(mean[i].data() + b, len) =
+          (acc / static_cast<double>(n)).cast<float>();
+    }
+  }
+  if (ApplyLocked(mean)) {
+    stats_.gradients_applied += n;
+    if (metrics_.applied) metrics_.applied->Increment(static_cast<double>(n));
+  }
+  StepLocked();
+  for (auto& [worker, g] : pending_) freed->push_back(std::move(g));
+  pending_.clear();
 }
 
 void Shard::SetVersionLocked(int64_t v) {
@@ -340,13 +381,17 @@ void Shard::SetVersionLocked(int64_t v) {
 
 absl::StatusOr<Shard::PushResult> Shard::Push(const PushHeader& header,
                                               std::vector<std::vector<float>> grads) {
-  auto result = PushImpl(header, grads);
-  ReleaseGradientBuffers(std::move(grads));
+  std::vector<std::vector<std::vector<float>>> freed;
+  auto result = PushImpl(header, &grads, &freed);
+  if (!grads.empty()) ReleaseGradientBuffers(std::move(grads));
+  for (auto& buffers : freed) ReleaseGradientBuffers(std::move(buffers));
   return result;
 }
 
-absl::StatusOr<Shard::PushResult> Shard::PushImpl(const PushHeader& header,
-                                                  const std::vector<std::vector<float>>& grads) {
+absl::StatusOr<Shard::PushResult> Shard::PushImpl(
+    const PushHeader& header, std::vector<std::vector<float>>* grads_in,
+    std::vector<std::vector<std::vector<float>>>* freed) {
+  const std::vector<std::vector<float>>& grads = *grads_in;
   std::vector<std::pair<Waiter, Snapshot>> ready;
   PushResult result;
   {
@@ -377,20 +422,18 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(const PushHeader& header,
       c = std::max(c, header.worker_clock);
     }
     if (options_.mode == TrainingMode::kSync) {
-      if (header.version < version_ || contributors_.count(header.worker)) {
+      if (header.version < version_ || pending_.count(header.worker)) {
         result.dropped = true;
         ++stats_.stale_gradients_dropped;
         if (metrics_.stale_dropped) metrics_.stale_dropped->Increment();
       } else {
-        for (size_t i = 0; i < parts_.size(); ++i) {
-          const auto n = static_cast<Eigen::Index>(grads[i].size());
-          Eigen::Map<Eigen::ArrayXf>(accum_[i].data(), n) +=
-              Eigen::Map<const Eigen::ArrayXf>(grads[i].data(), n);
-        }
-        if (contributors_.empty()) accum_started_ = now;
-        contributors_.insert(header.worker);
-        if (static_cast<int>(contributors_.size()) >= options_.replicas_to_aggregate) {
-          ApplyAccumulatedLocked();
+        if (pending_.empty()) accum_started_ = now;
+        pending_[header.worker] = std::move(*grads_in);  // kept until the step is applied
+        grads_in->clear();
+        if (static_cast<int>(pending_.size()) >= options_.replicas_to_aggregate) {
+          const int64_t refused = stats_.nonfinite_updates;
+          ApplyPendingLocked(freed);
+          result.dropped = stats_.nonfinite_updates != refused;
         }
       }
     } else {
@@ -398,9 +441,13 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(const PushHeader& header,
       if (metrics_.staleness) metrics_.staleness->Observe(static_cast<double>(result.staleness));
       stats_.staleness_sum += result.staleness;
       stats_.staleness_max = std::max(stats_.staleness_max, result.staleness);
-      ApplyLocked(grads, 1.0f);
-      ++stats_.gradients_applied;
-      if (metrics_.applied) metrics_.applied->Increment();
+      if (ApplyLocked(grads)) {
+        StepLocked();
+        ++stats_.gradients_applied;
+        if (metrics_.applied) metrics_.applied->Increment();
+      } else {
+        result.dropped = true;
+      }
     }
     result.version = version_;
     result.done = Done();

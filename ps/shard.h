@@ -8,11 +8,21 @@
 // are ignored and every pull returns at once with done = true.
 //
 // Sync mode: a push carries the version it was computed against. A push for
-// the current version is accumulated (at most once per worker); when
+// the current version is kept (at most one per worker); when
 // `replicas_to_aggregate` have arrived they are averaged and applied, and the
 // version advances. A push for an older version is stale: dropped and counted.
 // A push for a version the shard has not reached is INVALID_ARGUMENT.
 // Workers wait at the barrier by pulling with min_version = v + 1.
+//
+// Numerics: the average is summed in double, in worker-index order (so it
+// cannot overflow for finite float32 inputs and does not depend on the order
+// in which gradients arrive), then rounded to float32 once. Every update is
+// staged and checked: an update that would store a non-finite value in a
+// parameter or in the optimizer's state is refused as a whole (nothing
+// changes), counted (nonfinite_updates) and logged at most once per 10 s.
+// A refused sync step still advances the version (the step is skipped, so the
+// workers at the barrier go on); a refused async push is dropped (dropped =
+// true, the version does not move).
 //
 // Async mode: a push is applied on arrival; staleness = version at apply -
 // version pulled is recorded. With max_staleness = tau, a pull from a worker
@@ -52,6 +62,7 @@
 #include "absl/time/time.h"
 #include "core/clock.h"
 #include "core/job_spec.h"
+#include "core/log.h"
 #include "core/model.h"
 #include "core/placement.h"
 #include "core/task_config.h"
@@ -108,8 +119,9 @@ struct ShardMetrics {
   prometheus::Counter* applied = nullptr;        // gradients applied (sync: aggregated ones)
   prometheus::Counter* rejected = nullptr;       // invalid pushes
   prometheus::Gauge* version = nullptr;
-  prometheus::Histogram* hold_seconds = nullptr;    // how long pulls were held
-  prometheus::Counter* barrier_timeouts = nullptr;  // sync steps applied after the timeout
+  prometheus::Histogram* hold_seconds = nullptr;     // how long pulls were held
+  prometheus::Counter* barrier_timeouts = nullptr;   // sync steps applied after the timeout
+  prometheus::Counter* nonfinite_updates = nullptr;  // updates refused as non-finite
 };
 
 struct ShardStatsSnapshot {
@@ -121,6 +133,7 @@ struct ShardStatsSnapshot {
   int64_t staleness_max = 0;
   int64_t barrier_timeouts = 0;
   int64_t restored_version = 0;
+  int64_t nonfinite_updates = 0;  // updates refused: they would have stored Inf/NaN
 };
 
 class Shard {
@@ -233,19 +246,27 @@ class Shard {
   // Removes the waiters that can now be served; the caller runs them unlocked.
   std::vector<std::pair<Waiter, Snapshot>> TakeReadyWaiters(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Averages and applies the accumulated sync gradients (at least one).
-  void ApplyAccumulatedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool Alive(int worker, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyLocked(const std::vector<std::vector<float>>& grads, float scale)
+  // Averages and applies the pending sync gradients (at least one) and
+  // advances the version; their buffers go to *freed.
+  void ApplyPendingLocked(std::vector<std::vector<std::vector<float>>>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Alive(int worker, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stages the optimizer's update for every part and commits it only if every
+  // new value and slot is finite (else counts and logs it). Returns whether
+  // it was applied. Does not change the version.
+  bool ApplyLocked(const std::vector<std::vector<float>>& grads) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The version advances by one optimizer step (applied or skipped).
+  void StepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetVersionLocked(int64_t v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ShardCheckpoint CheckpointLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidatePush(const PushHeader& h, const std::vector<std::vector<float>>& grads) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunReady(std::vector<std::pair<Waiter, Snapshot>> ready);
-  // Push() without the buffer recycling.
+  // Push() without the buffer recycling: it may keep `grads` (sync) and
+  // puts the buffers it is done with in *freed.
   absl::StatusOr<PushResult> PushImpl(const PushHeader& header,
-                                      const std::vector<std::vector<float>>& grads);
+                                      std::vector<std::vector<float>>* grads,
+                                      std::vector<std::vector<std::vector<float>>>* freed);
 
   const ShardOptions options_;
   const std::vector<PartPlacement> parts_;
@@ -256,9 +277,12 @@ class Shard {
   std::vector<std::vector<float>> values_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  // Sync aggregation for the current version.
-  std::vector<std::vector<float>> accum_ ABSL_GUARDED_BY(mu_);
-  std::set<int> contributors_ ABSL_GUARDED_BY(mu_);
+  // The next values, written by the optimizer's Stage and swapped with
+  // values_ when an update is committed.
+  std::vector<std::vector<float>> staged_values_ ABSL_GUARDED_BY(mu_);
+  // Sync aggregation for the current version: each contributing worker's
+  // gradient, by worker index (the order they are summed in).
+  std::map<int, std::vector<std::vector<float>>> pending_ ABSL_GUARDED_BY(mu_);
   absl::Time accum_started_ ABSL_GUARDED_BY(mu_);  // first gradient of the current step
   std::map<int, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
   // Steps completed per worker (bounded staleness); left workers are removed.
@@ -277,6 +301,8 @@ class Shard {
 
   absl::Mutex pool_mu_;
   std::vector<std::vector<std::vector<float>>> gradient_pool_ ABSL_GUARDED_BY(pool_mu_);
+
+  LogLimiter nonfinite_log_{absl::Seconds(10)};  // thread-safe itself
 };
 
 }  // namespace kubetrain

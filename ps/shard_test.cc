@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <random>
 
 namespace kubetrain {
 namespace {
@@ -32,6 +34,12 @@ struct Fixture {
     OptimizerSpec opt;
     opt.type = "sgd";
     opt.learning_rate = 1.0;
+    shard = *Shard::Create(o, *model, placement, opt, &clock, ShardMetrics{});
+  }
+  // `workers` workers, all aggregated in sync mode, with optimizer `opt`.
+  Fixture(TrainingMode mode, int workers, const OptimizerSpec& opt) : Fixture(mode, workers, 1) {
+    ShardOptions o = shard->options();
+    o.replicas_to_aggregate = mode == TrainingMode::kSync ? workers : 1;
     shard = *Shard::Create(o, *model, placement, opt, &clock, ShardMetrics{});
   }
   std::vector<std::vector<float>> Grads(float v) const {
@@ -368,6 +376,138 @@ TEST(ShardCheckpointTest, SnapshotsExactlyAtEveryNSteps) {
     if (auto c = shard->TakePendingCheckpoint()) taken.push_back(c->version);
   }
   EXPECT_EQ(taken, (std::vector<int64_t>{3, 6}));
+}
+
+// Values and optimizer slots, bit for bit.
+std::string StateBytes(const Shard& shard) {
+  ShardCheckpoint c = shard.Checkpoint();
+  std::string out;
+  auto add = [&](const std::vector<float>& v) {
+    out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  };
+  for (const auto& v : c.values) add(v);
+  for (const auto& slots : c.slots) {
+    for (const auto& v : slots) add(v);
+  }
+  return out;
+}
+
+bool AllFinite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+TEST(ShardNumericsTest, SyncMeanOfTwoHugeFiniteGradientsDoesNotOverflow) {
+  Fixture f(TrainingMode::kSync, 2, 2);
+  const auto before = f.Values();
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(3e38f)).ok());
+  auto r = f.shard->Push({1, 0, 1}, f.Grads(3e38f));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->dropped);
+  EXPECT_EQ(r->version, 1);
+  // The float32 sum is +Inf; the mean is 3e38, so each value moved by exactly that.
+  const auto after = f.Values();
+  ASSERT_TRUE(AllFinite(after));
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i], before[i] - 3e38f) << i;
+  EXPECT_EQ(f.shard->stats().nonfinite_updates, 0);
+  EXPECT_EQ(f.shard->stats().gradients_applied, 2);
+}
+
+TEST(ShardNumericsTest, SyncUpdateThatWouldOverflowIsRefusedAsAWholeAndTheStepSkipped) {
+  Fixture f(TrainingMode::kSync, 2, 2);
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(3e38f)).ok());
+  ASSERT_TRUE(f.shard->Push({1, 0, 1}, f.Grads(3e38f)).ok());
+  const std::string state = StateBytes(*f.shard);
+  // Values are about -3e38: another step of 3e38 would make them -Inf.
+  ASSERT_TRUE(f.shard->Push({0, 1, 2}, f.Grads(3e38f)).ok());
+  auto r = f.shard->Push({1, 1, 2}, f.Grads(3e38f));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->dropped);
+  EXPECT_EQ(r->version, 2);  // skipped, so the workers at the barrier go on
+  EXPECT_EQ(StateBytes(*f.shard), state);
+  EXPECT_EQ(f.shard->stats().nonfinite_updates, 1);
+  EXPECT_EQ(f.shard->stats().gradients_applied, 2);
+  // Training goes on from the unchanged values.
+  ASSERT_TRUE(f.shard->Push({0, 2, 3}, f.Grads(-1e38f)).ok());
+  ASSERT_TRUE(f.shard->Push({1, 2, 3}, f.Grads(-1e38f)).ok());
+  EXPECT_NE(StateBytes(*f.shard), state);
+  EXPECT_TRUE(AllFinite(f.Values()));
+}
+
+TEST(ShardNumericsTest, AsyncUpdateThatWouldOverflowIsDroppedAndChangesNothing) {
+  Fixture f(TrainingMode::kAsync, 2, 1);
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(3e38f)).ok());
+  const std::string state = StateBytes(*f.shard);
+  auto r = f.shard->Push({1, 1, 1}, f.Grads(3e38f));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->dropped);
+  EXPECT_EQ(r->version, 1);
+  EXPECT_EQ(f.shard->version(), 1);
+  EXPECT_EQ(StateBytes(*f.shard), state);
+  EXPECT_EQ(f.shard->stats().nonfinite_updates, 1);
+  EXPECT_EQ(f.shard->stats().gradients_applied, 1);
+}
+
+// For every optimizer, in both modes: a huge finite gradient is pushed until
+// its update overflows (SGD and momentum: the values or the accumulator pass
+// FLT_MAX; Adam and Adagrad: the squared gradient does); that update changes
+// neither the values nor the slots, and training then goes on.
+TEST(ShardNumericsTest, EveryOptimizerRefusesNonFiniteUpdatesAndKeepsItsState) {
+  for (const char* type : {"sgd", "momentum", "adam", "adagrad"}) {
+    for (TrainingMode mode : {TrainingMode::kSync, TrainingMode::kAsync}) {
+      SCOPED_TRACE(absl::StrCat(type, " ", TrainingModeName(mode)));
+      OptimizerSpec opt;
+      opt.type = type;
+      opt.learning_rate = 1.0;
+      opt.momentum = 0.9;
+      Fixture f(mode, 2, opt);
+      auto step = [&](float g) {
+        const int64_t v = f.shard->version();
+        Shard::PushResult last;
+        for (int w = 0; w < 2; ++w) {
+          auto r = f.shard->Push({w, v, v + 1}, f.Grads(g));
+          EXPECT_TRUE(r.ok()) << r.status();
+          if (r.ok()) last = *r;
+          if (mode == TrainingMode::kAsync) break;
+        }
+        return last;
+      };
+      step(0.5f);
+      int refused_at = -1;
+      std::string before;
+      for (int i = 0; i < 4 && refused_at < 0; ++i) {
+        before = StateBytes(*f.shard);
+        if (step(3e38f).dropped) refused_at = i;
+      }
+      ASSERT_GE(refused_at, 0) << "no update overflowed";
+      EXPECT_EQ(StateBytes(*f.shard), before);
+      EXPECT_EQ(f.shard->stats().nonfinite_updates, 1);
+      // Back towards zero (momentum still carries about 3e38; Adam's and
+      // Adagrad's huge gradients never got in).
+      const bool first_order = std::string(type) == "sgd" || std::string(type) == "momentum";
+      EXPECT_FALSE(step(first_order ? -3e38f : 0.5f).dropped);
+      EXPECT_NE(StateBytes(*f.shard), before);
+      EXPECT_TRUE(AllFinite(f.Values()));
+    }
+  }
+}
+
+TEST(ShardNumericsTest, SyncMeanDoesNotDependOnArrivalOrder) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> mantissa(-1, 1);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  Fixture a(TrainingMode::kSync, 4, 4), b(TrainingMode::kSync, 4, 4);
+  std::vector<std::vector<std::vector<float>>> grads;
+  for (int w = 0; w < 4; ++w) {
+    auto g = a.Grads(0);
+    for (auto& part : g) {
+      for (float& x : part) x = std::ldexp(mantissa(rng), exponent(rng));
+    }
+    grads.push_back(g);
+  }
+  for (int w : {0, 1, 2, 3}) ASSERT_TRUE(a.shard->Push({w, 0, 1}, grads[w]).ok());
+  for (int w : {3, 1, 0, 2}) ASSERT_TRUE(b.shard->Push({w, 0, 1}, grads[w]).ok());
+  EXPECT_EQ(a.shard->version(), 1);
+  EXPECT_EQ(StateBytes(*a.shard), StateBytes(*b.shard));
 }
 
 }  // namespace

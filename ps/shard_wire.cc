@@ -48,6 +48,7 @@ void FillShardStats(const ShardStatsSnapshot& s, v1::ShardStats* out) {
   out->set_staleness_max(s.staleness_max);
   out->set_barrier_timeouts(s.barrier_timeouts);
   out->set_restored_version(s.restored_version);
+  out->set_nonfinite_updates(s.nonfinite_updates);
 }
 
 PushAssembler::PushAssembler(Shard* shard) : shard_(shard) {

@@ -388,6 +388,7 @@ absl::StatusOr<v1::ShardStats> PsClient::Shutdown() {
     total.set_staleness_max(std::max(total.staleness_max(), s.staleness_max()));
     total.set_barrier_timeouts(total.barrier_timeouts() + s.barrier_timeouts());
     total.set_restored_version(std::max(total.restored_version(), s.restored_version()));
+    total.set_nonfinite_updates(total.nonfinite_updates() + s.nonfinite_updates());
   }
   return total;
 }

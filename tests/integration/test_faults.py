@@ -1,7 +1,8 @@
 """Surviving dead tasks: a worker SIGKILLed mid-run in sync and in async mode,
 and a PS SIGKILLed mid-run, are restarted by `kubetrain run` (restartPolicy);
-the job finishes, every task exits 0, accuracy stays within 1 point of an
-undisturbed run with the same seed, and the metrics show what happened."""
+the job finishes, every task exits 0, accuracy stays within 1 point (sync;
+2.5 async, see TOLERANCE) of an undisturbed run with the same seed, and the
+metrics show what happened."""
 import os
 import signal
 
@@ -37,16 +38,23 @@ def undisturbed_accuracy(tmp_path, mode):
     return summary["test_accuracy"]
 
 
-def assert_recovered(code, summary, run, baseline, task, two_sided=True):
+# Async training is not repeatable: its result depends on how the workers
+# interleave, so on a loaded machine two undisturbed async runs of this job
+# differed by up to 1.9 points (0.8521 against 0.8709, load average 15 on 2
+# cores). Sync runs stay within the 1 point.
+TOLERANCE = {"sync": 0.01, "async": 0.025}
+
+
+def assert_recovered(code, summary, run, baseline, task, two_sided=True, tolerance=0.01):
     assert code == 0, run.output()[-4000:]
     assert summary["status"] == "Succeeded", summary
     assert summary["global_step"] == STEPS
     assert all(c == 0 for c in summary["exit_codes"].values()), summary["exit_codes"]
     assert summary["restarts"][task] == 1, summary["restarts"]
-    # Never more than 1 point worse than the undisturbed run.
-    assert summary["test_accuracy"] >= baseline - 0.01, (summary["test_accuracy"], baseline)
+    # Never more than `tolerance` worse than the undisturbed run.
+    assert summary["test_accuracy"] >= baseline - tolerance, (summary["test_accuracy"], baseline)
     if two_sided:
-        assert summary["test_accuracy"] <= baseline + 0.01, (summary["test_accuracy"], baseline)
+        assert summary["test_accuracy"] <= baseline + tolerance, (summary["test_accuracy"], baseline)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -62,7 +70,7 @@ def test_worker_killed_mid_run_is_restarted_and_the_job_finishes(tmp_path, live_
         # The barrier does not hang on the dead worker: steps go on without it.
         run.wait_for_step("ps-0", STEPS // 3 + 20, timeout=30)
     code, summary = run.finish()
-    assert_recovered(code, summary, run, baseline, "worker-1")
+    assert_recovered(code, summary, run, baseline, "worker-1", tolerance=TOLERANCE[mode])
     out = run.output()
     assert "worker-1 exited with code 137; restarting" in out
     if mode == "sync":

@@ -2,7 +2,8 @@
 // (ps/service.h) and the worker's channel (worker/grpc_shard_channel.h).
 // Chunked pulls and pushes round trip, malformed pushes are refused with
 // INVALID_ARGUMENT while the server stays up and its state stays unchanged,
-// and the task a request names (worker, chief, evaluator) reaches the shard.
+// huge finite gradients never make a parameter non-finite, and the task a
+// request names (worker, chief, evaluator) reaches the shard.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -69,6 +70,32 @@ class ServiceTest : public ::testing::Test {
     return out;
   }
 
+  // A gradient as the worker's chunks (10000 elements each).
+  std::vector<ChunkRef> ChunksOf(const std::vector<std::vector<float>>& g) {
+    std::vector<ChunkRef> chunks;
+    for (size_t i = 0; i < g.size(); ++i) {
+      for (size_t off = 0; off < g[i].size(); off += 10000) {
+        chunks.push_back({&shard_->parts()[i].name, off, g[i].data() + off,
+                          std::min<size_t>(10000, g[i].size() - off)});
+      }
+    }
+    return chunks;
+  }
+  // Every part's gradient filled with `v`.
+  std::vector<std::vector<float>> Grads(float v) {
+    std::vector<std::vector<float>> g;
+    for (const auto& p : shard_->parts()) g.emplace_back(p.num_elements(), v);
+    return g;
+  }
+  absl::StatusOr<v1::PushResponse> PushFrom(int worker, int64_t version,
+                                            const std::vector<std::vector<float>>& g) {
+    v1::PushRequest::Header h;
+    h.set_worker_index(worker);
+    h.set_version(version);
+    h.set_worker_clock(version + 1);
+    return channel_->Push(h, ChunksOf(g));
+  }
+
   FakeClock clock_;
   std::unique_ptr<Model> model_;
   Placement placement_;
@@ -91,18 +118,8 @@ TEST_F(ServiceTest, ChunkedPullReturnsEveryPart) {
 
 TEST_F(ServiceTest, MalformedPushesAreRefusedAndChangeNothing) {
   auto before = PullAll();
-  std::vector<std::vector<float>> grads;
-  for (const auto& p : shard_->parts()) grads.emplace_back(p.num_elements(), 1.0f);
-  auto chunks_of = [&](const std::vector<std::vector<float>>& g) {
-    std::vector<ChunkRef> chunks;
-    for (size_t i = 0; i < g.size(); ++i) {
-      for (size_t off = 0; off < g[i].size(); off += 10000) {
-        chunks.push_back({&shard_->parts()[i].name, off, g[i].data() + off,
-                          std::min<size_t>(10000, g[i].size() - off)});
-      }
-    }
-    return chunks;
-  };
+  std::vector<std::vector<float>> grads = Grads(1.0f);
+  auto chunks_of = [&](const std::vector<std::vector<float>>& g) { return ChunksOf(g); };
   v1::PushRequest::Header h;
   h.set_worker_index(0);
   h.set_version(0);
@@ -194,6 +211,53 @@ TEST_F(ServiceTest, TheTaskTypeOnTheWireReachesTheShard) {
   leave.set_task_type(v1::TASK_TYPE_CHIEF);
   ASSERT_TRUE(channel_->Leave(leave).ok());
   EXPECT_FALSE(shard_->all_workers_left());
+}
+
+}  // namespace
+}  // namespace kubetrain
+
+namespace kubetrain {
+namespace {
+
+// Issue 9, finding 2: two valid pushes of 3e38 summed in float32 made every
+// parameter -Inf. Now the mean is taken in double, and an update that would
+// overflow is refused with the parameters bit-identical.
+TEST_F(ServiceTest, HugeFiniteGradientsNeverMakeAParameterNonFinite) {
+  const auto initial = PullAll();
+  const auto huge = Grads(3e38f);
+  ASSERT_TRUE(PushFrom(0, 0, huge).ok());
+  auto r = PushFrom(1, 0, huge);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->version(), 1);
+  EXPECT_FALSE(r->dropped());
+  int64_t version = -1;
+  const auto after_one = PullAll(&version);
+  EXPECT_EQ(version, 1);
+  for (const auto& [name, v] : after_one) {
+    for (size_t k = 0; k < v.size(); ++k) {
+      ASSERT_TRUE(std::isfinite(v[k])) << name << "[" << k << "]";
+      ASSERT_EQ(v[k], initial.at(name)[k] - 3e38f) << name << "[" << k << "]";
+    }
+  }
+  // The next step would take every value past -FLT_MAX: refused as a whole,
+  // the step skipped (the version moves so the barrier lets the workers go).
+  ASSERT_TRUE(PushFrom(0, 1, huge).ok());
+  r = PushFrom(1, 1, huge);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->dropped());
+  EXPECT_EQ(r->version(), 2);
+  const auto after_refused = PullAll(&version);
+  EXPECT_EQ(version, 2);
+  ASSERT_EQ(after_refused.size(), after_one.size());
+  for (const auto& [name, v] : after_refused) {
+    const auto& was = after_one.at(name);
+    ASSERT_EQ(v.size(), was.size());
+    EXPECT_EQ(std::memcmp(v.data(), was.data(), v.size() * sizeof(float)), 0) << name;
+  }
+  auto stats = Shutdown(v1::TASK_TYPE_WORKER, 0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->nonfinite_updates(), 1);
+  EXPECT_EQ(stats->gradients_applied(), 2);
 }
 
 }  // namespace

@@ -1,0 +1,247 @@
+#include "core/memory_budget.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/model.h"
+#include "core/placement.h"
+
+namespace kubetrain {
+namespace {
+
+// The first line of a small file, "" if it cannot be read.
+std::string FirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) return "";
+  return std::string(absl::StripAsciiWhitespace(line));
+}
+
+int64_t MachineMemory(const std::string& root) {
+  std::ifstream in(root + "/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemTotal:") return kb * 1024;
+  }
+  if (root.empty()) {
+    const long pages = ::sysconf(_SC_PHYS_PAGES);
+    const long page = ::sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) return static_cast<int64_t>(pages) * page;
+  }
+  return 0;
+}
+
+std::string TaskLabel(const std::string& type, int index) { return absl::StrCat(type, ":", index); }
+
+absl::Status TooBig(const std::string& who, int64_t need, const std::string& breakdown,
+                    const MemoryLimit& limit) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("spec.training.model: needs at least ", FormatBytes(need), " on ", who, " (",
+                   breakdown, "), more than the ", FormatBytes(limit.bytes), " of ", limit.source,
+                   "; use fewer or smaller hiddenUnits, more PS replicas, or more memory"));
+}
+
+}  // namespace
+
+MemoryLimit DetectMemoryLimit(const std::string& root) {
+  MemoryLimit limit;
+  limit.bytes = MachineMemory(root);
+  limit.source = "the machine's memory (/proc/meminfo MemTotal)";
+  struct Candidate {
+    const char* path;
+    const char* name;
+  };
+  for (const Candidate& c :
+       {Candidate{"/sys/fs/cgroup/memory.max", "memory.max"},
+        Candidate{"/sys/fs/cgroup/memory/memory.limit_in_bytes", "memory.limit_in_bytes"}}) {
+    const std::string text = FirstLine(root + c.path);
+    int64_t bytes = 0;
+    if (text.empty() || text == "max" || !absl::SimpleAtoi(text, &bytes) || bytes <= 0) continue;
+    if (limit.bytes == 0 || bytes < limit.bytes) {
+      limit.bytes = bytes;
+      limit.source = absl::StrCat("the cgroup memory limit (", c.name, ")");
+    }
+    break;
+  }
+  return limit;
+}
+
+absl::StatusOr<int64_t> ParseMemoryQuantity(absl::string_view text) {
+  const std::string original(text);
+  text = absl::StripAsciiWhitespace(text);
+  struct Suffix {
+    const char* name;
+    int64_t factor;
+  };
+  static const Suffix kSuffixes[] = {{"Ki", int64_t{1} << 10},
+                                     {"Mi", int64_t{1} << 20},
+                                     {"Gi", int64_t{1} << 30},
+                                     {"Ti", int64_t{1} << 40},
+                                     {"Pi", int64_t{1} << 50},
+                                     {"Ei", int64_t{1} << 60},
+                                     {"k", 1000},
+                                     {"K", 1000},
+                                     {"M", 1000000},
+                                     {"G", 1000000000},
+                                     {"T", 1000000000000},
+                                     {"P", 1000000000000000},
+                                     {"E", 1000000000000000000}};
+  int64_t factor = 1;
+  for (const Suffix& s : kSuffixes) {
+    if (absl::EndsWith(text, s.name)) {
+      factor = s.factor;
+      text.remove_suffix(std::string_view(s.name).size());
+      break;
+    }
+  }
+  double value = 0;
+  const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+    return absl::ascii_isdigit(c) || c == '.';
+  });
+  if (!digits || !absl::SimpleAtod(text, &value) || !(value > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", original, "\" is not a memory size > 0 (e.g. 8Gi, 512Mi, 2G or bytes)"));
+  }
+  const long double bytes = static_cast<long double>(value) * factor;
+  if (bytes >= static_cast<long double>(std::numeric_limits<int64_t>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", original, "\" is too large"));
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  static const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes) / 1024;
+  int unit = 0;
+  while (v >= 1024 && unit < 5) {
+    v /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.1f %s", v, kUnits[unit]);
+}
+
+int OptimizerSlots(const std::string& optimizer_type) {
+  if (optimizer_type == "adam") return 2;
+  if (optimizer_type == "momentum" || optimizer_type == "adagrad") return 1;
+  return 0;
+}
+
+namespace {
+
+// Float32 copies of its shard a PS task holds (memory_budget.h).
+int64_t PsCopies(const TrainingJob& job) {
+  const int slots = OptimizerSlots(job.training.optimizer.type);
+  const int64_t snapshot = job.training.checkpoint_dir.empty() ? 0 : 1 + slots;
+  return 1 + slots + 1 + 1 + snapshot;
+}
+
+int ReaderTasks(const TrainingJob& job) {
+  return job.num_workers() + static_cast<int>(job.replica_specs.count("Chief")) +
+         static_cast<int>(job.replica_specs.count("Evaluator"));
+}
+
+}  // namespace
+
+absl::StatusOr<ModelMemory> EstimateModelMemory(const TrainingJob& job) {
+  auto model = Model::Create(job.training.model);
+  if (!model.ok()) return model.status();
+  ModelMemory m;
+  for (const VariableSpec& v : model->variables()) m.model_bytes += v.num_bytes();
+  const int num_ps = std::max(1, job.num_ps());
+  const Placement placement =
+      PlaceVariables(model->variables(), num_ps, job.training.split_threshold_bytes);
+  const int64_t per_ps_factor = PsCopies(job);
+  for (int s = 0; s < num_ps; ++s) {
+    const int64_t shard = placement.ShardBytes(s);
+    m.all_tasks_bytes += shard * per_ps_factor;
+    if (shard > m.largest_shard_bytes) {
+      m.largest_shard_bytes = shard;
+      m.largest_ps = s;
+    }
+  }
+  m.largest_ps_bytes = m.largest_shard_bytes * per_ps_factor;
+  m.reader_bytes = 2 * m.model_bytes;
+  m.all_tasks_bytes += ReaderTasks(job) * m.reader_bytes;
+  return m;
+}
+
+namespace {
+
+std::string PsBreakdown(const TrainingJob& job, const ModelMemory& m) {
+  const int slots = OptimizerSlots(job.training.optimizer.type);
+  return absl::StrCat(
+      FormatBytes(m.largest_shard_bytes), " of parameters x ", PsCopies(job), ": values, ",
+      slots > 0
+          ? absl::StrCat(slots, " ", job.training.optimizer.type, " slot", slots > 1 ? "s, " : ", ")
+          : std::string(),
+      "the sync accumulator and a gradient buffer",
+      job.training.checkpoint_dir.empty() ? "" : ", and a checkpoint snapshot");
+}
+
+std::string ReaderBreakdown(const ModelMemory& m) {
+  return absl::StrCat(FormatBytes(m.model_bytes), " of parameters x 2: values and gradients");
+}
+
+}  // namespace
+
+absl::Status CheckModelFitsMemory(const TrainingJob& job, const MemoryLimit& limit,
+                                  bool tasks_share_limit) {
+  if (limit.bytes <= 0) return absl::OkStatus();
+  auto m = EstimateModelMemory(job);
+  if (!m.ok()) return m.status();
+  if (m->largest_ps_bytes > limit.bytes) {
+    return TooBig(TaskLabel("ps", m->largest_ps), m->largest_ps_bytes, PsBreakdown(job, *m), limit);
+  }
+  if (m->reader_bytes > limit.bytes) {
+    return TooBig("each worker", m->reader_bytes, ReaderBreakdown(*m), limit);
+  }
+  if (tasks_share_limit && m->all_tasks_bytes > limit.bytes) {
+    return TooBig(
+        absl::StrCat("this machine, for all ", job.num_ps() + ReaderTasks(job), " tasks together"),
+        m->all_tasks_bytes,
+        absl::StrCat("the PS tasks' shards and ", ReaderBreakdown(*m), " per worker"), limit);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTaskFitsMemory(const TrainingJob& job, const std::string& task_type,
+                                 int task_index, const MemoryLimit& limit) {
+  if (limit.bytes <= 0) return absl::OkStatus();
+  auto m = EstimateModelMemory(job);
+  if (!m.ok()) return m.status();
+  if (task_type == "ps") {
+    auto model = Model::Create(job.training.model);
+    if (!model.ok()) return model.status();
+    const Placement placement = PlaceVariables(model->variables(), std::max(1, job.num_ps()),
+                                               job.training.split_threshold_bytes);
+    ModelMemory mine = *m;
+    mine.largest_ps = task_index;
+    mine.largest_shard_bytes = placement.ShardBytes(task_index);
+    mine.largest_ps_bytes = mine.largest_shard_bytes * PsCopies(job);
+    if (mine.largest_ps_bytes > limit.bytes) {
+      return TooBig(TaskLabel("ps", task_index), mine.largest_ps_bytes, PsBreakdown(job, mine),
+                    limit);
+    }
+    return absl::OkStatus();
+  }
+  if (m->reader_bytes > limit.bytes) {
+    return TooBig(TaskLabel(task_type, task_index), m->reader_bytes, ReaderBreakdown(*m), limit);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kubetrain

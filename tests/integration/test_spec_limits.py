@@ -1,0 +1,62 @@
+"""Specs that validate used to accept and then crash or mislead (issue 9):
+models too big for the memory a task has, hyper-parameters outside float32,
+and std::bad_alloc in a real PS process."""
+import json
+import os
+import shutil
+import subprocess
+
+from conftest import binary, free_ports, job_yaml, run_cli, write
+
+
+def ps_env(ps_port, worker_port):
+    tf = {"cluster": {"ps": [f"127.0.0.1:{ps_port}"], "worker": [f"127.0.0.1:{worker_port}"]},
+          "task": {"type": "ps", "index": 0}}
+    return dict(os.environ, TF_CONFIG=json.dumps(tf))
+
+
+def run_ps(job, *prefix, timeout=60):
+    ps, worker, metrics = free_ports(3)
+    cmd = [*prefix, binary("kubetrain-ps"), f"--config={job}", f"--metrics_address=127.0.0.1:{metrics}",
+           "--bind_host=127.0.0.1"]
+    return subprocess.run(cmd, env=ps_env(ps, worker), capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_model_too_big_for_memory_is_refused_by_validate_run_and_the_ps(tmp_path):
+    job = write(tmp_path, job_yaml("huge", ps=1, workers=1, hidden="[65536, 65536]", optimizer="sgd"))
+    proc = run_cli("validate", job, "--memory-limit=8Gi")
+    assert proc.returncode == 2
+    assert "spec.training.model: needs at least 48.6 GiB on ps:0" in proc.stderr, proc.stderr
+    assert "more than the 8.0 GiB of --memory-limit 8Gi" in proc.stderr
+    proc = run_cli("run", job, "--memory-limit=8Gi")
+    assert proc.returncode == 2 and "spec.training.model" in proc.stderr, proc.stderr
+    # The task itself, against this machine's memory (or its cgroup limit):
+    # ~145 GiB for four 65536-unit layers.
+    bigger = write(tmp_path, job_yaml("huger", ps=1, workers=1, hidden="[65536, 65536, 65536, 65536]",
+                                      optimizer="sgd"), "huger.yaml")
+    proc = run_ps(bigger)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "spec.training.model: needs at least" in proc.stderr
+    assert "memory" in proc.stderr and "bad_alloc" not in proc.stderr
+
+
+def test_bad_alloc_in_a_real_ps_exits_2_with_a_message(tmp_path):
+    if shutil.which("prlimit") is None:
+        raise AssertionError("prlimit (util-linux) is needed: run make deps")
+    # ~300 MB of parameters x 3 copies fits this machine but not a 500 MB
+    # address space: the allocation itself fails.
+    job = write(tmp_path, job_yaml("oom", ps=1, workers=1, hidden="[8192, 8192]", optimizer="sgd"))
+    proc = run_ps(job, "prlimit", "--as=500000000")
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "error: out of memory (std::bad_alloc)" in proc.stderr
+    assert "spec.training.model" in proc.stderr
+
+
+def test_float32_hyper_parameters_are_named(tmp_path):
+    proc = run_cli("validate", write(tmp_path, job_yaml("lr", lr="1e39")))
+    assert proc.returncode == 2
+    assert "spec.training.optimizer.learningRate: must be at most 3.40282e+38" in proc.stderr
+    eps = job_yaml("eps").replace("      learningRate: 0.002", "      learningRate: 0.002\n      epsilon: 1e-50")
+    proc = run_cli("validate", write(tmp_path, eps, "eps.yaml"))
+    assert proc.returncode == 2
+    assert "spec.training.optimizer.epsilon: must be 0 or at least 1.17549e-38" in proc.stderr
