@@ -29,22 +29,50 @@ void CountLost(int64_t steps_lost, TrainResult* result, const TrainerMetrics& me
   if (metrics.steps_lost) metrics.steps_lost->Increment(static_cast<double>(steps_lost));
 }
 
-// Test accuracy of `params`, logged as "<who>: global step v/T test accuracy a".
-double Evaluate(const TaskConfig& config, const Params& params, const Dataset& test,
-                int64_t version, const char* who, const TrainerMetrics& metrics,
-                Progress* progress) {
-  const double acc =
-      config.model->Accuracy(params, test.images.data(), test.labels.data(), test.size);
-  progress->accuracy = acc;
-  if (metrics.accuracy) metrics.accuracy->Set(acc);
-  Log(who, ": global step ", version, "/", config.target_steps, " test accuracy ", acc);
-  return acc;
+Batch AllOf(const Dataset& data) {
+  Batch b;
+  b.x = data.images.data();
+  b.labels = data.labels.data();
+  b.targets = data.targets.empty() ? nullptr : data.targets.data();
+  b.size = data.size;
+  return b;
+}
+
+// The head's test figures for `params`, logged as "<who>: global step v/T
+// test accuracy a[, AUC .., log loss ..]" (or "test RMSE r").
+EvalMetrics Evaluate(const TaskConfig& config, const Params& params, const Dataset& test,
+                     int64_t version, const char* who, const TrainerMetrics& metrics,
+                     Progress* progress) {
+  const EvalMetrics m = config.model->Evaluate(params, AllOf(test));
+  std::string figures;
+  if (m.accuracy) {
+    progress->accuracy = *m.accuracy;
+    if (metrics.accuracy) metrics.accuracy->Set(*m.accuracy);
+    figures = absl::StrCat(" test accuracy ", *m.accuracy);
+  }
+  if (m.auc) {
+    if (metrics.auc) metrics.auc->Set(*m.auc);
+    absl::StrAppend(&figures, ", AUC ", *m.auc);
+  }
+  if (m.log_loss && m.auc) {
+    if (metrics.log_loss) metrics.log_loss->Set(*m.log_loss);
+    absl::StrAppend(&figures, ", log loss ", *m.log_loss);
+  }
+  if (m.rmse) {
+    if (metrics.rmse) metrics.rmse->Set(*m.rmse);
+    absl::StrAppend(&figures, " test RMSE ", *m.rmse);
+  }
+  Log(who, ": global step ", version, "/", config.target_steps, figures);
+  return m;
 }
 
 absl::Status Export(const TaskConfig& config, const Params& params, int64_t version,
-                    const std::string& path, TrainResult* result) {
+                    const Dataset& test, const std::string& path, TrainResult* result) {
   if (path.empty()) return absl::OkStatus();
   ModelFile file{config.model->spec(), params, version, config.job.name};
+  file.dataset_yaml = config.job.training.dataset_yaml;
+  file.norm_mean = test.norm_mean;
+  file.norm_std = test.norm_std;
   if (absl::Status s = WriteModelFile(path, file); !s.ok()) return s;
   result->model_path = path;
   Log("chief: exported the final model to ", path, " (kubetrain eval ", path, ")");
@@ -69,6 +97,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   Params params, grads;
   std::vector<float> x;
   std::vector<int32_t> y;
+  std::vector<float> targets;
   std::deque<float> recent_losses;
   TrainResult result;
   result.local_steps = client->resume_clock();  // a restarted worker continues its clock
@@ -109,7 +138,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
 
     if (options.step_delay > absl::ZeroDuration()) clock->SleepFor(options.step_delay);
     absl::Time t0 = clock->Now();
-    batcher.Next(spec.batch_size, &x, &y);
+    batcher.Next(spec.batch_size, &x, &y, &targets);
     // Dropout masks differ per worker and step, and repeat exactly on a rerun.
     const uint64_t dropout_seed = spec.seed ^
                                   (uint64_t{static_cast<uint32_t>(options.worker_index)} << 40) ^
@@ -117,6 +146,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     Batch batch;
     batch.x = x.data();
     batch.labels = y.data();
+    batch.targets = targets.empty() ? nullptr : targets.data();
     batch.size = spec.batch_size;
     float loss = model.LossAndGradients(params, batch, dropout_seed, &grads);
     if (metrics.compute_seconds)
@@ -160,9 +190,11 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     if (!final_pull.ok()) return final_pull.status();
     CountLost(final_pull->steps_lost, &result, metrics);
     result.global_step = final_pull->version;
-    result.test_accuracy =
+    result.test_metrics =
         Evaluate(config, params, *test, final_pull->version, "chief", metrics, &progress);
-    if (absl::Status s = Export(config, params, final_pull->version, options.export_model, &result);
+    result.test_accuracy = result.test_metrics.accuracy.value_or(-1);
+    if (absl::Status s =
+            Export(config, params, final_pull->version, *test, options.export_model, &result);
         !s.ok()) {
       return s;
     }
@@ -207,11 +239,12 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
 
   // Evaluates the values in `params` (read at `version`).
   auto evaluate = [&](int64_t version) {
-    const double acc = Evaluate(config, params, test, version, who, metrics, &progress);
+    result.test_metrics = Evaluate(config, params, test, version, who, metrics, &progress);
+    const double acc = result.test_metrics.accuracy.value_or(-1);
     if (loss_sample != nullptr && loss_sample->size > 0) {
-      const int n = static_cast<int>(std::min<int64_t>(kLossSampleExamples, loss_sample->size));
-      const double loss = model.LossAndGradients(params, loss_sample->images.data(),
-                                                 loss_sample->labels.data(), n, &grads);
+      Batch sample = AllOf(*loss_sample);
+      sample.size = std::min<int64_t>(kLossSampleExamples, loss_sample->size);
+      const double loss = model.LossAndGradients(params, sample, 0, &grads);
       progress.loss = loss;
       if (metrics.loss) metrics.loss->Set(loss);
     }
@@ -280,7 +313,8 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
   result.test_accuracy = evaluate(final_pull->version);
   if (progress.loss.has_value()) result.final_loss = *progress.loss;
   if (options.is_chief) {
-    if (absl::Status s = Export(config, params, final_pull->version, options.export_model, &result);
+    if (absl::Status s =
+            Export(config, params, final_pull->version, test, options.export_model, &result);
         !s.ok()) {
       return s;
     }
