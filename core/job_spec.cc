@@ -1,5 +1,8 @@
 #include "core/job_spec.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -942,16 +945,6 @@ absl::Status CheckFinite(const std::string& path, double value) {
 // Hyper-parameters are doubles in the spec but float32 where the PS uses
 // them: a value float32 cannot hold (1e39 -> inf, 1e-50 -> 0) must be refused
 // here, naming the field, not found by the optimizer at step 2.
-// The shortest text that reads back as `value` (StrCat keeps 6 digits,
-// which would print 0.99999999999 as "1").
-std::string ExactDouble(double value) {
-  for (int digits = 6; digits < 17; ++digits) {
-    std::string text = absl::StrFormat("%.*g", digits, value);
-    if (std::strtod(text.c_str(), nullptr) == value) return text;
-  }
-  return absl::StrFormat("%.17g", value);
-}
-
 absl::Status CheckFloat32(const std::string& path, double value) {
   const double magnitude = std::fabs(value);
   if (magnitude > std::numeric_limits<float>::max()) {
@@ -1093,8 +1086,8 @@ absl::Status ValidateTraining(const TrainingJob& job) {
                                     {"beta2", o.beta2}}) {
     if (!(static_cast<float>(value) < 1.0f)) {
       return FieldError(opath + "." + name,
-                        absl::StrCat("must be < 1 as a float32 (", ExactDouble(value),
-                                     " rounds to 1), got ", ExactDouble(value)));
+                        absl::StrCat("must be < 1 as a float32 (", ShortestDouble(value),
+                                     " rounds to 1), got ", ShortestDouble(value)));
     }
   }
 
@@ -1136,6 +1129,14 @@ absl::Status ValidateTraining(const TrainingJob& job) {
 
 }  // namespace
 
+std::string ShortestDouble(double value) {
+  for (int digits = 6; digits < 17; ++digits) {
+    std::string text = absl::StrFormat("%.*g", digits, value);
+    if (std::strtod(text.c_str(), nullptr) == value) return text;
+  }
+  return absl::StrFormat("%.17g", value);
+}
+
 int TrainingJob::num_ps() const {
   auto it = replica_specs.find("PS");
   return it == replica_specs.end() ? 0 : it->second.replicas;
@@ -1169,10 +1170,62 @@ int64_t TrainingJob::TargetSteps(int64_t train_examples) const {
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(steps)));
 }
 
+namespace {
+
+absl::Status TooLarge(int64_t size) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("is ", size, " bytes; a TrainingJob may be at most ", kMaxTrainingJobBytes,
+                   " bytes (1.5 MiB, the size Kubernetes allows an object)"));
+}
+
+// yaml-cpp reads a quoted scalar whose closing quote is missing to the end of
+// the input without an error, so `name: "test` swallows the rest of the file
+// and the message would be about whatever went missing ("spec: required").
+// Each quoted scalar the parser made is checked against the text it came
+// from: its closing quote must exist.
+absl::Status CheckQuotesClosed(const YAML::Node& node, const std::string& text) {
+  if (node.IsMap()) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      KT_RETURN_IF_ERROR(CheckQuotesClosed(it->first, text));
+      KT_RETURN_IF_ERROR(CheckQuotesClosed(it->second, text));
+    }
+    return absl::OkStatus();
+  }
+  if (node.IsSequence()) {
+    for (const YAML::Node& item : node) KT_RETURN_IF_ERROR(CheckQuotesClosed(item, text));
+    return absl::OkStatus();
+  }
+  if (!node.IsScalar() || node.Tag() != "!") return absl::OkStatus();
+  const YAML::Mark mark = node.Mark();
+  if (mark.pos < 0 || static_cast<size_t>(mark.pos) >= text.size()) return absl::OkStatus();
+  const char quote = text[mark.pos];
+  if (quote != '"' && quote != '\'') return absl::OkStatus();
+  for (size_t i = mark.pos + 1; i < text.size(); ++i) {
+    if (quote == '"' && text[i] == '\\') {
+      ++i;  // an escaped character
+    } else if (text[i] == quote) {
+      if (quote == '\'' && i + 1 < text.size() && text[i + 1] == '\'') {
+        ++i;  // '' is a quote inside a single-quoted string
+      } else {
+        return absl::OkStatus();
+      }
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "invalid YAML at line ", mark.line + 1, ", column ", mark.column + 1,
+      ": unterminated quoted string (no closing ", std::string(1, quote), " before the end)"));
+}
+
+}  // namespace
+
 absl::StatusOr<TrainingJob> ParseTrainingJob(const std::string& yaml_text) {
   TrainingJob job;
+  if (static_cast<int64_t>(yaml_text.size()) > kMaxTrainingJobBytes) {
+    return TooLarge(static_cast<int64_t>(yaml_text.size()));
+  }
   try {
     std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
+    for (const YAML::Node& doc : docs) KT_RETURN_IF_ERROR(CheckQuotesClosed(doc, yaml_text));
     // A trailing "---" yields an empty document; ignore those.
     docs.erase(
         std::remove_if(docs.begin(), docs.end(), [](const YAML::Node& n) { return n.IsNull(); }),
@@ -1195,12 +1248,48 @@ absl::StatusOr<TrainingJob> ParseTrainingJob(const std::string& yaml_text) {
 }
 
 absl::StatusOr<TrainingJob> LoadTrainingJobFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
-  absl::StatusOr<TrainingJob> job = ParseTrainingJob(text.str());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::ErrnoToStatus(err, absl::StrCat("cannot read ", path));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is a directory, expected a TrainingJob YAML file"));
+  }
+  // The limit is checked before reading (a regular file says its size) and
+  // while reading (a pipe does not): a huge file is never held in memory.
+  if (S_ISREG(st.st_mode) && st.st_size > kMaxTrainingJobBytes) {
+    ::close(fd);
+    return absl::Status(TooLarge(st.st_size).code(),
+                        absl::StrCat(path, ": ", TooLarge(st.st_size).message()));
+  }
+  std::string text;
+  char buf[64 << 10];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return absl::ErrnoToStatus(err, absl::StrCat("cannot read ", path));
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (static_cast<int64_t>(text.size()) > kMaxTrainingJobBytes) {
+      ::close(fd);
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": is more than ", kMaxTrainingJobBytes,
+                       " bytes; a TrainingJob may be at most 1.5 MiB (the size Kubernetes allows "
+                       "an object)"));
+    }
+  }
+  ::close(fd);
+  absl::StatusOr<TrainingJob> job = ParseTrainingJob(text);
   if (!job.ok()) {
     return absl::Status(job.status().code(), absl::StrCat(path, ": ", job.status().message()));
   }

@@ -111,8 +111,18 @@ struct TrainingJob {
   int64_t TargetSteps(int64_t train_examples) const;
 };
 
-// Parses a YAML document holding one TrainingJob and validates it.
+// The largest TrainingJob accepted, as text: Kubernetes refuses objects over
+// ~1.5 MiB (etcd's request limit), and every task parses the file again.
+inline constexpr int64_t kMaxTrainingJobBytes = 1536 * 1024;
+
+// Parses a YAML document holding one TrainingJob and validates it. Syntax
+// errors give the line and column ("invalid YAML at line 4, column 9: ...",
+// also for a quoted string that is never closed); text over
+// kMaxTrainingJobBytes is refused before it is parsed.
 absl::StatusOr<TrainingJob> ParseTrainingJob(const std::string& yaml_text);
+// The same for a file; every message starts with the path. A directory "is a
+// directory"; a file over kMaxTrainingJobBytes is refused before it is read
+// whole.
 absl::StatusOr<TrainingJob> LoadTrainingJobFile(const std::string& path);
 
 // Cross-field validation (already applied by ParseTrainingJob).
@@ -121,6 +131,10 @@ absl::Status ValidateTrainingJob(const TrainingJob& job);
 // Parses a spec.training.dataset section on its own (as recorded in a model
 // file) into out's dataset fields; errors as ParseTrainingJob's.
 absl::Status ParseDatasetSection(const std::string& yaml_text, TrainingSpec* out);
+
+// The shortest decimal text that reads back as `value` (StrCat keeps 6
+// digits, which would print 0.99999999999 as "1").
+std::string ShortestDouble(double value);
 
 const char* TrainingModeName(TrainingMode mode);
 const char* RestartPolicyName(RestartPolicy policy);

@@ -1,8 +1,13 @@
 #include "core/job_spec.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -289,6 +294,63 @@ TEST(JobSpecTest, FileParseErrorsArePrefixedWithTheFileName) {
   ASSERT_FALSE(job.ok());
   EXPECT_STARTS_WITH(std::string(job.status().message()),
                      (path + ": spec.training.mode: must be one of sync, async"));
+}
+
+TEST(JobSpecTest, ADirectoryIsNamedAsOne) {
+  const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  absl::StatusOr<TrainingJob> job = LoadTrainingJobFile(dir);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(job.status().message(), dir + ": is a directory, expected a TrainingJob YAML file");
+}
+
+TEST(JobSpecTest, FilesOverTheKubernetesObjectLimitAreRefusedBeforeParsing) {
+  std::string path = absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp",
+                                  "/huge-trainingjob.yaml");
+  // Valid YAML, padded with a comment past the limit.
+  std::string text = std::string(kValid) + "# " + std::string(kMaxTrainingJobBytes, 'x') + "\n";
+  std::ofstream(path) << text;
+  absl::StatusOr<TrainingJob> job = LoadTrainingJobFile(path);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().message(),
+            absl::StrCat(path, ": is ", text.size(),
+                         " bytes; a TrainingJob may be at most 1572864 bytes (1.5 MiB, the size "
+                         "Kubernetes allows an object)"));
+  EXPECT_STARTS_WITH(ErrorOf(text), absl::StrCat("is ", text.size(), " bytes; a TrainingJob"));
+  // Through a pipe (no size up front) the reader stops at the limit.
+  const std::string fifo = path + ".fifo";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::thread writer([&] {
+    std::ofstream out(fifo);
+    out << text << text;  // stops when the reader closes its end (SIGPIPE is ignored below)
+  });
+  std::signal(SIGPIPE, SIG_IGN);
+  job = LoadTrainingJobFile(fifo);
+  writer.join();
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().message(),
+            absl::StrCat(fifo,
+                         ": is more than 1572864 bytes; a TrainingJob may be at most 1.5 MiB (the "
+                         "size Kubernetes allows an object)"));
+  // Just under the limit is parsed.
+  std::string fits = std::string(kValid) + "# " +
+                     std::string(kMaxTrainingJobBytes - std::string(kValid).size() - 3, 'x') + "\n";
+  ASSERT_EQ(static_cast<int64_t>(fits.size()), kMaxTrainingJobBytes);
+  EXPECT_EQ(ErrorOf(fits), "<parsed OK>");
+}
+
+TEST(JobSpecErrors, AnUnterminatedQuoteGivesLineAndColumn) {
+  EXPECT_EQ(ErrorOf(Replace("name: test-job", "name: \"test-job")),
+            "invalid YAML at line 4, column 9: unterminated quoted string (no closing \" before "
+            "the end)");
+  EXPECT_EQ(ErrorOf(Replace("image: kubetrain:dev", "image: 'kubetrain:dev")),
+            "invalid YAML at line 18, column 20: unterminated quoted string (no closing ' before "
+            "the end)");
+  // Closed quotes with escapes inside are fine.
+  EXPECT_EQ(ErrorOf(Replace("image: kubetrain:dev", "image: \"kube\\\"train\\\\\"")),
+            "<parsed OK>");
+  EXPECT_EQ(ErrorOf(Replace("image: kubetrain:dev", "image: 'it''s'")), "<parsed OK>");
 }
 
 // ---- Malformed specs: each error names the offending field. ----

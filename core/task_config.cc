@@ -1,9 +1,15 @@
 #include "core/task_config.h"
 
+#include <map>
 #include <optional>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/dataset.h"
 #include "core/memory_budget.h"
 
@@ -46,6 +52,95 @@ absl::StatusOr<int64_t> JobTargetSteps(const TrainingJob& job) {
   auto examples = TrainExamples(job.training);
   if (!examples.ok()) return examples.status();
   return job.TargetSteps(*examples);
+}
+
+namespace {
+
+constexpr char kFingerprintPrefix[] = "kt1;";
+
+std::string Num(double v) { return ShortestDouble(v); }
+
+std::vector<std::pair<std::string, std::string>> FingerprintFields(const std::string& fp) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  if (!absl::StartsWith(fp, kFingerprintPrefix)) return fields;
+  for (absl::string_view part :
+       absl::StrSplit(absl::string_view(fp).substr(sizeof(kFingerprintPrefix) - 1), ';')) {
+    const size_t eq = part.find('=');
+    if (eq == absl::string_view::npos) continue;
+    fields.emplace_back(std::string(part.substr(0, eq)), std::string(part.substr(eq + 1)));
+  }
+  return fields;
+}
+
+}  // namespace
+
+std::string JobFingerprint(const TaskConfig& c) {
+  const TrainingSpec& t = c.job.training;
+  const OptimizerSpec& o = t.optimizer;
+  std::vector<std::string> fields = {
+      absl::StrCat("placement=", c.placement.Fingerprint()),
+      absl::StrCat("model=", t.model.type, "[", absl::StrJoin(t.model.hidden_units, ","), "]"),
+      absl::StrCat("mode=", TrainingModeName(t.mode)),
+      absl::StrCat("replicasToAggregate=", c.job.effective_replicas_to_aggregate()),
+      absl::StrCat("maxStaleness=", t.max_staleness.has_value() ? absl::StrCat(*t.max_staleness)
+                                                                : std::string("none")),
+      absl::StrCat("batchSize=", t.batch_size),
+      absl::StrCat("seed=", t.seed),
+      absl::StrCat("targetSteps=", c.target_steps),
+      absl::StrCat("ps=", c.num_ps),
+      absl::StrCat("workers=", c.num_workers),
+      absl::StrCat("chief=", c.job.has_chief_replica() ? 1 : 0),
+      absl::StrCat("chunkBytes=", t.chunk_bytes),
+      absl::StrCat("barrierTimeoutSeconds=", Num(t.barrier_timeout_seconds)),
+      absl::StrCat("optimizer.type=", o.type),
+      absl::StrCat("optimizer.learningRate=", Num(o.learning_rate)),
+  };
+  if (o.type == "momentum") {
+    fields.push_back(absl::StrCat("optimizer.momentum=", Num(o.momentum)));
+    fields.push_back(absl::StrCat("optimizer.nesterov=", o.nesterov ? "true" : "false"));
+  }
+  if (o.type == "adam") {
+    fields.push_back(absl::StrCat("optimizer.beta1=", Num(o.beta1)));
+    fields.push_back(absl::StrCat("optimizer.beta2=", Num(o.beta2)));
+  }
+  if (o.type == "adam" || o.type == "adagrad") {
+    fields.push_back(absl::StrCat("optimizer.epsilon=", Num(o.epsilon)));
+  }
+  if (o.type == "adagrad") {
+    fields.push_back(absl::StrCat("optimizer.initialAccumulator=", Num(o.initial_accumulator)));
+  }
+  return absl::StrCat(kFingerprintPrefix, absl::StrJoin(fields, ";"));
+}
+
+std::string DescribeFingerprintDifference(const std::string& theirs, const std::string& ours) {
+  const auto a = FingerprintFields(theirs);
+  const auto b = FingerprintFields(ours);
+  if (a.empty() || b.empty()) return "";
+  std::map<std::string, std::string> mine(b.begin(), b.end());
+  std::vector<std::string> diffs;
+  for (const auto& [key, value] : a) {
+    auto it = mine.find(key);
+    const std::string here = it == mine.end() ? "unset" : it->second;
+    if (here != value) diffs.push_back(absl::StrCat(key, ": ", value, " there, ", here, " here"));
+    if (it != mine.end()) mine.erase(it);
+  }
+  for (const auto& [key, value] : mine) {
+    diffs.push_back(absl::StrCat(key, ": unset there, ", value, " here"));
+  }
+  return absl::StrJoin(diffs, "; ");
+}
+
+std::vector<std::string> FingerprintsIn(const std::string& text) {
+  std::vector<std::string> found;
+  for (size_t pos = text.find(kFingerprintPrefix); pos != std::string::npos;
+       pos = text.find(kFingerprintPrefix, pos + 1)) {
+    size_t end = pos;
+    while (end < text.size() && !absl::ascii_isspace(text[end]) && text[end] != ':' &&
+           text[end] != ',' && text[end] != ')')
+      ++end;
+    found.push_back(text.substr(pos, end - pos));
+  }
+  return found;
 }
 
 absl::StatusOr<TaskConfig> LoadTaskConfig(const std::string& job_file,
@@ -94,6 +189,7 @@ absl::StatusOr<TaskConfig> LoadTaskConfig(const std::string& job_file,
     return examples.status();  // epochs cannot be turned into steps without it
   }
   c.target_steps = c.job.TargetSteps(c.train_examples);
+  c.fingerprint = JobFingerprint(c);
   return c;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/cluster_spec.h"
@@ -29,7 +30,28 @@ struct TaskConfig {
   // task that loads the data then reports the file at fault.
   int64_t train_examples = 0;
   int64_t target_steps = 0;
+  // JobFingerprint(*this): what the PS tasks hand out in GetInfo and every
+  // worker, chief and evaluator requires (PS checkpoints keep the
+  // placement's own fingerprint, so a resumed job may change e.g. its
+  // learning rate).
+  std::string fingerprint;
 };
+
+// Everything every task of a job must agree on, as one string of
+// "key=value" fields joined by ';' after the prefix "kt1;" (no spaces or
+// ':', so it reads as one token inside a message): the placement's hash (model
+// variables, parts, shards), the model, mode, replicasToAggregate,
+// maxStaleness, batch size, seed, target steps, task counts, chunk size,
+// barrier timeout and the optimizer's type and settings. Two tasks started
+// with specs that differ in any of these disagree.
+std::string JobFingerprint(const TaskConfig& config);
+
+// "seed: 7 on the PS, 3 here; optimizer.learningRate: ..." for two
+// JobFingerprints that differ ("" if they do not, or if either is not one).
+std::string DescribeFingerprintDifference(const std::string& theirs, const std::string& ours);
+
+// Every JobFingerprint token found in `text` (e.g. an error message).
+std::vector<std::string> FingerprintsIn(const std::string& text);
 
 // Training-set size of the job's dataset, read from its files at
 // spec.training.dataset.path (the label file's header): what `kubetrain

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "core/testing/temp_files.h"
 
 namespace kubetrain {
@@ -114,6 +115,50 @@ TEST(TaskConfigTest, TheChiefTaskMustMatchTheJobsChiefReplica) {
   auto extra = Load(false, kWithChief);
   ASSERT_FALSE(extra.ok());
   EXPECT_CONTAINS(std::string(extra.status().message()), "has no Chief replica");
+}
+
+TEST(TaskConfigTest, TheFingerprintCoversWhatEveryTaskMustAgreeOn) {
+  const std::string dir = NewTestDir("fingerprint");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  const std::string base = WriteJob(dir, dir + "/absent", "steps: 10");
+  auto a = LoadTaskConfig(base, kTfConfig);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->fingerprint, JobFingerprint(*a));
+  EXPECT_TRUE(absl::StartsWith(a->fingerprint, "kt1;placement=")) << a->fingerprint;
+  EXPECT_EQ(a->fingerprint.find(' '), std::string::npos);
+  EXPECT_EQ(a->fingerprint.find(':'), std::string::npos);
+  EXPECT_EQ(DescribeFingerprintDifference(a->fingerprint, a->fingerprint), "");
+  // Each of these changes a field the tasks must agree on.
+  const std::vector<std::pair<std::string, std::string>> changes = {
+      {"    seed: 9\n", "seed: 1 there, 9 here"},
+      {"    optimizer: {type: adam, learningRate: 0.5, epsilon: 0.001}\n",
+       "optimizer.type: sgd there, adam here"},
+      {"    optimizer: {learningRate: 0.5}\n", "optimizer.learningRate: 0.01"},
+      {"    mode: async\n", "mode: sync there, async here"},
+      {"    model: {type: mlp, hiddenUnits: [8]}\n", "model: softmax[] there, mlp[8] here"},
+      {"    transport: {chunkBytes: 8192}\n", "chunkBytes: 1048576 there, 8192 here"},
+      {"    barrierTimeoutSeconds: 3\n", "barrierTimeoutSeconds: 0 there, 3 here"},
+  };
+  for (const auto& [extra, expected] : changes) {
+    const std::string path = dir + "/other.yaml";
+    WriteFile(path, ReadFile(base) + extra);
+    auto b = LoadTaskConfig(path, kTfConfig);
+    ASSERT_TRUE(b.ok()) << extra << b.status();
+    EXPECT_NE(a->fingerprint, b->fingerprint) << extra;
+    EXPECT_CONTAINS(DescribeFingerprintDifference(a->fingerprint, b->fingerprint), expected);
+  }
+  // Steps and batch size: in the same file line.
+  WriteFile(dir + "/other.yaml",
+            ReadFile(base).replace(ReadFile(base).find("steps: 10"), 9, "steps: 11"));
+  auto steps = LoadTaskConfig(dir + "/other.yaml", kTfConfig);
+  ASSERT_TRUE(steps.ok());
+  EXPECT_CONTAINS(DescribeFingerprintDifference(a->fingerprint, steps->fingerprint),
+                  "targetSteps: 10 there, 11 here");
+  // Found inside a message, as a handshake error quotes them.
+  const std::string msg = "ps:0 holds model/placement " + a->fingerprint + " as shard 0, expects " +
+                          steps->fingerprint + ": different specs";
+  EXPECT_EQ(FingerprintsIn(msg), (std::vector<std::string>{a->fingerprint, steps->fingerprint}));
+  EXPECT_EQ(DescribeFingerprintDifference("abc", a->fingerprint), "");
 }
 
 }  // namespace

@@ -6,16 +6,20 @@
 #include "absl/strings/str_cat.h"
 #include "core/log.h"
 #include "core/metrics.h"
-#include "operator/labels.h"
 
 namespace kubetrain {
 
-using nlohmann::json;
+namespace {
+constexpr const char* kStates[] = {"Created",   "Running", "Restarting",
+                                   "Succeeded", "Failed",  "Suspended"};
+}  // namespace
 
-Controller::Controller(KubeClient* client, Reconciler* reconciler, const Clock* clock,
-                       ControllerOptions options, prometheus::Registry& registry)
-    : client_(client),
+Controller::Controller(JobCache* cache, Reconciler* reconciler, Expectations* expectations,
+                       const Clock* clock, ControllerOptions options,
+                       prometheus::Registry& registry)
+    : cache_(cache),
       reconciler_(reconciler),
+      expectations_(expectations),
       clock_(clock),
       options_(std::move(options)),
       queue_(clock),
@@ -37,73 +41,36 @@ Controller::Controller(KubeClient* client, Reconciler* reconciler, const Clock* 
                        .Help("Job keys waiting in the work queue")
                        .Register(registry)
                        .Add({})),
+      busy_workers_(prometheus::BuildGauge()
+                        .Name("kubetrain_operator_busy_workers")
+                        .Help("Reconcile workers busy now (of --workers)")
+                        .Register(registry)
+                        .Add({})),
       watch_restarts_(prometheus::BuildCounter()
                           .Name("kubetrain_operator_watch_restarts_total")
                           .Help("Watches re-established after they ended or failed, by resource")
-                          .Register(registry)) {
+                          .Register(registry)),
+      relists_(prometheus::BuildCounter()
+                   .Name("kubetrain_operator_relists_total")
+                   .Help("Lists after the first (410 Gone or a failed watch), by resource")
+                   .Register(registry)),
+      cache_objects_(prometheus::BuildGauge()
+                         .Name("kubetrain_operator_cache_objects")
+                         .Help("Objects in the informer cache, by resource")
+                         .Register(registry)),
+      expectations_pending_(prometheus::BuildGauge()
+                                .Name("kubetrain_operator_expectations_pending")
+                                .Help("Creates and deletes not yet seen in the cache")
+                                .Register(registry)
+                                .Add({})) {
   for (const char* r : {"success", "error", "requeue"}) reconciles_.Add({{"result", r}});
-  for (const char* s : {"Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"}) {
-    jobs_by_state_.Add({{"state", s}});
+  for (const char* s : kStates) jobs_by_state_.Add({{"state", s}});
+  for (const Informer* i : cache_->informers()) {
+    watch_restarts_.Add({{"resource", i->plural()}});
+    relists_.Add({{"resource", i->plural()}});
+    cache_objects_.Add({{"resource", i->plural()}});
   }
-  for (const char* r : {"trainingjobs", "pods"}) watch_restarts_.Add({{"resource", r}});
-}
-
-void Controller::Enqueue(const json& object, bool is_pod) {
-  const json& md = object.value("metadata", json::object());
-  const std::string ns = md.value("namespace", "");
-  std::string name = md.value("name", "");
-  if (is_pod) name = md.value("labels", json::object()).value(kJobNameLabel, std::string());
-  if (!ns.empty() && !name.empty()) queue_.Add(ns + "/" + name);
-}
-
-void Controller::WatchLoop(const ResourceRef& ref, const std::string& selector, bool pods,
-                           std::atomic<bool>* synced, const std::atomic<bool>* stop) {
-  const char* resource = pods ? "pods" : "trainingjobs";
-  absl::Duration backoff = absl::Milliseconds(200);
-  std::string rv;
-  while (!stop->load()) {
-    if (rv.empty()) {
-      auto list = client_->List(ref, selector);
-      if (!list.ok()) {
-        Log("operator: list ", resource, " failed: ", list.status().message(), "; retrying in ",
-            absl::FormatDuration(backoff));
-        absl::SleepFor(backoff);
-        backoff = std::min(backoff * 2, absl::Seconds(30));
-        continue;
-      }
-      for (const auto& item : (*list)["items"]) Enqueue(item, pods);
-      rv = (*list)["metadata"].value("resourceVersion", "");
-      synced->store(true);
-    }
-    absl::Status s = client_->Watch(
-        ref, selector, rv,
-        [&](const WatchEvent& e) {
-          std::string new_rv =
-              e.object.value("/metadata/resourceVersion"_json_pointer, std::string());
-          if (!new_rv.empty()) rv = new_rv;
-          try {
-            if (e.type != WatchEventType::kBookmark) Enqueue(e.object, pods);
-          } catch (const std::exception& ex) {
-            Log("operator: ignoring a malformed ", resource, " event: ", ex.what());
-          }
-          return !stop->load();
-        },
-        options_.watch_timeout_seconds);
-    if (stop->load()) break;
-    watch_restarts_.Add({{"resource", resource}}).Increment();
-    if (absl::IsOutOfRange(s)) {
-      Log("operator: watch of ", resource, " expired (", s.message(), "); relisting");
-      rv.clear();
-    } else if (!s.ok()) {
-      Log("operator: watch of ", resource, " failed: ", s.message(), "; retrying in ",
-          absl::FormatDuration(backoff));
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, absl::Seconds(30));
-      rv.clear();  // relist: cheap, and no event is lost
-    } else {
-      backoff = absl::Milliseconds(200);  // the server ended a healthy watch: resume from rv
-    }
-  }
+  cache_->set_on_job([this](const std::string& key) { queue_.Add(key); });
 }
 
 void Controller::RecordState(const std::string& key, const std::string& state) {
@@ -115,8 +82,22 @@ void Controller::RecordState(const std::string& key, const std::string& state) {
   }
   std::map<std::string, int> counts;
   for (const auto& [k, s] : states_) counts[s]++;
-  for (const char* s : {"Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"}) {
-    jobs_by_state_.Add({{"state", s}}).Set(counts[s]);
+  for (const char* s : kStates) jobs_by_state_.Add({{"state", s}}).Set(counts[s]);
+}
+
+void Controller::UpdateGauges() {
+  queue_depth_.Set(static_cast<double>(queue_.Depth()));
+  busy_workers_.Set(busy_.load());
+  expectations_pending_.Set(static_cast<double>(expectations_->pending()));
+  absl::MutexLock l(&mu_);
+  for (const Informer* i : cache_->informers()) {
+    cache_objects_.Add({{"resource", i->plural()}}).Set(static_cast<double>(i->size()));
+    for (auto [family, name, now] : {std::tuple{&watch_restarts_, "w/", i->watch_restarts()},
+                                     std::tuple{&relists_, "r/", i->relists()}}) {
+      int64_t& seen = counted_[name + i->plural()];
+      if (now > seen) family->Add({{"resource", i->plural()}}).Increment(now - seen);
+      seen = now;
+    }
   }
 }
 
@@ -124,7 +105,7 @@ void Controller::Work(const std::atomic<bool>* stop) {
   while (!stop->load()) {
     auto key = queue_.Get();
     if (!key) return;
-    queue_depth_.Set(static_cast<double>(queue_.Depth()));
+    busy_++;
     const auto slash = key->find('/');
     absl::Time t0 = clock_->Now();
     ReconcileOutcome out;
@@ -135,6 +116,7 @@ void Controller::Work(const std::atomic<bool>* stop) {
       out.status = absl::InternalError(absl::StrCat("reconcile threw: ", e.what()));
     }
     reconcile_seconds_.Observe(absl::ToDoubleSeconds(clock_->Now() - t0));
+    busy_--;
     if (!out.status.ok()) {
       reconciles_.Add({{"result", "error"}}).Increment();
       Log("operator: reconcile ", *key, " failed: ", out.status.message(),
@@ -156,32 +138,32 @@ void Controller::Work(const std::atomic<bool>* stop) {
 }
 
 void Controller::Run(const std::atomic<bool>* stop) {
-  std::vector<std::thread> threads;
-  threads.emplace_back([this, stop] {
-    WatchLoop(TrainingJobs(options_.namespace_), "", false, &jobs_synced_, stop);
-  });
-  threads.emplace_back([this, stop] {
-    WatchLoop({"/api/v1", "pods", options_.namespace_, "", ""}, kJobNameLabel, true, &pods_synced_,
-              stop);
-  });
-  for (int i = 0; i < options_.workers; ++i) threads.emplace_back([this, stop] { Work(stop); });
-  // Periodic resync: every known job again, in case an event was missed.
+  cache_->Start(stop);
+  while (!stop->load() && !cache_->synced()) {
+    absl::SleepFor(absl::Milliseconds(20));
+    UpdateGauges();
+  }
+  if (!stop->load()) {
+    Log("operator: cache synced (", cache_->JobKeys().size(), " trainingjobs); ", options_.workers,
+        " workers");
+  }
+  std::vector<std::thread> workers;
+  for (int i = 0; i < options_.workers; ++i) workers.emplace_back([this, stop] { Work(stop); });
+  // Periodic resync: every cached job again, in case a decision was missed.
   absl::Time next_resync = clock_->Now() + options_.resync;
   while (!stop->load()) {
     absl::SleepFor(absl::Milliseconds(200));
-    queue_depth_.Set(static_cast<double>(queue_.Depth()));
+    UpdateGauges();
     if (clock_->Now() >= next_resync) {
       next_resync = clock_->Now() + options_.resync;
-      absl::MutexLock l(&mu_);
-      for (const auto& [key, state] : states_) queue_.Add(key);
+      for (const auto& key : cache_->JobKeys()) queue_.Add(key);
     }
   }
   queue_.Shutdown();
   // Workers finish their current reconcile; watches may sit in a long poll:
-  // they are detached and end with the process.
-  for (size_t i = 2; i < threads.size(); ++i) threads[i].join();
-  threads[0].detach();
-  threads[1].detach();
+  // they end with the process.
+  for (auto& t : workers) t.join();
+  cache_->Detach();
 }
 
 }  // namespace kubetrain

@@ -31,6 +31,9 @@ Actions Desired(const JobObject& job, const Observed& observed, const OperatorCo
     }
   } else if (IsFinished(a.status)) {
     AfterFinish(*spec, observed, config, &a);
+  } else if (!observed.create_rejected.empty()) {
+    Finish(condition::kFailed, reason::kCreateRejected, observed.create_rejected, observed.pods,
+           spec->run_policy.clean_pod_policy, now, &a);
   } else if (spec->run_policy.suspend) {
     Suspend(job, observed, &a);
   } else {

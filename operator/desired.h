@@ -95,6 +95,10 @@ struct Observed {
   bool config_map_exists = false;
   // The chief's latest progress (read from its /metrics), if known.
   std::optional<Progress> progress;
+  // The API server refused to create one of the job's objects as invalid
+  // (400/422, e.g. a template container without an image): its message.
+  // Retrying cannot help, so the job fails with reason CreateRejected.
+  std::string create_rejected;
 };
 
 struct JobEvent {

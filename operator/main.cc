@@ -15,13 +15,16 @@
 #include "core/log.h"
 #include "core/metrics.h"
 #include "operator/controller.h"
+#include "operator/expectations.h"
 #include "operator/health_server.h"
+#include "operator/job_cache.h"
 #include "operator/kubeconfig.h"
 #include "operator/leader_election.h"
 #include "operator/operator_options.h"
 #include "operator/progress.h"
 #include "operator/reconciler.h"
 #include "operator/rest_kube_client.h"
+#include "operator/throttled_kube_client.h"
 
 namespace {
 std::atomic<bool> g_stop{false};  // set by SIGTERM/SIGINT
@@ -36,6 +39,7 @@ int main(int argc, char** argv) {
   o.Register(&parser);
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
   o.Finish();
+  if (absl::Status s = o.Validate(); !s.ok()) return Log("error: ", s.message()), 2;
   auto kube_config = LoadClientConfig(o.in_cluster, o.kubeconfig);
   if (!kube_config.ok()) return Log("error: ", kube_config.status().message()), 2;
   auto client = RestKubeClient::New(*kube_config, RestKubeClient::Options());
@@ -50,11 +54,18 @@ int main(int argc, char** argv) {
   if (!o.metrics_address.empty()) metrics = MetricsServer::Start(o.metrics_address, registry);
   if (!metrics.ok()) return Log("error: ", metrics.status().message()), 2;
   RealClock clock;
-  Reconciler reconciler(client->get(), o.config, &clock,
-                        [port = o.config.metrics_port](const std::string& ip) {
-                          return ScrapeProgress(ip, port, absl::Seconds(1));
-                        });
-  Controller controller(client->get(), &reconciler, &clock, o.controller, *registry);
+  // Every request, watches and leader election included, takes a token.
+  TokenBucket bucket(&clock, o.kube_api_qps, o.kube_api_burst);
+  ThrottledKubeClient kube(client->get(), &bucket, *registry);
+  Expectations expectations(&clock, o.expectations_timeout);
+  JobCache cache(&kube, o.controller.namespace_, o.controller.watch_timeout_seconds, &expectations);
+  Reconciler reconciler(
+      &kube, &cache, &expectations, o.config, &clock,
+      [port = o.config.metrics_port](const std::string& ip) {
+        return ScrapeProgress(ip, port, absl::Seconds(1));
+      },
+      o.reconciler);
+  Controller controller(&cache, &reconciler, &expectations, &clock, o.controller, *registry);
   std::atomic<bool> leading{!o.leader_elect};
   absl::StatusOr<std::unique_ptr<HealthServer>> health = std::unique_ptr<HealthServer>();
   if (!o.health_address.empty()) {
@@ -69,7 +80,7 @@ int main(int argc, char** argv) {
   char host[256] = "";
   gethostname(host, sizeof(host) - 1);
   LeaderElector elector(
-      client->get(), &clock,
+      &kube, &clock,
       {o.leader_election_namespace, "kubetrain-operator", absl::StrCat(host, "_", getpid())});
   if (o.leader_elect) {
     if (!elector.Acquire(&g_stop).ok()) return 0;

@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
+
 namespace kubetrain {
 
 void OperatorOptions::Register(FlagParser* parser) {
@@ -9,6 +11,9 @@ void OperatorOptions::Register(FlagParser* parser) {
   port_ = config.port;
   workers_ = controller.workers;
   watch_timeout_seconds_ = controller.watch_timeout_seconds;
+  kube_api_burst_ = kube_api_burst;
+  create_parallelism_ = reconciler.create_parallelism;
+  expectations_timeout_seconds_ = absl::ToInt64Seconds(expectations_timeout);
   parser->String("kubeconfig", &kubeconfig, "kubeconfig file (default: $KUBECONFIG)");
   parser->Bool("in_cluster", &in_cluster, "use the pod's service account (token + CA)");
   parser->String("namespace", &controller.namespace_, "watch only this namespace (default: all)");
@@ -25,7 +30,18 @@ void OperatorOptions::Register(FlagParser* parser) {
   parser->Bool("leader_elect", &leader_elect,
                "take a Lease before reconciling (for several replicas)");
   parser->String("leader_election_namespace", &leader_election_namespace, "namespace of the Lease");
-  parser->Int("workers", &workers_, "concurrent reconciles");
+  parser->Int("workers", &workers_,
+              "reconcile workers: different jobs are reconciled in parallel, one job never twice "
+              "at once");
+  parser->Double("kube_api_qps", &kube_api_qps,
+                 "client-side limit of requests per second to the API server (0 = none)");
+  parser->Int("kube_api_burst", &kube_api_burst_,
+              "requests that may go at once above --kube-api-qps");
+  parser->Int(
+      "create_parallelism", &create_parallelism_,
+      "creates/deletes in flight at once for one job (pods in slow-start batches up to it)");
+  parser->Int("expectations_timeout_seconds", &expectations_timeout_seconds_,
+              "how long a job waits for the cache to show its own creates and deletes");
   parser->Int("watch_timeout_seconds", &watch_timeout_seconds_,
               "server-side timeout of each watch");
 }
@@ -34,6 +50,25 @@ void OperatorOptions::Finish() {
   config.port = static_cast<int>(port_);
   controller.workers = static_cast<int>(workers_);
   controller.watch_timeout_seconds = static_cast<int>(watch_timeout_seconds_);
+  kube_api_burst = static_cast<int>(kube_api_burst_);
+  reconciler.create_parallelism = static_cast<int>(create_parallelism_);
+  expectations_timeout = absl::Seconds(expectations_timeout_seconds_);
+}
+
+absl::Status OperatorOptions::Validate() const {
+  auto bad = [](const char* flag, auto value, const char* want) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": ", want));
+  };
+  if (workers_ < 1 || workers_ > 1000) return bad("workers", workers_, "must be 1..1000");
+  if (!(kube_api_qps >= 0)) return bad("kube-api-qps", kube_api_qps, "must be >= 0");
+  if (kube_api_burst_ < 1) return bad("kube-api-burst", kube_api_burst_, "must be >= 1");
+  if (create_parallelism_ < 1 || create_parallelism_ > 1000)
+    return bad("create-parallelism", create_parallelism_, "must be 1..1000");
+  if (expectations_timeout_seconds_ < 1)
+    return bad("expectations-timeout-seconds", expectations_timeout_seconds_, "must be >= 1");
+  if (watch_timeout_seconds_ < 1)
+    return bad("watch-timeout-seconds", watch_timeout_seconds_, "must be >= 1");
+  return absl::OkStatus();
 }
 
 }  // namespace kubetrain

@@ -5,9 +5,12 @@
 
 #include <string>
 
+#include "absl/status/status.h"
+
 #include "core/flags.h"
 #include "operator/controller.h"
 #include "operator/desired.h"
+#include "operator/reconciler.h"
 
 namespace kubetrain {
 
@@ -20,14 +23,24 @@ struct OperatorOptions {
   std::string leader_election_namespace = "kubetrain-system";
   OperatorConfig config;         // what Desired() builds pods with
   ControllerOptions controller;  // namespace, workers, watch timeout
+  ReconcilerOptions reconciler;  // per-job creation fan-out
+  // Client-side rate limit of every request to the API server (a token
+  // bucket, as client-go's QPS/Burst). 0 qps = no limit.
+  double kube_api_qps = 100;
+  int kube_api_burst = 200;
+  // How long a job waits for the cache to show its own creates/deletes.
+  absl::Duration expectations_timeout = absl::Seconds(30);
 
   // Registers every flag on `parser`, writing into this object; Finish()
   // after parsing copies the integer flags into place.
   void Register(FlagParser* parser);
   void Finish();
+  // InvalidArgument naming the flag for values that cannot work.
+  absl::Status Validate() const;
 
  private:
-  int64_t port_ = 2222, workers_ = 2, watch_timeout_seconds_ = 60;
+  int64_t port_ = 2222, workers_ = 4, watch_timeout_seconds_ = 60, kube_api_burst_ = 200,
+          create_parallelism_ = 16, expectations_timeout_seconds_ = 30;
 };
 
 }  // namespace kubetrain

@@ -16,7 +16,11 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
   defaults.Finish();
   EXPECT_EQ(defaults.kubeconfig, "/env/kubeconfig");
   EXPECT_EQ(defaults.config.port, 2222);
-  EXPECT_EQ(defaults.controller.workers, 2);
+  EXPECT_EQ(defaults.controller.workers, 4);
+  EXPECT_EQ(defaults.kube_api_qps, 100);
+  EXPECT_EQ(defaults.kube_api_burst, 200);
+  EXPECT_EQ(defaults.reconciler.create_parallelism, 16);
+  EXPECT_TRUE(defaults.Validate().ok());
   EXPECT_EQ(defaults.health_address, "0.0.0.0:8081");
 
   OperatorOptions o;
@@ -30,7 +34,10 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
                                    "--leader-elect",
                                    "--cluster-domain=cluster.local",
                                    "--runtime-image=r:1",
-                                   "--in-cluster"};
+                                   "--in-cluster",
+                                   "--kube-api-qps=7.5",
+                                   "--kube-api-burst=9",
+                                   "--create-parallelism=3"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   ASSERT_TRUE(parser.Parse(static_cast<int>(argv.size()), argv.data(), 1, nullptr).ok());
@@ -42,6 +49,30 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
   EXPECT_TRUE(o.in_cluster);
   EXPECT_EQ(o.config.cluster_domain, "cluster.local");
   EXPECT_EQ(o.config.runtime_image, "r:1");
+  EXPECT_EQ(o.kube_api_qps, 7.5);
+  EXPECT_EQ(o.kube_api_burst, 9);
+  EXPECT_EQ(o.reconciler.create_parallelism, 3);
+  EXPECT_TRUE(o.Validate().ok());
+}
+
+TEST(OperatorOptionsTest, ValidateNamesTheFlag) {
+  for (const auto& [arg, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"--workers=0", "--workers"},
+           {"--kube-api-qps=-1", "--kube-api-qps"},
+           {"--kube-api-burst=0", "--kube-api-burst"},
+           {"--create-parallelism=0", "--create-parallelism"}}) {
+    OperatorOptions o;
+    FlagParser parser("op");
+    o.Register(&parser);
+    std::vector<std::string> args = {"op", arg};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    ASSERT_TRUE(parser.Parse(2, argv.data(), 1, nullptr).ok()) << arg;
+    o.Finish();
+    absl::Status s = o.Validate();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << arg;
+    EXPECT_NE(s.message().find(flag), std::string::npos) << s;
+  }
 }
 
 }  // namespace

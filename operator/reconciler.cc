@@ -1,9 +1,12 @@
 #include "operator/reconciler.h"
 
-#include <future>
+#include <algorithm>
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/log.h"
 #include "operator/labels.h"
 #include "operator/status.h"
@@ -59,59 +62,102 @@ bool OwnedBy(const json& object, const std::string& uid) {
   return false;
 }
 
-// Runs the calls concurrently (a job's objects are created in parallel, not
-// one by one) and returns the first error.
-absl::Status RunAll(std::vector<std::function<absl::Status()>> calls) {
-  std::vector<std::future<absl::Status>> futures;
-  for (auto& c : calls) futures.push_back(std::async(std::launch::async, c));
+std::string NameOf(const json& object) {
+  return object.value("/metadata/name"_json_pointer, std::string());
+}
+
+// Runs calls[i] for every i, at most `parallelism` at once, and returns the
+// first error.
+absl::Status RunBounded(size_t n, int parallelism,
+                        const std::function<absl::Status(size_t)>& call) {
+  if (n == 0) return absl::OkStatus();
+  std::atomic<size_t> next{0};
+  absl::Mutex mu;
   absl::Status first;
-  for (auto& f : futures) {
-    absl::Status s = f.get();
-    if (first.ok() && !s.ok()) first = s;
+  auto worker = [&] {
+    for (size_t i; (i = next++) < n;) {
+      absl::Status s = call(i);
+      absl::MutexLock l(&mu);
+      if (first.ok() && !s.ok()) first = s;
+    }
+  };
+  const size_t threads = std::min<size_t>(n, std::max(1, parallelism));
+  if (threads == 1) {
+    worker();
+    return first;
   }
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
   return first;
 }
 
 }  // namespace
 
-ResourceRef TrainingJobs(const std::string& ns, const std::string& name,
-                         const std::string& subresource) {
-  return {"/apis/kubetrain.io/v1", "trainingjobs", ns, name, subresource};
+Reconciler::Reconciler(KubeClient* client, JobCache* cache, Expectations* expectations,
+                       OperatorConfig config, const Clock* clock, ProgressReader progress,
+                       ReconcilerOptions options)
+    : client_(client),
+      cache_(cache),
+      expectations_(expectations),
+      config_(std::move(config)),
+      clock_(clock),
+      progress_(std::move(progress)),
+      options_(options),
+      events_(client, clock) {}
+
+absl::Status Reconciler::DeleteAll(const std::string& ns, const std::string& job_name,
+                                   const std::string& plural,
+                                   const std::vector<std::string>& names) {
+  const std::string key = ns + "/" + job_name;
+  return RunBounded(names.size(), options_.create_parallelism, [&](size_t i) {
+    const std::string what = plural + "/" + names[i];
+    expectations_->ExpectDelete(key, what);
+    absl::Status s = client_->Delete(Core(plural, ns, names[i]), kPropagationBackground);
+    if (!s.ok()) expectations_->Forget(key, what);
+    if (s.ok()) Log("operator: deleted ", plural, " ", ns, "/", names[i]);
+    return absl::IsNotFound(s) ? absl::OkStatus() : s;
+  });
 }
 
-Reconciler::Reconciler(KubeClient* client, OperatorConfig config, const Clock* clock,
-                       ProgressReader progress)
-    : client_(client), config_(std::move(config)), clock_(clock), progress_(std::move(progress)) {}
-
-absl::Status Reconciler::CleanUpOrphans(const std::string& ns, const std::string& name) {
+absl::Status Reconciler::CleanUp(const std::string& ns, const std::string& name) {
   // A real cluster's garbage collector removes a deleted job's children via
   // ownerReferences; doing it here too keeps clusters without one clean.
-  const std::string selector = JobSelector(name);
-  std::vector<std::function<absl::Status()>> calls;
-  for (const char* plural : {"pods", "services", "configmaps"}) {
-    auto list = client_->List(Core(plural, ns), selector);
-    if (!list.ok()) return list.status();
-    for (const auto& item : (*list)["items"]) {
-      std::string n = item["metadata"]["name"];
-      std::string p = plural;
-      calls.push_back([this, p, ns, n] {
-        absl::Status s = client_->Delete(Core(p, ns, n), kPropagationBackground);
-        return absl::IsNotFound(s) ? absl::OkStatus() : s;
-      });
+  const std::string key = ns + "/" + name;
+  const std::vector<std::pair<const char*, std::vector<json>>> owned = {
+      {"pods", cache_->Pods(key)},
+      {"services", cache_->Services(key)},
+      {"configmaps", cache_->ConfigMaps(key)}};
+  absl::Status first;
+  for (const auto& [plural, objects] : owned) {
+    std::vector<std::string> names;
+    for (const auto& o : objects) {
+      if (!o["metadata"].contains("deletionTimestamp")) names.push_back(NameOf(o));
     }
+    absl::Status s = DeleteAll(ns, name, plural, names);
+    if (first.ok()) first = s;
   }
-  return RunAll(std::move(calls));
+  return first;
 }
 
 ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string& name) {
   ReconcileOutcome out;
-  auto object = client_->Get(TrainingJobs(ns, name));
-  if (absl::IsNotFound(object.status())) {
-    out.status = CleanUpOrphans(ns, name);
+  const std::string key = ns + "/" + name;
+  const std::optional<json> object = cache_->Job(ns, name);
+  if (object) out.state = object->value("/status/state"_json_pointer, std::string());
+  if (!expectations_->Satisfied(key)) {
+    out.requeue_after = options_.expectations_recheck;
     return out;
   }
-  if (!object.ok()) {
-    out.status = object.status();
+  if (!object) {
+    {
+      absl::MutexLock l(&mu_);
+      rejected_.erase(key);
+      status_written_.erase(key);
+    }
+    events_.Forget(key);
+    out.status = CleanUp(ns, name);
     return out;
   }
   try {
@@ -126,120 +172,172 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
 
     Observed observed;
     observed.now = clock_->Now();
-    const std::string selector = JobSelector(name);
-    auto pods = client_->List(Core("pods", ns), selector);
-    auto services = client_->List(Core("services", ns), selector);
-    auto config_map = client_->Get(Core("configmaps", ns, ConfigMapName(name)));
-    if (!pods.ok()) return {pods.status()};
-    if (!services.ok()) return {services.status()};
-    if (!config_map.ok() && !absl::IsNotFound(config_map.status())) return {config_map.status()};
-    observed.config_map_exists = config_map.ok();
+    for (const auto& cm : cache_->ConfigMaps(key)) {
+      if (NameOf(cm) == ConfigMapName(name)) observed.config_map_exists = true;
+    }
+    {
+      absl::MutexLock l(&mu_);
+      auto it = rejected_.find(key);
+      if (it != rejected_.end()) observed.create_rejected = it->second;
+    }
     // Live progress comes from whichever task is the chief (the Chief
     // replica's, else worker 0).
     auto spec = ParseTrainingJob(object->dump());
     const std::string chief_type = spec.ok() ? spec->chief_task_type() : "worker";
     std::string chief_ip;
-    for (const auto& pod : (*pods)["items"]) {
+    for (const auto& pod : cache_->Pods(key)) {
       if (!OwnedBy(pod, job.uid)) continue;  // not ours (e.g. a previous job of the same name)
       observed.pods.push_back(ObservePod(pod));
       if (observed.pods.back().type == chief_type && observed.pods.back().index == 0) {
         chief_ip = pod.value("/status/podIP"_json_pointer, std::string());
       }
     }
-    for (const auto& svc : (*services)["items"]) {
-      if (OwnedBy(svc, job.uid)) observed.services.push_back(svc["metadata"]["name"]);
+    for (const auto& svc : cache_->Services(key)) {
+      if (OwnedBy(svc, job.uid)) observed.services.push_back(NameOf(svc));
     }
     if (progress_ && !chief_ip.empty()) observed.progress = progress_(chief_ip);
 
     Actions actions = Desired(job, observed, config_);
-    out.status = Apply(job, actions);
     out.requeue_after = actions.requeue_after;
+    out.status = Apply(job, actions, &out.requeue_after);
     out.state = actions.status.value("state", "");
+    if (IsFinished(actions.status)) {
+      absl::MutexLock l(&mu_);
+      rejected_.erase(key);
+    }
     if (actions.delete_job && out.status.ok()) out.state.clear();
   } catch (const json::exception& e) {
     // A malformed object must not take the operator down.
     out.status =
         absl::InvalidArgumentError(absl::StrCat("trainingjob ", ns, "/", name, ": ", e.what()));
   }
+  {
+    absl::MutexLock l(&mu_);
+    // A refusal seen in this pass: decide on it at once (the job fails).
+    if (rejected_.count(key) && !out.requeue_after) out.requeue_after = absl::ZeroDuration();
+  }
   return out;
 }
 
-void Reconciler::RecordEvent(const JobObject& job, const JobEvent& e) {
-  // Best effort: an event that cannot be written must not fail the reconcile.
-  json event = {{"apiVersion", "v1"},
-                {"kind", "Event"},
-                {"metadata", {{"generateName", job.name + "."}, {"namespace", job.namespace_}}},
-                {"involvedObject",
-                 {{"apiVersion", "kubetrain.io/v1"},
-                  {"kind", "TrainingJob"},
-                  {"name", job.name},
-                  {"namespace", job.namespace_},
-                  {"uid", job.uid}}},
-                {"reason", e.reason},
-                {"message", e.message},
-                {"type", e.type},
-                {"source", {{"component", "kubetrain-operator"}}},
-                {"firstTimestamp", Timestamp(clock_->Now())},
-                {"lastTimestamp", Timestamp(clock_->Now())},
-                {"count", 1}};
-  auto r = client_->Create(Core("events", job.namespace_), event);
-  if (!r.ok())
-    Log("operator: event ", e.reason, " for ", job.namespace_, "/", job.name,
-        " not recorded: ", r.status().message());
+absl::Status Reconciler::CreateAll(const JobObject& job, const std::string& plural,
+                                   const std::vector<json>& objects, bool slow_start) {
+  if (objects.empty()) return absl::OkStatus();
+  const std::string& ns = job.namespace_;
+  const std::string key = ns + "/" + job.name;
+  const EventTarget target{ns, job.name, job.uid};
+  absl::Mutex mu;
+  std::vector<std::string> created;
+  auto create = [&](size_t i) -> absl::Status {
+    const std::string name = NameOf(objects[i]);
+    const std::string what = plural + "/" + name;
+    expectations_->ExpectCreate(key, what);
+    auto r = client_->Create(Core(plural, ns), objects[i]);
+    if (r.ok()) {
+      absl::MutexLock l(&mu);
+      created.push_back(name);
+      return absl::OkStatus();
+    }
+    expectations_->Forget(key, what);
+    if (absl::IsAlreadyExists(r.status())) return absl::OkStatus();
+    if (absl::IsInvalidArgument(r.status())) {
+      absl::MutexLock l(&mu_);
+      rejected_[key] =
+          absl::StrCat("the API server refused ", plural, " ", name, ": ", r.status().message());
+    }
+    events_.Record(target, "Warning", "FailedCreate",
+                   absl::StrCat("Creating ", plural, " ", name, ": ", r.status().message()));
+    return r.status();
+  };
+  absl::Status status;
+  if (!slow_start) {
+    status = RunBounded(objects.size(), options_.create_parallelism, create);
+  } else {
+    // Slow start (as the Job controller's): 1, 2, 4, ... at a time; stop at
+    // the first failure.
+    size_t done = 0;
+    for (int batch = 1; done < objects.size() && status.ok();
+         batch = std::min(batch * 2, std::max(1, options_.create_parallelism))) {
+      const size_t n = std::min<size_t>(batch, objects.size() - done);
+      status = RunBounded(n, batch, [&](size_t i) { return create(done + i); });
+      done += n;
+    }
+  }
+  if (!created.empty()) {
+    std::sort(created.begin(), created.end());
+    const std::string kind = plural == "pods"       ? "Pod"
+                             : plural == "services" ? "Service"
+                                                    : "ConfigMap";
+    Log("operator: created ", plural, " ", ns, "/{", absl::StrJoin(created, ","), "}");
+    if (kind != "ConfigMap") {
+      events_.Record(target, "Normal", "SuccessfulCreate" + kind,
+                     absl::StrCat("Created ", kind, created.size() > 1 ? "s " : " ",
+                                  absl::StrJoin(created, ", ")));
+    }
+  }
+  return status;
 }
 
-absl::Status Reconciler::Apply(const JobObject& job, const Actions& a) {
-  const std::string& ns = job.namespace_;
-  std::vector<std::function<absl::Status()>> calls;
-  auto create = [this, ns, &job](const std::string& plural, json object) {
-    return [this, ns, plural, object, &job] {
-      auto r = client_->Create(Core(plural, ns), object);
-      const std::string name = object["metadata"]["name"].get<std::string>();
-      if (r.ok()) {
-        Log("operator: created ", plural, " ", ns, "/", name);
-        if (plural == "pods" || plural == "services") {
-          const std::string kind = plural == "pods" ? "Pod" : "Service";
-          RecordEvent(job, {"Normal", "SuccessfulCreate" + kind, "Created " + kind + " " + name});
-        }
-      } else if (!absl::IsAlreadyExists(r.status())) {
-        RecordEvent(job,
-                    {"Warning", "FailedCreate",
-                     absl::StrCat("Creating ", plural, " ", name, ": ", r.status().message())});
-      }
-      return absl::IsAlreadyExists(r.status()) ? absl::OkStatus() : r.status();
-    };
-  };
-  if (a.create_config_map) calls.push_back(create("configmaps", *a.create_config_map));
-  for (const auto& s : a.create_services) calls.push_back(create("services", s));
-  // Pods after their Services and ConfigMap exist (below), so DNS and the
-  // mounted job file are there when a task starts.
-  if (absl::Status s = RunAll(std::move(calls)); !s.ok()) return s;
-  calls.clear();
-  for (const auto& p : a.create_pods) calls.push_back(create("pods", p));
-  for (const auto& name : a.delete_pods) {
-    calls.push_back([this, ns, name] {
-      absl::Status s = client_->Delete(Core("pods", ns, name), kPropagationBackground);
-      if (s.ok()) Log("operator: deleted pod ", ns, "/", name);
-      return absl::IsNotFound(s) ? absl::OkStatus() : s;
-    });
+namespace {
+// True if `a` and `b` differ only in counts and progress.
+bool OnlyCountsDiffer(const json& a, const json& b) {
+  if (!a.is_object() || !b.is_object()) return false;
+  json x = a, y = b;
+  for (const char* k : {"replicaStatuses", "progress"}) {
+    x.erase(k);
+    y.erase(k);
   }
-  absl::Status applied = RunAll(std::move(calls));
+  return x == y;
+}
+}  // namespace
 
-  for (const auto& e : a.events) RecordEvent(job, e);
+absl::Status Reconciler::Apply(const JobObject& job, const Actions& a,
+                               std::optional<absl::Duration>* requeue_after) {
+  const std::string& ns = job.namespace_;
+  const EventTarget target{ns, job.name, job.uid};
+  // Pods after their Services and ConfigMap exist, so DNS and the mounted
+  // job file are there when a task starts.
+  absl::Status applied = CreateAll(job, "services", a.create_services, false);
+  if (applied.ok() && a.create_config_map) {
+    applied = CreateAll(job, "configmaps", {*a.create_config_map}, false);
+  }
+  if (applied.ok()) applied = CreateAll(job, "pods", a.create_pods, true);
+  absl::Status deleted = DeleteAll(ns, job.name, "pods", a.delete_pods);
+  if (applied.ok()) applied = deleted;
 
-  if (a.status != job.status) {
+  for (const auto& e : a.events) events_.Record(target, e.type, e.reason, e.message);
+
+  const std::string key = ns + "/" + job.name;
+  bool write = a.status != job.status;
+  if (write && OnlyCountsDiffer(a.status, job.status)) {
+    const absl::Time now = clock_->Now();
+    absl::MutexLock l(&mu_);
+    auto it = status_written_.find(key);
+    if (it != status_written_.end() && now - it->second < options_.status_coalesce) {
+      const absl::Duration wait = it->second + options_.status_coalesce - now;
+      if (!*requeue_after || wait < **requeue_after) *requeue_after = wait;
+      write = false;  // coalesced into a write once the interval has passed
+    }
+  }
+  if (write) {
     // Replace (not merge) so removed keys go too; a conflict means the job
-    // changed meanwhile: the caller retries with a fresh read.
+    // changed meanwhile: the caller retries after the cache has it.
     json updated = job.object;
     updated["status"] = a.status;
     auto r = client_->Replace(TrainingJobs(ns, job.name, "status"), updated);
-    if (!r.ok() && applied.ok()) applied = r.status();
+    if (r.ok()) {
+      cache_->UpdateJob(*r);
+      absl::MutexLock l(&mu_);
+      status_written_[key] = clock_->Now();
+    } else if (applied.ok()) {
+      applied = r.status();
+    }
   }
   if (a.delete_job && applied.ok()) {
     Log("operator: ttlSecondsAfterFinished passed: deleting trainingjob ", ns, "/", job.name);
     absl::Status s = client_->Delete(TrainingJobs(ns, job.name), kPropagationBackground);
     if (!s.ok() && !absl::IsNotFound(s)) return s;
-    return CleanUpOrphans(ns, job.name);
+    events_.Forget(ns + "/" + job.name);
+    return CleanUp(ns, job.name);
   }
   return applied;
 }

@@ -1,20 +1,37 @@
-// One reconcile of one TrainingJob: observe (the job, its pods, services and
-// ConfigMap, read from the API server every time: level-triggered, so a
-// restarted operator derives everything and never duplicates a pod; and the
-// chief task's live progress) -> Desired() (pure, operator/desired.h) ->
-// apply (parallel creates, deletes, status, events). Thread-safe: different
-// jobs may be reconciled concurrently.
+// One reconcile of one TrainingJob: observe (the job, its pods, Services and
+// ConfigMap, read from the informer cache, operator/job_cache.h: no request
+// to the API server; and the chief task's live progress) -> Desired() (pure,
+// operator/desired.h) -> apply (creates with a bounded fan-out, deletes,
+// status only when it changed, aggregated events).
+//
+// Expectations (operator/expectations.h): what a pass creates or deletes is
+// expected before the request goes out; until the cache shows all of it (or
+// the expectations time out) a later pass of the same job decides nothing,
+// so a cache that lags cannot make it create or delete twice. A restarted
+// operator starts from a fresh list, so it never duplicates a pod either.
+//
+// An object the API server refuses as invalid (400/422) fails the job
+// (reason CreateRejected, with the API server's message) on the next pass
+// instead of retrying forever.
+//
+// Thread-safe: different jobs may be reconciled concurrently; the caller
+// (the work queue) never runs two passes of one job at once.
 #ifndef KUBETRAIN_OPERATOR_RECONCILER_H_
 #define KUBETRAIN_OPERATOR_RECONCILER_H_
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/clock.h"
 #include "operator/desired.h"
+#include "operator/event_recorder.h"
+#include "operator/expectations.h"
+#include "operator/job_cache.h"
 #include "operator/kube_client.h"
 
 namespace kubetrain {
@@ -29,27 +46,59 @@ struct ReconcileOutcome {
 // operator/progress.h) given its pod IP; may return nullopt. Optional.
 using ProgressReader = std::function<std::optional<Progress>(const std::string& pod_ip)>;
 
+struct ReconcilerOptions {
+  // Writes in flight at once for one job. Pods go in slow-start batches
+  // (1, 2, 4, ... up to this), so a template the API server refuses costs
+  // one request, not one per task.
+  int create_parallelism = 16;
+  // While a job's expectations are unmet, look again after this (the watch
+  // event that meets them normally comes first).
+  absl::Duration expectations_recheck = absl::Seconds(5);
+  // Status changes that are only counts and progress (replicaStatuses,
+  // progress) are written at most once per this per job: pods starting one
+  // by one cost one status write, not one each. Conditions, the state and
+  // restart history are written at once.
+  absl::Duration status_coalesce = absl::Seconds(1);
+};
+
 class Reconciler {
  public:
-  // `client` and `clock` must outlive the reconciler.
-  Reconciler(KubeClient* client, OperatorConfig config, const Clock* clock,
-             ProgressReader progress = nullptr);
+  // Everything passed must outlive the reconciler. `client` is used for
+  // writes only; reads come from `cache`.
+  Reconciler(KubeClient* client, JobCache* cache, Expectations* expectations, OperatorConfig config,
+             const Clock* clock, ProgressReader progress = nullptr,
+             ReconcilerOptions options = ReconcilerOptions());
 
   ReconcileOutcome Reconcile(const std::string& ns, const std::string& name);
 
  private:
-  absl::Status Apply(const JobObject& job, const Actions& actions);
-  absl::Status CleanUpOrphans(const std::string& ns, const std::string& name);
-  void RecordEvent(const JobObject& job, const JobEvent& event);
+  // Sets *requeue_after when a status write was deferred (status_coalesce).
+  absl::Status Apply(const JobObject& job, const Actions& actions,
+                     std::optional<absl::Duration>* requeue_after);
+  absl::Status CleanUp(const std::string& ns, const std::string& name);
+  // Creates `objects` of `plural` (expecting each first); remembers an
+  // invalid-object refusal for the job.
+  absl::Status CreateAll(const JobObject& job, const std::string& plural,
+                         const std::vector<nlohmann::json>& objects, bool slow_start);
+  absl::Status DeleteAll(const std::string& ns, const std::string& job_name,
+                         const std::string& plural, const std::vector<std::string>& names);
 
+  // Constant after construction.
   KubeClient* const client_;
+  JobCache* const cache_;
+  Expectations* const expectations_;
   const OperatorConfig config_;
   const Clock* const clock_;
   const ProgressReader progress_;
-};
+  const ReconcilerOptions options_;
+  EventRecorder events_;
 
-ResourceRef TrainingJobs(const std::string& ns, const std::string& name = "",
-                         const std::string& subresource = "");
+  absl::Mutex mu_;
+  // job key -> the API server's message for an object it refused (see above).
+  std::map<std::string, std::string> rejected_ ABSL_GUARDED_BY(mu_);
+  // job key -> when its status was last written.
+  std::map<std::string, absl::Time> status_written_ ABSL_GUARDED_BY(mu_);
+};
 
 }  // namespace kubetrain
 

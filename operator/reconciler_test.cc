@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/time/clock.h"
 #include "operator/fake_kube_client.h"
+#include "operator/status.h"
 
 namespace kubetrain {
 namespace {
@@ -19,39 +21,120 @@ json Job() {
             {"training", {{"model", {{"type", "softmax"}}}, {"steps", 10}}}}}};
 }
 
-TEST(ReconcilerTest, CreatesEverythingOnceAndIsIdempotent) {
-  FakeKubeClient kube;
-  FakeClock clock(absl::FromUnixSeconds(1800000000));
-  ASSERT_TRUE(kube.Create(TrainingJobs("default"), Job()).ok());
-  Reconciler r(&kube, OperatorConfig{}, &clock);
-  auto out = r.Reconcile("default", "mnist");
+const char kPods[] = "/api/v1/namespaces/default/pods";
+const char kServices[] = "/api/v1/namespaces/default/services";
+const char kConfigMaps[] = "/api/v1/namespaces/default/configmaps";
+
+// A reconciler over the fake API server, reading a real informer cache fed by
+// the fake's watch.
+class ReconcilerTest : public ::testing::Test {
+ protected:
+  void Start(OperatorConfig config = OperatorConfig{}, ProgressReader progress = nullptr) {
+    cache_ = std::make_unique<JobCache>(&kube_, "", 5, &expectations_);
+    reconciler_ = std::make_unique<Reconciler>(&kube_, cache_.get(), &expectations_, config,
+                                               &clock_, progress);
+    cache_->Start(&stop_);
+    ASSERT_TRUE(WaitFor([&] { return cache_->synced(); }));
+  }
+  void TearDown() override {
+    stop_ = true;
+    kube_.Shutdown();
+    if (cache_) cache_->Join();
+  }
+  static bool WaitFor(const std::function<bool()>& pred) {
+    for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
+      if (pred()) return true;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return pred();
+  }
+  // Waits until the cache holds what the fake holds for the job, then
+  // reconciles once; counts the requests of that reconcile alone.
+  ReconcileOutcome Pass() {
+    EXPECT_TRUE(WaitFor([&] {
+      auto job = kube_.Get(TrainingJobs("default", "mnist"));
+      auto cached = cache_->Job("default", "mnist");
+      const bool job_same = job.ok() == cached.has_value() &&
+                            (!job.ok() || (*job)["metadata"]["resourceVersion"] ==
+                                              (*cached)["metadata"]["resourceVersion"]);
+      return job_same && expectations_.pending() == 0 &&
+             cache_->Pods("default/mnist").size() == kube_.Count(kPods) &&
+             cache_->Services("default/mnist").size() == kube_.Count(kServices) &&
+             cache_->ConfigMaps("default/mnist").size() == kube_.Count(kConfigMaps);
+    }));
+    kube_.ResetCalls();
+    ReconcileOutcome out = reconciler_->Reconcile("default", "mnist");
+    // The point of the cache: a reconcile never lists and never reads.
+    EXPECT_EQ(kube_.calls("list"), 0);
+    EXPECT_EQ(kube_.calls("get"), 0);
+    return out;
+  }
+
+  FakeKubeClient kube_;
+  FakeClock clock_{absl::FromUnixSeconds(1800000000)};
+  Expectations expectations_{&clock_, absl::Seconds(30)};
+  std::atomic<bool> stop_{false};
+  std::unique_ptr<JobCache> cache_;
+  std::unique_ptr<Reconciler> reconciler_;
+};
+
+TEST_F(ReconcilerTest, CreatesEverythingOnceFromTheCacheAndIsIdempotent) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  Start();
+  auto out = Pass();
   ASSERT_TRUE(out.status.ok()) << out.status;
-  EXPECT_EQ(kube.Count("/api/v1/namespaces/default/pods"), 3u);
-  EXPECT_EQ(kube.Count("/api/v1/namespaces/default/services"), 3u);
-  EXPECT_EQ(kube.Count("/api/v1/namespaces/default/configmaps"), 1u);
-  EXPECT_GE(kube.Count("/api/v1/namespaces/default/events"), 1u);
-  auto job = kube.Get(TrainingJobs("default", "mnist"));
+  EXPECT_EQ(kube_.Count(kPods), 3u);
+  EXPECT_EQ(kube_.Count(kServices), 3u);
+  EXPECT_EQ(kube_.Count(kConfigMaps), 1u);
+  // Created + one aggregated SuccessfulCreatePod + one SuccessfulCreateService.
+  EXPECT_EQ(kube_.Count("/api/v1/namespaces/default/events"), 3u);
+  EXPECT_EQ(kube_.calls("create", "pods"), 3);
+  EXPECT_EQ(kube_.calls("update", "trainingjobs"), 1);
+  auto job = kube_.Get(TrainingJobs("default", "mnist"));
   EXPECT_EQ((*job)["status"]["state"], "Created");
-  // A second pass (or a restarted operator) creates nothing new.
-  int creates = kube.creates();
-  out = r.Reconcile("default", "mnist");
+  // A second pass creates nothing and, with nothing changed, sends nothing.
+  out = Pass();
   ASSERT_TRUE(out.status.ok()) << out.status;
-  EXPECT_EQ(kube.creates(), creates);
-  EXPECT_EQ(kube.Count("/api/v1/namespaces/default/pods"), 3u);
+  EXPECT_EQ(kube_.calls("create"), 0);
+  EXPECT_EQ(kube_.calls("update"), 0);
+  EXPECT_EQ(kube_.calls("patch"), 0);
+  EXPECT_EQ(kube_.Count(kPods), 3u);
 }
 
-TEST(ReconcilerTest, ObservedPodStatusDrivesTheJobAndDeletedJobsLeaveNothing) {
-  FakeKubeClient kube;
-  FakeClock clock(absl::FromUnixSeconds(1800000000));
-  ASSERT_TRUE(kube.Create(TrainingJobs("default"), Job()).ok());
+TEST_F(ReconcilerTest, WaitsForItsOwnCreatesToBeObservedBeforeDecidingAgain) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  Start();
+  ASSERT_TRUE(WaitFor([&] { return cache_->Job("default", "mnist").has_value(); }));
+  // The pods' watch events are held back: the cache does not show them.
+  kube_.HoldWatches("pods", true);
+  ASSERT_TRUE(reconciler_->Reconcile("default", "mnist").status.ok());
+  const int creates = kube_.creates();
+  EXPECT_GT(expectations_.pending(), 0u);
+  // Straight away again, from a cache that has no pods: nothing is created twice.
+  auto out = reconciler_->Reconcile("default", "mnist");
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.creates(), creates);
+  ASSERT_TRUE(out.requeue_after.has_value());
+  // Past the expectations' timeout it decides from the cache again (and
+  // AlreadyExists keeps that harmless).
+  kube_.HoldWatches("pods", false);
+  clock_.Advance(absl::Seconds(31));
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.Count(kPods), 3u);
+}
+
+TEST_F(ReconcilerTest, ObservedPodStatusDrivesTheJobAndDeletedJobsLeaveNothing) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
   OperatorConfig config;
   config.cleanup_grace = absl::ZeroDuration();
-  Reconciler r(&kube, config, &clock);
-  ASSERT_TRUE(r.Reconcile("default", "mnist").status.ok());
+  Start(config);
+  ASSERT_TRUE(Pass().status.ok());
   // The chief pod succeeds with a result in its termination message.
   ResourceRef chief{"/api/v1", "pods", "default", "mnist-worker-0", ""};
   ASSERT_TRUE(
-      kube.MergePatch(
+      kube_
+          .MergePatch(
               chief,
               {{"status",
                 {{"phase", "Succeeded"},
@@ -63,58 +146,144 @@ TEST(ReconcilerTest, ObservedPodStatusDrivesTheJobAndDeletedJobsLeaveNothing) {
                          {{"terminated",
                            {{"exitCode", 0}, {"message", "{\"test_accuracy\":0.9}"}}}}}}})}}}})
           .ok());
-  auto out = r.Reconcile("default", "mnist");
+  ASSERT_TRUE(WaitFor([&] {
+    for (const auto& p : cache_->Pods("default/mnist")) {
+      if (p["metadata"]["name"] == "mnist-worker-0")
+        return p.value("/status/phase"_json_pointer, std::string()) == "Succeeded";
+    }
+    return false;
+  }));
+  auto out = Pass();
   ASSERT_TRUE(out.status.ok()) << out.status;
   EXPECT_EQ(out.state, "Succeeded");
-  auto job = kube.Get(TrainingJobs("default", "mnist"));
+  auto job = kube_.Get(TrainingJobs("default", "mnist"));
   EXPECT_EQ((*job)["status"]["result"]["testAccuracy"], 0.9);
-  ASSERT_TRUE(r.Reconcile("default", "mnist").status.ok());  // the cleanup pass
+  ASSERT_TRUE(Pass().status.ok());  // the cleanup pass
   // cleanPodPolicy Running: pods still Pending/Running were deleted; the chief stays.
-  EXPECT_EQ(kube.Count("/api/v1/namespaces/default/pods"), 1u);
+  EXPECT_EQ(kube_.Count(kPods), 1u);
   // The job is deleted: its children go too (no garbage collector needed).
-  ASSERT_TRUE(kube.Delete(TrainingJobs("default", "mnist"), kPropagationBackground).ok());
-  ASSERT_TRUE(r.Reconcile("default", "mnist").status.ok());
-  EXPECT_EQ(kube.Count("/api/v1/namespaces/default/pods"), 0u);
-  EXPECT_EQ(kube.Count("/api/v1/namespaces/default/services"), 0u);
-  EXPECT_EQ(kube.Count("/api/v1/namespaces/default/configmaps"), 0u);
+  ASSERT_TRUE(kube_.Delete(TrainingJobs("default", "mnist"), kPropagationBackground).ok());
+  ASSERT_TRUE(Pass().status.ok());
+  EXPECT_EQ(kube_.Count(kPods), 0u);
+  EXPECT_EQ(kube_.Count(kServices), 0u);
+  EXPECT_EQ(kube_.Count(kConfigMaps), 0u);
 }
 
-TEST(ReconcilerTest, ProgressIsReadFromTheChiefTasksPod) {
-  FakeKubeClient kube;
-  FakeClock clock(absl::FromUnixSeconds(1800000000));
+TEST_F(ReconcilerTest, ADeletedServiceIsCreatedAgain) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  Start();
+  ASSERT_TRUE(Pass().status.ok());
+  ASSERT_TRUE(kube_.Delete({"/api/v1", "services", "default", "mnist-ps-0", ""}, "").ok());
+  ASSERT_TRUE(kube_.Delete({"/api/v1", "configmaps", "default", "mnist-config", ""}, "").ok());
+  ASSERT_TRUE(Pass().status.ok());
+  EXPECT_EQ(kube_.Count(kServices), 3u);
+  EXPECT_EQ(kube_.Count(kConfigMaps), 1u);
+  EXPECT_EQ(kube_.calls("create", "pods"), 0);
+}
+
+TEST_F(ReconcilerTest, APodTheApiServerRefusesFailsTheJobWithItsMessage) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  kube_.FailCalls("create", "pods",
+                  absl::InvalidArgumentError(
+                      "POST pods: Pod \"mnist-ps-0\" is invalid: spec.containers[0].image: "
+                      "Required value"));
+  Start();
+  auto out = Pass();
+  EXPECT_TRUE(absl::IsInvalidArgument(out.status)) << out.status;
+  // Slow start: one refused pod, not one per task.
+  EXPECT_EQ(kube_.calls("create", "pods"), 1);
+  ASSERT_TRUE(out.requeue_after.has_value());
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(out.state, "Failed");
+  auto job = kube_.Get(TrainingJobs("default", "mnist"));
+  const json* failed = FindCondition((*job)["status"], condition::kFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ((*failed)["reason"], reason::kCreateRejected);
+  EXPECT_NE((*failed)["message"].get<std::string>().find("spec.containers[0].image: Required"),
+            std::string::npos)
+      << *failed;
+  // Finished: no more attempts, and the repeated Warning is one Event with a count.
+  EXPECT_EQ(kube_.calls("create", "pods"), 0);
+  out = Pass();
+  EXPECT_EQ(kube_.calls("create", "pods"), 0);
+}
+
+TEST_F(ReconcilerTest, ProgressIsReadFromTheChiefTasksPod) {
   json job = Job();
   job["spec"]["replicaSpecs"]["Chief"] = {{"replicas", 1}};
-  ASSERT_TRUE(kube.Create(TrainingJobs("default"), job).ok());
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), job).ok());
   std::vector<std::string> asked;
-  Reconciler r(&kube, OperatorConfig{}, &clock,
-               [&](const std::string& ip) -> std::optional<Progress> {
-                 asked.push_back(ip);
-                 Progress p;
-                 p.global_step = 7;
-                 return p;
-               });
-  ASSERT_TRUE(r.Reconcile("default", "mnist").status.ok());
+  Start(OperatorConfig{}, [&](const std::string& ip) -> std::optional<Progress> {
+    asked.push_back(ip);
+    Progress p;
+    p.global_step = 7;
+    return p;
+  });
+  ASSERT_TRUE(Pass().status.ok());
   for (const char* pod : {"mnist-chief-0", "mnist-worker-0"}) {
     ASSERT_TRUE(
-        kube.MergePatch({"/api/v1", "pods", "default", pod, ""},
+        kube_
+            .MergePatch({"/api/v1", "pods", "default", pod, ""},
                         {{"status",
                           {{"phase", "Running"},
                            {"podIP", std::string("10.0.0.") + (pod[6] == 'c' ? "1" : "2")}}}})
             .ok());
   }
-  ASSERT_TRUE(r.Reconcile("default", "mnist").status.ok());
+  ASSERT_TRUE(WaitFor([&] {
+    int running = 0;
+    for (const auto& p : cache_->Pods("default/mnist"))
+      running += p.value("/status/phase"_json_pointer, std::string()) == "Running";
+    return running == 2;
+  }));
+  ASSERT_TRUE(Pass().status.ok());
   EXPECT_EQ(asked, std::vector<std::string>{"10.0.0.1"});  // the Chief, not worker 0
-  EXPECT_EQ((*kube.Get(TrainingJobs("default", "mnist")))["status"]["progress"]["globalStep"], 7);
+  EXPECT_EQ((*kube_.Get(TrainingJobs("default", "mnist")))["status"]["progress"]["globalStep"], 7);
+  // Same progress again: no status write.
+  auto out = Pass();
+  EXPECT_EQ(kube_.calls("update"), 0);
 }
 
-TEST(ReconcilerTest, MalformedObjectIsAnErrorNotACrash) {
-  FakeKubeClient kube;
-  FakeClock clock;
+TEST_F(ReconcilerTest, CountOnlyStatusChangesAreCoalesced) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  Start();
+  ASSERT_TRUE(Pass().status.ok());  // Created: written at once
+  auto run = [&](const std::string& pod) {
+    ASSERT_TRUE(kube_
+                    .MergePatch({"/api/v1", "pods", "default", pod, ""},
+                                {{"status", {{"phase", "Running"}}}})
+                    .ok());
+    ASSERT_TRUE(WaitFor([&] {
+      for (const auto& p : cache_->Pods("default/mnist"))
+        if (p["metadata"]["name"] == pod)
+          return p.value("/status/phase"_json_pointer, std::string()) == "Running";
+      return false;
+    }));
+  };
+  run("mnist-ps-0");
+  auto out = Pass();  // the Running condition: written at once
+  EXPECT_EQ(kube_.calls("update"), 1);
+  run("mnist-worker-0");
+  // One task more active, within a second of the last write: deferred.
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("update"), 0);
+  ASSERT_TRUE(out.requeue_after.has_value());
+  EXPECT_LE(*out.requeue_after, absl::Seconds(1));
+  clock_.Advance(absl::Seconds(1));
+  out = Pass();
+  EXPECT_EQ(kube_.calls("update"), 1);
+  EXPECT_EQ((*kube_.Get(
+                TrainingJobs("default", "mnist")))["status"]["replicaStatuses"]["Worker"]["active"],
+            1);
+}
+
+TEST_F(ReconcilerTest, MalformedObjectIsAnErrorNotACrash) {
   json bad = Job();
   bad["metadata"]["generation"] = "not-a-number";
-  ASSERT_TRUE(kube.Create(TrainingJobs("default"), bad).ok());
-  Reconciler r(&kube, OperatorConfig{}, &clock);
-  auto out = r.Reconcile("default", "mnist");
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), bad).ok());
+  Start();
+  auto out = Pass();
   EXPECT_FALSE(out.status.ok());
 }
 

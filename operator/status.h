@@ -9,6 +9,7 @@
 //   Suspended   TrainingJobSuspended   (False again: TrainingJobResumed)
 //   Succeeded   TrainingJobSucceeded
 //   Failed      TrainingJobFailed | BackoffLimitExceeded | DeadlineExceeded | InvalidSpec
+//               | CreateRejected
 // `.status.state` (the State printer column) is StateOf(status).
 #ifndef KUBETRAIN_OPERATOR_STATUS_H_
 #define KUBETRAIN_OPERATOR_STATUS_H_
@@ -42,6 +43,7 @@ inline constexpr char kFailed[] = "TrainingJobFailed";  // a task failed for goo
 inline constexpr char kBackoffLimitExceeded[] = "BackoffLimitExceeded";
 inline constexpr char kDeadlineExceeded[] = "DeadlineExceeded";
 inline constexpr char kInvalidSpec[] = "InvalidSpec";
+inline constexpr char kCreateRejected[] = "CreateRejected";  // the API server refused an object
 }  // namespace reason
 
 // metav1.Time: RFC 3339 in UTC, whole seconds ("2027-01-15T08:00:00Z").

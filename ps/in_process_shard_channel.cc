@@ -15,14 +15,18 @@ class InProcessPs::Channel final : public ShardChannel {
 
   absl::StatusOr<v1::ShardInfo> GetInfo(const v1::InfoRequest& request, absl::Duration) override {
     v1::ShardInfo info;
-    FillShardInfo(ps_->shard().get(), ps_->config_.placement.Fingerprint(), max_chunk_bytes_,
-                  request, &info);
+    if (absl::Status s = FillShardInfo(ps_->shard().get(), ps_->config_.fingerprint,
+                                       max_chunk_bytes_, request, &info);
+        !s.ok()) {
+      return s;
+    }
     return info;
   }
 
   absl::StatusOr<v1::PullResponse::Header> Pull(const v1::PullRequest& request,
                                                 const ChunkSink& sink) override {
-    const TaskId task = TaskIdFromWire(request.task_type(), request.worker_index());
+    auto task = TaskFromWire(request.task_type(), request.worker_index());
+    if (!task.ok()) return task.status();
     const absl::Duration wait = request.wait_timeout_ms() > 0
                                     ? absl::Milliseconds(request.wait_timeout_ms())
                                     : absl::Seconds(60);
@@ -30,8 +34,8 @@ class InProcessPs::Channel final : public ShardChannel {
     absl::StatusOr<Shard::Snapshot> result;
     std::shared_ptr<Shard> shard;
     const uint64_t ticket = ps_->StartPull(
-        {task.index, request.min_version(), request.worker_clock(), request.incarnation(),
-         task.role},
+        {task->index, request.min_version(), request.worker_clock(), request.incarnation(),
+         task->role},
         ps_->clock_->Now() + wait,
         [&](absl::StatusOr<Shard::Snapshot> s) {
           result = std::move(s);
@@ -92,14 +96,17 @@ class InProcessPs::Channel final : public ShardChannel {
   }
 
   absl::Status Leave(const v1::LeaveRequest& request) override {
-    return ps_->shard()->Leave(TaskIdFromWire(request.task_type(), request.worker_index()));
+    std::shared_ptr<Shard> shard = ps_->shard();
+    auto task = TaskFromWire(request.task_type(), request.worker_index());
+    if (!task.ok()) return task.status();
+    return shard->Leave(*task);
   }
 
   absl::StatusOr<v1::ShardStats> Shutdown(const v1::ShutdownRequest& request) override {
     std::shared_ptr<Shard> shard = ps_->shard();
-    absl::Status allowed =
-        shard->RequestShutdown(TaskIdFromWire(request.task_type(), request.worker_index()));
-    if (!allowed.ok()) return allowed;
+    auto task = TaskFromWire(request.task_type(), request.worker_index());
+    if (!task.ok()) return task.status();
+    if (absl::Status allowed = shard->RequestShutdown(*task); !allowed.ok()) return allowed;
     v1::ShardStats stats;
     FillShardStats(shard->stats(), &stats);
     return stats;

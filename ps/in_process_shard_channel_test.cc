@@ -86,7 +86,7 @@ TEST_F(InProcessTest, HandshakePullInChunksAndValidatedPushesAsOverTheWire) {
   auto info = channel->GetInfo(v1::InfoRequest(), absl::Seconds(1));
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->shard_index(), 1);
-  EXPECT_EQ(info->model_fingerprint(), config_->placement.Fingerprint());
+  EXPECT_EQ(info->model_fingerprint(), config_->fingerprint);
   EXPECT_EQ(info->incarnation(), 7);
   std::map<std::string, std::vector<float>> values;
   int chunks = 0;

@@ -1,5 +1,7 @@
 #include "ps/ps_task.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -62,6 +64,10 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
   m.service.push_seconds = &rpc.Add({{"method", "Push"}, {"side", "server"}}, LatencyBuckets());
   m.service.pull_bytes = counter("kubetrain_pull_bytes_total", "Tensor bytes sent by pulls");
   m.service.push_bytes = counter("kubetrain_push_bytes_total", "Tensor bytes received by pushes");
+  m.service.push_streams = gauge("kubetrain_push_streams", "Push streams open on this PS task");
+  m.service.push_streams_refused =
+      counter("kubetrain_push_streams_refused_total",
+              "Push streams refused for the per-PS or per-worker limit, or closed as idle");
   m.checkpoints_written =
       counter("kubetrain_checkpoints_written_total", "Shard checkpoints written");
   m.checkpoint_restores = counter("kubetrain_checkpoint_restores_total",
@@ -145,16 +151,14 @@ absl::Status PsTask::Start() {
   if (server_) return absl::OkStatus();
   const TrainingJob& job = config_.job;
   PsServiceOptions service_options;
-  service_options.model_fingerprint = config_.placement.Fingerprint();
+  service_options.model_fingerprint = config_.fingerprint;
   service_options.max_chunk_bytes = job.training.chunk_bytes;
   service_ = std::make_unique<PsService>(shard_.get(), clock_, service_options, metrics_.service);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   const std::string listen = absl::StrCat(options_.bind_host, ":", options_.port);
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port_);
-  // Both ends agree on the chunk size; leave headroom for the message framing.
-  builder.SetMaxReceiveMessageSize(static_cast<int>(job.training.chunk_bytes + (64 << 10)));
-  builder.SetMaxSendMessageSize(static_cast<int>(job.training.chunk_bytes + (64 << 10)));
+  ConfigurePsServer(job.training.chunk_bytes, &builder);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
@@ -166,8 +170,7 @@ absl::Status PsTask::Start() {
       metrics_server_ ? absl::StrCat(metrics_port_) : std::string("(off)"), "; mode ",
       TrainingModeName(job.training.mode), ", ", config_.num_workers, " workers, aggregate ",
       o.replicas_to_aggregate, ", target ", config_.target_steps, " steps");
-  Log("placement (fingerprint ", config_.placement.Fingerprint(), "):\n",
-      config_.placement.Describe());
+  Log("job fingerprint ", config_.fingerprint, "; placement:\n", config_.placement.Describe());
   return absl::OkStatus();
 }
 
@@ -188,6 +191,14 @@ bool PsTask::RunRound(absl::Duration wait) {
   auto snapshot = shard_->TakePendingCheckpoint(wait);
   const absl::Time now = clock_->Now();
   shard_->Tick(now);
+  if (service_ && service_->Tick(now) > 0 && now - trimmed_at_ >= absl::Seconds(1)) {
+    // Streams ended abnormally (cancelled, refused, idle): give the memory
+    // they held back to the system now, whatever malloc's thresholds (the
+    // PS keeps tensor-sized buffers in the process on purpose, see
+    // InitProcess), so a burst of abusive streams does not stay resident.
+    malloc_trim(0);
+    trimmed_at_ = now;
+  }
   const int64_t every_seconds = config_.job.training.checkpoint_every_seconds;
   if (snapshot) {
     SaveCheckpoint("every checkpoint.everySteps", std::move(snapshot));

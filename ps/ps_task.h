@@ -123,6 +123,7 @@ class PsTask {
   int64_t saved_version_ = 0;
   absl::Time saved_at_;
   absl::Time shutdown_at_ = absl::InfiniteFuture();
+  absl::Time trimmed_at_ = absl::InfinitePast();
   bool finished_ = false;
 };
 

@@ -212,6 +212,7 @@ TEST_F(PsTaskTest, RegistersThePsMetricsUnderTheirDocumentedNames) {
                 "kubetrain_gradient_staleness_steps", "kubetrain_gradients_applied_total",
                 "kubetrain_nonfinite_updates_total", "kubetrain_pull_bytes_total",
                 "kubetrain_pull_hold_seconds", "kubetrain_push_bytes_total",
+                "kubetrain_push_streams", "kubetrain_push_streams_refused_total",
                 "kubetrain_pushes_rejected_total", "kubetrain_restored_version",
                 "kubetrain_rpc_duration_seconds", "kubetrain_stale_gradients_dropped_total"}));
 }

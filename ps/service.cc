@@ -6,7 +6,9 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
+#include <grpcpp/server_builder.h>
 #include <prometheus/counter.h>
+#include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 
 #include "absl/strings/str_cat.h"
@@ -14,12 +16,6 @@
 
 namespace kubetrain {
 namespace {
-
-grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const grpc::Status& status) {
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(status);
-  return reactor;
-}
 
 void AppendVarint(uint64_t v, std::string* out) {
   while (v >= 0x80) {
@@ -65,20 +61,45 @@ void ReleaseSnapshot(void* holder) {
   delete static_cast<std::shared_ptr<const std::string>*>(holder);
 }
 
+grpc::ByteBuffer Serialize(const google::protobuf::Message& msg) {
+  std::string encoded = msg.SerializeAsString();
+  grpc::Slice slice(std::move(encoded));
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Parses a request; consumes `raw`. INVALID_ARGUMENT naming the method and
+// the message type if the bytes are not one.
+template <typename T>
+absl::Status Parse(const char* method, grpc::ByteBuffer* raw, T* out) {
+  grpc::Status s = grpc::GenericDeserialize<grpc::ProtoBufferReader, T>(raw, out);
+  if (s.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(method, ": malformed request: not a valid ", T::descriptor()->name(),
+                   s.error_message().empty() ? "" : absl::StrCat(" (", s.error_message(), ")")));
+}
+
+// Answers a pull whose request was refused.
+class RejectReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RejectReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
 // Holds a pull in the shard, then streams the header and the chunks. Chunk
 // payloads are slices into the snapshot (zero copy).
-class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class PsService::PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  PullReactor(Shard* shard, const Clock* clock, const PsServiceOptions& options,
-              const PsServiceMetrics& metrics, const v1::PullRequest& req)
-      : shard_(shard),
-        chunk_bytes_(options.max_chunk_bytes),
-        metrics_(metrics),
-        clock_(clock),
-        start_(clock->Now()) {
+  PullReactor(PsService* service, grpc::CallbackServerContext* ctx, const v1::PullRequest& req,
+              const TaskId& task)
+      : service_(service),
+        ctx_(ctx),
+        shard_(service->shard_),
+        chunk_bytes_(service->options_.max_chunk_bytes),
+        start_(service->clock_->Now()) {
     absl::Duration wait = req.wait_timeout_ms() > 0 ? absl::Milliseconds(req.wait_timeout_ms())
-                                                    : options.default_pull_wait;
-    const TaskId task = TaskIdFromWire(req.task_type(), req.worker_index());
+                                                    : service->options_.default_pull_wait;
     uint64_t ticket = shard_->Pull(
         {task.index, req.min_version(), req.worker_clock(), req.incarnation(), task.role},
         start_ + wait, [this](absl::StatusOr<Shard::Snapshot> s) { OnSnapshot(std::move(s)); });
@@ -108,7 +129,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  private:
   void OnSnapshot(absl::StatusOr<Shard::Snapshot> snap) {
     if (!snap.ok()) {
-      Finish(ToGrpcStatus(snap.status()));
+      Finish(absl::IsInvalidArgument(snap.status()) ? service_->Refuse("Pull", ctx_, snap.status())
+                                                    : ToGrpcStatus(snap.status()));
       return;
     }
     snapshot_ = std::move(*snap);
@@ -119,9 +141,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     h->set_waited_seconds(snapshot_.waited_seconds);
     h->set_total_bytes(snapshot_.bytes->size());
     h->set_incarnation(snapshot_.incarnation);
-    std::string encoded = msg.SerializeAsString();
-    grpc::Slice slice(encoded.data(), encoded.size());
-    out_ = grpc::ByteBuffer(&slice, 1);
+    out_ = Serialize(msg);
     StartWrite(&out_);
   }
 
@@ -141,7 +161,9 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
                         new std::shared_ptr<const std::string>(snapshot_.bytes))};
         out_ = grpc::ByteBuffer(slices, 2);
         part_offset_ += n;
-        if (metrics_.pull_bytes) metrics_.pull_bytes->Increment(static_cast<double>(n));
+        if (service_->metrics_.pull_bytes) {
+          service_->metrics_.pull_bytes->Increment(static_cast<double>(n));
+        }
         StartWrite(&out_);
         return;
       }
@@ -149,16 +171,17 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       part_offset_ = 0;
       ++part_;
     }
-    if (metrics_.pull_seconds) {
-      metrics_.pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start_));
+    if (service_->metrics_.pull_seconds) {
+      service_->metrics_.pull_seconds->Observe(
+          absl::ToDoubleSeconds(service_->clock_->Now() - start_));
     }
     Finish(grpc::Status::OK);
   }
 
+  PsService* const service_;
+  grpc::CallbackServerContext* const ctx_;
   Shard* const shard_;
   const uint64_t chunk_bytes_;
-  const PsServiceMetrics metrics_;
-  const Clock* const clock_;
   const absl::Time start_;
   absl::Mutex mu_;
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
@@ -170,127 +193,304 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   uint64_t base_ = 0;         // bytes before the current part in the snapshot
 };
 
-// Answers a pull whose request could not be parsed.
-class RejectReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+// Reassembles a pushed gradient message by message (ps/shard_wire.h),
+// refusing anything malformed at once; applies it only on a clean half-close.
+// Reads and the end of the call are serialised by mu_, so Tick can close an
+// idle stream from its own thread (gRPC never runs a reaction inline in
+// StartRead or Finish, so holding mu_ across them cannot deadlock).
+class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  explicit RejectReactor(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
-};
-
-// Reassembles a pushed gradient chunk by chunk (ps/shard_wire.h), rejecting
-// bad chunks at once.
-class PushReactor final : public grpc::ServerReadReactor<v1::PushRequest> {
- public:
-  PushReactor(Shard* shard, const Clock* clock, const PsServiceMetrics& metrics,
-              v1::PushResponse* resp)
-      : shard_(shard),
-        clock_(clock),
-        metrics_(metrics),
+  PushReactor(PsService* service, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp)
+      : service_(service),
+        ctx_(ctx),
         resp_(resp),
-        start_(clock->Now()),
-        assembler_(shard) {
-    StartRead(&msg_);
+        start_(service->clock_->Now()),
+        last_active_(start_),
+        assembler_(service->shard_) {
+    service_->RegisterPush(this);  // before mu_: the lock order
+    absl::MutexLock l(&mu_);
+    admitted_ = service_->AdmitPush();
+    if (!admitted_) {
+      EndLocked(service_->Refuse(
+          "Push", ctx_,
+          absl::ResourceExhaustedError(absl::StrCat("push: ", service_->max_push_streams_,
+                                                    " push streams already open on this PS"))));
+      return;
+    }
+    StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
+    absl::MutexLock l(&mu_);
+    if (ended_) return;  // closed as idle while this read was outstanding
     if (!ok) {
-      Complete();
+      // The reads end both on the client's half-close and on a cancel (or a
+      // broken connection); gRPC marks the context cancelled in the latter
+      // case before this call.
+      if (ctx_->IsCancelled()) {
+        EndLocked(grpc::Status(grpc::StatusCode::CANCELLED,
+                               "push cancelled before the client half-closed it: nothing applied"));
+        return;
+      }
+      CompleteLocked();
       return;
     }
-    absl::Status s = assembler_.Add(msg_);
+    last_active_ = service_->clock_->Now();
+    ++messages_;
+    v1::PushRequest msg;
+    absl::Status s = Parse("Push", &in_, &msg);
+    if (!s.ok()) service_->shard_->RecordRejectedPush();  // the assembler counts its own
+    if (s.ok()) s = assembler_.Add(msg);
+    if (s.ok() && msg.has_header()) {
+      if (!service_->AdmitWorker(msg.header().worker_index())) {
+        s = absl::ResourceExhaustedError(absl::StrCat(
+            "push: worker ", msg.header().worker_index(), " already has ",
+            service_->options_.max_push_streams_per_worker, " push streams open on this PS"));
+      } else {
+        worker_ = msg.header().worker_index();
+      }
+    }
     if (!s.ok()) {
-      Finish(ToGrpcStatus(s));
+      EndLocked(service_->Refuse(
+          "Push", ctx_,
+          absl::Status(s.code(), absl::StrCat(s.message(), " (message ", messages_, ")"))));
       return;
     }
-    if (metrics_.push_bytes && msg_.has_chunk()) {
-      metrics_.push_bytes->Increment(static_cast<double>(msg_.chunk().data().size()));
+    if (service_->metrics_.push_bytes && msg.has_chunk()) {
+      service_->metrics_.push_bytes->Increment(static_cast<double>(msg.chunk().data().size()));
     }
-    StartRead(&msg_);
+    StartRead(&in_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->RemovePush(this);
+    delete this;
+  }
+
+  // Tick: ends the call if no message came for `timeout`. REQUIRES: the
+  // service's pushes_mu_ is held (so OnDone cannot run meanwhile).
+  void ExpireIfIdle(absl::Time now, absl::Duration timeout) {
+    absl::MutexLock l(&mu_);
+    if (ended_ || now - last_active_ < timeout) return;
+    if (service_->metrics_.push_streams_refused)
+      service_->metrics_.push_streams_refused->Increment();
+    EndLocked(service_->Refuse(
+        "Push", ctx_,
+        absl::UnavailableError(absl::StrCat("push: no message for ", absl::FormatDuration(timeout),
+                                            ": stream closed, nothing applied"))));
+  }
 
  private:
-  void Complete() {
-    auto r = assembler_.Finish();
-    if (!r.ok()) {
-      Finish(ToGrpcStatus(r.status()));
-      return;
+  // Frees the stream's slots and buffers before the client hears the end, so
+  // its next push never finds them taken.
+  void EndLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ended_ = true;
+    if (worker_ >= 0) service_->ReleaseWorker(worker_);
+    worker_ = -1;
+    if (admitted_) service_->ReleasePush();
+    admitted_ = false;
+    assembler_.Abandon();
+    if (!status.ok()) ++service_->abnormal_ends_;
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        service_->metrics_.push_streams_refused) {
+      service_->metrics_.push_streams_refused->Increment();
     }
-    resp_->set_version(r->version);
-    resp_->set_dropped(r->dropped);
-    resp_->set_done(r->done);
-    resp_->set_staleness(r->staleness);
-    resp_->set_incarnation(shard_->incarnation());
-    if (metrics_.push_seconds) {
-      metrics_.push_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start_));
-    }
-    Finish(grpc::Status::OK);
+    Finish(status);
   }
 
-  Shard* const shard_;
-  const Clock* const clock_;
-  const PsServiceMetrics metrics_;
-  v1::PushResponse* const resp_;
-  const absl::Time start_;
-  v1::PushRequest msg_;
-  PushAssembler assembler_;
-};
+  void CompleteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto r = assembler_.Finish();
+    if (!r.ok()) {
+      EndLocked(absl::IsInvalidArgument(r.status()) ? service_->Refuse("Push", ctx_, r.status())
+                                                    : ToGrpcStatus(r.status()));
+      return;
+    }
+    v1::PushResponse resp;
+    resp.set_version(r->version);
+    resp.set_dropped(r->dropped);
+    resp.set_done(r->done);
+    resp.set_staleness(r->staleness);
+    resp.set_incarnation(service_->shard_->incarnation());
+    *resp_ = Serialize(resp);
+    if (service_->metrics_.push_seconds) {
+      service_->metrics_.push_seconds->Observe(
+          absl::ToDoubleSeconds(service_->clock_->Now() - start_));
+    }
+    EndLocked(grpc::Status::OK);
+  }
 
-}  // namespace
+  PsService* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  grpc::ByteBuffer* const resp_;
+  const absl::Time start_;
+  absl::Mutex mu_;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_active_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer in_ ABSL_GUARDED_BY(mu_);
+  int64_t messages_ ABSL_GUARDED_BY(mu_) = 0;
+  bool admitted_ ABSL_GUARDED_BY(mu_) = false;  // counted in the PS's open streams
+  int worker_ ABSL_GUARDED_BY(mu_) = -1;        // counted as this worker's stream
+  PushAssembler assembler_ ABSL_GUARDED_BY(mu_);
+};
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+void ConfigurePsServer(uint64_t max_chunk_bytes, grpc::ServerBuilder* builder) {
+  // Both ends agree on the chunk size; leave headroom for the message framing.
+  builder->SetMaxReceiveMessageSize(static_cast<int>(max_chunk_bytes + (64 << 10)));
+  builder->SetMaxSendMessageSize(static_cast<int>(max_chunk_bytes + (64 << 10)));
+  // Pings find a peer that is gone without a word (a killed or stopped pod,
+  // a cut link): its streams end instead of holding the PS's resources.
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Accept the workers' pings (every 20 s, worker/grpc_shard_channel.cc).
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+}
+
 PsService::PsService(Shard* shard, const Clock* clock, PsServiceOptions options,
                      PsServiceMetrics metrics)
-    : shard_(shard), clock_(clock), options_(std::move(options)), metrics_(metrics) {}
+    : shard_(shard),
+      clock_(clock),
+      options_(std::move(options)),
+      metrics_(metrics),
+      max_push_streams_(options_.max_push_streams > 0 ? options_.max_push_streams
+                                                      : 2 * shard->options().num_workers + 16),
+      worker_pushes_(new std::atomic<int>[std::max(1, shard->options().num_workers)]()) {}
+
+void PsService::RegisterPush(PushReactor* push) {
+  absl::MutexLock l(&pushes_mu_);
+  pushes_.insert(push);
+}
+
+void PsService::RemovePush(PushReactor* push) {
+  absl::MutexLock l(&pushes_mu_);
+  pushes_.erase(push);
+}
+
+bool PsService::AdmitPush() {
+  if (open_pushes_.fetch_add(1) >= max_push_streams_) {
+    --open_pushes_;
+    return false;
+  }
+  if (metrics_.push_streams) metrics_.push_streams->Increment();
+  return true;
+}
+
+void PsService::ReleasePush() {
+  --open_pushes_;
+  if (metrics_.push_streams) metrics_.push_streams->Decrement();
+}
+
+bool PsService::AdmitWorker(int worker) {
+  // The assembler has checked nothing about the index yet: the shard refuses
+  // an unknown worker when the push completes; such streams are not counted.
+  if (worker < 0 || worker >= shard_->options().num_workers) return true;
+  if (worker_pushes_[worker].fetch_add(1) >= options_.max_push_streams_per_worker) {
+    --worker_pushes_[worker];
+    return false;
+  }
+  return true;
+}
+
+void PsService::ReleaseWorker(int worker) {
+  if (worker >= 0 && worker < shard_->options().num_workers) --worker_pushes_[worker];
+}
+
+int64_t PsService::Tick(absl::Time now) {
+  {
+    absl::MutexLock l(&pushes_mu_);
+    for (PushReactor* push : pushes_) push->ExpireIfIdle(now, options_.push_idle_timeout);
+  }
+  return abnormal_ends_.exchange(0);
+}
+
+grpc::Status PsService::Refuse(const char* method, grpc::CallbackServerContext* ctx,
+                               const absl::Status& s) {
+  int64_t suppressed = 0;
+  if (refused_log_.Allow(clock_->Now(), &suppressed)) {
+    Log("ps:", shard_->options().shard_index, " refused ", method, " from ", ctx->peer(), ": ",
+        s.message(),
+        suppressed > 0 ? absl::StrCat(" (", suppressed, " refused requests not logged before)")
+                       : std::string());
+  }
+  return ToGrpcStatus(s);
+}
+
+grpc::ServerUnaryReactor* PsService::Answer(const char* method, grpc::CallbackServerContext* ctx,
+                                            const absl::Status& status,
+                                            const google::protobuf::Message& resp,
+                                            grpc::ByteBuffer* out) {
+  auto* reactor = ctx->DefaultReactor();
+  if (status.ok()) {
+    *out = Serialize(resp);
+    reactor->Finish(grpc::Status::OK);
+  } else {
+    reactor->Finish(Refuse(method, ctx, status));
+  }
+  return reactor;
+}
 
 grpc::ServerUnaryReactor* PsService::GetInfo(grpc::CallbackServerContext* ctx,
-                                             const v1::InfoRequest* req, v1::ShardInfo* resp) {
-  FillShardInfo(shard_, options_.model_fingerprint, options_.max_chunk_bytes, *req, resp);
-  return Done(ctx, grpc::Status::OK);
+                                             const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
+  grpc::ByteBuffer copy(*raw);  // shares the slices; parsing consumes the buffer
+  v1::InfoRequest req;
+  v1::ShardInfo resp;
+  absl::Status s = Parse("GetInfo", &copy, &req);
+  if (s.ok())
+    s = FillShardInfo(shard_, options_.model_fingerprint, options_.max_chunk_bytes, req, &resp);
+  return Answer("GetInfo", ctx, s, resp, out);
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* PsService::Pull(grpc::CallbackServerContext*,
+grpc::ServerWriteReactor<grpc::ByteBuffer>* PsService::Pull(grpc::CallbackServerContext* ctx,
                                                             const grpc::ByteBuffer* raw) {
-  grpc::ByteBuffer copy(*raw);  // shares the slices; deserialising consumes the buffer
+  grpc::ByteBuffer copy(*raw);
   v1::PullRequest req;
-  grpc::Status s = grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::PullRequest>(&copy, &req);
-  if (!s.ok()) {
-    return new RejectReactor(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                          "pull: malformed PullRequest: " + s.error_message()));
-  }
-  return new PullReactor(shard_, clock_, options_, metrics_, req);
+  absl::Status s = Parse("Pull", &copy, &req);
+  absl::StatusOr<TaskId> task = s.ok() ? TaskFromWire(req.task_type(), req.worker_index()) : s;
+  if (!task.ok()) return new RejectReactor(Refuse("Pull", ctx, task.status()));
+  return new PullReactor(this, ctx, req, *task);
 }
 
-grpc::ServerReadReactor<v1::PushRequest>* PsService::Push(grpc::CallbackServerContext*,
-                                                          v1::PushResponse* resp) {
-  return new PushReactor(shard_, clock_, metrics_, resp);
+grpc::ServerReadReactor<grpc::ByteBuffer>* PsService::Push(grpc::CallbackServerContext* ctx,
+                                                           grpc::ByteBuffer* resp) {
+  return new PushReactor(this, ctx, resp);
 }
 
 grpc::ServerUnaryReactor* PsService::Leave(grpc::CallbackServerContext* ctx,
-                                           const v1::LeaveRequest* req, v1::LeaveResponse*) {
-  return Done(ctx,
-              ToGrpcStatus(shard_->Leave(TaskIdFromWire(req->task_type(), req->worker_index()))));
+                                           const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
+  grpc::ByteBuffer copy(*raw);
+  v1::LeaveRequest req;
+  absl::Status s = Parse("Leave", &copy, &req);
+  absl::StatusOr<TaskId> task = s.ok() ? TaskFromWire(req.task_type(), req.worker_index()) : s;
+  s = task.ok() ? shard_->Leave(*task) : task.status();
+  return Answer("Leave", ctx, s, v1::LeaveResponse(), out);
 }
 
 grpc::ServerUnaryReactor* PsService::Shutdown(grpc::CallbackServerContext* ctx,
-                                              const v1::ShutdownRequest* req,
-                                              v1::ShardStats* resp) {
-  absl::Status allowed =
-      shard_->RequestShutdown(TaskIdFromWire(req->task_type(), req->worker_index()));
-  if (!allowed.ok()) return Done(ctx, ToGrpcStatus(allowed));
-  FillShardStats(shard_->stats(), resp);
-  return Done(ctx, grpc::Status::OK);
+                                              const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
+  grpc::ByteBuffer copy(*raw);
+  v1::ShutdownRequest req;
+  v1::ShardStats resp;
+  absl::Status s = Parse("Shutdown", &copy, &req);
+  absl::StatusOr<TaskId> task = s.ok() ? TaskFromWire(req.task_type(), req.worker_index()) : s;
+  s = task.ok() ? shard_->RequestShutdown(*task) : task.status();
+  if (s.ok()) FillShardStats(shard_->stats(), &resp);
+  return Answer("Shutdown", ctx, s, resp, out);
 }
 
 grpc::ServerUnaryReactor* PsService::GetStats(grpc::CallbackServerContext* ctx,
-                                              const v1::InfoRequest*, v1::ShardStats* resp) {
-  FillShardStats(shard_->stats(), resp);
-  return Done(ctx, grpc::Status::OK);
+                                              const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
+  grpc::ByteBuffer copy(*raw);
+  v1::InfoRequest req;
+  v1::ShardStats resp;
+  absl::Status s = Parse("GetStats", &copy, &req);
+  if (s.ok()) FillShardStats(shard_->stats(), &resp);
+  return Answer("GetStats", ctx, s, resp, out);
 }
 
 }  // namespace kubetrain

@@ -1,17 +1,48 @@
 // gRPC adapter over a Shard (callback API). It only moves bytes: chunking of
 // pulls, reassembly and early validation of pushed chunks, and status
 // mapping. All training rules live in ps/shard.h.
+//
+// Every method is served raw (ByteBuffer) and parses its request itself, so
+// that a request that does not parse gets INVALID_ARGUMENT with a message
+// saying so (gRPC's generated handlers answer it without one), and so that
+// pull chunks go out as slices of the shard's snapshot with no copy. The
+// bytes on the wire are the ordinary messages of proto/ps.proto; clients use
+// the generated stub.
+//
+// Pushes: a push is applied only when its stream half-closes cleanly (the
+// client's WritesDone) after exactly the gradient's bytes. A stream the
+// client cancels, or that carries anything malformed (even after a complete
+// gradient), changes nothing. Refused requests are logged at most once per
+// 10 s (with the number not logged).
+//
+// Resources: push streams are limited per PS and per worker (the worker is
+// known from the header; an extra stream is RESOURCE_EXHAUSTED); a push
+// stream that receives no message for push_idle_timeout is closed
+// (UNAVAILABLE, nothing applied) by Tick; a push's buffers are taken as its
+// chunks arrive (ps/shard_wire.h), so an idle stream holds none. Every
+// stream the PS ends abnormally is counted for Tick's caller, which may give
+// the freed memory back to the system.
 #ifndef KUBETRAIN_PS_SERVICE_H_
 #define KUBETRAIN_PS_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <set>
 #include <string>
+#include <vector>
 
+#include "core/log.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/shard.h"
 
+namespace grpc {
+class ServerBuilder;
+}  // namespace grpc
+
 namespace prometheus {
 class Counter;
+class Gauge;
 class Histogram;
 }  // namespace prometheus
 
@@ -22,7 +53,19 @@ struct PsServiceOptions {
   uint64_t max_chunk_bytes = 1 << 20;
   // Longest hold of a pull when the request gives no timeout.
   absl::Duration default_pull_wait = absl::Seconds(60);
+  // Open push streams at once: on this PS (0: 2 per worker + 16) and from
+  // one worker (a worker has one push in flight per PS; one more covers a
+  // retry that overlaps a stream the PS has not yet seen end).
+  int max_push_streams = 0;
+  int max_push_streams_per_worker = 2;
+  // A push stream that receives no message this long is closed.
+  absl::Duration push_idle_timeout = absl::Seconds(30);
 };
+
+// The server-side transport settings of a PS (message size limits for
+// `max_chunk_bytes` and keepalive pings that find dead peers), for
+// kubetrain-ps and the tests alike.
+void ConfigurePsServer(uint64_t max_chunk_bytes, grpc::ServerBuilder* builder);
 
 // Any pointer may be null.
 struct PsServiceMetrics {
@@ -30,36 +73,78 @@ struct PsServiceMetrics {
   prometheus::Histogram* push_seconds = nullptr;
   prometheus::Counter* pull_bytes = nullptr;  // sent to workers
   prometheus::Counter* push_bytes = nullptr;  // received from workers
+  prometheus::Gauge* push_streams = nullptr;  // push streams open now
+  // Push streams refused for a limit or closed as idle.
+  prometheus::Counter* push_streams_refused = nullptr;
 };
 
-// Pull is served raw (ByteBuffer): its chunks are encoded by hand so that the
-// tensor bytes go to gRPC as slices pointing into the shard's snapshot, with
-// no copy into a protobuf message. The bytes on the wire are an ordinary
-// PullResponse; clients use the generated stub.
-class PsService final
-    : public v1::ParameterServer::WithRawCallbackMethod_Pull<v1::ParameterServer::CallbackService> {
+namespace internal {
+using RawPsService = v1::ParameterServer::WithRawCallbackMethod_GetInfo<
+    v1::ParameterServer::WithRawCallbackMethod_Pull<v1::ParameterServer::WithRawCallbackMethod_Push<
+        v1::ParameterServer::WithRawCallbackMethod_Leave<
+            v1::ParameterServer::WithRawCallbackMethod_Shutdown<
+                v1::ParameterServer::WithRawCallbackMethod_GetStats<
+                    v1::ParameterServer::CallbackService>>>>>>;
+}  // namespace internal
+
+class PsService final : public internal::RawPsService {
  public:
   // `shard` and `clock` must outlive the service.
   PsService(Shard* shard, const Clock* clock, PsServiceOptions options, PsServiceMetrics metrics);
 
-  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* ctx, const v1::InfoRequest* req,
-                                    v1::ShardInfo* resp) override;
+  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                    grpc::ByteBuffer* resp) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Pull(grpc::CallbackServerContext* ctx,
                                                    const grpc::ByteBuffer* req) override;
-  grpc::ServerReadReactor<v1::PushRequest>* Push(grpc::CallbackServerContext* ctx,
-                                                 v1::PushResponse* resp) override;
-  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
-                                  v1::LeaveResponse* resp) override;
-  grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* ctx,
-                                     const v1::ShutdownRequest* req, v1::ShardStats* resp) override;
-  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const v1::InfoRequest* req,
-                                     v1::ShardStats* resp) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Push(grpc::CallbackServerContext* ctx,
+                                                  grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                  grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override;
+
+  // Closes push streams idle for longer than options.push_idle_timeout (on
+  // the service's clock). Returns how many streams ended abnormally
+  // (cancelled, refused, closed as idle) since the last call.
+  int64_t Tick(absl::Time now);
+  int open_push_streams() const { return open_pushes_.load(); }
 
  private:
+  class PullReactor;
+  class PushReactor;
+  // Logs a refused request (rate-limited) and returns its gRPC status.
+  grpc::Status Refuse(const char* method, grpc::CallbackServerContext* ctx, const absl::Status& s);
+  // Finishes a unary call: `resp` serialized on success, else Refuse(status).
+  grpc::ServerUnaryReactor* Answer(const char* method, grpc::CallbackServerContext* ctx,
+                                   const absl::Status& status,
+                                   const google::protobuf::Message& resp, grpc::ByteBuffer* out);
+
+  // Every push stream, for Tick, from its start to its OnDone.
+  void RegisterPush(PushReactor* push);
+  void RemovePush(PushReactor* push);
+  // Counts a push stream in (false: over the PS's limit) and, when it ends, out.
+  bool AdmitPush();
+  void ReleasePush();
+  // Counts a worker's push stream in (false: over its limit); the reactor
+  // calls ReleaseWorker once, when it ends.
+  bool AdmitWorker(int worker);
+  void ReleaseWorker(int worker);
+
   Shard* const shard_;
   const Clock* const clock_;
   const PsServiceOptions options_;
   const PsServiceMetrics metrics_;
+  const int max_push_streams_;
+  LogLimiter refused_log_{absl::Seconds(10)};  // thread-safe itself
+
+  // Lock order: pushes_mu_ before a PushReactor's own mutex.
+  absl::Mutex pushes_mu_;
+  std::set<PushReactor*> pushes_ ABSL_GUARDED_BY(pushes_mu_);
+  std::atomic<int> open_pushes_{0};                          // admitted and not ended
+  const std::unique_ptr<std::atomic<int>[]> worker_pushes_;  // per worker index
+  std::atomic<int64_t> abnormal_ends_{0};
 };
 
 // absl::Status -> grpc::Status, keeping code and message.

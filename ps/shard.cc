@@ -77,7 +77,15 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options
 
 Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique_ptr<Optimizer> opt,
              const Clock* clock, ShardMetrics metrics)
-    : options_(std::move(options)), parts_(std::move(parts)), clock_(clock), metrics_(metrics) {
+    : options_(std::move(options)),
+      parts_(std::move(parts)),
+      gradient_bytes_([this] {
+        uint64_t n = 0;
+        for (const auto& p : parts_) n += p.num_bytes();
+        return n;
+      }()),
+      clock_(clock),
+      metrics_(metrics) {
   absl::MutexLock l(&mu_);
   optimizer_ = std::move(opt);
   values_.resize(parts_.size());
@@ -145,18 +153,18 @@ Shard::Snapshot Shard::MakeSnapshot(absl::Time start, absl::Time now) {
   return s;
 }
 
-std::vector<std::vector<float>> Shard::AcquireGradientBuffers() {
-  {
-    absl::MutexLock l(&pool_mu_);
-    if (!gradient_pool_.empty()) {
-      auto buffers = std::move(gradient_pool_.back());
-      gradient_pool_.pop_back();
-      return buffers;
-    }
-  }
-  std::vector<std::vector<float>> buffers(parts_.size());
-  for (size_t i = 0; i < parts_.size(); ++i) buffers[i].resize(parts_[i].num_elements());
+std::vector<std::vector<float>> Shard::TakePooledGradientBuffers() {
+  absl::MutexLock l(&pool_mu_);
+  if (gradient_pool_.empty()) return {};
+  auto buffers = std::move(gradient_pool_.back());
+  gradient_pool_.pop_back();
   return buffers;
+}
+
+void Shard::RecordRejectedPush() {
+  absl::MutexLock l(&mu_);
+  ++stats_.pushes_rejected;
+  if (metrics_.rejected) metrics_.rejected->Increment();
 }
 
 void Shard::ReleaseGradientBuffers(std::vector<std::vector<float>> buffers) {
@@ -411,6 +419,17 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
       if (metrics_.stale_dropped) metrics_.stale_dropped->Increment();
       return result;
     }
+    if (header.push_id != 0) {
+      auto last = last_push_.find(header.worker);
+      if (last != last_push_.end() && last->second.first == header.push_id) {
+        // A retry of a push already handled (its answer was lost).
+        ++stats_.duplicate_pushes;
+        result = last->second.second;
+        result.version = version_;
+        result.done = Done();
+        return result;
+      }
+    }
     absl::Status valid = ValidatePush(header, grads);
     if (!valid.ok()) {
       ++stats_.pushes_rejected;
@@ -451,6 +470,7 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
     }
     result.version = version_;
     result.done = Done();
+    if (header.push_id != 0) last_push_[header.worker] = {header.push_id, result};
     ready = TakeReadyWaiters(now);
   }
   for (auto& [w, s] : ready) {

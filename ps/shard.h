@@ -134,6 +134,7 @@ struct ShardStatsSnapshot {
   int64_t barrier_timeouts = 0;
   int64_t restored_version = 0;
   int64_t nonfinite_updates = 0;  // updates refused: they would have stored Inf/NaN
+  int64_t duplicate_pushes = 0;   // repeated push ids, answered without applying again
 };
 
 class Shard {
@@ -160,6 +161,7 @@ class Shard {
     int64_t version = 0;
     int64_t worker_clock = 0;
     int64_t incarnation = 0;  // 0: do not check
+    uint64_t push_id = 0;     // 0: none (see Push)
   };
   struct PushResult {
     int64_t version = 0;
@@ -194,13 +196,22 @@ class Shard {
 
   // grads[i] holds the gradient of parts()[i]. Validates everything (worker
   // index, version, sizes, finiteness) before touching any state: a rejected
-  // push leaves the shard unchanged.
+  // push leaves the shard unchanged. A push whose push_id (non-zero) is the
+  // last one this worker's pushes had is a retry: it is answered as the first
+  // was (with the current version) and not applied again.
   absl::StatusOr<PushResult> Push(const PushHeader& header, std::vector<std::vector<float>> grads);
+  // A push refused before it reached Push (malformed on the wire): counted
+  // with the rejected pushes.
+  void RecordRejectedPush();
 
-  // Buffers for one push's gradients (parts() layout, contents unspecified),
-  // recycled from earlier pushes: large buffers are expensive to fault in
-  // again on every RPC. Push() takes them back.
-  std::vector<std::vector<float>> AcquireGradientBuffers();
+  // A set of buffers for one push's gradients (parts() layout, full size,
+  // contents unspecified) recycled from earlier pushes, or empty if there is
+  // none: large buffers are expensive to fault in again on every RPC. Push()
+  // takes them back; so does ReleaseGradientBuffers (wrong sizes are freed).
+  std::vector<std::vector<float>> TakePooledGradientBuffers();
+  void ReleaseGradientBuffers(std::vector<std::vector<float>> buffers);
+  // Bytes of one whole gradient (every part).
+  uint64_t gradient_bytes() const { return gradient_bytes_; }
 
   // A worker sends nothing more (it no longer holds back bounded staleness);
   // an evaluator reads nothing more. A chief's Leave changes nothing.
@@ -242,7 +253,6 @@ class Shard {
   bool Done() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanServe(const PullWait& w, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Snapshot MakeSnapshot(absl::Time start, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseGradientBuffers(std::vector<std::vector<float>> buffers);
   // Removes the waiters that can now be served; the caller runs them unlocked.
   std::vector<std::pair<Waiter, Snapshot>> TakeReadyWaiters(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -270,6 +280,7 @@ class Shard {
 
   const ShardOptions options_;
   const std::vector<PartPlacement> parts_;
+  const uint64_t gradient_bytes_;
   const Clock* const clock_;
   const ShardMetrics metrics_;
 
@@ -288,6 +299,8 @@ class Shard {
   // Steps completed per worker (bounded staleness); left workers are removed.
   std::map<int, int64_t> worker_clock_ ABSL_GUARDED_BY(mu_);
   std::set<int> left_ ABSL_GUARDED_BY(mu_);
+  // Per worker: the id of its last push handled and the answer it got.
+  std::map<int, std::pair<uint64_t, PushResult>> last_push_ ABSL_GUARDED_BY(mu_);
   std::set<int> evaluators_left_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;

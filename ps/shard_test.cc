@@ -510,5 +510,35 @@ TEST(ShardNumericsTest, SyncMeanDoesNotDependOnArrivalOrder) {
   EXPECT_EQ(StateBytes(*a.shard), StateBytes(*b.shard));
 }
 
+TEST(ShardTest, APushIdIsAppliedAtMostOncePerWorker) {
+  Fixture f(TrainingMode::kAsync, 2, 1);
+  Shard::PushHeader h{0, 0, 1, 0, /*push_id=*/9};
+  ASSERT_TRUE(f.shard->Push(h, f.Grads(1)).ok());
+  const auto once = f.Values();
+  auto again = f.shard->Push(h, f.Grads(1));
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->dropped);
+  EXPECT_EQ(again->version, 1);
+  EXPECT_EQ(f.Values(), once);
+  EXPECT_EQ(f.shard->stats().duplicate_pushes, 1);
+  // Ids are per worker, and a refused push records nothing.
+  ASSERT_TRUE(f.shard->Push({1, 1, 1, 0, 9}, f.Grads(1)).ok());
+  EXPECT_EQ(f.shard->version(), 2);
+  auto bad = f.Grads(1);
+  bad[0][0] = std::nanf("");
+  EXPECT_FALSE(f.shard->Push({0, 2, 2, 0, 10}, bad).ok());
+  ASSERT_TRUE(f.shard->Push({0, 2, 2, 0, 10}, f.Grads(1)).ok());
+  EXPECT_EQ(f.shard->version(), 3);
+  // Sync: a retry of a gradient waiting in the step is not a second one.
+  Fixture s(TrainingMode::kSync, 2, 2);
+  ASSERT_TRUE(s.shard->Push({0, 0, 1, 0, 5}, s.Grads(1)).ok());
+  auto retry = s.shard->Push({0, 0, 1, 0, 5}, s.Grads(1));
+  ASSERT_TRUE(retry.ok());
+  EXPECT_FALSE(retry->dropped);
+  EXPECT_EQ(s.shard->stats().stale_gradients_dropped, 0);
+  ASSERT_TRUE(s.shard->Push({1, 0, 1, 0, 6}, s.Grads(3)).ok());
+  EXPECT_EQ(s.shard->version(), 1);
+}
+
 }  // namespace
 }  // namespace kubetrain

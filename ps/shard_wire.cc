@@ -1,24 +1,37 @@
 #include "ps/shard_wire.h"
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace kubetrain {
 
-TaskId TaskIdFromWire(v1::TaskType type, int index) {
+absl::StatusOr<TaskId> TaskFromWire(int type, int index) {
+  TaskId task;
   switch (type) {
+    case v1::TASK_TYPE_WORKER:
+      task = {TaskRole::kWorker, index};
+      break;
     case v1::TASK_TYPE_CHIEF:
-      return {TaskRole::kChief, index};
+      task = {TaskRole::kChief, index};
+      break;
     case v1::TASK_TYPE_EVALUATOR:
-      return {TaskRole::kEvaluator, index};
+      task = {TaskRole::kEvaluator, index};
+      break;
     default:
-      return {TaskRole::kWorker, index};
+      return absl::InvalidArgumentError(absl::StrCat("unknown task_type ", type));
   }
+  return task;
 }
 
-void FillShardInfo(Shard* shard, const std::string& model_fingerprint, uint64_t max_chunk_bytes,
-                   const v1::InfoRequest& request, v1::ShardInfo* info) {
+absl::Status FillShardInfo(Shard* shard, const std::string& model_fingerprint,
+                           uint64_t max_chunk_bytes, const v1::InfoRequest& request,
+                           v1::ShardInfo* info) {
+  auto task = TaskFromWire(request.task_type(), request.worker_index());
+  if (!task.ok()) return task.status();
+  if (absl::Status s = shard->CheckTask(*task); !s.ok()) return s;
   const ShardOptions& o = shard->options();
   info->set_shard_index(o.shard_index);
   info->set_model_fingerprint(model_fingerprint);
@@ -34,9 +47,8 @@ void FillShardInfo(Shard* shard, const std::string& model_fingerprint, uint64_t 
   info->set_max_chunk_bytes(max_chunk_bytes);
   info->set_mode(TrainingModeName(o.mode));
   info->set_incarnation(shard->incarnation());
-  if (request.task_type() == v1::TASK_TYPE_WORKER) {
-    info->set_worker_clock(shard->WorkerClock(request.worker_index()));
-  }
+  if (task->role == TaskRole::kWorker) info->set_worker_clock(shard->WorkerClock(task->index));
+  return absl::OkStatus();
 }
 
 void FillShardStats(const ShardStatsSnapshot& s, v1::ShardStats* out) {
@@ -49,61 +61,100 @@ void FillShardStats(const ShardStatsSnapshot& s, v1::ShardStats* out) {
   out->set_barrier_timeouts(s.barrier_timeouts);
   out->set_restored_version(s.restored_version);
   out->set_nonfinite_updates(s.nonfinite_updates);
+  out->set_duplicate_pushes(s.duplicate_pushes);
 }
 
-PushAssembler::PushAssembler(Shard* shard) : shard_(shard) {
-  grads_ = shard_->AcquireGradientBuffers();
-  filled_.assign(grads_.size(), 0);
+PushAssembler::PushAssembler(Shard* shard) : shard_(shard), filled_(shard->parts().size(), 0) {}
+
+absl::Status PushAssembler::Refuse(const std::string& message) {
+  shard_->RecordRejectedPush();
+  return absl::InvalidArgumentError(message);
+}
+
+PushAssembler::~PushAssembler() { Abandon(); }
+
+void PushAssembler::Abandon() {
+  if (!grads_.empty()) shard_->ReleaseGradientBuffers(std::move(grads_));
+  grads_.clear();
+  have_header_ = false;
 }
 
 absl::Status PushAssembler::Add(const v1::PushRequest& message) {
-  if (message.has_header()) return SetHeader(message.header());
-  if (!message.has_chunk()) return absl::InvalidArgumentError("push: empty message");
+  if (message.has_header()) {
+    if (message.has_chunk()) {
+      return Refuse("push: malformed message: both a header and a chunk");
+    }
+    return SetHeader(message.header());
+  }
+  if (!message.has_chunk()) {
+    return Refuse("push: malformed message: neither a header nor a chunk");
+  }
   const auto& c = message.chunk();
   return AddChunk(c.part(), c.offset(), c.data());
 }
 
 absl::Status PushAssembler::SetHeader(const v1::PushRequest::Header& h) {
-  if (have_header_) return absl::InvalidArgumentError("push: second header");
+  if (have_header_) return Refuse("push: malformed message: a second header");
+  const uint64_t expected = shard_->gradient_bytes();
+  if (h.total_bytes() != 0 && h.total_bytes() != expected) {
+    return Refuse(absl::StrCat("push: malformed header: declares ", h.total_bytes(),
+                               " gradient bytes, this PS shard holds ", expected));
+  }
   have_header_ = true;
-  header_ = {h.worker_index(), h.version(), h.worker_clock(), h.incarnation()};
+  header_ = {h.worker_index(), h.version(), h.worker_clock(), h.incarnation(), h.push_id()};
   return absl::OkStatus();
 }
 
 absl::Status PushAssembler::AddChunk(const std::string& part_name, uint64_t offset,
                                      absl::string_view data) {
-  if (!have_header_) return absl::InvalidArgumentError("push: chunk before header");
+  if (!have_header_) return Refuse("push: malformed: a chunk before the header");
   const int part = shard_->PartIndex(part_name);
   if (part < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("push: unknown variable part \"", part_name, "\" on this PS shard"));
+    return Refuse(absl::StrCat("push: malformed chunk: unknown variable part \"", part_name,
+                               "\" on this PS shard"));
   }
   if (data.size() % 4 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("push: chunk of ", part_name, " has ", data.size(), " bytes, not float32"));
+    return Refuse(absl::StrCat("push: malformed chunk of ", part_name, ": ", data.size(),
+                               " bytes, not a whole number of float32"));
   }
   const uint64_t n = data.size() / 4;
+  const uint64_t size = static_cast<uint64_t>(shard_->parts()[part].num_elements());
   // Chunks of a part arrive in order, so "filled" both checks offsets and
   // proves the part is covered exactly once.
-  if (offset != filled_[part] || offset + n > grads_[part].size()) {
-    return absl::InvalidArgumentError(absl::StrCat("push: chunk of ", part_name, " at element ",
-                                                   offset, " (+", n, ") does not follow ",
-                                                   filled_[part], " of ", grads_[part].size()));
+  if (offset != filled_[part] || n > size - filled_[part]) {
+    return Refuse(absl::StrCat("push: malformed chunk of ", part_name, ": elements ", offset, " (+",
+                               n, ") do not follow the ", filled_[part], " of ", size,
+                               " received"));
   }
-  std::memcpy(grads_[part].data() + offset, data.data(), data.size());
+  if (grads_.empty()) {
+    grads_ = shard_->TakePooledGradientBuffers();
+    pooled_ = !grads_.empty();
+    if (!pooled_) grads_.resize(filled_.size());
+  }
+  std::vector<float>& g = grads_[part];
+  if (!pooled_) {
+    // Grows with what arrived (doubling, so few copies), never past the part.
+    const uint64_t need = filled_[part] + n;
+    if (g.capacity() < need)
+      g.reserve(std::min<uint64_t>(size, std::max<uint64_t>(need, 2 * g.capacity())));
+    g.resize(need);
+  }
+  std::memcpy(g.data() + offset, data.data(), data.size());
   filled_[part] += n;
+  received_bytes_ += data.size();
   return absl::OkStatus();
 }
 
 absl::StatusOr<Shard::PushResult> PushAssembler::Finish() {
-  if (!have_header_) return absl::InvalidArgumentError("push: no header");
-  for (size_t i = 0; i < grads_.size(); ++i) {
-    if (filled_[i] != grads_[i].size()) {
-      return absl::InvalidArgumentError(absl::StrCat("push: gradient of ", shard_->parts()[i].name,
-                                                     " incomplete: ", filled_[i], " of ",
-                                                     grads_[i].size(), " elements"));
+  if (!have_header_) return Refuse("push: incomplete: no header");
+  const auto& parts = shard_->parts();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (filled_[i] != static_cast<uint64_t>(parts[i].num_elements())) {
+      return Refuse(absl::StrCat("push: incomplete gradient: ", parts[i].name, " has ", filled_[i],
+                                 " of ", parts[i].num_elements(), " elements"));
     }
   }
+  if (grads_.empty()) grads_.resize(parts.size());  // a shard whose parts are all empty
   return shard_->Push(header_, std::move(grads_));
 }
 

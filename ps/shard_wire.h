@@ -16,36 +16,55 @@
 
 namespace kubetrain {
 
-TaskId TaskIdFromWire(v1::TaskType type, int index);
+// The task a request names. INVALID_ARGUMENT for a task type this PS does
+// not know (proto3 enums carry any number); whether the job has the task is
+// for the shard to say (Shard::CheckTask).
+absl::StatusOr<TaskId> TaskFromWire(int type, int index);
 
 // The handshake answer: what the shard holds, its version and incarnation,
 // and (for a worker) the steps it had done, which also marks it alive.
-void FillShardInfo(Shard* shard, const std::string& model_fingerprint, uint64_t max_chunk_bytes,
-                   const v1::InfoRequest& request, v1::ShardInfo* info);
+// INVALID_ARGUMENT if the request names a task the job does not have.
+absl::Status FillShardInfo(Shard* shard, const std::string& model_fingerprint,
+                           uint64_t max_chunk_bytes, const v1::InfoRequest& request,
+                           v1::ShardInfo* info);
 
 void FillShardStats(const ShardStatsSnapshot& stats, v1::ShardStats* out);
 
-// Reassembles one push into buffers from the shard's pool: the header first,
-// then every part's chunks in order, each part covered exactly once. A bad
-// message is refused at once (INVALID_ARGUMENT saying what is wrong) and the
-// shard is not touched. Not thread-safe: one per push.
+// Reassembles one push: the header first, then every part's chunks in order,
+// each part covered exactly once. A bad message is refused at once
+// (INVALID_ARGUMENT: "push: malformed ..." for a message or chunk that is
+// wrong in itself, "push: incomplete gradient ..." for a stream that ended
+// early) and the shard is not touched. Memory is taken as chunks arrive, never
+// at the header: a set of buffers from the shard's pool if it has one, else
+// each part's buffer grows with the bytes received (at most the part's size).
+// Not thread-safe: one per push.
 class PushAssembler {
  public:
   // `shard` must outlive the assembler.
   explicit PushAssembler(Shard* shard);
+  ~PushAssembler();
 
   absl::Status Add(const v1::PushRequest& message);
   absl::Status SetHeader(const v1::PushRequest::Header& header);
   absl::Status AddChunk(const std::string& part, uint64_t offset, absl::string_view data);
   // Checks that every part is complete, then hands the gradient to the shard.
   absl::StatusOr<Shard::PushResult> Finish();
+  // Gives the buffers back to the shard's pool; the push cannot complete.
+  void Abandon();
+  // Gradient bytes received so far.
+  uint64_t received_bytes() const { return received_bytes_; }
 
  private:
+  // INVALID_ARGUMENT, counted with the shard's rejected pushes.
+  absl::Status Refuse(const std::string& message);
+
   Shard* const shard_;
   bool have_header_ = false;
   Shard::PushHeader header_;
-  std::vector<std::vector<float>> grads_;
-  std::vector<uint64_t> filled_;  // elements received per part
+  std::vector<std::vector<float>> grads_;  // empty until the first chunk
+  bool pooled_ = false;                    // grads_ are full-size buffers from the pool
+  std::vector<uint64_t> filled_;           // elements received per part
+  uint64_t received_bytes_ = 0;
 };
 
 }  // namespace kubetrain

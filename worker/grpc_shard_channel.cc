@@ -25,6 +25,12 @@ class GrpcShardChannel final : public ShardChannel {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    // Pings find a PS that is gone without a word (its pod killed, a cut
+    // link) while a pull is held; the PS accepts one every 10 s or more.
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     stub_ = v1::ParameterServer::NewStub(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include <prometheus/counter.h>
@@ -95,7 +96,10 @@ PsClient::PsClient(Options options, const Placement* placement, const Clock* clo
       shard_parts_(channels_.size()),
       parts_by_name_(channels_.size()),
       lanes_(std::make_unique<Lanes>(static_cast<int>(channels_.size()))),
-      shards_(channels_.size()) {
+      shards_(channels_.size()),
+      // Random per client, so a restarted worker's ids are not its previous life's.
+      next_push_id_((static_cast<uint64_t>(std::random_device()()) << 32 | std::random_device()()) |
+                    1) {
   for (size_t s = 0; s < channels_.size(); ++s) {
     shard_parts_[s] = placement_->PartsOfShard(static_cast<int>(s));
     for (const PartPlacement* p : shard_parts_[s]) parts_by_name_[s][p->name] = p;
@@ -124,7 +128,11 @@ absl::Status PsClient::WithRetry(const std::string& what, int shard,
   while (true) {
     if (cancelled_) return absl::CancelledError(absl::StrCat(what, " to ps:", shard, " cancelled"));
     absl::Status s = fn();
-    if (s.code() != absl::StatusCode::kUnavailable) return s;
+    // RESOURCE_EXHAUSTED: the PS's stream limits; an overlapping stream of ours ends soon.
+    if (s.code() != absl::StatusCode::kUnavailable &&
+        s.code() != absl::StatusCode::kResourceExhausted) {
+      return s;
+    }
     ++attempts;
     if (clock_->Now() + backoff > deadline) {
       return absl::UnavailableError(absl::StrCat(
@@ -316,6 +324,7 @@ absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t
         absl::StrCat(TaskName(), " only reads: it cannot push gradients"));
   }
   std::vector<v1::PushResponse> responses(channels_.size());
+  const uint64_t push_id = next_push_id_++;
   absl::Time start = clock_->Now();
   absl::Status st = ForEachShard([&](int s) {
     std::vector<ChunkRef> chunks;
@@ -333,6 +342,8 @@ absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t
     h.set_version(shards_[s].version);
     h.set_worker_clock(worker_clock);
     h.set_incarnation(shards_[s].incarnation);
+    h.set_push_id(push_id);  // the same on every retry: applied at most once
+    h.set_total_bytes(bytes);
     absl::StatusOr<v1::PushResponse> r;
     absl::Status rs = WithRetry("push", s, [&] {
       r = channels_[s]->Push(h, chunks);

@@ -112,7 +112,8 @@ class PsClient {
   // Every shard's version (a handshake each; no values move).
   absl::StatusOr<StepResult> PollStep();
   // Pushes each shard its part of `grads`, tagged with the version and
-  // incarnation last pulled from that shard. Workers only.
+  // incarnation last pulled from that shard and an id of this push, which a
+  // retry repeats so a shard applies it at most once. Workers only.
   absl::StatusOr<PushResult> Push(const Params& grads, int64_t worker_clock);
   // A worker stops training; an evaluator stops reading.
   absl::Status Leave();
@@ -167,6 +168,7 @@ class PsClient {
   // The calling thread's (see the class comment).
   std::vector<ShardState> shards_;
   int64_t resume_clock_ = 0;
+  uint64_t next_push_id_;  // of the next Push (one id for all shards; retries reuse it)
 };
 
 }  // namespace kubetrain

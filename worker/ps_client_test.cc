@@ -35,7 +35,7 @@ class PsClientTest : public ::testing::Test {
     PsClient::Options o;
     o.task_type = type;
     o.task_index = index;
-    o.fingerprint = config_->placement.Fingerprint();
+    o.fingerprint = config_->fingerprint;
     o.chunk_bytes = 4096;
     o.retry_timeout = absl::Seconds(10);
     o.hold_timeout = absl::Seconds(1);

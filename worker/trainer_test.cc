@@ -43,7 +43,7 @@ class JobTest : public ::testing::Test {
     PsClient::Options o;
     o.task_type = type;
     o.task_index = index;
-    o.fingerprint = config_->placement.Fingerprint();
+    o.fingerprint = config_->fingerprint;
     o.chunk_bytes = 4096;
     o.retry_timeout = absl::Seconds(30);
     return std::make_unique<PsClient>(o, &config_->placement, &clock_, cluster_->Channels(faulty),

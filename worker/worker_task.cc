@@ -34,6 +34,19 @@ absl::StatusOr<std::shared_ptr<const Dataset>> LoadSet(const TaskConfig& config,
 
 }  // namespace
 
+absl::Status WorkerTask::ExplainMismatch(const absl::Status& s) const {
+  if (!absl::IsFailedPrecondition(s)) return s;
+  // The refusal quotes the PS's fingerprint and ours; say which fields differ.
+  for (const std::string& theirs : FingerprintsIn(std::string(s.message()))) {
+    const std::string diff = DescribeFingerprintDifference(theirs, config_.fingerprint);
+    if (!diff.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(s.message(), " (differs: ", diff, "; give every task the same job file)"));
+    }
+  }
+  return s;
+}
+
 absl::StatusOr<std::unique_ptr<WorkerTask>> WorkerTask::Create(
     TaskConfig config, WorkerTaskOptions options, const Clock* clock,
     std::shared_ptr<prometheus::Registry> registry,
@@ -90,7 +103,7 @@ absl::StatusOr<std::unique_ptr<WorkerTask>> WorkerTask::Create(
                              : type == "evaluator" ? v1::TASK_TYPE_EVALUATOR
                                                    : v1::TASK_TYPE_WORKER;
   client_options.task_index = index;
-  client_options.fingerprint = c.placement.Fingerprint();
+  client_options.fingerprint = c.fingerprint;
   client_options.chunk_bytes = c.job.training.chunk_bytes;
   client_options.retry_timeout = absl::Seconds(c.job.training.startup_timeout_seconds);
   task->client_ = std::make_unique<PsClient>(client_options, &c.placement, clock,
@@ -212,7 +225,7 @@ absl::Status WorkerTask::Run() {
   Log(name_, is_chief_ && trains_ ? " (chief)" : "", " connecting to ", config_.num_ps,
       " PS tasks; metrics on ",
       metrics_server_ ? absl::StrCat(metrics_server_->port()) : std::string("(off)"));
-  if (absl::Status s = client_->Connect(); !s.ok()) return s;
+  if (absl::Status s = client_->Connect(); !s.ok()) return ExplainMismatch(s);
   auto on_progress = [this](const Progress& p) { Report(FormatReportLine(p)); };
   absl::StatusOr<TrainResult> result;
   if (trains_) {

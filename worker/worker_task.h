@@ -93,6 +93,9 @@ class WorkerTask {
   void RegisterMetrics();
   void Report(const std::string& line) const;
   JobResult MakeResult(const TrainResult& r) const;
+  // A refused handshake (another job fingerprint on a PS) names the fields
+  // that differ; any other status is returned as it is.
+  absl::Status ExplainMismatch(const absl::Status& s) const;
 
   // Constant after construction.
   const TaskConfig config_;

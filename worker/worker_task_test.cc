@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "core/testing/temp_files.h"
 #include "worker/testing.h"
@@ -214,6 +215,24 @@ TEST_F(WorkerTaskTest, StopEndsRunWithCancelled) {
   run.join();  // ... and the task does not ask again
   EXPECT_EQ(t.run.code(), absl::StatusCode::kCancelled) << t.run;
   EXPECT_CONTAINS(std::string(t.run.message()), "worker:0: ");
+}
+
+TEST_F(WorkerTaskTest, AWorkerStartedWithAnotherSpecIsRefusedSayingWhatDiffers) {
+  Make({.ps = 1, .workers = 1});
+  // Same model and placement, another seed and learning rate.
+  const std::string ps_yaml = yaml_;
+  yaml_ = absl::StrReplaceAll(
+      ps_yaml, {{"seed: 5", "seed: 6"}, {"learningRate: 0.5", "learningRate: 0.25"}});
+  ASSERT_NE(yaml_, ps_yaml);
+  Task& t = tasks_["worker:0"];
+  auto task = CreateTask("worker", 0, &t);
+  ASSERT_TRUE(task.ok()) << task.status();
+  absl::Status s = (*task)->Run();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  const std::string msg(s.message());
+  EXPECT_CONTAINS(msg,
+                  "differs: seed: 5 there, 6 here; optimizer.learningRate: 0.5 there, 0.25 here");
+  EXPECT_CONTAINS(msg, "give every task the same job file");
 }
 
 }  // namespace

@@ -184,7 +184,7 @@ int Run(const Flags& f) {
   }
   PsClient::Options options;
   options.task_index = 0;
-  options.fingerprint = config->placement.Fingerprint();
+  options.fingerprint = config->fingerprint;
   options.chunk_bytes = spec.chunk_bytes;
   options.retry_timeout = absl::Seconds(30);
   PsClient client(options, &config->placement, &clock, std::move(channels), PsClientMetrics{});

@@ -218,7 +218,7 @@ int Run(const Flags& f) {
   channels.push_back(NewGrpcShardChannel(absl::StrCat("127.0.0.1:", *ps_port), f.chunk_bytes));
   PsClient::Options options;
   options.task_index = 0;
-  options.fingerprint = config->placement.Fingerprint();
+  options.fingerprint = config->fingerprint;
   options.chunk_bytes = f.chunk_bytes;
   options.retry_timeout = absl::Seconds(30);
   PsClient client(options, &config->placement, &clock, std::move(channels), PsClientMetrics{});

@@ -60,3 +60,35 @@ def test_float32_hyper_parameters_are_named(tmp_path):
     proc = run_cli("validate", write(tmp_path, eps, "eps.yaml"))
     assert proc.returncode == 2
     assert "spec.training.optimizer.epsilon: must be 0 or at least 1.17549e-38" in proc.stderr
+
+
+def test_yaml_syntax_directories_and_huge_files_get_clear_messages(tmp_path):
+    unterminated = job_yaml("quote").replace("  name: quote", '  name: "quote')
+    job = write(tmp_path, unterminated, "quote.yaml")
+    proc = run_cli("validate", job)
+    assert proc.returncode == 2
+    assert f"{job}: invalid YAML at line 4, column 9: unterminated quoted string" in proc.stderr, proc.stderr
+    proc = run_cli("validate", str(tmp_path))
+    assert proc.returncode == 2
+    assert f"{tmp_path}: is a directory, expected a TrainingJob YAML file" in proc.stderr
+    huge = job_yaml("huge") + "# " + "x" * (50 << 20) + "\n"
+    job = write(tmp_path, huge, "huge.yaml")
+    for command in ("validate", "run"):
+        proc = run_cli(command, job)
+        assert proc.returncode == 2
+        assert f"{job}: is {len(huge)} bytes; a TrainingJob may be at most 1572864 bytes" in proc.stderr
+
+
+def test_a_worker_with_another_spec_is_refused_saying_what_differs(tmp_path, cluster_factory):
+    ps_job = job_yaml("mismatch", ps=1, workers=1, steps=50)
+    c = cluster_factory(ps_job, ps=1, workers=1)
+    other = write(tmp_path, ps_job.replace("seed: 3", "seed: 4").replace("learningRate: 0.002",
+                                                                           "learningRate: 0.003"),
+                  "other.yaml")
+    c.start("ps", 0)
+    c.job = other  # the worker reads another file
+    worker = c.start("worker", 0)
+    code = worker.wait(timeout=60)
+    log = c.log("worker", 0)
+    assert code != 0, log
+    assert "differs: seed: 3 there, 4 here; optimizer.learningRate: 0.002 there, 0.003 here" in log, log

@@ -314,6 +314,20 @@ REFUSED = {
                       ["metadata.name: Invalid value", "must be at most 48 characters", "got 49"]),
     "name-not-dns-1035": (lambda o: o["metadata"].update(name="9-lives.v2"),
                           ["metadata.name: Invalid value", "must be a DNS-1035 label", '"9-lives.v2"']),
+    # CEL: a container without an image would make the API server refuse every pod.
+    "template-container-no-image": (
+        lambda o: replicas(o)["Worker"].update(template={"spec": {"containers": [
+            {"name": "tensorflow", "image": "kubetrain:latest"}, {"name": "sidecar"}]}}),
+        ["template.spec.containers", 'every container needs an image']),
+    "template-empty-image": (
+        lambda o: replicas(o)["PS"].update(template={"spec": {"containers": [
+            {"name": "kubetrain", "image": ""}]}}),
+        ["template.spec.containers", 'every container needs an image']),
+    "template-init-container-no-image": (
+        lambda o: replicas(o)["Worker"].update(template={"spec": {
+            "containers": [{"name": "tensorflow", "image": "kubetrain:latest"}],
+            "initContainers": [{"name": "fetch"}]}}),
+        ["template.spec.initContainers", 'every container needs an image']),
     # kubectl's default (strict) field validation refuses typos instead of pruning them.
     "unknown-field-typo": (lambda o: training(o).update(optimiser={"type": "adam"}),
                            ['unknown field "spec.training.optimiser"']),

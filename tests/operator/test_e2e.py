@@ -300,3 +300,73 @@ def test_malformed_jobs_are_refused_and_the_operator_stays_up(cluster, name, mut
         assert "spec." in proc.stderr, proc.stderr
     pid = int(open(os.path.join(k.state, "operator.pid")).read())
     os.kill(pid, 0)  # still running
+
+
+def test_deleted_service_and_configmap_come_back_from_their_watch_events(cluster):
+    """The operator watches what it owns: a Service or ConfigMap deleted from
+    under a running job is recreated from the delete event, not at the next
+    periodic resync (60 s)."""
+    k = cluster
+    apply(k, job("svc-back", steps=10000000))
+    wait_state(k, "svc-back", {"Running"})
+    for kind, name in (("svc", "svc-back-worker-1"), ("configmap", "svc-back-config")):
+        old_uid = k.json("get", kind, name)["metadata"]["uid"]
+        start = time.time()
+        k.run("delete", kind, name, "--wait=false")
+        back = None
+        while time.time() - start < 30:
+            proc = k.run("get", kind, name, "-o", "json", check=False)
+            if proc.returncode == 0 and json.loads(proc.stdout)["metadata"]["uid"] != old_uid:
+                back = time.time() - start
+                break
+            time.sleep(0.05)
+        assert back is not None, f"{kind} {name} was not recreated\n" + operator_log(k)[-3000:]
+        print(f"{kind} {name} recreated after {back:.3f} s")
+        # Far below the 60 s resync: it came from the watch (typically tens of ms).
+        assert back < 10, back
+    assert len(pods(k, "svc-back")) == 3  # nothing else was touched
+    k.run("delete", "tj", "svc-back")
+
+
+def test_a_pod_the_api_server_refuses_fails_the_job_with_its_message(cluster):
+    """A template the CRD accepts but the API server's pod validation refuses
+    (an invalid container name) fails the job once, with the API server's
+    message, instead of sitting at Created emitting a Warning every few
+    seconds."""
+    k = cluster
+    obj = job("refused")
+    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {
+        "spec": {"containers": [{"name": "Not_A_DNS_Label", "image": "kubetrain-runtime:latest",
+                                 "command": ["kubetrain-worker"]}]}}
+    apply(k, obj)
+    st = wait_state(k, "refused", {"Failed"}, timeout=60)
+    failed = condition(st, "Failed")
+    assert failed["reason"] == "CreateRejected", st
+    assert "refused pods refused-worker-" in failed["message"], failed
+    assert "Not_A_DNS_Label" in failed["message"], failed
+    assert "Failed" in k.run("get", "tj", "refused").stdout
+    describe = k.run("describe", "tj", "refused").stdout
+    assert "CreateRejected" in describe and "FailedCreate" in describe, describe
+    time.sleep(3)  # it does not keep trying
+    events = k.json("get", "events", "--field-selector", "involvedObject.name=refused")["items"]
+    warnings = [e for e in events if e["reason"] == "FailedCreate"]
+    # Slow start: the first batch of worker pods (two) was tried, then nothing more.
+    assert 1 <= len(warnings) <= 2 and all(w["count"] == 1 for w in warnings), warnings
+    assert len(events) <= 6, [(e["reason"], e.get("count")) for e in events]
+    k.run("delete", "tj", "refused")
+
+
+def test_events_are_aggregated_a_few_per_job(cluster):
+    """Events for a whole job lifecycle: one per kind of thing that happened
+    (pods created in one Event, not one per pod)."""
+    k = cluster
+    apply(k, job("few-events", steps=50, workers=4))
+    st = wait_state(k, "few-events", {"Succeeded", "Failed"}, timeout=300)
+    assert st["state"] == "Succeeded", st
+    events = k.json("get", "events", "--field-selector", "involvedObject.name=few-events")["items"]
+    reasons = sorted(e["reason"] for e in events)
+    assert reasons.count("SuccessfulCreatePod") == 1, reasons
+    assert reasons.count("SuccessfulCreateService") == 1, reasons
+    assert len(events) <= 6, reasons
+    created = next(e for e in events if e["reason"] == "SuccessfulCreatePod")["message"]
+    assert all(f"few-events-worker-{i}" in created for i in range(4)), created

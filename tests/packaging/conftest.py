@@ -38,12 +38,12 @@ NAMESPACE = "kubetrain-system"
 
 # Exactly the requests the operator makes (operator/reconciler.cc, controller.cc).
 OPERATOR_RULES = [
-    {"apiGroups": ["kubetrain.io"], "resources": ["trainingjobs"], "verbs": ["get", "list", "watch", "delete"]},
-    {"apiGroups": ["kubetrain.io"], "resources": ["trainingjobs/status"], "verbs": ["get", "update"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
-    {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "create", "delete"]},
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "delete"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": ["kubetrain.io"], "resources": ["trainingjobs"], "verbs": ["list", "watch", "delete"]},
+    {"apiGroups": ["kubetrain.io"], "resources": ["trainingjobs/status"], "verbs": ["update"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
 # operator/leader_election.cc: Lease kubetrain-operator, GET / CREATE / PUT.
 LEASE_RULES = [

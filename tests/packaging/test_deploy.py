@@ -106,17 +106,17 @@ def test_apply_grants_the_operator_exactly_its_verbs(kube_cluster, pk):
     pk.apply_crd(k)
     k.run("apply", "-k", pk.DEPLOY)
     k.run("get", "deployment,serviceaccount,service", "-n", pk.NAMESPACE)
-    granted = [(v, "trainingjobs.kubetrain.io", None) for v in ("get", "list", "watch", "delete")]
-    granted += [(v, "trainingjobs.kubetrain.io", "status") for v in ("get", "update")]
-    granted += [(v, "pods", None) for v in ("get", "list", "watch", "create", "delete")]
-    granted += [(v, "services", None) for v in ("list", "create", "delete")]
-    granted += [(v, "configmaps", None) for v in ("get", "list", "create", "delete")]
-    granted += [("create", "events", None)]
+    granted = [(v, "trainingjobs.kubetrain.io", None) for v in ("list", "watch", "delete")]
+    granted += [("update", "trainingjobs.kubetrain.io", "status")]
+    granted += [(v, "pods", None) for v in ("list", "watch", "create", "delete")]
+    granted += [(v, "services", None) for v in ("list", "watch", "create", "delete")]
+    granted += [(v, "configmaps", None) for v in ("list", "watch", "create", "delete")]
+    granted += [("create", "events", None), ("patch", "events", None)]
     for verb, res, sub in granted:
         assert pk.can_i(k, verb, res, SA, subresource=sub), f"operator cannot {verb} {res} {sub or ''}"
     refused = [("create", "trainingjobs.kubetrain.io", None), ("update", "trainingjobs.kubetrain.io", None),
                ("patch", "trainingjobs.kubetrain.io", "status"), ("update", "pods", None),
-               ("get", "secrets", None), ("list", "secrets", None), ("delete", "nodes", None),
+               ("get", "pods", None), ("get", "configmaps", None), ("get", "secrets", None), ("list", "secrets", None), ("delete", "nodes", None),
                ("create", "deployments.apps", None), ("get", "services", None), ("update", "configmaps", None),
                ("create", "leases.coordination.k8s.io", None)]
     for verb, res, sub in refused:

@@ -9,8 +9,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <thread>
 
+#include <prometheus/counter.h>
+
+#include "absl/synchronization/notification.h"
 #include "ps/service.h"
+#include "tests/transport/raw_ps_client.h"
 #include "worker/grpc_shard_channel.h"
 
 namespace kubetrain {
@@ -19,7 +24,8 @@ namespace {
 class ServiceTest : public ::testing::Test {
  protected:
   void SetUp() override { Start(/*has_chief=*/false); }
-  void Start(bool has_chief) {
+  void Start(bool has_chief, TrainingMode mode = TrainingMode::kSync,
+             PsServiceOptions so = PsServiceOptions()) {
     ModelSpec spec;
     spec.type = "mlp";
     spec.hidden_units = {300};
@@ -27,24 +33,31 @@ class ServiceTest : public ::testing::Test {
     placement_ = PlaceVariables(model_->variables(), 1, 1 << 30);
     ShardOptions o;
     o.num_workers = 2;
-    o.replicas_to_aggregate = 2;
+    o.mode = mode;
+    o.replicas_to_aggregate = mode == TrainingMode::kSync ? 2 : 1;
     o.target_steps = 100;
     o.has_chief_task = has_chief;
     OptimizerSpec opt;
     opt.type = "sgd";
     opt.learning_rate = 1;
     shard_ = *Shard::Create(o, *model_, placement_, opt, &clock_, ShardMetrics{});
-    PsServiceOptions so;
     so.model_fingerprint = placement_.Fingerprint();
     so.max_chunk_bytes = 64 << 10;  // forces many chunks for the 784x300 kernel
-    service_ = std::make_unique<PsService>(shard_.get(), &clock_, so, PsServiceMetrics{});
+    PsServiceMetrics metrics;
+    push_bytes_ = std::make_unique<prometheus::Counter>();
+    metrics.push_bytes = push_bytes_.get();
+    service_ = std::make_unique<PsService>(shard_.get(), &clock_, so, metrics);
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    b.SetMaxReceiveMessageSize((64 << 10) + (64 << 10));
+    ConfigurePsServer(so.max_chunk_bytes, &b);
     b.RegisterService(service_.get());
     server_ = b.BuildAndStart();
     ASSERT_GT(port_, 0);
     channel_ = NewGrpcShardChannel("127.0.0.1:" + std::to_string(port_), 64 << 10);
+    // Connected before the test starts (a restarted server has a new port).
+    ASSERT_TRUE(channel_->GetInfo(v1::InfoRequest(), absl::Seconds(10)).ok());
+    raw_ = std::make_unique<RawPsClient>(grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
+                                                             grpc::InsecureChannelCredentials()));
   }
   void TearDown() override { server_->Shutdown(); }
 
@@ -87,13 +100,45 @@ class ServiceTest : public ::testing::Test {
     for (const auto& p : shard_->parts()) g.emplace_back(p.num_elements(), v);
     return g;
   }
-  absl::StatusOr<v1::PushResponse> PushFrom(int worker, int64_t version,
-                                            const std::vector<std::vector<float>>& g) {
+  static v1::PushRequest::Header Header(int worker, int64_t version, uint64_t push_id = 0) {
     v1::PushRequest::Header h;
     h.set_worker_index(worker);
     h.set_version(version);
     h.set_worker_clock(version + 1);
-    return channel_->Push(h, ChunksOf(g));
+    h.set_push_id(push_id);
+    return h;
+  }
+  absl::StatusOr<v1::PushResponse> PushFrom(int worker, int64_t version,
+                                            const std::vector<std::vector<float>>& g,
+                                            uint64_t push_id = 0) {
+    return channel_->Push(Header(worker, version, push_id), ChunksOf(g));
+  }
+  // The same push as raw messages (RawPsClient).
+  std::vector<std::string> Encoded(const v1::PushRequest::Header& h,
+                                   const std::vector<std::vector<float>>& g) {
+    std::vector<PartGradient> parts;
+    for (size_t i = 0; i < g.size(); ++i) parts.push_back({shard_->parts()[i].name, g[i]});
+    return EncodePush(h, parts, 10000);
+  }
+  uint64_t GradientBytes() const { return shard_->gradient_bytes(); }
+  // Waits until the service has read `bytes` gradient bytes in all.
+  void AwaitPushBytes(double bytes) {
+    for (int i = 0; i < 500 && push_bytes_->Value() < bytes; ++i)
+      absl::SleepFor(absl::Milliseconds(10));
+    ASSERT_EQ(push_bytes_->Value(), bytes);
+  }
+  // Values bit for bit.
+  static bool SameBits(const std::map<std::string, std::vector<float>>& a,
+                       const std::map<std::string, std::vector<float>>& b) {
+    if (a.size() != b.size()) return false;
+    for (const auto& [name, v] : a) {
+      auto it = b.find(name);
+      if (it == b.end() || it->second.size() != v.size() ||
+          std::memcmp(v.data(), it->second.data(), v.size() * sizeof(float)) != 0) {
+        return false;
+      }
+    }
+    return true;
   }
 
   FakeClock clock_;
@@ -104,6 +149,8 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::unique_ptr<ShardChannel> channel_;
+  std::unique_ptr<prometheus::Counter> push_bytes_;  // gradient bytes the service has read
+  std::unique_ptr<RawPsClient> raw_;
 };
 
 TEST_F(ServiceTest, ChunkedPullReturnsEveryPart) {
@@ -128,13 +175,17 @@ TEST_F(ServiceTest, MalformedPushesAreRefusedAndChangeNothing) {
   std::string bogus = "no/such/variable";
   std::vector<ChunkRef> bad = chunks_of(grads);
   bad[0].part = &bogus;
-  EXPECT_EQ(channel_->Push(h, bad).status().code(), absl::StatusCode::kInvalidArgument);
+  auto unknown = channel_->Push(h, bad);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("malformed chunk"), std::string::npos)
+      << unknown.status();
   // Missing the last chunk (incomplete gradient).
   bad = chunks_of(grads);
   bad.pop_back();
   auto r = channel_->Push(h, bad);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("incomplete"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("incomplete gradient"), std::string::npos) << r.status();
+  EXPECT_EQ(r.status().message().find("malformed"), std::string::npos) << r.status();
   // A chunk at the wrong offset (a gap in the part).
   bad = chunks_of(grads);
   for (auto& c : bad) {
@@ -143,7 +194,9 @@ TEST_F(ServiceTest, MalformedPushesAreRefusedAndChangeNothing) {
       break;
     }
   }
-  EXPECT_EQ(channel_->Push(h, bad).status().code(), absl::StatusCode::kInvalidArgument);
+  auto gap = channel_->Push(h, bad);
+  EXPECT_EQ(gap.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(gap.status().message().find("malformed chunk"), std::string::npos) << gap.status();
   // A non-finite value.
   auto nan = grads;
   nan[0][5] = std::nanf("");
@@ -258,6 +311,261 @@ TEST_F(ServiceTest, HugeFiniteGradientsNeverMakeAParameterNonFinite) {
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->nonfinite_updates(), 1);
   EXPECT_EQ(stats->gradients_applied(), 2);
+}
+
+}  // namespace
+}  // namespace kubetrain
+
+namespace kubetrain {
+namespace {
+
+// Issue 9, finding 4: a push the client cancels after its last chunk was
+// applied although the client saw CANCELLED.
+TEST_F(ServiceTest, APushCancelledAfterItsLastChunkChangesNothing) {
+  int64_t version = -1;
+  const auto before = PullAll(&version);
+  const auto grads = Grads(1.0f);
+  std::string response;
+  grpc::Status s =
+      raw_->Push(Encoded(Header(0, 0, /*push_id=*/7), grads), RawPsClient::End::kCancel, &response,
+                 [&] { AwaitPushBytes(static_cast<double>(GradientBytes())); });
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  EXPECT_TRUE(SameBits(PullAll(&version), before));
+  EXPECT_EQ(version, 0);
+  // Worker 0's gradient is not waiting in the step either: worker 1 alone
+  // does not complete it ...
+  ASSERT_TRUE(PushFrom(1, 0, grads).ok());
+  EXPECT_EQ(shard_->version(), 0);
+  // ... and worker 0's retry (same push id) is the one that counts, once.
+  auto retry = PushFrom(0, 0, grads, /*push_id=*/7);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->version(), 1);
+  EXPECT_FALSE(retry->dropped());
+  for (const auto& [name, v] : PullAll()) {
+    for (size_t k = 0; k < v.size(); ++k) ASSERT_EQ(v[k], before.at(name)[k] - 1.0f) << name;
+  }
+}
+
+TEST_F(ServiceTest, ACompleteGradientFollowedByAnythingMalformedChangesNothing) {
+  int64_t version = -1;
+  const auto before = PullAll(&version);
+  const auto grads = Grads(1.0f);
+  // An unparseable message after the last chunk (a length that runs past its end).
+  auto garbage = Encoded(Header(0, 0), grads);
+  garbage.push_back(
+      std::string("\x0a\x05"
+                  "ab",
+                  4));
+  std::string response;
+  grpc::Status s = raw_->Push(garbage, RawPsClient::End::kHalfClose, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("malformed request: not a valid PushRequest"), std::string::npos)
+      << s.error_message();
+  // A chunk past the end of a complete part.
+  auto extra = Encoded(Header(0, 0), grads);
+  extra.push_back(extra.back());
+  s = raw_->Push(extra, RawPsClient::End::kHalfClose, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("malformed chunk"), std::string::npos) << s.error_message();
+  // A second header.
+  auto two_headers = Encoded(Header(0, 0), grads);
+  two_headers.push_back(two_headers.front());
+  s = raw_->Push(two_headers, RawPsClient::End::kHalfClose, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // A header declaring another size than the shard's.
+  auto declared = Header(0, 0);
+  declared.set_total_bytes(GradientBytes() + 4);
+  s = raw_->Push(Encoded(declared, grads), RawPsClient::End::kHalfClose, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("declares"), std::string::npos) << s.error_message();
+
+  EXPECT_TRUE(SameBits(PullAll(&version), before));
+  EXPECT_EQ(version, 0);
+  ASSERT_TRUE(PushFrom(1, 0, grads).ok());
+  EXPECT_EQ(shard_->version(), 0);  // nothing of worker 0 is waiting in the step
+  EXPECT_EQ(shard_->stats().pushes_rejected, 4);
+  // The declared size, when right, is accepted.
+  declared.set_total_bytes(GradientBytes());
+  s = raw_->Push(Encoded(declared, grads), RawPsClient::End::kHalfClose, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(shard_->version(), 1);
+}
+
+TEST_F(ServiceTest, EveryMalformedRequestGetsInvalidArgumentWithAMessage) {
+  const std::string garbage(
+      "\x0a\x05"
+      "ab",
+      4);  // not any message: a length past the end
+  for (const char* method : {"GetInfo", "Leave", "Shutdown", "GetStats"}) {
+    grpc::Status s = raw_->Unary(method, garbage, nullptr);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_NE(s.error_message().find("malformed request"), std::string::npos)
+        << method << ": " << s.error_message();
+  }
+  grpc::Status s = raw_->Pull(garbage, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("malformed request"), std::string::npos) << s.error_message();
+  s = raw_->Push({garbage}, RawPsClient::End::kHalfClose, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(s.error_message().empty());
+  // Well-formed messages naming what the job does not have.
+  v1::InfoRequest info;
+  info.set_task_type(static_cast<v1::TaskType>(9));
+  s = raw_->Unary("GetInfo", info.SerializeAsString(), nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("unknown task_type 9"), std::string::npos) << s.error_message();
+  info.set_task_type(v1::TASK_TYPE_WORKER);
+  info.set_worker_index(5);
+  s = raw_->Unary("GetInfo", info.SerializeAsString(), nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("unknown worker index 5"), std::string::npos)
+      << s.error_message();
+  // A push that ends before its gradient does: "incomplete", not "malformed".
+  auto part = Encoded(Header(0, 0), Grads(1.0f));
+  part.pop_back();
+  s = raw_->Push(part, RawPsClient::End::kHalfClose, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("incomplete gradient"), std::string::npos) << s.error_message();
+  // Still serving, nothing changed.
+  auto ok = channel_->GetInfo(v1::InfoRequest(), absl::Seconds(5));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->version(), 0);
+  EXPECT_FALSE(shard_->shutdown_requested());
+}
+
+TEST_F(ServiceTest, ARetriedAsyncPushIsAppliedOnce) {
+  server_->Shutdown();
+  Start(/*has_chief=*/false, TrainingMode::kAsync);
+  const auto grads = Grads(1.0f);
+  auto first = PushFrom(0, 0, grads, /*push_id=*/42);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->version(), 1);
+  int64_t version = -1;
+  const auto once = PullAll(&version);
+  // The answer was lost; the worker sends the same push again.
+  auto retry = PushFrom(0, 0, grads, /*push_id=*/42);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->version(), 1);
+  EXPECT_FALSE(retry->dropped());
+  EXPECT_TRUE(SameBits(PullAll(&version), once));
+  EXPECT_EQ(version, 1);
+  // The next push (a new id) is applied.
+  auto next = PushFrom(0, 1, grads, /*push_id=*/43);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->version(), 2);
+  auto stats = Shutdown(v1::TASK_TYPE_WORKER, 0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->duplicate_pushes(), 1);
+  EXPECT_EQ(stats->gradients_applied(), 2);
+}
+
+}  // namespace
+}  // namespace kubetrain
+
+namespace kubetrain {
+namespace {
+
+// Push streams held open by threads until Release(); each sends `messages`
+// and then waits, and is then ended with `end`.
+class HeldPushes {
+ public:
+  explicit HeldPushes(RawPsClient* client) : client_(client) {}
+  ~HeldPushes() { Release(); }
+  void Open(std::vector<std::string> messages, RawPsClient::End end = RawPsClient::End::kCancel) {
+    const size_t i = statuses_.size();
+    statuses_.emplace_back();
+    threads_.emplace_back([this, i, end, messages = std::move(messages)] {
+      statuses_[i] = client_->Push(
+          messages, end, nullptr, [this] { release_.WaitForNotification(); }, absl::Seconds(60));
+    });
+  }
+  // Ends every stream; returns their statuses in the order opened.
+  std::vector<grpc::Status> Release() {
+    if (!release_.HasBeenNotified()) release_.Notify();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    return statuses_;
+  }
+
+ private:
+  RawPsClient* const client_;
+  absl::Notification release_;
+  std::vector<grpc::Status> statuses_;
+  std::vector<std::thread> threads_;
+};
+
+double ChunkBytes(const std::string& encoded) {
+  v1::PushRequest msg;
+  EXPECT_TRUE(msg.ParseFromString(encoded));
+  return static_cast<double>(msg.chunk().data().size());
+}
+
+void AwaitOpenPushes(const PsService& service, int n) {
+  for (int i = 0; i < 500 && service.open_push_streams() != n; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(service.open_push_streams(), n);
+}
+
+TEST_F(ServiceTest, PushStreamsAreLimitedPerPsAndPerWorker) {
+  server_->Shutdown();
+  PsServiceOptions so;
+  so.max_push_streams = 3;
+  so.max_push_streams_per_worker = 1;
+  Start(/*has_chief=*/false, TrainingMode::kSync, so);
+  const auto grads = Grads(1.0f);
+  const auto full = Encoded(Header(0, 0), grads);
+  {
+    // Worker 0 has a push open (header and one chunk, then silence).
+    HeldPushes held(raw_.get());
+    held.Open({full[0], full[1]});
+    AwaitOpenPushes(*service_, 1);
+    AwaitPushBytes(ChunkBytes(full[1]));
+    // A second one from worker 0 is refused as soon as its header arrives.
+    grpc::Status s = raw_->Push(full, RawPsClient::End::kHalfClose, nullptr);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_NE(s.error_message().find("worker 0 already has 1 push streams open"), std::string::npos)
+        << s.error_message();
+    // Two silent streams fill the PS's limit of 3; a fourth is refused at once.
+    held.Open({});
+    held.Open({});
+    AwaitOpenPushes(*service_, 3);
+    s = raw_->Push(Encoded(Header(1, 0), grads), RawPsClient::End::kHalfClose, nullptr);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_NE(s.error_message().find("3 push streams already open"), std::string::npos)
+        << s.error_message();
+    for (const auto& st : held.Release()) EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED);
+  }
+  AwaitOpenPushes(*service_, 0);
+  EXPECT_EQ(shard_->version(), 0);
+  // The slots are free again: both workers push, one step.
+  ASSERT_TRUE(PushFrom(0, 0, grads).ok());
+  ASSERT_TRUE(PushFrom(1, 0, grads).ok());
+  EXPECT_EQ(shard_->version(), 1);
+}
+
+TEST_F(ServiceTest, AnIdlePushStreamIsClosedAndChangesNothing) {
+  const auto before = PullAll();
+  const auto full = Encoded(Header(0, 0), Grads(1.0f));
+  HeldPushes held(raw_.get());
+  held.Open({full[0], full[1]}, RawPsClient::End::kHalfClose);
+  AwaitOpenPushes(*service_, 1);
+  AwaitPushBytes(ChunkBytes(full[1]));
+  EXPECT_EQ(service_->Tick(clock_.Now() + absl::Seconds(29)), 0);  // not idle long enough
+  EXPECT_EQ(service_->open_push_streams(), 1);
+  EXPECT_EQ(service_->Tick(clock_.Now() + absl::Seconds(31)), 1);  // closed as idle
+  AwaitOpenPushes(*service_, 0);
+  const auto statuses = held.Release();
+  ASSERT_EQ(statuses.size(), 1u);
+  EXPECT_EQ(statuses[0].error_code(), grpc::StatusCode::UNAVAILABLE) << statuses[0].error_message();
+  EXPECT_NE(statuses[0].error_message().find("no message for 30s"), std::string::npos)
+      << statuses[0].error_message();
+  EXPECT_TRUE(SameBits(PullAll(), before));
+  // Nothing of worker 0 waits in the step: its next push and worker 1's make it.
+  ASSERT_TRUE(PushFrom(1, 0, Grads(1.0f)).ok());
+  EXPECT_EQ(shard_->version(), 0);
+  ASSERT_TRUE(PushFrom(0, 0, Grads(1.0f)).ok());
+  EXPECT_EQ(shard_->version(), 1);
 }
 
 }  // namespace

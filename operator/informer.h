@@ -1,0 +1,103 @@
+// Informer: a watch-fed, in-memory copy of one kind of object, as client-go's
+// shared informers keep (and controller-runtime's cache reads). Run() lists
+// the collection once, then watches it from the list's resourceVersion
+// (bookmarks requested; a watch the server ends is resumed from the last
+// resourceVersion seen); a 410 (history expired) or a failed watch relists,
+// and the objects that vanished meanwhile are reported as deleted. Objects
+// are stored after `transform` (drop what no reader needs: managedFields, a
+// pod's spec, a ConfigMap's data) and indexed by the job they belong to
+// (`job_of`), so a reconcile reads a job's pods without asking the API server.
+//
+// `on_change` runs on the Run() thread for every change to the store (after
+// the store has it), outside any lock: the controller turns it into a
+// work-queue key and into observed expectations.
+//
+// Thread-safe: readers may call any const method while Run() updates.
+#ifndef KUBETRAIN_OPERATOR_INFORMER_H_
+#define KUBETRAIN_OPERATOR_INFORMER_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+#include "operator/kube_client.h"
+
+namespace kubetrain {
+
+struct InformerOptions {
+  ResourceRef collection;  // name empty; namespace "" = all namespaces
+  std::string label_selector;
+  // Applied to every object before it is stored (and passed to on_change).
+  std::function<void(nlohmann::json*)> transform;
+  // "namespace/job" the object belongs to, or "" (not indexed).
+  std::function<std::string(const nlohmann::json&)> job_of;
+  int watch_timeout_seconds = 60;
+  absl::Duration max_backoff = absl::Seconds(30);
+};
+
+// kAdded, kModified or kDeleted; `object` is the new state (the last known
+// one for kDeleted).
+using InformerHandler = std::function<void(WatchEventType type, const nlohmann::json& object)>;
+
+class Informer {
+ public:
+  // `client` must outlive the informer.
+  Informer(KubeClient* client, InformerOptions options, InformerHandler on_change);
+
+  // Lists and watches until *stop is true (checked between events and after
+  // each watch ends). Blocks.
+  void Run(const std::atomic<bool>* stop);
+
+  // True once the first list is in the store.
+  bool synced() const { return synced_.load(); }
+  // A copy of the stored object "namespace/name" (or "name"), if any.
+  std::optional<nlohmann::json> Get(const std::string& ns, const std::string& name) const;
+  // Copies of the objects indexed under job key "namespace/job".
+  std::vector<nlohmann::json> ByJob(const std::string& job_key) const;
+  // Every job key with at least one object (for a TrainingJob informer: every job).
+  std::vector<std::string> JobKeys() const;
+  size_t size() const;
+  // Relists (after the first) and watch restarts so far, for metrics.
+  int64_t relists() const { return relists_.load(); }
+  int64_t watch_restarts() const { return watch_restarts_.load(); }
+  const std::string& plural() const { return options_.collection.plural; }
+
+  // Stores the answer of this operator's own write (e.g. a status update)
+  // at once, so the next reconcile does not decide from the version before
+  // it; the watch event that follows brings the same object. Ignored when
+  // the store already holds a newer resourceVersion.
+  void Update(const nlohmann::json& object);
+
+  // The store key of an object: "namespace/name" (or "name").
+  static std::string KeyOf(const nlohmann::json& object);
+
+ private:
+  absl::Status ListIntoStore(std::string* resource_version);
+  // Stores (or removes, for kDeleted) one object; false if nothing changed.
+  bool Apply(WatchEventType type, nlohmann::json* object);
+  void Index(const std::string& key, const nlohmann::json* old_obj, const nlohmann::json* new_obj)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  KubeClient* const client_;
+  const InformerOptions options_;
+  const InformerHandler on_change_;
+
+  std::atomic<bool> synced_{false};
+  std::atomic<int64_t> relists_{0}, watch_restarts_{0};
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, nlohmann::json> store_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::set<std::string>> by_job_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_OPERATOR_INFORMER_H_
