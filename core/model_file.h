@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/file_env.h"
 #include "core/model.h"
 
 namespace kubetrain {
@@ -28,7 +29,8 @@ struct ModelFile {
 // Format version 2 (layer lists, heads, dataset); version 1 files (softmax
 // and mlp, before layer lists) are still read.
 // Errors name the path. REQUIRES: params match the spec's variables.
-absl::Status WriteModelFile(const std::string& path, const ModelFile& model);
+absl::Status WriteModelFile(const std::string& path, const ModelFile& model,
+                            FileEnv* env = FileEnv::Default());
 // Verifies magic, length, checksum, and that the variables match the spec.
 absl::StatusOr<ModelFile> ReadModelFile(const std::string& path);
 
