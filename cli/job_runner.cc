@@ -29,6 +29,7 @@ std::string ProgressText(const std::optional<Progress>& p) {
       absl::StrFormat("step %d/%d  loss %.4f  %.0f examples/s", p->global_step, p->target_steps,
                       p->loss.value_or(0), p->examples_per_second.value_or(0));
   if (p->accuracy) absl::StrAppend(&s, absl::StrFormat("  accuracy %.4f", *p->accuracy));
+  if (p->absent_workers > 0) absl::StrAppend(&s, "  absent workers ", p->absent_workers);
   return s;
 }
 
