@@ -26,90 +26,6 @@ uint32_t Crc32(std::string_view data) {
 }
 
 // ---------------------------------------------------------------------------
-// Writing.
-
-// mkdir -p: creates `path` and its missing parents.
-absl::Status MakeDirs(const std::string& path) {
-  if (path.empty()) return absl::OkStatus();
-  std::string partial;
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t slash = path.find('/', start);
-    if (slash == std::string::npos) slash = path.size();
-    partial = path.substr(0, slash);
-    start = slash + 1;
-    if (partial.empty()) continue;  // leading '/'
-    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::InternalError(
-          absl::StrCat("cannot create directory ", partial, ": ", ErrnoText(errno)));
-    }
-  }
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::InternalError(absl::StrCat("cannot create directory ", path, ": not a directory"));
-  }
-  return absl::OkStatus();
-}
-
-std::string DirName(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-absl::Status WriteAll(int fd, const std::string& data, const std::string& path) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(absl::StrCat("cannot write ", path, ": ", ErrnoText(errno)));
-    }
-    off += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-// Temp file in the same directory, fsync, rename, fsync of the directory.
-absl::Status AtomicWriteFile(const std::string& path, const std::string& data) {
-  const std::string dir = DirName(path);
-  if (absl::Status st = MakeDirs(dir); !st.ok()) return st;
-  const std::string tmp = absl::StrCat(path, kFramedFileTempInfix, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", ErrnoText(errno)));
-  }
-  absl::Status st = WriteAll(fd, data, tmp);
-  if (st.ok() && ::fsync(fd) != 0) {
-    st = absl::InternalError(absl::StrCat("cannot fsync ", tmp, ": ", ErrnoText(errno)));
-  }
-  if (::close(fd) != 0 && st.ok()) {
-    st = absl::InternalError(absl::StrCat("cannot close ", tmp, ": ", ErrnoText(errno)));
-  }
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    st = absl::InternalError(
-        absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ErrnoText(errno)));
-  }
-  if (!st.ok()) {
-    ::unlink(tmp.c_str());
-    return st;
-  }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot open directory ", dir, " to fsync it: ", ErrnoText(errno)));
-  }
-  if (::fsync(dfd) != 0) {
-    int err = errno;
-    ::close(dfd);
-    return absl::InternalError(absl::StrCat("cannot fsync directory ", dir, ": ", ErrnoText(err)));
-  }
-  ::close(dfd);
-  return absl::OkStatus();
-}
-
-// ---------------------------------------------------------------------------
 // Reading.
 
 // Reads a whole regular file; the allocation is bounded by its real size.
@@ -147,14 +63,14 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 }  // namespace
 
 absl::Status WriteFramedFile(const std::string& path, std::string_view magic, uint32_t version,
-                             const std::string& payload) {
+                             const std::string& payload, FileEnv* env) {
   BinaryWriter file;
   file.PutBytes(magic);
   file.PutU32(version);
   file.PutU64(payload.size());
   file.PutBytes(payload);
   file.PutU32(Crc32(payload));
-  return AtomicWriteFile(path, file.data());
+  return env->WriteFileAtomically(path, file.data());
 }
 
 absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_view magic,

@@ -19,21 +19,23 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/file_env.h"
 
 namespace kubetrain {
 
 // Writes `magic`, `version`, the payload length, `payload` and its CRC32 to
-// `path` atomically: missing parent directories are created (mkdir -p), the
-// bytes go to the temp file "<path>" kFramedFileTempInfix "<pid>" in the same
-// directory, which is fsynced and renamed over `path`, then the directory is
-// fsynced. On failure `path` is untouched and the temp file removed. Errors
-// are InternalError and name the file or directory that failed.
+// `path` atomically with env->WriteFileAtomically (core/file_env.h): missing
+// parent directories are created (mkdir -p), the bytes go to the temp file
+// "<path>" kFramedFileTempInfix "<pid>" in the same directory, which is
+// fsynced and renamed over `path`, then the directory is fsynced. On failure
+// `path` is untouched and the temp file removed. Errors are InternalError,
+// name the file or directory that failed and carry the errno (ErrnoOf).
 absl::Status WriteFramedFile(const std::string& path, std::string_view magic, uint32_t version,
-                             const std::string& payload);
+                             const std::string& payload, FileEnv* env = FileEnv::Default());
 
 // Infix of WriteFramedFile's temp file name, for code that cleans up after
 // writers that died ("ckpt-1.ktc.tmp.1234").
-inline constexpr char kFramedFileTempInfix[] = ".tmp.";
+inline constexpr const char* kFramedFileTempInfix = kTempFileInfix;
 
 // Reads a file written by WriteFramedFile with the same `magic` and `version`
 // and returns its payload. Allocates no more than the file's real size,

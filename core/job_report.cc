@@ -52,6 +52,7 @@ const std::vector<Field<JobResult>>& JobResultFields() {
       {"max_staleness", &JobResult::max_staleness},
       {"mean_staleness", &JobResult::mean_staleness},
       {"model_path", &JobResult::model_path},
+      {"export_failures", &JobResult::export_failures},
   };
   return *fields;
 }

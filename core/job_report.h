@@ -77,7 +77,8 @@ struct JobResult {
   int64_t ps_restarts_seen = 0;
   int64_t max_staleness = 0;
   double mean_staleness = 0;
-  std::string model_path;  // where the chief exported the final model ("" = not exported)
+  std::string model_path;       // where the chief exported the final model ("" = not exported)
+  int64_t export_failures = 0;  // failed attempts at writing it before it was written
 };
 
 nlohmann::json ToJson(const Progress& p, NameStyle style = NameStyle::kSnake);

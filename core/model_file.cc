@@ -110,7 +110,7 @@ absl::Status DecodePayload(std::string_view payload, ModelFile* out,
 
 }  // namespace
 
-absl::Status WriteModelFile(const std::string& path, const ModelFile& model) {
+absl::Status WriteModelFile(const std::string& path, const ModelFile& model, FileEnv* env) {
   auto m = Model::Create(model.spec);
   if (!m.ok()) {
     return absl::InvalidArgumentError(
@@ -120,7 +120,7 @@ absl::Status WriteModelFile(const std::string& path, const ModelFile& model) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot write ", path, ": parameters do not match the model: ", why));
   }
-  return WriteFramedFile(path, kMagic, kFormatVersion, EncodePayload(model, *m));
+  return WriteFramedFile(path, kMagic, kFormatVersion, EncodePayload(model, *m), env);
 }
 
 absl::StatusOr<ModelFile> ReadModelFile(const std::string& path) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "core/file_env.h"
 #include "core/model.h"
 
 namespace kubetrain {
@@ -19,7 +20,8 @@ struct ModelFile {
 };
 
 // Errors name the path. REQUIRES: params match the spec's variables.
-absl::Status WriteModelFile(const std::string& path, const ModelFile& model);
+absl::Status WriteModelFile(const std::string& path, const ModelFile& model,
+                            FileEnv* env = FileEnv::Default());
 // Verifies magic, length, checksum, and that the variables match the spec.
 absl::StatusOr<ModelFile> ReadModelFile(const std::string& path);
 

@@ -35,8 +35,6 @@ constexpr char kFileSuffix[] = ".ktc";
     if (!kt_status_.ok()) return kt_status_; \
   } while (0)
 
-std::string ErrnoText(int err) { return std::strerror(err); }
-
 std::string CheckpointFileName(int64_t version) {
   return absl::StrFormat("%s%012d%s", kFilePrefix, version, kFileSuffix);
 }
@@ -65,24 +63,22 @@ struct DirListing {
 };
 
 // ENOENT → NotFound.
-absl::StatusOr<DirListing> ListShardDir(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) {
-    int err = errno;
-    std::string msg = absl::StrCat("cannot list checkpoint directory ", dir, ": ", ErrnoText(err));
-    return err == ENOENT ? absl::NotFoundError(msg) : absl::InternalError(msg);
+absl::StatusOr<DirListing> ListShardDir(const std::string& dir, FileEnv* env) {
+  auto names = env->ListDir(dir);
+  if (!names.ok()) {
+    std::string msg =
+        absl::StrCat("cannot list checkpoint directory ", dir, ": ", names.status().message());
+    return absl::IsNotFound(names.status()) ? absl::NotFoundError(msg) : absl::InternalError(msg);
   }
   DirListing listing;
-  while (struct dirent* e = ::readdir(d)) {
+  for (const std::string& name : *names) {
     int64_t version;
-    std::string name = e->d_name;
     if (ParseCheckpointName(name, &version)) {
       listing.checkpoints.emplace_back(version, name);
     } else if (ParseTempName(name, &version)) {
       listing.temps.emplace_back(version, name);
     }
   }
-  ::closedir(d);
   std::sort(listing.checkpoints.begin(), listing.checkpoints.end(),
             [](const auto& a, const auto& b) { return a > b; });  // newest first
   return listing;
@@ -159,7 +155,39 @@ std::string ShardCheckpointDir(const std::string& dir, int shard_index) {
   return absl::StrCat(dir, "/ps-", shard_index);
 }
 
-absl::Status WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint& ckpt, int keep) {
+namespace {
+
+// A full disk: frees the space of one file that restoring would not use —
+// the oldest checkpoint other than the newest valid one (corrupt ones
+// count), or a temp file left by a writer that died. Returns what it deleted,
+// or "" if there is nothing it may delete.
+std::string FreeOneFile(const std::string& shard_dir, FileEnv* env) {
+  auto listing = ListShardDir(shard_dir, env);
+  if (!listing.ok()) return "";
+  std::vector<std::string> candidates;  // oldest first
+  for (const auto& [version, name] : listing->temps) candidates.push_back(name);
+  bool kept_valid = false;
+  std::vector<std::string> older;
+  for (const auto& [version, name] : listing->checkpoints) {  // newest first
+    if (!kept_valid && ReadShardCheckpoint(absl::StrCat(shard_dir, "/", name)).ok()) {
+      kept_valid = true;  // the one a restart would load: never deleted for space
+      continue;
+    }
+    older.push_back(name);
+  }
+  candidates.insert(candidates.end(), older.rbegin(), older.rend());
+  for (const std::string& name : candidates) {
+    const std::string path = absl::StrCat(shard_dir, "/", name);
+    if (env->DeleteFile(path).ok()) return path;
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::Status WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint& ckpt, int keep,
+                                  FileEnv* env,
+                                  const std::function<void(const std::string&)>& note) {
   const std::string shard_dir = ShardCheckpointDir(dir, ckpt.shard_index);
   const std::string path = absl::StrCat(shard_dir, "/", CheckpointFileName(ckpt.version));
   if (ckpt.values.size() != ckpt.part_names.size() || ckpt.slots.size() != ckpt.part_names.size()) {
@@ -171,13 +199,21 @@ absl::Status WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint&
     return absl::InvalidArgumentError(
         absl::StrCat("cannot write ", path, ": negative version ", ckpt.version));
   }
-  if (absl::Status st = WriteFramedFile(path, kMagic, kFormatVersion, EncodePayload(ckpt));
-      !st.ok())
-    return st;
+  const std::string payload = EncodePayload(ckpt);
+  absl::Status written = WriteFramedFile(path, kMagic, kFormatVersion, payload, env);
+  // Out of space: make room from older checkpoints, one file at a time, and
+  // try again; the newest valid checkpoint is kept whatever happens.
+  while (!written.ok() && ErrnoOf(written) == ENOSPC) {
+    const std::string freed = FreeOneFile(shard_dir, env);
+    if (freed.empty()) break;
+    if (note) note(absl::StrCat("out of space: deleted ", freed, " to make room for ", path));
+    written = WriteFramedFile(path, kMagic, kFormatVersion, payload, env);
+  }
+  if (!written.ok()) return written;
 
   // Prune: keep the newest `keep` checkpoints (always including the new one),
   // and remove temp files left by writers of older versions.
-  auto listing = ListShardDir(shard_dir);
+  auto listing = ListShardDir(shard_dir, env);
   if (!listing.ok()) return listing.status();
   const size_t keep_n = static_cast<size_t>(std::max(keep, 1));
   absl::Status result = absl::OkStatus();
@@ -185,15 +221,15 @@ absl::Status WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint&
     const auto& [version, name] = listing->checkpoints[i];
     if (i < keep_n || version >= ckpt.version) continue;
     const std::string old = absl::StrCat(shard_dir, "/", name);
-    if (::unlink(old.c_str()) != 0 && errno != ENOENT && result.ok()) {
+    absl::Status deleted = env->DeleteFile(old);
+    if (!deleted.ok() && !absl::IsNotFound(deleted) && result.ok()) {
       result = absl::InternalError(
-          absl::StrCat("cannot delete old checkpoint ", old, ": ", ErrnoText(errno)));
+          absl::StrCat("cannot delete old checkpoint ", old, ": ", deleted.message()));
     }
   }
   for (const auto& [version, name] : listing->temps) {
     if (version >= ckpt.version) continue;
-    const std::string stale = absl::StrCat(shard_dir, "/", name);
-    ::unlink(stale.c_str());  // best effort
+    env->DeleteFile(absl::StrCat(shard_dir, "/", name)).IgnoreError();  // best effort
   }
   return result;
 }
@@ -220,7 +256,7 @@ absl::StatusOr<ShardCheckpoint> RestoreShardCheckpoint(
     const std::string& dir, int shard_index, const std::string& expected_fingerprint,
     const std::string& expected_optimizer, const std::function<void(const std::string&)>& warn) {
   const std::string shard_dir = ShardCheckpointDir(dir, shard_index);
-  auto listing = ListShardDir(shard_dir);
+  auto listing = ListShardDir(shard_dir, FileEnv::Default());
   if (!listing.ok()) {
     if (absl::IsNotFound(listing.status())) {
       return absl::NotFoundError(

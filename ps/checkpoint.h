@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/file_env.h"
 
 namespace kubetrain {
 
@@ -31,9 +32,15 @@ struct ShardCheckpoint {
 };
 
 // Writes `ckpt` and then deletes all but the newest `keep` checkpoint files of
-// the shard. Errors name the path.
-absl::Status WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint& ckpt,
-                                  int keep = 3);
+// the shard. Errors name the path and carry the errno (core/file_env.h
+// ErrnoOf). When the disk is full (ENOSPC) it deletes, one at a time, the
+// oldest files a restore would not use — temp files of dead writers, then
+// checkpoints older than the newest valid one (never that one) — and tries
+// again after each, telling `note` what it deleted; it gives up when only the
+// newest valid checkpoint is left.
+absl::Status WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint& ckpt, int keep = 3,
+                                  FileEnv* env = FileEnv::Default(),
+                                  const std::function<void(const std::string&)>& note = nullptr);
 
 // Reads one checkpoint file, verifying magic, length and checksum.
 absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path);

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <errno.h>
+
 #include <cmath>
 #include <functional>
 #include <string>
@@ -313,6 +315,88 @@ TEST(CheckpointTest, ShardMismatchIsRefused) {
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_CONTAINS(std::string(c.status().message()), (PathFor(dir, 1, 7)));
   EXPECT_CONTAINS(std::string(c.status().message()), ("PS shard 0, this is shard 1"));
+}
+
+// A disk of `capacity` bytes over the real one: a write that would not fit
+// fails with ENOSPC, as on a full tmpfs; deletes give the space back.
+class QuotaEnv : public EnvWrapper {
+ public:
+  QuotaEnv(int64_t capacity) : EnvWrapper(FileEnv::Default()), capacity_(capacity) {}
+  absl::Status WriteFileAtomically(const std::string& path, const std::string& data) override {
+    if (Used() + static_cast<int64_t>(data.size()) > capacity_) {
+      return OsError(ENOSPC, "cannot write " + path);
+    }
+    return target()->WriteFileAtomically(path, data);
+  }
+  void Watch(const std::string& dir) { dir_ = dir; }
+
+ private:
+  int64_t Used() const {
+    int64_t used = 0;
+    for (const std::string& name : ::kubetrain::ListDir(dir_)) {
+      struct stat st;
+      if (::stat((dir_ + "/" + name).c_str(), &st) == 0) used += st.st_size;
+    }
+    return used;
+  }
+  const int64_t capacity_;
+  std::string dir_;
+};
+
+TEST(CheckpointTest, AFullDiskDeletesOlderCheckpointsButNeverTheNewestValidOne) {
+  const std::string dir = NewTestDir("ckpt");
+  const ShardCheckpoint big = Sample(1);
+  ASSERT_TRUE(WriteShardCheckpoint(dir, big).ok());
+  const int64_t size = static_cast<int64_t>(ReadFile(PathFor(dir, 0, 1)).size());
+  // Room for three checkpoints, which `keep` = 3 fills.
+  QuotaEnv env(3 * size + size / 2);
+  env.Watch(ShardCheckpointDir(dir, 0));
+  std::vector<std::string> notes;
+  auto note = [&](const std::string& n) { notes.push_back(n); };
+  ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(2), 3, &env, note).ok());
+  ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(3), 3, &env, note).ok());
+  EXPECT_TRUE(notes.empty());
+  // The fourth does not fit until the oldest (version 1) is deleted.
+  ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(4), 5, &env, note).ok());
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_CONTAINS(notes[0], "out of space: deleted " + PathFor(dir, 0, 1));
+  EXPECT_EQ(ListDir(ShardCheckpointDir(dir, 0)),
+            (std::vector<std::string>{"ckpt-000000000002.ktc", "ckpt-000000000003.ktc",
+                                      "ckpt-000000000004.ktc"}));
+  // With the newest one corrupt, the newest valid (3) is what is kept.
+  FlipByte(PathFor(dir, 0, 4), 20, 0xff);
+  QuotaEnv tiny(size / 2);
+  tiny.Watch(ShardCheckpointDir(dir, 0));
+  notes.clear();
+  absl::Status st = WriteShardCheckpoint(dir, Sample(5), 5, &tiny, note);
+  EXPECT_EQ(ErrnoOf(st), ENOSPC) << st;
+  EXPECT_CONTAINS(std::string(st.message()), "No space left on device");
+  EXPECT_EQ(ListDir(ShardCheckpointDir(dir, 0)),
+            (std::vector<std::string>{"ckpt-000000000003.ktc"}));
+  auto restored =
+      RestoreShardCheckpoint(dir, 0, big.model_fingerprint, big.optimizer_type, nullptr);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->version, 3);
+}
+
+TEST(CheckpointTest, OtherWriteErrorsDeleteNothing) {
+  const std::string dir = NewTestDir("ckpt");
+  ASSERT_TRUE(WriteShardCheckpoint(dir, Sample(1)).ok());
+  for (int err : {EROFS, EIO}) {
+    class Failing : public EnvWrapper {
+     public:
+      Failing(int err) : EnvWrapper(FileEnv::Default()), err_(err) {}
+      absl::Status WriteFileAtomically(const std::string& path, const std::string&) override {
+        return OsError(err_, "cannot create " + path);
+      }
+      const int err_;
+    } env(err);
+    absl::Status st = WriteShardCheckpoint(dir, Sample(2), 3, &env);
+    EXPECT_EQ(ErrnoOf(st), err);
+    EXPECT_CONTAINS(std::string(st.message()), "ckpt-000000000002.ktc");
+    EXPECT_EQ(ListDir(ShardCheckpointDir(dir, 0)),
+              (std::vector<std::string>{"ckpt-000000000001.ktc"}));
+  }
 }
 
 }  // namespace

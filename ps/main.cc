@@ -1,7 +1,12 @@
 // kubetrain-ps: one parameter-server task (ps/ps_task.h). Reads the
 // TrainingJob file and TF_CONFIG, serves its shard of the model until the
-// chief has ended training and every worker has left. Exit code 0 when the
-// job ended, 1 if it cannot serve, 2 on a configuration error.
+// chief has ended training and every worker has left (or SIGTERM: then with
+// a final checkpoint). Exit code 0 when the job ended, 1 if it cannot serve or
+// its final checkpoint could not be written, 2 on a configuration error
+// (including a checkpoint directory that cannot be written at start).
+#include <signal.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -13,6 +18,13 @@
 #include "core/log.h"
 #include "core/task_config.h"
 #include "ps/ps_task.h"
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+void OnSignal(int) { g_interrupted.store(true); }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace kubetrain;
@@ -35,6 +47,14 @@ int main(int argc, char** argv) {
   }
   options.shutdown_grace = absl::Seconds(shutdown_grace_seconds);
   InitProcess(ProcessProfile::kTensorBuffers);
+  // SIGTERM (kubetrain run, the kubelet) ends serving with a final
+  // checkpoint instead of losing what was trained since the last one.
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  options.interrupted = &g_interrupted;
 
   RealClock clock;
   auto config = LoadTaskConfig(config_file, tf_config);

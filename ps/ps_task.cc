@@ -74,6 +74,9 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
               "Push streams refused for the per-PS or per-worker limit, or closed as idle");
   m.checkpoints_written =
       counter("kubetrain_checkpoints_written_total", "Shard checkpoints written");
+  m.checkpoint_failures =
+      counter("kubetrain_checkpoint_failures_total",
+              "Shard checkpoint writes that failed (full or read-only disk, I/O error); retried");
   m.checkpoint_restores = counter("kubetrain_checkpoint_restores_total",
                                   "Times this PS task started from a checkpoint");
   m.restored_version =
@@ -100,6 +103,15 @@ absl::StatusOr<std::unique_ptr<PsTask>> PsTask::Create(
   std::unique_ptr<PsTask> task(
       new PsTask(std::move(config), std::move(options), clock, std::move(registry), metrics));
   const TaskConfig& c = task->config_;
+  if (!c.job.training.checkpoint_dir.empty()) {
+    // Fail now, not after hours of training, if nothing can be saved there.
+    const std::string dir = ShardCheckpointDir(c.job.training.checkpoint_dir, task->index_);
+    if (absl::Status s = ProbeWritableDir(task->options_.env, dir); !s.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("spec.training.checkpoint.directory: ", c.job.training.checkpoint_dir,
+                       " is not writable: ", s.message()));
+    }
+  }
   auto shard = Shard::Create(ShardOptions::ForTask(c, task->options_.incarnation), *c.model,
                              c.placement, c.job.training.optimizer, clock, metrics.shard);
   if (!shard.ok()) return shard.status();
@@ -183,7 +195,7 @@ absl::Status PsTask::Serve() {
   while (!RunRound(options_.tick)) {
   }
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return absl::OkStatus();
+  return final_status_;
 }
 
 void PsTask::Stop() { stop_requested_ = true; }
@@ -209,8 +221,10 @@ bool PsTask::RunRound(absl::Duration wait) {
   } else if (every_seconds > 0 && shard_->version() != saved_version_ &&
              now - saved_at_ >= absl::Seconds(every_seconds)) {
     SaveCheckpoint("every checkpoint.everySeconds");
+  } else if (now >= retry_at_ && shard_->version() != saved_version_) {
+    SaveCheckpoint("retry after a failed checkpoint");
   }
-  bool over = stop_requested_;
+  bool over = stop_requested_ || (options_.interrupted != nullptr && *options_.interrupted);
   // The end: the chief's Shutdown, then every worker's (and evaluator's)
   // Leave, bounded by the grace period for tasks that died.
   if (!over && shard_->shutdown_requested()) {
@@ -228,27 +242,50 @@ bool PsTask::RunRound(absl::Duration wait) {
   return over;
 }
 
-void PsTask::SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snapshot) {
+bool PsTask::SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snapshot) {
   const std::string& dir = config_.job.training.checkpoint_dir;
-  if (dir.empty()) return;
+  if (dir.empty()) return true;
   ShardCheckpoint state = snapshot.has_value() ? std::move(*snapshot) : shard_->Checkpoint();
   const absl::Time t0 = absl::Now();
-  if (absl::Status s = WriteShardCheckpoint(dir, state); !s.ok()) {
-    Log("warning: checkpoint of ps:", index_, " at version ", state.version,
-        " failed: ", s.message());
-    return;
+  auto note = [this](const std::string& what) { Log("ps:", index_, " ", what); };
+  if (absl::Status s = WriteShardCheckpoint(dir, state, 3, options_.env, note); !s.ok()) {
+    metrics_.checkpoint_failures->Increment();
+    ++failures_in_a_row_;
+    const absl::Duration backoff = std::min(
+        absl::Minutes(1), options_.checkpoint_retry * (1 << std::min(failures_in_a_row_ - 1, 6)));
+    retry_at_ = clock_->Now() + backoff;
+    Log("warning: checkpoint of ps:", index_, " at version ", state.version, " (", why,
+        ") failed: ", s.message(), "; training goes on, retrying in ",
+        absl::FormatDuration(backoff), " (spec.training.checkpoint.directory ", dir, ")");
+    return false;
   }
   metrics_.checkpoints_written->Increment();
+  failures_in_a_row_ = 0;
+  retry_at_ = absl::InfiniteFuture();
   saved_version_ = state.version;
   saved_at_ = clock_->Now();
   Log("ps:", index_, " checkpoint at version ", state.version, " (", why, ", ",
       absl::FormatDuration(absl::Now() - t0), ")");
+  return true;
 }
 
 void PsTask::Finish() {
   if (finished_) return;
   finished_ = true;
-  if (shard_->version() != saved_version_) SaveCheckpoint("final");
+  // The parameters outlive the task only on disk: try hard before giving up.
+  const std::string& dir = config_.job.training.checkpoint_dir;
+  for (int attempt = 1; !dir.empty() && shard_->version() != saved_version_; ++attempt) {
+    if (SaveCheckpoint("final")) break;
+    if (attempt >= options_.final_checkpoint_attempts) {
+      final_status_ = absl::InternalError(
+          absl::StrCat("the final checkpoint of ps:", index_, " at version ", shard_->version(),
+                       " could not be written to spec.training.checkpoint.directory ", dir,
+                       " after ", attempt, " attempts (see the warnings above)"));
+      break;
+    }
+    // Short waits: a stopping task has seconds before it is killed.
+    clock_->SleepFor(std::min(absl::Seconds(1), retry_at_ - clock_->Now()));
+  }
   const ShardStatsSnapshot stats = shard_->stats();
   Log("ps:", index_, " done at version ", stats.version, ": ", stats.gradients_applied,
       " gradients applied, ", stats.stale_gradients_dropped, " stale dropped, ",

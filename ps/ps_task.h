@@ -4,10 +4,18 @@
 // once the chief has ended the job and every worker and evaluator has left
 // (or the shutdown grace has passed). main() only turns flags into options.
 //
-// Checkpoints (with checkpoint.directory): restored on Create (the newest
-// valid one; another model's is refused), written the moment the version
-// crosses a multiple of checkpoint.everySteps, every checkpoint.everySeconds
-// (of the injected clock) when the version moved, and a final one at the end.
+// Checkpoints (with checkpoint.directory): Create probes the directory (a
+// probe file created, written, fsynced, renamed and deleted) and fails naming
+// spec.training.checkpoint.directory and the OS error; restored on Create
+// (the newest valid one; another model's is refused), written the moment the
+// version crosses a multiple of checkpoint.everySteps, every
+// checkpoint.everySeconds (of the injected clock) when the version moved, and
+// a final one at the end. A write that fails does not stop training: it is
+// counted (kubetrain_checkpoint_failures_total), logged with the OS error and
+// tried again after options.checkpoint_retry (doubling to a minute); on a full
+// disk older checkpoints make room (WriteShardCheckpoint). The final one is
+// tried options.final_checkpoint_attempts times; if it cannot be written
+// Serve returns an error naming the directory (kubetrain-ps exits 1).
 //
 // Thread safety: Create, Start, Serve and RunRound are called from one thread
 // (Serve runs the rounds itself); Stop may be called from any thread.
@@ -23,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/clock.h"
+#include "core/file_env.h"
 #include "core/metrics.h"
 #include "core/task_config.h"
 #include "ps/checkpoint.h"
@@ -54,6 +63,15 @@ struct PsTaskOptions {
   int64_t incarnation = 0;
   // Serve's round: expire held pulls, write due checkpoints, check for the end.
   absl::Duration tick = absl::Milliseconds(50);
+  // Where checkpoints are written (a test injects ENOSPC/EROFS/EIO). Not owned.
+  FileEnv* env = FileEnv::Default();
+  // A failed checkpoint is tried again after this, doubling up to a minute.
+  absl::Duration checkpoint_retry = absl::Seconds(1);
+  // The final checkpoint is tried this many times (checkpoint_retry apart,
+  // doubling) before the task gives up on it.
+  int final_checkpoint_attempts = 4;
+  // Set (by a signal handler) to end serving as Stop() does. Not owned.
+  const std::atomic<bool>* interrupted = nullptr;
 };
 
 class PsTask {
@@ -91,6 +109,7 @@ class PsTask {
     ShardMetrics shard;
     PsServiceMetrics service;
     prometheus::Counter* checkpoints_written = nullptr;
+    prometheus::Counter* checkpoint_failures = nullptr;
     prometheus::Counter* checkpoint_restores = nullptr;
     prometheus::Gauge* restored_version = nullptr;
   };
@@ -99,7 +118,8 @@ class PsTask {
   PsTask(TaskConfig config, PsTaskOptions options, const Clock* clock,
          std::shared_ptr<prometheus::Registry> registry, Metrics metrics);
   absl::Status Restore();
-  void SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snapshot = std::nullopt);
+  // True if written (or there is no checkpoint directory).
+  bool SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snapshot = std::nullopt);
   void Finish();
 
   // Constant after construction.
@@ -125,6 +145,9 @@ class PsTask {
   absl::Time shutdown_at_ = absl::InfiniteFuture();
   absl::Time trimmed_at_ = absl::InfinitePast();
   bool finished_ = false;
+  int failures_in_a_row_ = 0;                     // checkpoint writes
+  absl::Time retry_at_ = absl::InfiniteFuture();  // after a failed write
+  absl::Status final_status_;                     // Finish's: the final checkpoint
 };
 
 }  // namespace kubetrain

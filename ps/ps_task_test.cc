@@ -4,6 +4,10 @@
 // shutdown grace, waiting for evaluators, Stop(), and the metric names.
 #include "ps/ps_task.h"
 
+#include <errno.h>
+
+#include <atomic>
+#include <cstring>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -205,16 +209,134 @@ TEST_F(PsTaskTest, RegistersThePsMetricsUnderTheirDocumentedNames) {
   ASSERT_TRUE(task.ok()) << task.status();
   std::set<std::string> names;
   for (const auto& family : registry->Collect()) names.insert(family.name);
-  EXPECT_EQ(names, (std::set<std::string>{
-                       "kubetrain_absent_workers", "kubetrain_barrier_timeouts_total",
-                       "kubetrain_checkpoint_restores_total", "kubetrain_checkpoints_written_total",
-                       "kubetrain_global_step", "kubetrain_gradient_staleness_steps",
-                       "kubetrain_gradients_applied_total", "kubetrain_nonfinite_updates_total",
-                       "kubetrain_pull_bytes_total", "kubetrain_pull_hold_seconds",
-                       "kubetrain_push_bytes_total", "kubetrain_push_streams",
-                       "kubetrain_push_streams_refused_total", "kubetrain_pushes_rejected_total",
-                       "kubetrain_restored_version", "kubetrain_rpc_duration_seconds",
-                       "kubetrain_stale_gradients_dropped_total"}));
+  EXPECT_EQ(names,
+            (std::set<std::string>{
+                "kubetrain_absent_workers", "kubetrain_barrier_timeouts_total",
+                "kubetrain_checkpoint_failures_total", "kubetrain_checkpoint_restores_total",
+                "kubetrain_checkpoints_written_total", "kubetrain_global_step",
+                "kubetrain_gradient_staleness_steps", "kubetrain_gradients_applied_total",
+                "kubetrain_nonfinite_updates_total", "kubetrain_pull_bytes_total",
+                "kubetrain_pull_hold_seconds", "kubetrain_push_bytes_total",
+                "kubetrain_push_streams", "kubetrain_push_streams_refused_total",
+                "kubetrain_pushes_rejected_total", "kubetrain_restored_version",
+                "kubetrain_rpc_duration_seconds", "kubetrain_stale_gradients_dropped_total"}));
+}
+
+// Writes fail with `err` while it is non-zero (a disk that is full,
+// read-only or broken), and work again once it is 0.
+class SwitchableEnv : public EnvWrapper {
+ public:
+  SwitchableEnv() : EnvWrapper(FileEnv::Default()) {}
+  absl::Status WriteFileAtomically(const std::string& path, const std::string& data) override {
+    ++writes;
+    if (err != 0 && failures_left != 0) {
+      if (failures_left > 0) --failures_left;
+      return OsError(err, "cannot create " + path);
+    }
+    return target()->WriteFileAtomically(path, data);
+  }
+  int err = 0;
+  int failures_left = -1;  // < 0: every write fails while err != 0
+  int writes = 0;
+};
+
+double Counter(prometheus::Registry& registry, const std::string& name) {
+  for (const auto& family : registry.Collect()) {
+    if (family.name == name && !family.metric.empty()) return family.metric[0].counter.value;
+  }
+  return -1;
+}
+
+TEST_F(PsTaskTest, ACheckpointDirectoryThatCannotBeWrittenFailsAtStartNamingTheField) {
+  for (int err : {ENOSPC, EROFS, EIO}) {
+    SwitchableEnv env;
+    env.err = err;
+    PsTaskOptions options = Quiet();
+    options.env = &env;
+    auto task = PsTask::Create(PsConfig({.training = CheckpointYaml("      everySteps: 5\n")}),
+                               options, &clock_, std::make_shared<prometheus::Registry>());
+    ASSERT_FALSE(task.ok());
+    EXPECT_EQ(task.status().code(), absl::StatusCode::kFailedPrecondition);
+    const std::string msg(task.status().message());
+    EXPECT_CONTAINS(msg, "spec.training.checkpoint.directory: " + ckpt_dir_ + " is not writable: ");
+    EXPECT_CONTAINS(msg, ".kubetrain-probe-");
+    EXPECT_CONTAINS(msg, std::strerror(err));
+  }
+}
+
+TEST_F(PsTaskTest, AFailedCheckpointKeepsTrainingIsCountedAndRetried) {
+  SwitchableEnv env;
+  PsTaskOptions options = Quiet();
+  options.env = &env;
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto created = PsTask::Create(PsConfig({.training = CheckpointYaml("      everySteps: 5\n")}),
+                                options, &clock_, registry);
+  ASSERT_TRUE(created.ok()) << created.status();
+  PsTask* task = created->get();
+  env.err = ENOSPC;
+  for (int i = 0; i < 5; ++i) Step(task->shard());
+  EXPECT_FALSE(task->RunRound(absl::ZeroDuration()));
+  EXPECT_EQ(Counter(*registry, "kubetrain_checkpoint_failures_total"), 1);
+  EXPECT_TRUE(Checkpoints(ckpt_dir_).empty());
+  // Training goes on; no retry before the backoff (1 s) is over.
+  Step(task->shard());
+  task->RunRound(absl::ZeroDuration());
+  EXPECT_EQ(Counter(*registry, "kubetrain_checkpoint_failures_total"), 1);
+  clock_.Advance(absl::Seconds(1));
+  task->RunRound(absl::ZeroDuration());  // the retry fails too: next one in 2 s
+  EXPECT_EQ(Counter(*registry, "kubetrain_checkpoint_failures_total"), 2);
+  env.err = 0;  // space again
+  clock_.Advance(absl::Seconds(1));
+  task->RunRound(absl::ZeroDuration());
+  EXPECT_TRUE(Checkpoints(ckpt_dir_).empty());
+  clock_.Advance(absl::Seconds(1));
+  task->RunRound(absl::ZeroDuration());
+  EXPECT_EQ(Checkpoints(ckpt_dir_), std::vector<std::string>{"ckpt-000000000006.ktc"});
+  EXPECT_EQ(Counter(*registry, "kubetrain_checkpoints_written_total"), 1);
+}
+
+TEST_F(PsTaskTest, AFinalCheckpointThatCannotBeWrittenEndsServeWithAnErrorNamingTheDirectory) {
+  SwitchableEnv env;
+  PsTaskOptions options = Quiet();
+  options.env = &env;
+  auto created = PsTask::Create(PsConfig({.training = CheckpointYaml("")}), options, &clock_,
+                                std::make_shared<prometheus::Registry>());
+  ASSERT_TRUE(created.ok()) << created.status();
+  PsTask* task = created->get();
+  Step(task->shard());
+  env.err = EIO;
+  env.writes = 0;
+  ASSERT_TRUE(task->shard()->RequestShutdown({TaskRole::kWorker, 0}).ok());
+  ASSERT_TRUE(task->shard()->Leave({TaskRole::kWorker, 0}).ok());
+  absl::Status served = task->Serve();
+  EXPECT_EQ(env.writes, 4);  // final_checkpoint_attempts
+  EXPECT_FALSE(served.ok());
+  EXPECT_CONTAINS(std::string(served.message()),
+                  "the final checkpoint of ps:0 at version 1 could not be written to "
+                  "spec.training.checkpoint.directory " +
+                      ckpt_dir_ + " after 4 attempts");
+}
+
+TEST_F(PsTaskTest, TheFinalCheckpointIsRetriedUntilItIsWritten) {
+  SwitchableEnv env;
+  PsTaskOptions options = Quiet();
+  options.env = &env;
+  std::atomic<bool> interrupted{false};
+  options.interrupted = &interrupted;
+  auto created = PsTask::Create(PsConfig({.training = CheckpointYaml("")}), options, &clock_,
+                                std::make_shared<prometheus::Registry>());
+  ASSERT_TRUE(created.ok()) << created.status();
+  PsTask* task = created->get();
+  Step(task->shard());
+  Step(task->shard());
+  // One failure, then the disk works: SIGTERM's final checkpoint is written.
+  env.err = ENOSPC;
+  env.failures_left = 1;
+  env.writes = 0;
+  interrupted = true;
+  EXPECT_TRUE(task->Serve().ok());
+  EXPECT_EQ(env.writes, 2);
+  EXPECT_EQ(Checkpoints(ckpt_dir_), std::vector<std::string>{"ckpt-000000000002.ktc"});
 }
 
 }  // namespace

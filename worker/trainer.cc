@@ -42,10 +42,27 @@ double Evaluate(const TaskConfig& config, const Params& params, const Dataset& t
 }
 
 absl::Status Export(const TaskConfig& config, const Params& params, int64_t version,
-                    const std::string& path, TrainResult* result) {
+                    const std::string& path, const ExportPolicy& policy, const Clock* clock,
+                    TrainResult* result) {
   if (path.empty()) return absl::OkStatus();
   ModelFile file{config.model->spec(), params, version, config.job.name};
-  if (absl::Status s = WriteModelFile(path, file); !s.ok()) return s;
+  absl::Duration delay = policy.backoff;
+  for (int attempt = 1;; ++attempt) {
+    absl::Status s = WriteModelFile(path, file, policy.env);
+    if (s.ok()) break;
+    ++result->export_failures;
+    if (attempt >= std::max(1, policy.attempts)) {
+      return absl::Status(
+          s.code(), absl::StrCat("cannot export the final model to ", path, " (", policy.field,
+                                 ") after ", attempt, " attempts: ", s.message(),
+                                 "; the job is not ended, so the PS tasks keep the parameters "
+                                 "and write a final checkpoint when stopped"));
+    }
+    Log("warning: chief: exporting the final model to ", path, " failed (attempt ", attempt, "/",
+        policy.attempts, "): ", s.message(), "; retrying in ", absl::FormatDuration(delay));
+    clock->SleepFor(delay);
+    delay *= 2;
+  }
   result->model_path = path;
   Log("chief: exported the final model to ", path, " (kubetrain eval ", path, ")");
   return absl::OkStatus();
@@ -155,7 +172,8 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     result.global_step = final_pull->version;
     result.test_accuracy =
         Evaluate(config, params, *test, final_pull->version, "chief", metrics, &progress);
-    if (absl::Status s = Export(config, params, final_pull->version, options.export_model, &result);
+    if (absl::Status s = Export(config, params, final_pull->version, options.export_model,
+                                options.export_policy, clock, &result);
         !s.ok()) {
       return s;
     }
@@ -275,7 +293,8 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
   result.test_accuracy = evaluate(final_pull->version);
   if (progress.loss.has_value()) result.final_loss = *progress.loss;
   if (options.is_chief) {
-    if (absl::Status s = Export(config, params, final_pull->version, options.export_model, &result);
+    if (absl::Status s = Export(config, params, final_pull->version, options.export_model,
+                                options.export_policy, clock, &result);
         !s.ok()) {
       return s;
     }

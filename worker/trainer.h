@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "core/clock.h"
 #include "core/dataset.h"
+#include "core/file_env.h"
 #include "core/job_report.h"
 #include "core/task_config.h"
 #include "worker/ps_client.h"
@@ -64,7 +65,22 @@ struct TrainResult {
   v1::ShardStats ps_stats;         // chief only: summed over shards
   int64_t steps_lost = 0;          // versions PS shards lost by restarting from a checkpoint
   int64_t ps_restarts_seen = 0;
-  std::string model_path;  // where the chief exported the final model
+  std::string model_path;       // where the chief exported the final model
+  int64_t export_failures = 0;  // attempts at writing it that failed
+};
+
+// How the chief writes the final model file: a failed write is retried
+// `attempts` times in all, `backoff` apart and doubling; nothing is trained
+// again meanwhile. The job is only ended (Shutdown) once the model is
+// written, so if it never is, the PS tasks still hold the parameters (and
+// write a final checkpoint when they are stopped).
+struct ExportPolicy {
+  FileEnv* env = FileEnv::Default();  // not owned
+  int attempts = 5;
+  absl::Duration backoff = absl::Seconds(1);
+  // What set the path, for the error: "spec.training.checkpoint.directory"
+  // or "--export_model".
+  std::string field = "--export_model";
 };
 
 struct TrainerOptions {
@@ -73,6 +89,7 @@ struct TrainerOptions {
   absl::Duration progress_interval = absl::Seconds(1);
   absl::Duration step_delay = absl::ZeroDuration();  // simulated straggler
   std::string export_model;  // chief: write the final model file here (empty: don't)
+  ExportPolicy export_policy;
 };
 
 // `test` may be null unless options.is_chief. `on_progress` (chief) is called
@@ -86,6 +103,7 @@ struct FollowOptions {
   bool is_chief = true;                                 // false: the evaluator
   absl::Duration progress_interval = absl::Seconds(1);  // chief
   std::string export_model;  // chief: write the final model file here (empty: don't)
+  ExportPolicy export_policy;
 };
 
 // Examples of the training set whose loss the chief of a job with a Chief

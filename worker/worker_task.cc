@@ -59,6 +59,21 @@ absl::StatusOr<std::unique_ptr<WorkerTask>> WorkerTask::Create(
   }
   if (options.export_model.empty() && !config.job.training.checkpoint_dir.empty()) {
     options.export_model = config.job.training.checkpoint_dir + "/model.ktm";
+    options.export_policy.field = "spec.training.checkpoint.directory";
+  }
+  if (!options.export_model.empty() && config.job.IsChiefTask(type, index)) {
+    // Fail now, not after training, if the model cannot be saved there.
+    const std::string& path = options.export_model;
+    const size_t slash = path.rfind('/');
+    const std::string dir =
+        slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+    if (absl::Status s = ProbeWritableDir(options.export_policy.env, dir); !s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          options.export_policy.field, ": ",
+          options.export_policy.field == "--export_model" ? path
+                                                          : config.job.training.checkpoint_dir,
+          " is not writable: ", s.message()));
+    }
   }
   std::unique_ptr<WorkerTask> task(
       new WorkerTask(std::move(config), std::move(options), clock, std::move(registry)));
@@ -187,6 +202,7 @@ JobResult WorkerTask::MakeResult(const TrainResult& t) const {
   r.steps_lost = t.steps_lost;
   r.ps_restarts_seen = t.ps_restarts_seen;
   r.model_path = t.model_path;
+  r.export_failures = t.export_failures;
   r.max_staleness = t.ps_stats.staleness_max();
   r.mean_staleness =
       t.ps_stats.gradients_applied() > 0
@@ -213,7 +229,10 @@ absl::Status WorkerTask::Run() {
     options.is_chief = is_chief_;
     options.progress_interval = options_.progress_interval;
     options.step_delay = options_.step_delay;
-    if (is_chief_) options.export_model = options_.export_model;
+    if (is_chief_) {
+      options.export_model = options_.export_model;
+      options.export_policy = options_.export_policy;
+    }
     result = Train(config_, options, client_.get(), *data_.train, data_.test.get(), clock_,
                    trainer_metrics_, on_progress);
   } else {
@@ -224,7 +243,10 @@ absl::Status WorkerTask::Run() {
     FollowOptions options;
     options.is_chief = is_chief_;
     options.progress_interval = options_.progress_interval;
-    if (is_chief_) options.export_model = options_.export_model;
+    if (is_chief_) {
+      options.export_model = options_.export_model;
+      options.export_policy = options_.export_policy;
+    }
     result = Follow(config_, options, client_.get(), *data_.test, data_.train.get(), clock_,
                     trainer_metrics_, on_progress);
   }

@@ -51,6 +51,8 @@ struct WorkerTaskOptions {
   // Chief: write the final model here ("" = <checkpoint.directory>/model.ktm
   // when checkpoints are on, else nowhere).
   std::string export_model;
+  // How the export is retried; its env also probes the directory at Create.
+  ExportPolicy export_policy;
   // The chief's report lines, without newline ("" default: stdout, flushed).
   std::function<void(const std::string& line)> report_sink;
 };

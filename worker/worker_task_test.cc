@@ -7,12 +7,15 @@
 
 #include <sys/stat.h>
 
+#include <errno.h>
+
 #include <map>
 #include <thread>
 
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "core/testing/temp_files.h"
@@ -233,6 +236,92 @@ TEST_F(WorkerTaskTest, AWorkerStartedWithAnotherSpecIsRefusedSayingWhatDiffers) 
   EXPECT_CONTAINS(msg,
                   "differs: seed: 5 there, 6 here; optimizer.learningRate: 0.5 there, 0.25 here");
   EXPECT_CONTAINS(msg, "give every task the same job file");
+}
+
+// Model writes fail with `err` for the first `failures` attempts (< 0: all).
+class FlakyDisk : public EnvWrapper {
+ public:
+  FlakyDisk(int err, int failures) : EnvWrapper(FileEnv::Default()), err_(err), left_(failures) {}
+  absl::Status WriteFileAtomically(const std::string& path, const std::string& data) override {
+    ++writes;
+    if (left_ != 0 && absl::StrContains(path, "model.ktm")) {
+      if (left_ > 0) --left_;
+      return OsError(err_, "cannot create " + path);
+    }
+    return target()->WriteFileAtomically(path, data);
+  }
+  int writes = 0;
+
+ private:
+  const int err_;
+  int left_;
+};
+
+TEST_F(WorkerTaskTest, TheChiefRetriesTheExportWithoutRetraining) {
+  Make({.ps = 1, .workers = 1, .steps = 10});
+  const std::string dir = NewTestDir("export");
+  FlakyDisk disk(ENOSPC, 2);
+  WorkerTaskOptions options;
+  options.export_model = dir + "/model.ktm";
+  options.export_policy.env = &disk;
+  Add("worker", 0, options);
+  RunAll();
+  Task& chief = tasks_["worker:0"];
+  ASSERT_TRUE(chief.run.ok()) << chief.run;
+  ASSERT_TRUE(chief.task->result().has_value());
+  EXPECT_EQ(chief.task->result()->export_failures, 2);
+  EXPECT_EQ(chief.task->result()->model_path, dir + "/model.ktm");
+  EXPECT_EQ(chief.task->result()->global_step, 10);  // not one step more
+  EXPECT_FALSE(ReadFile(dir + "/model.ktm").empty());
+  EXPECT_TRUE(cluster_->ps(0)->shard()->shutdown_requested());
+}
+
+TEST_F(WorkerTaskTest, AnExportThatNeverWorksFailsNamingTheDirectoryAndLeavesThePsRunning) {
+  const std::string dir = NewTestDir("export");
+  Make({.ps = 1,
+        .workers = 1,
+        .steps = 10,
+        .training = "    checkpoint: {directory: " + dir + "}\n"});
+  FlakyDisk disk(EROFS, -1);
+  WorkerTaskOptions options;
+  options.export_policy.env = &disk;
+  options.export_policy.attempts = 3;
+  Add("worker", 0, options);
+  RunAll();
+  Task& chief = tasks_["worker:0"];
+  ASSERT_FALSE(chief.run.ok());
+  const std::string msg(chief.run.message());
+  EXPECT_CONTAINS(msg, "cannot export the final model to " + dir +
+                           "/model.ktm (spec.training.checkpoint.directory) after 3 attempts");
+  EXPECT_CONTAINS(msg, "Read-only file system");
+  // The job was not ended: the PS still holds the trained parameters.
+  EXPECT_FALSE(cluster_->ps(0)->shard()->shutdown_requested());
+  EXPECT_EQ(cluster_->ps(0)->shard()->version(), 10);
+}
+
+TEST_F(WorkerTaskTest, TheChiefProbesTheExportDirectoryAtStart) {
+  const std::string dir = NewTestDir("export");
+  Make({.ps = 1, .workers = 2, .training = "    checkpoint: {directory: " + dir + "}\n"});
+  WorkerTaskOptions options;
+  Task& chief = tasks_["worker:0"];
+  // The probe writes a file other than the model: make every write fail.
+  class FullDisk : public EnvWrapper {
+   public:
+    using EnvWrapper::EnvWrapper;
+    absl::Status WriteFileAtomically(const std::string& path, const std::string&) override {
+      return OsError(ENOSPC, "cannot create " + path);
+    }
+  } full(FileEnv::Default());
+  options.export_policy.env = &full;
+  auto task = CreateTask("worker", 0, &chief, options);
+  ASSERT_FALSE(task.ok());
+  EXPECT_EQ(task.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_CONTAINS(std::string(task.status().message()),
+                  "spec.training.checkpoint.directory: " + dir + " is not writable: ");
+  EXPECT_CONTAINS(std::string(task.status().message()), "No space left on device");
+  // Another worker does not export: it does not care.
+  Task& other = tasks_["worker:1"];
+  EXPECT_TRUE(CreateTask("worker", 1, &other, options).ok());
 }
 
 }  // namespace

@@ -1,0 +1,110 @@
+"""Checkpoint directories on disks that fail (issue 9, finding 1), for real:
+a tmpfs that is full from the start, one that fills up mid-job, and a
+read-only mount. The job either succeeds with the model saved or fails fast
+naming spec.training.checkpoint.directory and the OS error. Needs root (mount);
+every mount is undone by the fixture."""
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from conftest import job_yaml, run_cli, run_job
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    mounted = []
+
+    def mount(name, size):
+        path = tmp_path / name
+        path.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+        mounted.append(str(path))
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", path], check=False)
+
+
+def fill(path):
+    """Fills the file system holding `path` to the last byte; returns the filler file."""
+    filler = os.path.join(str(path), "filler")
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for size in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def spec(name, ckpt, steps, every=100):
+    return job_yaml(name, ps=1, workers=1, hidden="[64]", steps=steps,
+                    extra_training=f"    checkpoint:\n      directory: {ckpt}\n      everySteps: {every}\n")
+
+
+def test_a_disk_full_from_the_start_fails_fast_naming_the_directory(tmp_path, tmpfs):
+    disk = tmpfs("full", "256k")
+    fill(disk)
+    ckpt = str(disk / "ckpt")
+    started = time.time()
+    proc, summary = run_job(tmp_path, spec("full", ckpt, 100000), "--restart-policy=Never", timeout=120)
+    assert time.time() - started < 60  # not after training 100000 steps
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert summary["status"] == "Failed"
+    assert f"spec.training.checkpoint.directory: {ckpt} is not writable: " in proc.stderr, proc.stderr[-3000:]
+    assert "No space left on device" in proc.stderr
+    assert "exited with code 2" in summary["reason"], summary
+
+
+def test_a_read_only_directory_fails_fast_naming_the_directory(tmp_path, tmpfs):
+    disk = tmpfs("ro", "4m")
+    (disk / "ckpt").mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    ckpt = str(disk / "ckpt")
+    proc, summary = run_job(tmp_path, spec("readonly", ckpt, 100000), "--restart-policy=Never", timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert summary["status"] == "Failed"
+    assert f"spec.training.checkpoint.directory: {ckpt} is not writable: " in proc.stderr
+    assert "Read-only file system" in proc.stderr
+
+
+def test_a_disk_that_fills_mid_job_keeps_training_and_saves_the_model(tmp_path, tmpfs, live_runs):
+    # Checkpoints of the [64] adam model are ~0.6 MB; 8 MB holds a few.
+    disk = tmpfs("filling", "8m")
+    ckpt = str(disk / "ckpt")
+    run = live_runs(tmp_path, spec("filling", ckpt, 4000, every=200))
+    run.wait_for_ports(2)
+    run.wait_for_step("ps-0", 400)
+    filler = fill(disk)
+    # Checkpoints now either make room from older ones or fail and are
+    # counted; training goes on regardless.
+    deadline = time.time() + 120
+    step_at_fill = run.metric("ps-0", "kubetrain_global_step")
+    while time.time() < deadline:
+        out = run.output()
+        failures = run.metric("ps-0", "kubetrain_checkpoint_failures_total") or 0
+        if failures >= 1 or "out of space: deleted" in out:
+            break
+        time.sleep(0.1)
+    out = run.output()
+    assert failures >= 1 or "out of space: deleted" in out, out[-3000:]
+    if failures >= 1:
+        assert "No space left on device; training goes on" in out
+    assert run.wait_for_step("ps-0", step_at_fill + 200) > step_at_fill
+    os.unlink(filler)  # space again: the next checkpoint and the export succeed
+    code, summary = run.finish(timeout=300)
+    assert code == 0, run.output()[-3000:]
+    assert summary["status"] == "Succeeded"
+    model = os.path.join(ckpt, "model.ktm")
+    assert summary["model_path"] == model
+    ev = run_cli("eval", model, "--json")
+    assert ev.returncode == 0, ev.stderr
+    assert abs(json.loads(ev.stdout)["test_accuracy"] - summary["test_accuracy"]) < 1e-9
