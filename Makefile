@@ -2,7 +2,9 @@
 #   make deps    install what is missing (Debian 12 packages; idempotent)
 #   make build   build everything; binaries land in bin/
 #   make demo    train examples/fashion-mnist-sync.yaml locally
-#   make test    unit tests (Bazel) + multi-process integration tests
+#   make images  build the operator and runtime images with buildah (docker/README.md)
+#   make test    unit tests (Bazel) + multi-process integration tests + e2e with the images
+#                (E2E_IMAGES=0: the e2e with host binaries, no image build)
 SHELL := /bin/bash
 BAZEL ?= bazel
 BAZEL_FLAGS ?=
@@ -10,24 +12,47 @@ DEB_PACKAGES := bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-g
   protobuf-compiler libcpprest-dev libeigen3-dev prometheus-cpp-dev libyaml-cpp-dev zlib1g-dev \
   libgtest-dev nlohmann-json3-dev dataset-fashion-mnist prometheus python3 python3-pytest curl openssl util-linux \
   clang-format
+# Only for the tests and `make images` (`make deps`, not `make build-deps`), and
+# only in a clone (the Dockerfiles' builder stage runs `make deps` with the
+# Makefile alone): buildah and debootstrap build the images, ca-certificates
+# for the Go module proxy; Go >= 1.21 comes from bookworm-backports when
+# missing (tests/cluster/install-go.sh).
+TEST_DEB_PACKAGES := buildah debootstrap ca-certificates
 BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker operator/kubetrain-operator
+# $(call apt_install,PACKAGES): a shell snippet installing them as root.
+apt_install = echo "installing:" $(1); \
+  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(1)
+# E2E_IMAGES=0: the fast development mode of the e2e tests: no `make images`,
+# every pod a host process from bin/ (node agent --host-binaries); by default
+# the operator/chart e2e run pods from the images, as a user's cluster would.
+E2E_IMAGES ?= 1
+export KUBETRAIN_E2E_IMAGES := $(E2E_IMAGES)
+export KUBETRAIN_HOST_BINARIES := $(if $(filter 0,$(E2E_IMAGES)),1,0)
+E2E_DEPS := build $(if $(filter 0,$(E2E_IMAGES)),,images)
 # The first python3 on PATH that has pytest (Debian's python3-pytest otherwise).
 PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest" 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: all deps lint format build demo demo-async demo-softmax test unit-test integration-test operator-test packaging-test \
+.PHONY: all deps build-deps images lint format build demo demo-async demo-softmax test unit-test integration-test operator-test packaging-test \
   cluster-up cluster-down asan tsan clean
 
 all: build
 
-deps:
+# deps: everything for building and testing; build-deps: only DEB_PACKAGES
+# (what `make build` needs, also in the Dockerfiles' builder stage).
+deps: build-deps
+	@if [ -d tests/cluster ]; then \
+	  missing=$$(for p in $(TEST_DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" || echo $$p; done); \
+	  if [ -n "$$missing" ]; then $(call apt_install,$$missing); fi; \
+	  tests/cluster/install-go.sh; \
+	fi
+
+build-deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  echo "installing:" $$missing; \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	if [ -n "$$missing" ]; then $(call apt_install,$$missing); \
 	else echo "deps: all $(words $(DEB_PACKAGES)) packages present"; fi
 
-build: deps
+build: build-deps
 	$(BAZEL) build $(BAZEL_FLAGS) //:binaries
 	@mkdir -p bin
 	@for b in $(BINARIES); do install -m 0755 bazel-bin/$$b bin/; done
@@ -51,21 +76,29 @@ integration-test: build
 
 # The operator against a real kube-apiserver + etcd (built from Go modules on
 # first use, ~7 min cold, cached in ~/.cache/kubetrain): the C++ API client,
-# the CRD's validation, the test node agent, and kubectl end to end.
-operator-test: build
+# the CRD's validation, the test node agent, and kubectl end to end, with every
+# PS/worker pod run from the runtime image (E2E_IMAGES=0: host binaries).
+operator-test: $(E2E_DEPS)
 	tests/cluster/build.sh
 	tests/operator/run_client_test.sh
 	$(PYTHON) -m pytest -q tests/cluster/test_node_agent.py
 	$(PYTHON) -m pytest -q tests/operator
 
-# Images (every shared library the binaries need is installed by the image),
+# Images (every shared library the binaries need is installed by the image;
+# the built images run: binaries as uid 65532 on a read-only root, training),
 # the dashboards (every panel's query returns data from a real Prometheus), the
 # deploy/ manifests and the Helm chart (against the real API server).
-packaging-test: build
+packaging-test: $(E2E_DEPS)
 	helm/sync-chart-files.sh --check
 	tests/cluster/build.sh
 	tests/cluster/build_helm.sh
 	$(PYTHON) -m pytest -q tests/packaging tests/dashboards
+
+# The two images, built with buildah from the unchanged docker/Dockerfile.*
+# (base images from debootstrap; caches in ~/.cache/kubetrain/images). See
+# docker/README.md.
+images: deps
+	docker/build-images.sh
 
 # The house rules: the layering of ps/, worker/, cli/, operator/ and core/,
 # and the C++ format (.clang-format; `make format` applies it).

@@ -29,6 +29,7 @@ std::string ProgressText(const std::optional<Progress>& p) {
       absl::StrFormat("step %d/%d  loss %.4f  %.0f examples/s", p->global_step, p->target_steps,
                       p->loss.value_or(0), p->examples_per_second.value_or(0));
   if (p->accuracy) absl::StrAppend(&s, absl::StrFormat("  accuracy %.4f", *p->accuracy));
+  if (p->absent_workers > 0) absl::StrAppend(&s, "  absent workers ", p->absent_workers);
   return s;
 }
 
@@ -95,6 +96,10 @@ JobRunner::JobRunner(TrainingJob job, int64_t target_steps, std::vector<int> por
           return;
         }
       }
+      if (size_t at = line.find("error: "); at != std::string::npos) {
+        absl::MutexLock l(&report_mu_);
+        last_errors_[name] = line.substr(at + 7);
+      }
       env_.console->TaskLine(name, line);
     };
     tasks_.push_back(std::move(t));
@@ -102,6 +107,12 @@ JobRunner::JobRunner(TrainingJob job, int64_t target_steps, std::vector<int> por
 }
 
 JobRunner::~JobRunner() = default;
+
+std::string JobRunner::LastError(const std::string& task) const {
+  absl::MutexLock l(&report_mu_);
+  auto it = last_errors_.find(task);
+  return it == last_errors_.end() ? "" : it->second;
+}
 
 absl::Status JobRunner::StartTask(Task& t) {
   auto p = env_.launcher->Start(t.spec, t.on_line);
@@ -120,7 +131,8 @@ void JobRunner::Announce(const Restart& r, Task& t) {
   env_.console->Info(absl::StrCat(
       "kubetrain run: ", t.name, " exited with code ", r.exit_code, "; restarting ",
       r.delay == absl::ZeroDuration() ? "now" : absl::StrCat("in ", absl::FormatDuration(r.delay)),
-      " (restart ", r.restarts, ", restartPolicy ", RestartPolicyName(r.policy), ")"));
+      " (restart ", r.restarts, ", restartPolicy ", RestartPolicyName(r.policy), ")",
+      LastError(t.name).empty() ? "" : ": " + LastError(t.name)));
 }
 
 void JobRunner::StopAll() {
@@ -193,6 +205,12 @@ JobRunResult JobRunner::Run(const std::atomic<bool>* interrupted) {
       out.status = "Failed";
       out.failure = decision.failure;
       out.reason = FailureReason(decision.failure);
+      for (auto& t : tasks_) {
+        if (t->id == decision.failure.task && t->process && t->process->Poll()) t->process->Wait();
+      }
+      if (const std::string why = LastError(decision.failure.task.name()); !why.empty()) {
+        absl::StrAppend(&out.reason, ": ", why);
+      }
       break;
     }
     for (const Restart& r : decision.restarts) {
@@ -200,7 +218,10 @@ JobRunResult JobRunner::Run(const std::atomic<bool>* interrupted) {
       for (auto& candidate : tasks_) {
         if (candidate->id == r.task) t = candidate.get();
       }
-      if (!t->announced) Announce(r, *t);
+      if (!t->announced) {
+        t->process->Wait();  // its last output (the error) first
+        Announce(r, *t);
+      }
       if (r.at > now) continue;
       t->process->Wait();  // deliver its last output first
       if (absl::Status s = StartTask(*t); !s.ok()) {

@@ -110,6 +110,10 @@ class JobRunner {
   mutable absl::Mutex report_mu_;
   std::optional<Progress> progress_ ABSL_GUARDED_BY(report_mu_);
   std::optional<JobResult> result_ ABSL_GUARDED_BY(report_mu_);
+  // Each task's last "error: ..." log line (without the prefix), by task
+  // name: restarts and the failure reason say why, not only the exit code.
+  std::map<std::string, std::string> last_errors_ ABSL_GUARDED_BY(report_mu_);
+  std::string LastError(const std::string& task) const;
 };
 
 // The --summary-json document: the chief's JobResult (snake_case, its own

@@ -227,5 +227,24 @@ TEST_F(JobRunnerTest, InterruptStopsEveryTask) {
     EXPECT_EQ(t.exit_code, t.name == "worker-1" ? 0 : 128 + SIGTERM) << t.name;
 }
 
+TEST_F(JobRunnerTest, RestartsAndFailuresSayWhyTheTaskFailed) {
+  const std::string why =
+      "spec.training.dataset.path: cannot open /nope/train-images-idx3-ubyte.gz: No such file";
+  launcher_.PrintOnExit("worker-1", 2, "12:00:00.000 error: " + why);
+  launcher_.ExitAt("worker-1", At(4), 2);
+  launcher_.ExitAt("worker-1", At(6), 2);
+  TrainingJob job = Job("", "OnFailure");
+  job.run_policy.backoff_limit = 1;
+  JobRunResult r = Run(job);
+  EXPECT_EQ(r.status, "Failed");
+  EXPECT_CONTAINS(Output(),
+                  "kubetrain run: worker-1 exited with code 2; restarting in 500ms "
+                  "(restart 1, restartPolicy OnFailure): " +
+                      why);
+  EXPECT_CONTAINS(r.reason,
+                  "worker-1 exited with code 2; backoffLimit (1 restarts) exceeded: " + why);
+  EXPECT_EQ(SummaryJson(Job(), 100, r)["reason"], r.reason);
+}
+
 }  // namespace
 }  // namespace kubetrain

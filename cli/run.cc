@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cli/console.h"
 #include "cli/job_runner.h"
@@ -14,6 +15,8 @@
 #include "cli/validate.h"
 #include "core/clock.h"
 #include "core/cluster_spec.h"
+#include "core/dataset.h"
+#include "core/file_env.h"
 #include "core/task_config.h"
 
 namespace kubetrain {
@@ -24,6 +27,24 @@ std::atomic<bool> g_interrupted{false};
 void OnInterrupt(int) { g_interrupted.store(true); }
 
 }  // namespace
+
+absl::Status PreflightCheck(const TrainingJob& job) {
+  for (bool train : {true, false}) {
+    auto n = CountExamples(job.training.dataset_path, train);
+    if (!n.ok()) {
+      return absl::Status(n.status().code(),
+                          absl::StrCat("spec.training.dataset.path: ", n.status().message()));
+    }
+  }
+  const std::string& dir = job.training.checkpoint_dir;
+  if (!dir.empty()) {
+    if (absl::Status s = ProbeWritableDir(FileEnv::Default(), dir); !s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("spec.training.checkpoint.directory: ", dir,
+                                                        " is not writable: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
 
 std::string ExecutableDir() {
   char buf[PATH_MAX];
@@ -66,6 +87,14 @@ int RunJob(const RunOptions& options) {
   if (!target.ok()) {
     std::fprintf(stderr, "error: %s: %s\n", options.job_file.c_str(),
                  std::string(target.status().message()).c_str());
+    return 2;
+  }
+  // What every task will need and this machine can check before any starts:
+  // a task that cannot read its data or write its checkpoints would only be
+  // restarted again and again.
+  if (absl::Status s = PreflightCheck(*job); !s.ok()) {
+    std::fprintf(stderr, "error: %s: %s\n", options.job_file.c_str(),
+                 std::string(s.message()).c_str());
     return 2;
   }
   JobRunnerOptions runner;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "core/job_spec.h"
 
 namespace kubetrain {
@@ -31,8 +32,14 @@ struct RunOptions {
   const std::atomic<bool>* interrupted = nullptr;
 };
 
-// Returns the process exit code: 0 success, 1 job failed, 2 bad input,
-// 130 interrupted.
+// What `kubetrain run` checks before it starts any task, naming the field:
+// the dataset's training and test label files can be read
+// (spec.training.dataset.path), and the checkpoint directory can hold a file
+// (spec.training.checkpoint.directory; core/file_env.h ProbeWritableDir).
+absl::Status PreflightCheck(const TrainingJob& job);
+
+// Returns the process exit code: 0 success, 1 job failed, 2 bad input (also
+// a failed PreflightCheck), 130 interrupted.
 int RunJob(const RunOptions& options);
 
 // The directory of the running executable (where `make build` puts

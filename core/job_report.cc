@@ -27,6 +27,7 @@ const std::vector<Field<Progress>>& ProgressFields() {
       {"loss", &Progress::loss},
       {"examples_per_second", &Progress::examples_per_second},
       {"accuracy", &Progress::accuracy},
+      {"absent_workers", &Progress::absent_workers},
   };
   return *fields;
 }

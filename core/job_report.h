@@ -53,6 +53,9 @@ struct Progress {
   std::optional<double> loss;
   std::optional<double> examples_per_second;
   std::optional<double> accuracy;  // test accuracy at the last evaluation
+  // Sync workers the PS tasks no longer wait for: they missed a barrier
+  // (barrierTimeoutSeconds) and have not pushed since.
+  int64_t absent_workers = 0;
 };
 
 // How a job ended, as the chief saw it.

@@ -184,6 +184,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     if (now - last_report >= options.progress_interval) {
       double secs = std::max(1e-9, absl::ToDoubleSeconds(now - last_report));
       progress.global_step = push->version;
+      progress.absent_workers = push->absent_workers;
       progress.loss = mean_loss();
       progress.examples_per_second =
           std::max<int64_t>(0, push->version - last_report_step) * examples_per_step / secs;
@@ -291,6 +292,7 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
     if (!step.ok()) return step.status();
     CountLost(step->steps_lost, &result, metrics);
     if (metrics.global_step) metrics.global_step->Set(static_cast<double>(step->version));
+    progress.absent_workers = step->absent_workers;
     report(step->version, clock->Now());
     return absl::OkStatus();
   };
@@ -320,6 +322,7 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
       break;
     }
     if (pulled->version < boundary) continue;  // a restarted PS answered at once: wait again
+    progress.absent_workers = pulled->absent_workers;
     evaluate(pulled->version);
     report(pulled->version, clock->Now());
     next_eval = (pulled->version / every + 1) * every;

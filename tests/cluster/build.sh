@@ -10,7 +10,8 @@
 #
 # Usage: tests/cluster/build.sh [--force] [--no-kubectl] [--quiet]
 # Env:   KUBETRAIN_CACHE   cache root (default $HOME/.cache/kubetrain)
-#        KUBETRAIN_GO      go binary (default /usr/local/go/bin/go, else `go` on PATH)
+#        KUBETRAIN_GO      go binary >= 1.21 (default: the newest found; see go-env.sh)
+#        KUBETRAIN_GOTOOLCHAIN  toolchain fetched when that Go is older than go.mod needs
 #        KUBETRAIN_BUILD_KUBECTL=0   same as --no-kubectl
 #        KUBETRAIN_BUILD_CONTROLLER_MANAGER=1  also build kube-controller-manager
 #                          (up.sh sets it when KUBETRAIN_CONTROLLER_MANAGER=1)
@@ -28,7 +29,7 @@ for a in "$@"; do
     --force) FORCE=1 ;;
     --no-kubectl) WANT_KUBECTL=0 ;;
     --quiet|-q) QUIET=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument: $a" >&2; exit 2 ;;
   esac
 done
@@ -36,23 +37,13 @@ done
 log() { [ "$QUIET" = 1 ] || echo "build.sh: $*" >&2; }
 
 # --- Go toolchain -----------------------------------------------------------
-GO="${KUBETRAIN_GO:-}"
-if [ -z "$GO" ]; then
-  if [ -x /usr/local/go/bin/go ]; then GO=/usr/local/go/bin/go; else GO="$(command -v go || true)"; fi
-fi
-if [ -z "$GO" ] || [ ! -x "$GO" ]; then
-  echo "build.sh: no Go toolchain found (need Go >= 1.26; set KUBETRAIN_GO)" >&2; exit 1
-fi
-GOVER="$("$GO" env GOVERSION)"          # e.g. go1.26.8
-case "$GOVER" in
-  go1.2[6-9]*|go1.[3-9][0-9]*) ;;
-  *) echo "build.sh: $GO is $GOVER; k8s.io/kubernetes v1.36 needs Go >= 1.26" >&2; exit 1 ;;
-esac
-
 export GOMODCACHE="$CACHE/go/mod"
 export GOCACHE="$CACHE/go/build"
 export GOFLAGS="-modcacherw -mod=readonly"   # cache deletable with rm -rf; never edit go.mod
-export GOTOOLCHAIN=local                     # never try to download another toolchain
+# GO, GOTOOLCHAIN (local, or a newer one fetched once into GOMODCACHE), GOVER.
+# shellcheck source=tests/cluster/go-env.sh
+. "$HERE/go-env.sh"
+setup_go "$(need_minor "$HERE"/go/kube-apiserver/go.mod "$HERE"/go/etcd/go.mod)" build.sh
 export CGO_ENABLED=0
 mkdir -p "$BIN" "$GOMODCACHE" "$GOCACHE"
 

@@ -30,23 +30,13 @@ for a in "$@"; do
 done
 log() { [ "$QUIET" = 1 ] || echo "build_helm.sh: $*" >&2; }
 
-GO="${KUBETRAIN_GO:-}"
-if [ -z "$GO" ]; then
-  if [ -x /usr/local/go/bin/go ]; then GO=/usr/local/go/bin/go; else GO="$(command -v go || true)"; fi
-fi
-if [ -z "$GO" ] || [ ! -x "$GO" ]; then
-  echo "build_helm.sh: no Go toolchain found (need Go >= 1.26; set KUBETRAIN_GO)" >&2; exit 1
-fi
-GOVER="$("$GO" env GOVERSION)"
-case "$GOVER" in
-  go1.2[6-9]*|go1.[3-9][0-9]*) ;;
-  *) echo "build_helm.sh: $GO is $GOVER; need Go >= 1.26" >&2; exit 1 ;;
-esac
-
 export GOMODCACHE="$CACHE/go/mod"
 export GOCACHE="$CACHE/go/build"
-export GOFLAGS="-modcacherw -mod=readonly"
-export GOTOOLCHAIN=local
+export GOFLAGS="-modcacherw -mod=readonly"   # cache deletable with rm -rf; never edit go.mod
+# GO, GOTOOLCHAIN (local, or a newer one fetched once into GOMODCACHE), GOVER.
+# shellcheck source=tests/cluster/go-env.sh
+. "$HERE/go-env.sh"
+setup_go "$(need_minor "$MOD/go.mod")" build_helm.sh
 export CGO_ENABLED=0
 mkdir -p "$BIN" "$GOMODCACHE" "$GOCACHE"
 

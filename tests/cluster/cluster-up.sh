@@ -11,6 +11,10 @@
 #     and gives pods service-account tokens (node agent --service-account-tokens), but
 #     starts no operator process and applies no CRD: `helm install` brings both, and the
 #     operator runs as the chart's Deployment pod (kubetrain-operator --in-cluster).
+#   KUBETRAIN_HOST_BINARIES=1: the node agent runs every container as a host process
+#     from $KUBETRAIN_BIN even when its image is in local storage (make images); by
+#     default a pod whose image exists runs from that image, and the operator process
+#     names the runtime image of docker/images.env (--runtime_image).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 export KUBETRAIN_STATE="${KUBETRAIN_STATE:-/tmp/kubetrain-cluster}"
@@ -25,10 +29,11 @@ for b in kubetrain-operator kubetrain-ps kubetrain-worker; do
   [ -x "$bin/$b" ] || { echo "cluster-up: $bin/$b missing: run make build" >&2; exit 1; }
 done
 agent_args=()
+[ "${KUBETRAIN_HOST_BINARIES:-0}" = 0 ] || agent_args+=(--host-binaries)
 if [ "$mode" = chart ]; then
   "$root/tests/cluster/build_helm.sh" >&2  # helm lands beside kubectl, on the PATH printed below
   exports="$(KUBETRAIN_CONTROLLER_MANAGER=1 "$root/tests/cluster/up.sh")"
-  agent_args=(--service-account-tokens)
+  agent_args+=(--service-account-tokens)
 else
   exports="$("$root/tests/cluster/up.sh")"
 fi
@@ -53,7 +58,10 @@ if [ "$mode" = chart ]; then
   echo "cluster-up: ready for the Helm chart (no operator process, no CRD yet):" >&2
   echo "  helm install kubetrain helm/kubetrain -n kubetrain-system --create-namespace --wait" >&2
 else
+  # shellcheck source=docker/images.env
+  . "$root/docker/images.env"
   start operator "$bin/kubetrain-operator" --kubeconfig "$KUBECONFIG" \
+    --runtime_image="$KUBETRAIN_RUNTIME_IMAGE" \
     --metrics_address=127.0.0.1:0 --health_address=127.0.0.1:0 --leader_elect \
     --leader_election_namespace=kube-system
 fi

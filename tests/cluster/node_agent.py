@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Test-only node agent for kubetrain's cluster tests: it stands where a kubelet would.
 
-Registers a Ready Node, binds unscheduled pods to it, and runs their containers as
-plain processes on this machine (the image is ignored; command[0] is looked up in
---bin-dir, then PATH). Each pod gets its own loopback IP (127.10.x.y), ConfigMap
-volumes, a termination-log file and a shared hosts file (headless Service names)
-bind-mounted, in private mount + PID namespaces (unshare). Needs root.
+Registers a Ready Node, binds unscheduled pods to it, and runs their containers on this
+machine. A container whose image is in buildah's local storage (`make images`) runs
+from it, as on a node: its command (or the image's ENTRYPOINT/CMD) inside the image's
+root filesystem (tests/cluster/image_rootfs.py: buildah mount + chroot), as the
+securityContext's runAsUser/runAsGroup (else the image's USER), read-only where it says
+readOnlyRootFilesystem, runAsNonRoot enforced. Otherwise, or with --host-binaries, it
+runs as a plain process of this machine (command[0] looked up in --bin-dir, then PATH).
+Each pod gets its own loopback IP (127.10.x.y), ConfigMap volumes, emptyDirs, a
+termination-log file and a shared hosts file (headless Service names) bind-mounted, in
+private mount + PID namespaces (unshare). Needs root.
 With --service-account-tokens it also does what the kubelet does for in-cluster
 clients: a TokenRequest token of the pod's ServiceAccount, the API server CA and the
 namespace bind-mounted at /var/run/secrets/kubernetes.io/serviceaccount, and
@@ -13,10 +18,13 @@ KUBERNETES_SERVICE_HOST/PORT (the API server of the kubeconfig) in every contain
 Python 3.11 stdlib only. See tests/cluster/README.md ("Node agent").
 
 Usage: node_agent.py --kubeconfig PATH --bin-dir DIR --state-dir DIR [--node-name NAME]
-                     [--service-account-tokens]
+                     [--service-account-tokens] [--host-binaries]
 """
 import argparse, base64, ctypes, http.client, json, os, queue, re, shlex, shutil, signal, ssl
 import subprocess, sys, threading, time, urllib.parse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import image_rootfs  # noqa: E402
 
 BACKOFF_START, BACKOFF_CAP, GRACE_CAP, HEARTBEAT = 1.0, 10.0, 5.0, 10.0
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -183,6 +191,7 @@ class Container:
     def __init__(self, spec):
         self.spec, self.name = spec, spec["name"]
         self.proc = self.started_at = self.state = self.last_state = None
+        self.rootfs = None  # image_rootfs.Rootfs while it runs from its image
         self.restarts, self.backoff, self.next_start, self.done = 0, BACKOFF_START, 0.0, False
 
 
@@ -203,6 +212,7 @@ class Agent:
     def __init__(self, args):
         self.node, self.bin_dir, self.state = args.node_name, os.path.abspath(args.bin_dir), args.state_dir
         self.sa_tokens = getattr(args, "service_account_tokens", False)
+        self.host_binaries = getattr(args, "host_binaries", False)
         for d in ("pods", "logs"):
             os.makedirs(os.path.join(self.state, d), exist_ok=True)
         self.api = Api(args.kubeconfig, self.state)
@@ -413,6 +423,8 @@ class Agent:
         for v in run.pod["spec"].get("volumes") or []:
             d = os.path.join(run.dir, "volumes", v["name"])
             os.makedirs(d, exist_ok=True)
+            if "emptyDir" in v:
+                os.chmod(d, 0o777)  # as the kubelet: writable by the container's user
             vols[v["name"]] = d
             if "configMap" in v:
                 cm_ref = v["configMap"]
@@ -515,50 +527,30 @@ class Agent:
         if self.sa_tokens:  # what the kubelet sets for in-cluster clients (here: the real API server)
             env.setdefault("KUBERNETES_SERVICE_HOST", self.api.load().host)
             env.setdefault("KUBERNETES_SERVICE_PORT", str(self.api.port))
-        argv = [expand(a, env) for a in (spec.get("command") or []) + (spec.get("args") or [])]
         term_file = os.path.join(run.dir, f"{c.name}.termination-log")
         open(term_file, "w").close()
+        os.chmod(term_file, 0o666)  # as the kubelet's: writable by a non-root container user
         c.log_path = os.path.join(self.state, "logs", f"{md['namespace']}_{md['name']}_{c.name}.log")
         c.started_at, c.term_file = now_rfc3339(), term_file
-        exe = None
-        if not spec.get("command"):
-            err = "container has no command (images are not run by this agent; set command)"
-        elif "/" in argv[0]:
-            exe, err = argv[0], None
-        else:
-            cand = os.path.join(self.bin_dir, argv[0])
-            exe = cand if os.access(cand, os.X_OK) and os.path.isfile(cand) else shutil.which(argv[0], path=self.path)
-            err = None if exe else f"executable {argv[0]!r} not found in {self.bin_dir} or PATH"
-        if err is None:
-            try:
-                term_path = spec.get("terminationMessagePath") or "/dev/termination-log"
-                binds = list(run.mounts[c.name])
-                binds += [(self.hosts_path, "/etc/hosts", False), (term_file, term_path, False)]
-                script = []
-                for src, dst, ro in binds:
-                    if os.path.isdir(src):
-                        os.makedirs(dst, exist_ok=True)  # mount points must exist on the host
-                    else:
-                        os.makedirs(os.path.dirname(dst), exist_ok=True)
-                        if not os.path.exists(dst):
-                            open(dst, "a").close()
-                    s, d = shlex.quote(src), shlex.quote(dst)
-                    script.append(f"mount --bind {s} {d}" + (f" && mount -o remount,bind,ro {d}" if ro else "")
-                                  + f" || {{ echo 'node-agent: cannot bind-mount {s} on {d}' >&2; exit 128; }}")
-                script.append('"$@"\nexit $?')  # sh stays pid 1: when it exits, the kernel kills the rest
-                full_env = {"PATH": self.path, "HOSTNAME": md["name"], "HOME": "/root", **env}
-                cwd = spec.get("workingDir") or run.dir
-                os.makedirs(cwd, exist_ok=True)
+        term_path = spec.get("terminationMessagePath") or "/dev/termination-log"
+        binds = list(run.mounts[c.name]) + [(self.hosts_path, "/etc/hosts", False), (term_file, term_path, False)]
+        image = spec.get("image") or ""
+        mode = "image" if not self.host_binaries and image and image_rootfs.image_exists(image) else "host"
+        argv = []
+        try:
+            if mode == "image":
+                err, argv, popen = self.from_image(run, c, image, env, binds)
+            else:
+                err, argv, popen = self.from_host(run, c, env, binds)
+            if err is None:
                 with open(c.log_path, "ab") as logf:
                     c.proc = subprocess.Popen(
-                        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount",
-                         "--propagation", "private", "--", "/bin/sh", "-c",
-                         "\n".join(script), "sh", exe] + argv[1:],
-                        stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=full_env,
-                        cwd=cwd, start_new_session=True, preexec_fn=set_pdeathsig)
-            except OSError as e:
-                err = f"starting {exe}: {e}"
+                        popen["argv"], stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                        env=popen["env"], cwd=popen["cwd"], start_new_session=True, preexec_fn=set_pdeathsig)
+        except (OSError, RuntimeError, ValueError) as e:
+            err = f"starting container {c.name} ({mode}): {e}"
         if err:
+            self.release_rootfs(c)
             log(f"pod {run.key} container {c.name} failed to start: {err}")
             with open(c.log_path, "a") as f:
                 f.write(f"node-agent: {err}\n")
@@ -568,7 +560,95 @@ class Agent:
             return
         c.state = {"running": {"startedAt": c.started_at}}
         c.run_since, self.hosts_dirty = time.time(), True
-        log(f"started {run.key} container {c.name} pid {c.proc.pid} ip {run.ip}: {shlex.join(argv)}")
+        log(f"started {run.key} container {c.name} pid {c.proc.pid} ip {run.ip}"
+            f"{' image ' + image if c.rootfs else ''}: {shlex.join(argv)}")
+
+    def from_host(self, run, c, env, binds):
+        """A plain process of this machine: command[0] from --bin-dir, then PATH; the binds on the
+        host's own root inside the container's mount namespace. Returns (err, argv, popen)."""
+        spec, md = c.spec, run.pod["metadata"]
+        argv = [expand(a, env) for a in (spec.get("command") or []) + (spec.get("args") or [])]
+        if not spec.get("command"):
+            return "container has no command (no image in local storage to take one from; set command)", argv, None
+        if "/" in argv[0]:
+            exe = argv[0]
+        else:
+            cand = os.path.join(self.bin_dir, argv[0])
+            exe = cand if os.access(cand, os.X_OK) and os.path.isfile(cand) else shutil.which(argv[0], path=self.path)
+            if not exe:
+                return f"executable {argv[0]!r} not found in {self.bin_dir} or PATH", argv, None
+        script = []
+        for src, dst, ro in binds:
+            if os.path.isdir(src):
+                os.makedirs(dst, exist_ok=True)  # mount points must exist on the host
+            else:
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                if not os.path.exists(dst):
+                    open(dst, "a").close()
+            sq, dq = shlex.quote(src), shlex.quote(dst)
+            script.append(f"mount --bind {sq} {dq}" + (f" && mount -o remount,bind,ro {dq}" if ro else "")
+                          + f" || {{ echo 'node-agent: cannot bind-mount {sq} on {dq}' >&2; exit 128; }}")
+        script.append('"$@"\nexit $?')  # sh stays pid 1: when it exits, the kernel kills the rest
+        cwd = spec.get("workingDir") or run.dir
+        os.makedirs(cwd, exist_ok=True)
+        return None, argv, {
+            "argv": ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--propagation",
+                     "private", "--", "/bin/sh", "-c", "\n".join(script), "sh", exe] + argv[1:],
+            "env": {"PATH": self.path, "HOSTNAME": md["name"], "HOME": "/root", **env}, "cwd": cwd}
+
+    def from_image(self, run, c, image, env, binds):
+        """The container's image, as a kubelet would run it: command/args over the image's
+        ENTRYPOINT/CMD, the image's Env under the pod's, runAsUser/runAsGroup (else the image's
+        USER), fsGroup/supplementalGroups, readOnlyRootFilesystem, runAsNonRoot. Returns
+        (err, argv, popen); c.rootfs holds the mounted working container until reap."""
+        spec, md = c.spec, run.pod["metadata"]
+        rootfs = c.rootfs = image_rootfs.Rootfs(
+            image, name=f"kubetrain-{self.node}-{run.uid[:8]}-{c.name}-{c.restarts}")
+        cfg = rootfs.config
+        img_env = dict(e.partition("=")[::2] for e in cfg.get("Env") or [])
+        env = {**img_env, "HOSTNAME": md["name"], "HOME": "/", **env}
+        command, args = spec.get("command"), spec.get("args")
+        if command:
+            argv = command + (args or [])
+        else:  # the Kubernetes rules: args alone replace CMD, keeping ENTRYPOINT
+            argv = (cfg.get("Entrypoint") or []) + (args if args is not None else (cfg.get("Cmd") or []))
+        argv = [expand(a, env) for a in argv]
+        if not argv:
+            return f"image {image} has no ENTRYPOINT/CMD and the container no command", argv, None
+        path = env.get("PATH") or image_rootfs.DEFAULT_PATH
+        if not self.in_image(rootfs, argv[0], path):
+            return f"executable {argv[0]!r} not found in image {image} (PATH {path})", argv, None
+        sc = {**(run.pod["spec"].get("securityContext") or {}), **(spec.get("securityContext") or {})}
+        img_uid, img_gid = rootfs.user()
+        uid = sc.get("runAsUser", img_uid)
+        gid = sc.get("runAsGroup", img_gid)
+        if sc.get("runAsNonRoot") and uid == 0:
+            return (f"container has runAsNonRoot and image {image} will run as root (uid 0)"
+                    " (CreateContainerConfigError)"), argv, None
+        groups = [g for g in [sc.get("fsGroup")] + list(sc.get("supplementalGroups") or []) if g is not None]
+        read_only = bool((spec.get("securityContext") or {}).get("readOnlyRootFilesystem"))
+        workdir = spec.get("workingDir") or cfg.get("WorkingDir") or "/"
+        target = os.path.join(run.dir, f"root-{c.name}")
+        popen_argv = image_rootfs.run_argv(rootfs, target, binds, argv, read_only=read_only, uid=uid, gid=gid,
+                                           groups=groups, workdir=workdir, env_path=path)
+        host_env = {k: v for k, v in env.items() if k != "PATH"}
+        host_env["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"  # the host's sh, mount and chroot
+        return None, argv, {"argv": popen_argv, "env": host_env, "cwd": run.dir}
+
+    @staticmethod
+    def in_image(rootfs, name, path):
+        """Whether NAME resolves to an executable inside the image (absolute, or on PATH)."""
+        cands = [name] if "/" in name else [os.path.join(d, name) for d in path.split(":") if d]
+        for cand in cands:
+            p = rootfs.resolve(cand)  # its symlinks inside the image, not on the host
+            if os.path.isfile(p) and os.access(p, os.X_OK):
+                return True
+        return False
+
+    def release_rootfs(self, c):
+        if c.rootfs is not None:
+            c.rootfs.close()
+            c.rootfs = None
 
     def reap(self, run, c):
         code = c.proc.returncode
@@ -593,6 +673,7 @@ class Agent:
             term["message"] = msg.decode(errors="replace")
         c.state = {"terminated": term}
         log(f"pod {run.key} container {c.name} pid {c.proc.pid} exited {code}")
+        self.release_rootfs(c)
         c.proc, self.hosts_dirty = None, True
         if time.time() - c.run_since >= BACKOFF_CAP:
             c.backoff = BACKOFF_START
@@ -645,6 +726,8 @@ class Agent:
             if not c.proc and not c.done and run.mounts is not None and now >= c.next_start:
                 if c.state and "terminated" in c.state:
                     c.last_state, c.restarts = c.state, c.restarts + 1
+                if run.sent is None:
+                    self.report(run)  # ContainerCreating first: mounting an image takes a moment
                 self.start(run, c)
         running = [c for c in run.containers if c.proc]
         if run.kill_deadline is not None:
@@ -796,6 +879,9 @@ class Agent:
             end = time.time() + wait
             while time.time() < end and any(c.proc.poll() is None for _, c in procs):
                 time.sleep(0.05)
+        for r in self.runs.values():
+            for c in r.containers:
+                self.release_rootfs(c)
 
 
 def main():
@@ -807,6 +893,9 @@ def main():
     ap.add_argument("--service-account-tokens", action="store_true",
                     help="mount a TokenRequest token of the pod's ServiceAccount (+ ca.crt, namespace) at "
                          f"{SA_MOUNT} and set KUBERNETES_SERVICE_HOST/PORT, as the kubelet does")
+    ap.add_argument("--host-binaries", action="store_true",
+                    help="always run containers as processes of this machine (command[0] from --bin-dir), "
+                         "even when their image is in local storage (a fast mode for development)")
     args = ap.parse_args()
     os.makedirs(args.state_dir, exist_ok=True)
     args.state_dir = os.path.abspath(args.state_dir)

@@ -195,3 +195,80 @@ def test_delete_running_pod_kills_process(cluster):
     assert cluster.get("pod", "pod-sleep") is None
     assert group_cmdlines(pgid) == []
     assert pod["status"]["podIP"] not in open(os.path.join(cluster.agent_state, "hosts")).read()
+
+
+# --- pods from images (make images) ------------------------------------------------------
+sys.path.insert(0, HERE)
+import image_rootfs  # noqa: E402
+
+IMAGES = image_rootfs.images_env()
+RUNTIME, OPERATOR = IMAGES["KUBETRAIN_RUNTIME_IMAGE"], IMAGES["KUBETRAIN_OPERATOR_IMAGE"]
+
+
+def need_images():
+    if os.environ.get("KUBETRAIN_E2E_IMAGES", "1") == "0":
+        pytest.skip("KUBETRAIN_E2E_IMAGES=0: the host-binary fast mode was asked for")
+    for image in (RUNTIME, OPERATOR):
+        if not image_rootfs.image_exists(image):
+            pytest.fail(f"image {image} is not in buildah's local storage: run `make images`")
+
+
+def working_containers():
+    p = subprocess.run(["buildah", "containers", "--format", "{{.ContainerName}}"], capture_output=True, text=True)
+    return p.stdout.split()
+
+
+def test_pod_runs_from_its_image(cluster):
+    need_images()
+    cluster.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm-img"},
+                   "data": {"x": "configmap-in-image\n"}})
+    script = ("id -u; id -g; cat /etc/kubetrain/x; ls /usr/share/datasets/fashion-mnist | head -1; "
+              "touch /probe 2>&1 || true; echo scratch-ok > /scratch/f && cat /scratch/f; "
+              "echo \"hosts: $(getent hosts svc-a.default.svc)\"; kubetrain-ps --help >/dev/null && echo PS_OK; "
+              f"[ -e {ROOT}/Makefile ] && echo HOST_ROOT_VISIBLE || echo HOST_ROOT_HIDDEN; "
+              "echo $MY_IP > /dev/termination-log; exit 4")
+    cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pod-img", "labels": {"app": "a"}},
+                   "spec": {"restartPolicy": "Never",
+                            "containers": [{"name": "main", "image": RUNTIME, "command": ["/bin/sh", "-c", script],
+                                            "env": [{"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                                            "securityContext": {"readOnlyRootFilesystem": True, "runAsUser": 65532,
+                                                                "runAsGroup": 65532, "runAsNonRoot": True},
+                                            "volumeMounts": [{"name": "cfg", "mountPath": "/etc/kubetrain", "readOnly": True},
+                                                             {"name": "scratch", "mountPath": "/scratch"}]}],
+                            "volumes": [{"name": "cfg", "configMap": {"name": "cm-img"}},
+                                        {"name": "scratch", "emptyDir": {}}]}})
+    pod = cluster.wait_pod("pod-img", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), timeout=90)
+    st = pod["status"]
+    term = st["containerStatuses"][0]["state"]["terminated"]
+    out = cluster.pod_log("pod-img", "main")
+    assert term["exitCode"] == 4, (term, out)
+    assert term["message"].strip() == st["podIP"], term
+    lines = out.split("\n")
+    assert lines[:2] == ["65532", "65532"], out
+    assert "configmap-in-image" in out and "t10k-images-idx3-ubyte.gz" in out, out
+    assert "Read-only file system" in out and "scratch-ok" in out and "PS_OK" in out, out
+    assert f"hosts: {st['podIP']}" in out, out
+    assert "HOST_ROOT_HIDDEN" in out, out  # it saw the image's root, not this machine's
+    assert f"image {RUNTIME}:" in cluster.agent_log()
+    uid8 = pod["metadata"]["uid"][:8]
+    assert not [c for c in working_containers() if uid8 in c], working_containers()
+
+
+def test_image_entrypoint_and_run_as_non_root(cluster):
+    need_images()
+    # No command: the image's ENTRYPOINT (kubetrain-operator) with the pod's args.
+    cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pod-entry"},
+                   "spec": {"restartPolicy": "Never",
+                            "containers": [{"name": "main", "image": OPERATOR, "args": ["--help"],
+                                            "securityContext": {"readOnlyRootFilesystem": True}}]}})
+    # runAsNonRoot with uid 0 must not start (the kubelet refuses it too).
+    cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pod-root"},
+                   "spec": {"restartPolicy": "Never",
+                            "securityContext": {"runAsNonRoot": True, "runAsUser": 0},
+                            "containers": [{"name": "main", "image": RUNTIME, "command": ["kubetrain", "--help"]}]}})
+    pod = cluster.wait_pod("pod-entry", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), timeout=90)
+    assert pod["status"]["phase"] == "Succeeded", (pod["status"], cluster.pod_log("pod-entry", "main"))
+    assert "usage" in cluster.pod_log("pod-entry", "main").lower()
+    pod = cluster.wait_pod("pod-root", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), timeout=90)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["reason"] == "StartError" and "runAsNonRoot" in term["message"], term

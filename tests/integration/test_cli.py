@@ -1,6 +1,7 @@
 """`kubetrain run` as a user meets it: bad input gets a clear error and starts
 nothing; Ctrl-C stops every child; a broken dataset fails the job clearly."""
 import json
+import os
 import re
 import signal
 import subprocess
@@ -37,14 +38,33 @@ def test_missing_file_and_bad_flags(tmp_path):
     assert proc.returncode == 0 and "valid TrainingJob" in proc.stdout
 
 
-def test_missing_dataset_fails_the_job_naming_the_file(tmp_path):
+def test_missing_dataset_is_refused_before_any_task_starts(tmp_path):
     empty = tmp_path / "no-data"
     empty.mkdir()
     proc, summary = run_job(tmp_path, job_yaml("nodata", dataset_path=str(empty)), timeout=120)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
+    assert summary is None
+    assert "spec.training.dataset.path: " in proc.stderr and "train-labels-idx1-ubyte.gz" in proc.stderr
+    assert not kubetrain_processes(str(tmp_path))
+
+
+def test_a_task_that_cannot_load_its_data_says_why_while_restarting(tmp_path):
+    # The label files pass the launcher's check; the images are missing, which
+    # only the worker finds: it exits 2, and every restart and the end say why.
+    data = tmp_path / "labels-only"
+    data.mkdir()
+    for name in ("train-labels-idx1-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        os.symlink(os.path.join("/usr/share/datasets/fashion-mnist", name), data / name)
+    text = job_yaml("labels", dataset_path=str(data)).replace(
+        "      replicas: 2\n", "      replicas: 2\n      restartPolicy: OnFailure\n")
+    text = text.replace("spec:\n", "spec:\n  runPolicy: {backoffLimit: 2}\n", 1)
+    proc, summary = run_job(tmp_path, text, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
     assert summary["status"] == "Failed"
-    assert "train-images-idx3-ubyte.gz" in proc.stderr
-    assert re.search(r"worker-\d exited with code 2", summary["reason"]), summary
+    assert re.search(r"worker-\d exited with code 2; restarting in \S+ \(restart 1, restartPolicy "
+                     r"OnFailure\): .*train-images-idx3-ubyte.gz", proc.stderr), proc.stderr[-3000:]
+    assert "backoffLimit (2 restarts) exceeded: " in summary["reason"], summary
+    assert "train-images-idx3-ubyte.gz" in summary["reason"]
     assert not kubetrain_processes(str(tmp_path))
 
 

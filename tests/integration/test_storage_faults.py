@@ -50,30 +50,36 @@ def spec(name, ckpt, steps, every=100):
                     extra_training=f"    checkpoint:\n      directory: {ckpt}\n      everySteps: {every}\n")
 
 
-def test_a_disk_full_from_the_start_fails_fast_naming_the_directory(tmp_path, tmpfs):
+def check_refused(tmp_path, cluster_factory, name, ckpt, os_error):
+    """`kubetrain run` refuses before starting anything; each task refuses too."""
+    started = time.time()
+    proc, summary = run_job(tmp_path, spec(name, ckpt, 100000), "--restart-policy=Never", timeout=120)
+    assert time.time() - started < 60  # not after training 100000 steps
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert summary is None
+    assert f"spec.training.checkpoint.directory: {ckpt} is not writable: " in proc.stderr, proc.stderr[-3000:]
+    assert os_error in proc.stderr
+    # The PS task and the chief (worker 0) on their own, as the operator runs them.
+    c = cluster_factory(spec(name, ckpt, 100000), ps=1, workers=1)
+    for kind in ("ps", "worker"):
+        code = c.start(kind, 0).wait(timeout=60)
+        log = c.log(kind, 0)
+        assert code == 2, log
+        assert f"spec.training.checkpoint.directory: {ckpt} is not writable: " in log, log
+        assert os_error in log
+
+
+def test_a_disk_full_from_the_start_fails_fast_naming_the_directory(tmp_path, tmpfs, cluster_factory):
     disk = tmpfs("full", "256k")
     fill(disk)
-    ckpt = str(disk / "ckpt")
-    started = time.time()
-    proc, summary = run_job(tmp_path, spec("full", ckpt, 100000), "--restart-policy=Never", timeout=120)
-    assert time.time() - started < 60  # not after training 100000 steps
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert summary["status"] == "Failed"
-    assert f"spec.training.checkpoint.directory: {ckpt} is not writable: " in proc.stderr, proc.stderr[-3000:]
-    assert "No space left on device" in proc.stderr
-    assert "exited with code 2" in summary["reason"], summary
+    check_refused(tmp_path, cluster_factory, "full", str(disk / "ckpt"), "No space left on device")
 
 
-def test_a_read_only_directory_fails_fast_naming_the_directory(tmp_path, tmpfs):
+def test_a_read_only_directory_fails_fast_naming_the_directory(tmp_path, tmpfs, cluster_factory):
     disk = tmpfs("ro", "4m")
     (disk / "ckpt").mkdir()
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
-    ckpt = str(disk / "ckpt")
-    proc, summary = run_job(tmp_path, spec("readonly", ckpt, 100000), "--restart-policy=Never", timeout=120)
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert summary["status"] == "Failed"
-    assert f"spec.training.checkpoint.directory: {ckpt} is not writable: " in proc.stderr
-    assert "Read-only file system" in proc.stderr
+    check_refused(tmp_path, cluster_factory, "readonly", str(disk / "ckpt"), "Read-only file system")
 
 
 def test_a_disk_that_fills_mid_job_keeps_training_and_saves_the_model(tmp_path, tmpfs, live_runs):

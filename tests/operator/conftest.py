@@ -3,7 +3,6 @@
 private state dir, and a kubectl wrapper bound to its kubeconfig."""
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -22,9 +21,8 @@ def _cache_bin():
 
 
 def _have_go():
-    go = os.environ.get("KUBETRAIN_GO") or (
-        "/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else shutil.which("go"))
-    return bool(go)
+    """A Go >= 1.21 as build.sh finds it (tests/cluster/go-env.sh)."""
+    return subprocess.run([os.path.join(CLUSTER, "go-env.sh"), "--have-go"]).returncode == 0
 
 
 class Kubectl:
@@ -56,7 +54,7 @@ def kube_cluster():
                     for b in ("etcd", "kube-apiserver", "kubectl"))
     if not have_bins and not _have_go():
         pytest.fail(f"no control-plane binaries in {bin_dir} and no Go toolchain to build them "
-                    "(install Go at /usr/local/go; tests/cluster/build.sh)")
+                    "(make deps installs one; tests/cluster/build.sh)")
     state = tempfile.mkdtemp(prefix="kubetrain-optest.")
     env = dict(os.environ, KUBETRAIN_STATE=state)
     env.pop("KUBECONFIG", None)

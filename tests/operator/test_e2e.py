@@ -100,6 +100,19 @@ def container_pid(pod):
     return int(cid.rsplit("//", 1)[1])
 
 
+def started_pod(k, job_name, pod_name, timeout=60):
+    """The pod once its container runs (a containerID): the job can be Running before every
+    pod has started, e.g. while the node agent mounts an image for it."""
+    deadline = time.time() + timeout
+    while True:
+        pod = next((p for p in pods(k, job_name) if p["metadata"]["name"] == pod_name), None)
+        cs = (pod or {}).get("status", {}).get("containerStatuses") or [{}]
+        if "running" in cs[0].get("state", {}) and cs[0].get("containerID"):
+            return pod
+        assert time.time() < deadline, f"{pod_name} did not start in {timeout}s: {pod and pod.get('status')}"
+        time.sleep(0.2)
+
+
 def test_sync_example_succeeds_with_status_and_printer_columns(cluster):
     k = cluster
     k.run("apply", "-f", os.path.join(ROOT, "examples", "fashion-mnist-sync.yaml"))
@@ -183,7 +196,7 @@ def test_exit_137_under_exitcode_recreates_the_pod_then_succeeds(cluster):
                  extra_training={"barrierTimeoutSeconds": 1}))
     wait_state(k, "exitcode", {"Running"})
     time.sleep(2)
-    victim = next(p for p in pods(k, "exitcode") if p["metadata"]["name"] == "exitcode-worker-1")
+    victim = started_pod(k, "exitcode", "exitcode-worker-1")
     os.kill(container_pid(victim), signal.SIGKILL)
     st = wait_state(k, "exitcode", {"Succeeded", "Failed"}, timeout=300)
     assert st["state"] == "Succeeded", st
@@ -200,7 +213,7 @@ def test_backoff_limit_exceeded_fails_the_job(cluster):
     k = cluster
     apply(k, job("backoff", steps=100000, worker_policy="ExitCode", run_policy={"backoffLimit": 0}))
     wait_state(k, "backoff", {"Running"})
-    victim = next(p for p in pods(k, "backoff") if p["metadata"]["name"] == "backoff-worker-0")
+    victim = started_pod(k, "backoff", "backoff-worker-0")
     os.kill(container_pid(victim), signal.SIGKILL)
     st = wait_state(k, "backoff", {"Failed"}, timeout=60)
     assert condition(st, "Failed")["reason"] == "BackoffLimitExceeded"

@@ -6,22 +6,47 @@ the CRD and the operator, which runs as the chart's Deployment pod
 (`kubetrain-operator --in-cluster`, resolved from bin/ by the node agent), and a
 TrainingJob applied with kubectl trains to Succeeded.
 
-Run: python3 -m pytest -q tests/packaging/test_chart_e2e.py   (as root; needs `make build`)
+By default the chart is installed with the images `make images` built (names and tags
+from docker/images.env), and the node agent runs the operator pod from the operator
+image and every PS/worker pod from the runtime image (as uid 65532, read-only root, only
+the chart's ServiceAccount token to reach the API server): the path a user takes.
+KUBETRAIN_E2E_IMAGES=0 is the fast development mode: the chart's default tags (no such
+local images) and host binaries from bin/ (node agent --host-binaries).
+
+Run: python3 -m pytest -q tests/packaging/test_chart_e2e.py   (as root; needs `make build`,
+     and `make images` unless KUBETRAIN_E2E_IMAGES=0)
 """
 import glob
 import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
 import pytest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cluster"))
+import image_rootfs  # noqa: E402
+
 RELEASE = "kubetrain"
 JOB = "chart-e2e"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root (mount namespaces)")
+WITH_IMAGES = os.environ.get("KUBETRAIN_E2E_IMAGES", "1") != "0"
+IMAGES = image_rootfs.images_env()
+OPERATOR_IMAGE, RUNTIME_IMAGE = IMAGES["KUBETRAIN_OPERATOR_IMAGE"], IMAGES["KUBETRAIN_RUNTIME_IMAGE"]
+
+
+def _image_values():
+    """helm --set flags naming the local images (repository:tag from docker/images.env)."""
+    out = []
+    for key, image in (("image", OPERATOR_IMAGE), ("runtimeImage", RUNTIME_IMAGE)):
+        repo, _, tag = image.rpartition(":")
+        out += ["--set", f"{key}.repository={repo}", "--set", f"{key}.tag={tag}",
+                "--set", f"{key}.pullPolicy=Never"]
+    return out
 
 
 def _free_port():
@@ -37,8 +62,14 @@ def chart_cluster(pk, helm_binary):
     for b in ("kubetrain-operator", "kubetrain-ps", "kubetrain-worker"):
         if not os.access(os.path.join(pk.BIN, b), os.X_OK):
             pytest.fail(f"{pk.BIN}/{b} missing: run `make build` first")
+    if WITH_IMAGES:
+        for image in (OPERATOR_IMAGE, RUNTIME_IMAGE):
+            if not image_rootfs.image_exists(image):
+                pytest.fail(f"image {image} is not in buildah's local storage: run `make images` "
+                            "(or KUBETRAIN_E2E_IMAGES=0 for host binaries)")
     state = tempfile.mkdtemp(prefix="kubetrain-chart-e2e.")
-    env = dict(os.environ, KUBETRAIN_STATE=state, KUBETRAIN_OPERATOR="chart")
+    env = dict(os.environ, KUBETRAIN_STATE=state, KUBETRAIN_OPERATOR="chart",
+               KUBETRAIN_HOST_BINARIES="0" if WITH_IMAGES else "1")
     env.pop("KUBECONFIG", None)
     cluster = os.path.join(pk.ROOT, "tests", "cluster")
     t0 = time.time()
@@ -88,7 +119,8 @@ def test_chart_operator_runs_a_job_to_success(chart_cluster, pk):
     # The pod shares the host's network (the node agent has no network isolation): free
     # ports instead of 8080/8081, so a busy port or a parallel run cannot break the test.
     _helm(k, "install", RELEASE, pk.CHART, "-n", pk.NAMESPACE, "--create-namespace", "--wait", "--timeout", "3m",
-          "--set", f"metrics.port={_free_port()}", "--set", f"health.port={_free_port()}")
+          "--set", f"metrics.port={_free_port()}", "--set", f"health.port={_free_port()}",
+          *(_image_values() if WITH_IMAGES else []))
     install_seconds = time.time() - t0
 
     # The operator is the chart's Deployment pod: Deployment -> ReplicaSet -> Pod (controller-manager).
@@ -106,6 +138,10 @@ def test_chart_operator_runs_a_job_to_success(chart_cluster, pk):
     (c,) = pod["spec"]["containers"]
     assert c["command"] == ["kubetrain-operator"] and "--in-cluster" in c["args"]
     assert pod["spec"]["serviceAccountName"] == RELEASE
+    agent_log = open(os.path.join(k.state, "logs", "node-agent.log")).read()
+    if WITH_IMAGES:  # the operator pod ran from its image, not from bin/
+        assert c["image"] == OPERATOR_IMAGE, c["image"]
+        assert "container operator pid" in agent_log and f"image {OPERATOR_IMAGE}:" in agent_log, agent_log[-3000:]
 
     # It authenticated with its service-account token and took the Lease in the release namespace.
     lease = pk.wait_for(lambda: (k.run("get", "lease", "kubetrain-operator", "-n", pk.NAMESPACE, "-o", "json",
@@ -135,6 +171,10 @@ def test_chart_operator_runs_a_job_to_success(chart_cluster, pk):
     assert st.get("state") == "Succeeded", f"status: {json.dumps(st)[:2000]}\n{_logs(k)}"
     job_seconds = time.time() - t1
     assert st["progress"]["globalStep"] == 100, st["progress"]
+    if WITH_IMAGES:  # every PS/worker pod of the job ran from the runtime image
+        agent_log = open(os.path.join(k.state, "logs", "node-agent.log")).read()
+        started = [l for l in agent_log.splitlines() if f"started default/{JOB}-" in l]
+        assert started and all(f"image {RUNTIME_IMAGE}:" in l for l in started), "\n".join(started) or agent_log[-3000:]
     events = k.json("get", "events", "-n", "default", "--field-selector", f"involvedObject.name={JOB}")
     assert events["items"], "no Events for the job"
     # Still the same single operator pod, never restarted, and no RBAC refusals.

@@ -357,3 +357,26 @@ def test_dockerignore_keeps_build_outputs_out():
         assert want in patterns, f".dockerignore lacks {want}"
     for must_keep in ("Makefile", "*", "docker", "docker/"):
         assert must_keep not in patterns, f".dockerignore excludes {must_keep}, which the build needs"
+
+
+def test_workflow_takes_image_names_from_images_env():
+    """docker/images.env is the one place image names/tags are set: the kind e2e workflow
+    reads it, builds both Dockerfiles under those names, loads and installs exactly them."""
+    with open(os.path.join(ROOT, ".github", "workflows", "e2e-kind.yaml")) as f:
+        wf = f.read()
+    env = {}
+    with open(os.path.join(DOCKER, "images.env")) as f:
+        for line in f:
+            if "=" in line and not line.lstrip().startswith("#"):
+                k, _, v = line.strip().partition("=")
+                env[k] = v
+    assert set(env) == {"KUBETRAIN_OPERATOR_IMAGE", "KUBETRAIN_RUNTIME_IMAGE"}, env
+    assert "docker/images.env" in wf and '>> "$GITHUB_ENV"' in wf
+    for name, dockerfile in (("KUBETRAIN_RUNTIME_IMAGE", "docker/Dockerfile.runtime"),
+                             ("KUBETRAIN_OPERATOR_IMAGE", "docker/Dockerfile.operator")):
+        assert f'-f {dockerfile} -t "${name}"' in wf, f"the workflow does not build {dockerfile} as ${name}"
+    assert 'kind load docker-image "$KUBETRAIN_OPERATOR_IMAGE" "$KUBETRAIN_RUNTIME_IMAGE"' in wf
+    for key, name in (("image", "KUBETRAIN_OPERATOR_IMAGE"), ("runtimeImage", "KUBETRAIN_RUNTIME_IMAGE")):
+        assert f'{key}.repository="${{{name}%:*}}"' in wf and f'{key}.tag="${{{name}##*:}}"' in wf, key
+    # No image name hard-coded anywhere else in the workflow.
+    assert not re.search(r"kubetrain-(operator|runtime):", wf), "an image tag is hard-coded in e2e-kind.yaml"

@@ -1,0 +1,137 @@
+"""The images `make images` built (docker/build-images.sh, buildah), run as a node would.
+
+Each image is mounted from buildah's local storage (`buildah from` + `buildah mount`) and
+commands run inside its root filesystem with tests/cluster/image_rootfs.py: private mount
+and PID namespaces, `chroot --userspec` as the image's USER, the root remounted read-only
+(what the chart's readOnlyRootFilesystem asks). Checked:
+
+- the images' USER is 65532:65532, and every shipped binary starts (`--help`) inside its
+  image that way; the harness itself is checked too (uid 65532, a write to / fails);
+- the runtime image trains the sync example (one epoch) to the same test accuracy as
+  `kubetrain run` on the host, with only a writable work dir mounted (as an emptyDir);
+- a deliberately broken Dockerfile fails the build path of `make images` with buildah's
+  error shown.
+
+Needs root and buildah, and `make images` first (the images must exist: a missing one
+fails, naming the command).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
+import image_rootfs  # noqa: E402
+
+BIN = os.path.join(ROOT, "bin")
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+
+
+IMAGES = image_rootfs.images_env()
+RUNTIME, OPERATOR = IMAGES["KUBETRAIN_RUNTIME_IMAGE"], IMAGES["KUBETRAIN_OPERATOR_IMAGE"]
+SHIPPED = [(RUNTIME, "kubetrain"), (RUNTIME, "kubetrain-ps"), (RUNTIME, "kubetrain-worker"),
+           (OPERATOR, "kubetrain-operator")]
+
+
+def skip_in_fast_mode():
+    if os.environ.get("KUBETRAIN_E2E_IMAGES", "1") == "0":
+        pytest.skip("KUBETRAIN_E2E_IMAGES=0 (make test E2E_IMAGES=0): the no-image fast mode was asked for")
+
+
+@pytest.fixture(scope="module")
+def roots():
+    """One mounted working container per image, shared by the module's tests."""
+    skip_in_fast_mode()
+    if os.geteuid() != 0:
+        pytest.fail("needs root (buildah mount, chroot)")
+    opened = {}
+    for image in (RUNTIME, OPERATOR):
+        if not image_rootfs.image_exists(image):
+            pytest.fail(f"image {image} is not in buildah's local storage: run `make images`")
+        opened[image] = image_rootfs.Rootfs(image)
+    yield opened
+    for r in opened.values():
+        r.close()
+
+
+def run_in(rootfs, tmp_path, argv, binds=(), timeout=60, read_only=True):
+    uid, gid = rootfs.user()
+    target = tmp_path / f"root-{abs(hash(tuple(argv))) % 10**8}"
+    cmd = image_rootfs.run_argv(rootfs, str(target), list(binds), argv, read_only=read_only, uid=uid, gid=gid)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("image", [RUNTIME, OPERATOR])
+def test_image_user_is_nonroot_and_root_is_read_only(roots, tmp_path, image):
+    r = roots[image]
+    assert r.user() == (65532, 65532), f"{image}: USER is {r.config.get('User')!r}, want 65532:65532"
+    proc = run_in(r, tmp_path, ["/bin/sh", "-c", "id -u; id -g; touch /probe && echo WROTE"])
+    out = proc.stdout + proc.stderr
+    assert proc.stdout.split()[:2] == ["65532", "65532"], out
+    assert "WROTE" not in out and "Read-only file system" in out, out
+
+
+@pytest.mark.parametrize("image,binary", SHIPPED, ids=[b for _, b in SHIPPED])
+def test_binary_starts_in_its_image(roots, tmp_path, image, binary):
+    proc = run_in(roots[image], tmp_path, [binary, "--help"])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{binary} --help in {image} exited {proc.returncode}:\n{out}"
+    assert "usage" in out.lower(), out
+
+
+def one_epoch_of_the_sync_example():
+    with open(os.path.join(ROOT, "examples", "fashion-mnist-sync.yaml")) as f:
+        text = f.read()
+    short, n = re.subn(r"(?m)^(\s+)epochs: \d+$", r"\1epochs: 1", text)
+    assert n == 1, "examples/fashion-mnist-sync.yaml has no `epochs:` line to shorten"
+    return short
+
+
+def test_runtime_image_trains_like_the_host(roots, tmp_path):
+    spec = one_epoch_of_the_sync_example()
+    host_dir, pod_dir = tmp_path / "host", tmp_path / "pod"
+    host_dir.mkdir()
+    pod_dir.mkdir()
+    (host_dir / "job.yaml").write_text(spec)
+    (pod_dir / "job.yaml").write_text(spec)
+    os.chmod(pod_dir, 0o777)  # the emptyDir the pod writes its summary to, as uid 65532
+
+    host = subprocess.run([os.path.join(BIN, "kubetrain"), "run", str(host_dir / "job.yaml"), "--quiet",
+                           "--summary_json", str(host_dir / "summary.json")],
+                          capture_output=True, text=True, timeout=600)
+    assert host.returncode == 0, host.stdout + host.stderr
+    pod = run_in(roots[RUNTIME], tmp_path, ["kubetrain", "run", "/work/job.yaml", "--quiet",
+                                            "--summary_json", "/work/summary.json"],
+                 binds=[(str(pod_dir), "/work", False)], timeout=600)
+    assert pod.returncode == 0, f"kubetrain run in {RUNTIME} exited {pod.returncode}:\n{pod.stdout}{pod.stderr}"
+
+    h = json.loads((host_dir / "summary.json").read_text())
+    p = json.loads((pod_dir / "summary.json").read_text())
+    # Same spec, same seed; the image's binaries are built for x86-64-v2 rather than
+    # -march=native, and sync aggregation order varies, so allow a small difference.
+    assert p["test_accuracy"] > 0.75, p
+    assert abs(p["test_accuracy"] - h["test_accuracy"]) <= 0.01, (h, p)
+    for k in ("global_step", "target_steps"):
+        if k in h:
+            assert p.get(k) == h[k], (k, h, p)
+    print(f"\ntest accuracy: host {h['test_accuracy']:.4f}, {RUNTIME} {p['test_accuracy']:.4f}")
+
+
+def test_broken_dockerfile_fails_with_buildahs_error(tmp_path):
+    skip_in_fast_mode()
+    broken = os.path.relpath(os.path.join(FIXTURES, "Dockerfile.broken"), ROOT)
+    proc = subprocess.run([os.path.join(ROOT, "docker", "build-images.sh"), "--only",
+                           f"{broken}=kubetrain-broken-fixture:test"],
+                          capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, KUBETRAIN_CACHE=os.environ.get(
+                              "KUBETRAIN_CACHE", os.path.expanduser("~/.cache/kubetrain"))))
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    err = proc.stderr
+    assert f"buildah bud -f {broken} failed" in err, err
+    # buildah's own words: the step and the missing source.
+    assert "no-such-file-in-the-context" in err and re.search(r"no such file or directory", err, re.I), err
+    assert not image_rootfs.image_exists("kubetrain-broken-fixture:test")
