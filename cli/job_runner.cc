@@ -29,6 +29,7 @@ std::string ProgressText(const std::optional<Progress>& p) {
       absl::StrFormat("step %d/%d  loss %.4f  %.0f examples/s", p->global_step, p->target_steps,
                       p->loss.value_or(0), p->examples_per_second.value_or(0));
   if (p->accuracy) absl::StrAppend(&s, absl::StrFormat("  accuracy %.4f", *p->accuracy));
+  if (p->absent_workers > 0) absl::StrAppend(&s, "  absent workers ", p->absent_workers);
   return s;
 }
 
@@ -314,6 +315,18 @@ std::string SummaryText(const TrainingJob& job, int64_t target_steps, const JobR
                         TrainingModeName(job.training.mode), job.num_ps(), job.num_workers(),
                         res.global_step, target_steps, res.test_accuracy, res.final_loss,
                         res.examples_per_second, res.stale_gradients_dropped, r.total_restarts));
+    if (res.test_auc || res.test_log_loss || res.test_rmse || res.records_skipped > 0) {
+      absl::StrAppend(&text, " ");
+      if (res.test_auc) absl::StrAppend(&text, absl::StrFormat(" test AUC %.4f", *res.test_auc));
+      if (res.test_log_loss) {
+        absl::StrAppend(&text, absl::StrFormat(" test log loss %.4f", *res.test_log_loss));
+      }
+      if (res.test_rmse) absl::StrAppend(&text, absl::StrFormat(" test RMSE %.4f", *res.test_rmse));
+      if (res.records_skipped > 0) {
+        absl::StrAppend(&text, " bad records skipped ", res.records_skipped);
+      }
+      absl::StrAppend(&text, "\n");
+    }
     if (!res.model_path.empty()) {
       absl::StrAppend(&text, "  model: ", res.model_path, " (kubetrain eval ", res.model_path,
                       ")\n");

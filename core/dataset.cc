@@ -201,6 +201,8 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path, const std::strin
   return data;
 }
 
+absl::StatusOr<std::string> ReadDataFile(const std::string& path) { return ReadFile(path); }
+
 absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train) {
   return LoadIdx(FashionMnistPath(dir, train, "images-idx3"),
                  FashionMnistPath(dir, train, "labels-idx1"));
@@ -249,11 +251,19 @@ void ShardedBatcher::Reshuffle() {
 }
 
 void ShardedBatcher::Next(int batch, std::vector<float>* x, std::vector<int32_t>* y) {
+  Next(batch, x, y, nullptr);
+}
+
+void ShardedBatcher::Next(int batch, std::vector<float>* x, std::vector<int32_t>* y,
+                          std::vector<float>* t) {
+  const bool targets = t != nullptr && !data_.targets.empty();
+  if (t != nullptr) t->clear();
   if (indices_.empty() || batch <= 0) {
     x->clear();
     y->clear();
     return;
   }
+  if (targets) t->resize(batch);
   const int dim = data_.feature_dim();
   x->resize(static_cast<size_t>(batch) * dim);
   y->resize(batch);
@@ -266,6 +276,7 @@ void ShardedBatcher::Next(int batch, std::vector<float>* x, std::vector<int32_t>
     std::memcpy(x->data() + static_cast<size_t>(i) * dim, data_.images.data() + example * dim,
                 dim * sizeof(float));
     (*y)[i] = data_.labels[example];
+    if (targets) (*t)[i] = data_.targets[example];
   }
 }
 

@@ -12,14 +12,23 @@
 
 namespace kubetrain {
 
+// IDX images, or tabular records (core/tabular.h: rows 1, cols features).
 struct Dataset {
   int64_t size = 0;
   int rows = 28;
   int cols = 28;
-  std::vector<float> images;    // size x (rows*cols), pixel/255 in [0, 1]
-  std::vector<int32_t> labels;  // size, in [0, 10)
+  std::vector<float> images;    // size x (rows*cols): pixel/255 in [0, 1], or features
+  std::vector<int32_t> labels;  // size, class indices (classification)
+  std::vector<float> targets;   // size, regression targets (else empty)
+  int64_t skipped_records = 0;  // bad records dropped (onBadRecord: skip)
+  // Tabular: per column the training mean and stddev (core/tabular.h).
+  std::vector<float> norm_mean, norm_std;
   int feature_dim() const { return rows * cols; }
 };
+
+// The whole file; ".gz" is decompressed with zlib. Errors name the file
+// (missing, unreadable, corrupt gzip).
+absl::StatusOr<std::string> ReadDataFile(const std::string& path);
 
 // Reads an IDX3 image file and an IDX1 label file (".gz" is decompressed with
 // zlib; anything else is read raw). Errors name the file and what is wrong:
@@ -48,6 +57,8 @@ class ShardedBatcher {
   // Copies the next `batch` examples into x (batch x feature_dim) and y,
   // wrapping into a new epoch (reshuffled) when the shard is exhausted.
   void Next(int batch, std::vector<float>* x, std::vector<int32_t>* y);
+  // The same, also copying the regression targets (if the data has them).
+  void Next(int batch, std::vector<float>* x, std::vector<int32_t>* y, std::vector<float>* t);
 
   int64_t epoch() const { return epoch_; }
   int64_t shard_size() const { return static_cast<int64_t>(indices_.size()); }

@@ -27,6 +27,7 @@ const std::vector<Field<Progress>>& ProgressFields() {
       {"loss", &Progress::loss},
       {"examples_per_second", &Progress::examples_per_second},
       {"accuracy", &Progress::accuracy},
+      {"absent_workers", &Progress::absent_workers},
   };
   return *fields;
 }
@@ -38,6 +39,10 @@ const std::vector<Field<JobResult>>& JobResultFields() {
       {"global_step", &JobResult::global_step},
       {"target_steps", &JobResult::target_steps},
       {"test_accuracy", &JobResult::test_accuracy},
+      {"test_auc", &JobResult::test_auc},
+      {"test_log_loss", &JobResult::test_log_loss},
+      {"test_rmse", &JobResult::test_rmse},
+      {"records_skipped", &JobResult::records_skipped},
       {"final_loss", &JobResult::final_loss},
       {"wall_seconds", &JobResult::wall_seconds},
       {"examples_per_second", &JobResult::examples_per_second},

@@ -53,6 +53,9 @@ struct Progress {
   std::optional<double> loss;
   std::optional<double> examples_per_second;
   std::optional<double> accuracy;  // test accuracy at the last evaluation
+  // Sync workers the PS tasks no longer wait for: they missed a barrier
+  // (barrierTimeoutSeconds) and have not pushed since.
+  int64_t absent_workers = 0;
 };
 
 // How a job ended, as the chief saw it.
@@ -62,6 +65,12 @@ struct JobResult {
   int64_t global_step = 0;
   int64_t target_steps = 0;
   double test_accuracy = -1;  // < 0: not evaluated
+  // Per head (core/model.h EvalMetrics): binary labels AUC and log loss,
+  // regression RMSE; absent when the head has no such figure.
+  std::optional<double> test_auc;
+  std::optional<double> test_log_loss;
+  std::optional<double> test_rmse;
+  int64_t records_skipped = 0;  // bad data records dropped (onBadRecord: skip), train + test
   double final_loss = 0;
   double wall_seconds = 0;  // the chief's training time
   double examples_per_second = 0;

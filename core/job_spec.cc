@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -386,10 +387,92 @@ absl::Status ParseRunPolicy(const Fields& spec, RunPolicy* out) {
   return absl::OkStatus();
 }
 
+template <typename T>
+absl::Status CheckRange(const std::string& path, T value, T min, T max);
+
+// One entry of spec.training.model.layers; fields depend on its type.
+absl::Status ParseLayer(const YAML::Node& node, const std::string& path, LayerSpec* out) {
+  Fields f;
+  KT_RETURN_IF_ERROR(Fields::Read(node, path, {}, &f));
+  std::string type;
+  if (!f.Has("type")) return FieldError(path + ".type", "required");
+  KT_RETURN_IF_ERROR(ReadString(f, "type", &type));
+  const std::vector<std::string> types = {"dense",     "conv2d",  "maxpool2d",
+                                          "avgpool2d", "flatten", "dropout"};
+  KT_RETURN_IF_ERROR(CheckOneOf(path + ".type", type, types));
+  out->type = *LayerTypeFromName(type);
+  std::vector<std::string> known = {"type"};
+  switch (out->type) {
+    case LayerType::kDense:
+      known.insert(known.end(), {"units", "activation"});
+      break;
+    case LayerType::kConv2D:
+      known.insert(known.end(), {"filters", "kernel", "stride", "padding", "activation"});
+      break;
+    case LayerType::kMaxPool2D:
+    case LayerType::kAvgPool2D:
+      known.insert(known.end(), {"size", "stride"});
+      break;
+    case LayerType::kFlatten:
+      break;
+    case LayerType::kDropout:
+      known.push_back("rate");
+      break;
+  }
+  KT_RETURN_IF_ERROR(Fields::Read(node, path, known, &f));
+  auto required_int = [&](const std::string& key, int* v) -> absl::Status {
+    if (!f.Has(key)) return FieldError(f.PathOf(key), absl::StrCat("required for ", type));
+    KT_RETURN_IF_ERROR(ReadInt32(f, key, v));
+    return CheckRange(f.PathOf(key), *v, 1, kMaxHiddenUnits);
+  };
+  if (f.Has("activation")) {
+    std::string a;
+    KT_RETURN_IF_ERROR(ReadString(f, "activation", &a));
+    KT_RETURN_IF_ERROR(
+        CheckOneOf(f.PathOf("activation"), a, {"relu", "tanh", "sigmoid", "linear"}));
+    out->activation = *ActivationFromName(a);
+  }
+  switch (out->type) {
+    case LayerType::kDense:
+      return required_int("units", &out->units);
+    case LayerType::kConv2D: {
+      KT_RETURN_IF_ERROR(required_int("filters", &out->filters));
+      KT_RETURN_IF_ERROR(required_int("kernel", &out->kernel));
+      out->stride = 1;
+      KT_RETURN_IF_ERROR(ReadInt32(f, "stride", &out->stride));
+      KT_RETURN_IF_ERROR(CheckRange(f.PathOf("stride"), out->stride, 1, kMaxHiddenUnits));
+      std::string padding = "valid";
+      KT_RETURN_IF_ERROR(ReadString(f, "padding", &padding));
+      KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("padding"), padding, {"same", "valid"}));
+      out->same_padding = padding == "same";
+      return absl::OkStatus();
+    }
+    case LayerType::kMaxPool2D:
+    case LayerType::kAvgPool2D:
+      out->kernel = 2;
+      KT_RETURN_IF_ERROR(ReadInt32(f, "size", &out->kernel));
+      KT_RETURN_IF_ERROR(CheckRange(f.PathOf("size"), out->kernel, 1, kMaxHiddenUnits));
+      out->stride = out->kernel;
+      KT_RETURN_IF_ERROR(ReadInt32(f, "stride", &out->stride));
+      return CheckRange(f.PathOf("stride"), out->stride, 1, kMaxHiddenUnits);
+    case LayerType::kFlatten:
+      return absl::OkStatus();
+    case LayerType::kDropout:
+      if (!f.Has("rate")) return FieldError(f.PathOf("rate"), "required for dropout");
+      KT_RETURN_IF_ERROR(ReadDouble(f, "rate", &out->rate));
+      if (!(out->rate >= 0 && out->rate < 1)) {
+        return FieldError(f.PathOf("rate"), absl::StrCat("must be in [0, 1), got ", out->rate));
+      }
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseModel(const Fields& training, ModelSpec* out) {
   Fields f;
   bool present;
-  KT_RETURN_IF_ERROR(ReadSection(training, "model", {"type", "hiddenUnits"}, &f, &present));
+  KT_RETURN_IF_ERROR(
+      ReadSection(training, "model", {"type", "hiddenUnits", "layers", "head"}, &f, &present));
   if (!present) return absl::OkStatus();
   KT_RETURN_IF_ERROR(ReadString(f, "type", &out->type));
   if (const YAML::Node* n = f.Get("hiddenUnits")) {
@@ -402,20 +485,279 @@ absl::Status ParseModel(const Fields& training, ModelSpec* out) {
       out->hidden_units.push_back(units);
     }
   }
+  if (const YAML::Node* n = f.Get("layers")) {
+    const std::string path = f.PathOf("layers");
+    if (f.Has("type") && out->type != "layers") {
+      return FieldError(path, absl::StrCat("cannot be set with type ", Quote(out->type),
+                                           " (a layer list is type \"layers\"; omit type)"));
+    }
+    if (!n->IsSequence()) return TypeError(path, "a list of layers", *n);
+    if (n->size() == 0) return FieldError(path, "needs at least one layer");
+    out->type = "layers";
+    out->layers.clear();
+    for (size_t i = 0; i < n->size(); ++i) {
+      LayerSpec layer;
+      KT_RETURN_IF_ERROR(ParseLayer((*n)[i], absl::StrCat(path, "[", i, "]"), &layer));
+      out->layers.push_back(layer);
+    }
+  }
+  if (f.Has("head")) {
+    std::string head;
+    KT_RETURN_IF_ERROR(ReadString(f, "head", &head));
+    KT_RETURN_IF_ERROR(
+        CheckOneOf(f.PathOf("head"), head, {"softmax", "sigmoid", "meanSquaredError"}));
+    out->head = *HeadTypeFromName(head);
+    if (out->type != "layers") {
+      return FieldError(f.PathOf("head"), "only applies to a layer list (model.layers)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadStringList(const Fields& f, const std::string& key,
+                            std::vector<std::string>* out) {
+  const YAML::Node* n = f.Get(key);
+  if (n == nullptr) return absl::OkStatus();
+  const std::string path = f.PathOf(key);
+  if (!n->IsSequence()) return TypeError(path, "a list of strings", *n);
+  out->clear();
+  for (size_t i = 0; i < n->size(); ++i) {
+    std::string v;
+    KT_RETURN_IF_ERROR(ToString((*n)[i], absl::StrCat(path, "[", i, "]"), &v));
+    out->push_back(v);
+  }
+  return absl::OkStatus();
+}
+
+// One entry of spec.training.dataset.columns.
+absl::Status ParseColumn(const YAML::Node& node, const std::string& path, ColumnSpec* out) {
+  Fields f;
+  KT_RETURN_IF_ERROR(Fields::Read(node, path, {}, &f));
+  if (!f.Has("name")) return FieldError(path + ".name", "required");
+  KT_RETURN_IF_ERROR(ReadString(f, "name", &out->name));
+  if (out->name.empty()) return FieldError(path + ".name", "must not be empty");
+  if (!f.Has("type")) return FieldError(path + ".type", "required");
+  std::string type;
+  KT_RETURN_IF_ERROR(ReadString(f, "type", &type));
+  KT_RETURN_IF_ERROR(
+      CheckOneOf(path + ".type", type, {"numeric", "categorical", "label", "ignore"}));
+  std::vector<std::string> known = {"name", "type"};
+  if (type == "numeric") {
+    out->type = ColumnType::kNumeric;
+    known.insert(known.end(), {"normalize", "missing"});
+  } else if (type == "categorical") {
+    out->type = ColumnType::kCategorical;
+    known.insert(known.end(), {"vocabulary", "hashBuckets", "missing"});
+  } else if (type == "label") {
+    out->type = ColumnType::kLabel;
+    known.insert(known.end(), {"classes", "numClasses"});
+  } else {
+    out->type = ColumnType::kIgnore;
+  }
+  KT_RETURN_IF_ERROR(Fields::Read(node, path, known, &f));
+  KT_RETURN_IF_ERROR(ReadBool(f, "normalize", &out->normalize));
+  if (f.Has("missing")) {
+    KT_RETURN_IF_ERROR(ReadString(f, "missing", &out->missing));
+    if (out->type == ColumnType::kNumeric) {
+      KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("missing"), out->missing, {"mean", "zero", "error"}));
+    } else {
+      KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("missing"), out->missing, {"zeros", "error"}));
+    }
+  }
+  if (out->type == ColumnType::kCategorical) {
+    KT_RETURN_IF_ERROR(ReadStringList(f, "vocabulary", &out->vocabulary));
+    KT_RETURN_IF_ERROR(ReadInt32(f, "hashBuckets", &out->hash_buckets));
+    if (f.Has("vocabulary") == f.Has("hashBuckets")) {
+      return FieldError(path,
+                        "a categorical column needs exactly one of vocabulary or hashBuckets");
+    }
+    if (f.Has("hashBuckets")) {
+      KT_RETURN_IF_ERROR(CheckRange(f.PathOf("hashBuckets"), out->hash_buckets, 1, 1 << 20));
+    } else {
+      if (out->vocabulary.empty()) return FieldError(f.PathOf("vocabulary"), "must not be empty");
+      std::set<std::string> seen;
+      for (size_t i = 0; i < out->vocabulary.size(); ++i) {
+        if (!seen.insert(out->vocabulary[i]).second) {
+          return FieldError(absl::StrCat(f.PathOf("vocabulary"), "[", i, "]"),
+                            absl::StrCat("duplicate value ", Quote(out->vocabulary[i])));
+        }
+      }
+    }
+  }
+  if (out->type == ColumnType::kLabel) {
+    if (f.Has("classes") && f.Has("numClasses")) {
+      return FieldError(f.PathOf("numClasses"), "cannot be set together with classes");
+    }
+    if (const YAML::Node* n = f.Get("classes")) {
+      const std::string cpath = f.PathOf("classes");
+      if (n->IsSequence()) {
+        for (size_t i = 0; i < n->size(); ++i) {
+          std::string v;
+          KT_RETURN_IF_ERROR(ToString((*n)[i], absl::StrCat(cpath, "[", i, "]"), &v));
+          out->classes.emplace_back(v, static_cast<int>(i));
+        }
+      } else if (n->IsMap()) {
+        for (auto it = n->begin(); it != n->end(); ++it) {
+          const std::string key = it->first.Scalar();
+          int index;
+          KT_RETURN_IF_ERROR(ToInt32(it->second, Join(cpath, key), &index));
+          KT_RETURN_IF_ERROR(CheckRange(Join(cpath, key), index, 0, 65535));
+          out->classes.emplace_back(key, index);
+        }
+      } else {
+        return TypeError(cpath, "a list of values or a mapping value -> class index", *n);
+      }
+      std::set<std::string> seen;
+      for (const auto& [value, index] : out->classes) {
+        if (!seen.insert(value).second) {
+          return FieldError(cpath, absl::StrCat("duplicate value ", Quote(value)));
+        }
+      }
+      if (out->classes.size() < 2 && n->IsSequence()) {
+        return FieldError(cpath, "needs at least 2 classes");
+      }
+    }
+    if (f.Has("numClasses")) {
+      KT_RETURN_IF_ERROR(ReadInt32(f, "numClasses", &out->num_classes));
+      KT_RETURN_IF_ERROR(CheckRange(f.PathOf("numClasses"), out->num_classes, 2, 65536));
+    }
+  }
+  return absl::OkStatus();
+}
+
+const std::vector<std::string>& DatasetKeys() {
+  static const auto* keys = new std::vector<std::string>{
+      "name",   "path",      "format",        "trainFiles",    "testPath",    "testFiles",
+      "header", "delimiter", "commentPrefix", "missingValues", "onBadRecord", "columns"};
+  return *keys;
+}
+
+// Reads a dataset section already split into fields.
+absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
+  KT_RETURN_IF_ERROR(ReadString(f, "format", &out->dataset_format));
+  KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("format"), out->dataset_format, {"idx", "csv"}));
+  if (out->dataset_format == "idx") {
+    for (const std::string& key : DatasetKeys()) {
+      if (key != "name" && key != "path" && key != "format" && f.Has(key)) {
+        return FieldError(f.PathOf(key), "only applies to format csv");
+      }
+    }
+    KT_RETURN_IF_ERROR(ReadString(f, "name", &out->dataset_name));
+    KT_RETURN_IF_ERROR(ReadString(f, "path", &out->dataset_path));
+    // The default path holds Fashion-MNIST; another dataset must say where it is.
+    if (!f.Has("path") && out->dataset_name != "fashion-mnist") {
+      return FieldError(f.PathOf("path"),
+                        absl::StrCat("required for dataset ", Quote(out->dataset_name)));
+    }
+    return absl::OkStatus();
+  }
+  TabularSpec& t = out->tabular;
+  out->dataset_name = "";
+  KT_RETURN_IF_ERROR(ReadString(f, "name", &out->dataset_name));
+  auto files = [&](const char* one, const char* list, std::vector<std::string>* v) {
+    if (f.Has(one) == f.Has(list)) {
+      return FieldError(f.PathOf(list), absl::StrCat("format csv needs exactly one of ", one,
+                                                     " (a file or glob) or ", list));
+    }
+    if (f.Has(one)) {
+      std::string p;
+      KT_RETURN_IF_ERROR(ReadString(f, one, &p));
+      if (p.empty()) return FieldError(f.PathOf(one), "must not be empty");
+      *v = {p};
+      return absl::OkStatus();
+    }
+    KT_RETURN_IF_ERROR(ReadStringList(f, list, v));
+    if (v->empty()) return FieldError(f.PathOf(list), "must not be empty");
+    for (size_t i = 0; i < v->size(); ++i) {
+      if ((*v)[i].empty())
+        return FieldError(absl::StrCat(f.PathOf(list), "[", i, "]"), "must not be empty");
+    }
+    return absl::OkStatus();
+  };
+  KT_RETURN_IF_ERROR(files("path", "trainFiles", &t.train_files));
+  KT_RETURN_IF_ERROR(files("testPath", "testFiles", &t.test_files));
+  KT_RETURN_IF_ERROR(ReadBool(f, "header", &t.header));
+  if (f.Has("delimiter")) {
+    std::string d;
+    KT_RETURN_IF_ERROR(ReadString(f, "delimiter", &d));
+    if (d.size() != 1 || d == "\"" || d == "\n" || d == "\r") {
+      return FieldError(
+          f.PathOf("delimiter"),
+          absl::StrCat("must be one character (not a quote or newline), got ", Quote(d)));
+    }
+    t.delimiter = d[0];
+  }
+  KT_RETURN_IF_ERROR(ReadString(f, "commentPrefix", &t.comment_prefix));
+  KT_RETURN_IF_ERROR(ReadStringList(f, "missingValues", &t.missing_values));
+  std::string on_bad = "fail";
+  KT_RETURN_IF_ERROR(ReadString(f, "onBadRecord", &on_bad));
+  KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("onBadRecord"), on_bad, {"fail", "skip"}));
+  t.skip_bad_records = on_bad == "skip";
+  const YAML::Node* cols = f.Get("columns");
+  const std::string cpath = f.PathOf("columns");
+  if (cols == nullptr) return FieldError(cpath, "required for format csv");
+  if (!cols->IsSequence()) return TypeError(cpath, "a list of columns", *cols);
+  std::set<std::string> names;
+  int labels = 0;
+  for (size_t i = 0; i < cols->size(); ++i) {
+    ColumnSpec c;
+    const std::string path = absl::StrCat(cpath, "[", i, "]");
+    KT_RETURN_IF_ERROR(ParseColumn((*cols)[i], path, &c));
+    if (!names.insert(c.name).second) {
+      return FieldError(path + ".name", absl::StrCat("duplicate column name ", Quote(c.name)));
+    }
+    if (c.type == ColumnType::kLabel && ++labels > 1) {
+      return FieldError(path + ".type", "only one column can be the label");
+    }
+    t.columns.push_back(std::move(c));
+  }
+  if (labels == 0) return FieldError(cpath, "needs a column of type label");
+  const int64_t dim = FeatureDim(t);
+  if (dim < 1 || dim > (int64_t{1} << 24)) {
+    return FieldError(
+        cpath, absl::StrCat("the columns give ", dim, " features, must be in [1, 16777216]"));
+  }
   return absl::OkStatus();
 }
 
 absl::Status ParseDataset(const Fields& training, TrainingSpec* out) {
   Fields f;
   bool present;
-  KT_RETURN_IF_ERROR(ReadSection(training, "dataset", {"name", "path"}, &f, &present));
+  KT_RETURN_IF_ERROR(ReadSection(training, "dataset", DatasetKeys(), &f, &present));
   if (!present) return absl::OkStatus();
-  KT_RETURN_IF_ERROR(ReadString(f, "name", &out->dataset_name));
-  KT_RETURN_IF_ERROR(ReadString(f, "path", &out->dataset_path));
-  // The default path holds Fashion-MNIST; another dataset must say where it is.
-  if (!f.Has("path") && out->dataset_name != "fashion-mnist") {
-    return FieldError(f.PathOf("path"),
-                      absl::StrCat("required for dataset ", Quote(out->dataset_name)));
+  KT_RETURN_IF_ERROR(ParseDatasetFields(f, out));
+  // Model files record the section, so eval reads data exactly as training did.
+  YAML::Emitter emitter;
+  emitter << *training.Get("dataset");
+  out->dataset_yaml = emitter.good() ? emitter.c_str() : "";
+  return absl::OkStatus();
+}
+
+// The model's input shape and classes come from the dataset: IDX images are
+// [28, 28, 1] with 10 classes.
+// CSV records are [features] with the label column's classes.
+absl::Status ConnectModelToDataset(TrainingSpec* t) {
+  if (t->dataset_format == "csv") {
+    const int64_t dim = FeatureDim(t->tabular);
+    t->model.input_dim = static_cast<int>(dim);
+    t->model.input_shape = {static_cast<int>(dim)};
+    const int classes = LabelClasses(t->tabular);
+    t->model.num_classes = classes;
+    const std::string path = "spec.training.model";
+    if (classes == 0 && t->model.head != HeadType::kMeanSquaredError) {
+      return FieldError(t->model.type == "layers" ? path + ".head" : path + ".type",
+                        "the label column is a number (no classes or numClasses): regression "
+                        "needs a layer list with head meanSquaredError");
+    }
+    if (classes > 0 && t->model.head == HeadType::kMeanSquaredError) {
+      return FieldError(path + ".head",
+                        "meanSquaredError needs a numeric label (a label column without classes "
+                        "or numClasses)");
+    }
+    return absl::OkStatus();
+  }
+  if (t->model.type == "layers" && t->model.input_shape.empty()) {
+    t->model.input_shape = {28, 28, 1};
   }
   return absl::OkStatus();
 }
@@ -484,6 +826,7 @@ absl::Status ParseTraining(const Fields& spec, TrainingSpec* out) {
   KT_RETURN_IF_ERROR(ReadInt64(f, "maxStaleness", &out->max_staleness));
   KT_RETURN_IF_ERROR(ParseModel(f, &out->model));
   KT_RETURN_IF_ERROR(ParseDataset(f, out));
+  KT_RETURN_IF_ERROR(ConnectModelToDataset(out));
   KT_RETURN_IF_ERROR(ParseOptimizer(f, &out->optimizer));
   KT_RETURN_IF_ERROR(ReadInt32(f, "batchSize", &out->batch_size));
   KT_RETURN_IF_ERROR(ReadInt64(f, "steps", &out->steps));
@@ -641,7 +984,7 @@ absl::Status ValidateReplicas(const TrainingJob& job) {
 
 absl::Status ValidateModel(const ModelSpec& model) {
   const std::string path = "spec.training.model";
-  KT_RETURN_IF_ERROR(CheckOneOf(path + ".type", model.type, {"softmax", "mlp"}));
+  KT_RETURN_IF_ERROR(CheckOneOf(path + ".type", model.type, {"softmax", "mlp", "layers"}));
   const std::string units_path = path + ".hiddenUnits";
   if (model.type == "softmax" && !model.hidden_units.empty()) {
     return FieldError(units_path, "must be empty for type softmax (a single 784 -> 10 layer)");
@@ -649,13 +992,26 @@ absl::Status ValidateModel(const ModelSpec& model) {
   if (model.type == "mlp" && model.hidden_units.empty()) {
     return FieldError(units_path, "required for type mlp (at least one hidden layer)");
   }
+  if (model.type == "layers" && !model.hidden_units.empty()) {
+    return FieldError(units_path, "only applies to type mlp (use dense layers in model.layers)");
+  }
+  if (model.type == "layers" && model.layers.empty()) {
+    return FieldError(path + ".layers", "required for type layers");
+  }
   for (size_t i = 0; i < model.hidden_units.size(); ++i) {
     KT_RETURN_IF_ERROR(CheckRange(absl::StrCat(units_path, "[", i, "]"), model.hidden_units[i], 1,
                                   kMaxHiddenUnits));
   }
-  // The model library is the authority on what it can build.
+  // The model library is the authority on what it can build; its errors on
+  // a layer start with "layers[i]: " and become that field's path.
   absl::StatusOr<Model> created = Model::Create(model);
-  if (!created.ok()) return FieldError(path, created.status().message());
+  if (!created.ok()) {
+    const absl::string_view message = created.status().message();
+    if (absl::StartsWith(message, "layers")) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ".", message));
+    }
+    return FieldError(path, message);
+  }
   return absl::OkStatus();
 }
 
@@ -690,9 +1046,11 @@ absl::Status ValidateTraining(const TrainingJob& job) {
 
   KT_RETURN_IF_ERROR(ValidateModel(t.model));
 
-  KT_RETURN_IF_ERROR(
-      CheckOneOf(path + ".dataset.name", t.dataset_name, {"fashion-mnist", "mnist"}));
-  if (t.dataset_path.empty()) return FieldError(path + ".dataset.path", "must not be empty");
+  if (t.dataset_format == "idx") {
+    KT_RETURN_IF_ERROR(
+        CheckOneOf(path + ".dataset.name", t.dataset_name, {"fashion-mnist", "mnist"}));
+    if (t.dataset_path.empty()) return FieldError(path + ".dataset.path", "must not be empty");
+  }
 
   const OptimizerSpec& o = t.optimizer;
   const std::string opath = path + ".optimizer";
@@ -978,6 +1336,20 @@ absl::Status ValidateTrainingJob(const TrainingJob& job) {
                                                          Quote(job.success_policy)));
   }
   return ValidateTraining(job);
+}
+
+absl::Status ParseDatasetSection(const std::string& yaml_text, TrainingSpec* out) {
+  YAML::Node node;
+  try {
+    node = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.training.dataset: ", e.what()));
+  }
+  Fields f;
+  KT_RETURN_IF_ERROR(Fields::Read(node, "spec.training.dataset", DatasetKeys(), &f));
+  KT_RETURN_IF_ERROR(ParseDatasetFields(f, out));
+  out->dataset_yaml = yaml_text;
+  return absl::OkStatus();
 }
 
 const char* TrainingModeName(TrainingMode mode) {

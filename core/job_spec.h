@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/model.h"
+#include "core/tabular.h"
 
 namespace kubetrain {
 
@@ -61,7 +62,10 @@ struct TrainingSpec {
   std::optional<int64_t> max_staleness;
   ModelSpec model;
   std::string dataset_name = "fashion-mnist";
-  std::string dataset_path = "/usr/share/datasets/fashion-mnist";
+  std::string dataset_path = "/usr/share/datasets/fashion-mnist";  // format idx: the directory
+  std::string dataset_format = "idx";                              // "idx" | "csv"
+  TabularSpec tabular;                                             // format csv
+  std::string dataset_yaml;  // the dataset section as written ("" if absent), for model files
   OptimizerSpec optimizer;
   int batch_size = 100;  // per worker, per step
   // Exactly one of steps / epochs (validation enforces it).
@@ -123,6 +127,10 @@ absl::StatusOr<TrainingJob> LoadTrainingJobFile(const std::string& path);
 
 // Cross-field validation (already applied by ParseTrainingJob).
 absl::Status ValidateTrainingJob(const TrainingJob& job);
+
+// Parses a spec.training.dataset section on its own (as recorded in a model
+// file) into out's dataset fields; errors as ParseTrainingJob's.
+absl::Status ParseDatasetSection(const std::string& yaml_text, TrainingSpec* out);
 
 // The shortest decimal text that reads back as `value` (StrCat keeps 6
 // digits, which would print 0.99999999999 as "1").

@@ -607,7 +607,91 @@ TEST(JobSpecErrors, EmptyMlpHiddenUnits) {
   EXPECT_EQ(ErrorOf(Replace("hiddenUnits: [64]", "hiddenUnits: [100000]")),
             "spec.training.model.hiddenUnits[0]: must be in [1, 65536], got 100000");
   EXPECT_EQ(ErrorOf(Replace("type: mlp", "type: cnn")),
-            "spec.training.model.type: must be one of softmax, mlp, got \"cnn\"");
+            "spec.training.model.type: must be one of softmax, mlp, layers, got \"cnn\"");
+}
+
+// The model section replaced by a layer list.
+std::string WithLayers(const std::string& layers, const std::string& extra = "") {
+  return Replace("      type: mlp\n      hiddenUnits: [64]\n", "      layers:\n" + layers + extra);
+}
+
+constexpr char kCnn[] =
+    R"(      - {type: conv2d, filters: 8, kernel: 3, padding: same, activation: relu}
+      - {type: maxpool2d, size: 2}
+      - {type: conv2d, filters: 16, kernel: 3, stride: 2, activation: tanh}
+      - {type: avgpool2d, size: 2, stride: 1}
+      - {type: flatten}
+      - {type: dropout, rate: 0.25}
+      - {type: dense, units: 10}
+)";
+
+TEST(JobSpecLayers, ParsesEveryLayerKind) {
+  auto job = ParseTrainingJob(WithLayers(kCnn));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const ModelSpec& m = job->training.model;
+  EXPECT_EQ(m.type, "layers");
+  EXPECT_EQ(m.input_shape, (Shape{28, 28, 1}));
+  ASSERT_EQ(m.layers.size(), 7u);
+  EXPECT_EQ(m.layers[0].type, LayerType::kConv2D);
+  EXPECT_EQ(m.layers[0].filters, 8);
+  EXPECT_TRUE(m.layers[0].same_padding);
+  EXPECT_EQ(m.layers[0].activation, Activation::kRelu);
+  EXPECT_EQ(m.layers[1].type, LayerType::kMaxPool2D);
+  EXPECT_EQ(m.layers[1].kernel, 2);
+  EXPECT_EQ(m.layers[1].stride, 2);  // defaults to the size
+  EXPECT_EQ(m.layers[2].stride, 2);
+  EXPECT_FALSE(m.layers[2].same_padding);  // valid is the default
+  EXPECT_EQ(m.layers[3].stride, 1);
+  EXPECT_EQ(m.layers[5].rate, 0.25);
+  EXPECT_EQ(m.layers[6].activation, Activation::kLinear);
+  EXPECT_EQ(m.head, HeadType::kSoftmax);
+  auto model = Model::Create(m);
+  ASSERT_TRUE(model.ok());
+  EXPECT_EQ(model->variables()[2].name, "layers.2.kernel");
+}
+
+TEST(JobSpecLayers, ErrorsNameTheLayerField) {
+  EXPECT_EQ(ErrorOf(WithLayers("      - {type: flatten}\n"
+                               "      - {type: dense, units: 32}\n"
+                               "      - {type: conv2d, filters: 4, kernel: 3}\n"
+                               "      - {type: dense, units: 10}\n")),
+            "spec.training.model.layers[2]: conv2d needs a 3-D input, got [32]");
+  EXPECT_EQ(ErrorOf(WithLayers("      - {type: dense, units: 10}\n")),
+            "spec.training.model.layers[0]: dense needs a 1-D input, got [28, 28, 1] (add a "
+            "flatten layer before it)");
+  EXPECT_EQ(ErrorOf(WithLayers("      - {type: flatten}\n      - {type: dense, units: 3}\n")),
+            "spec.training.model.layers[1]: dense has 3 units, the softmax head needs 10: one "
+            "unit per class of the labels (10)");
+  EXPECT_EQ(ErrorOf(WithLayers("      - {type: dense, unit: 3}\n")),
+            "spec.training.model.layers[0].unit: unknown field (known: type, units, activation); "
+            "did you mean \"units\"?");
+  EXPECT_EQ(ErrorOf(WithLayers("      - {type: conv2d, filters: 3}\n")),
+            "spec.training.model.layers[0].kernel: required for conv2d");
+  EXPECT_EQ(ErrorOf(WithLayers("      - {type: conv2d, filters: 3, kernel: 3, padding: full}\n")),
+            "spec.training.model.layers[0].padding: must be one of same, valid, got \"full\"");
+  EXPECT_EQ(ErrorOf(WithLayers("      - {type: dense, units: 3, activation: gelu}\n")),
+            "spec.training.model.layers[0].activation: must be one of relu, tanh, sigmoid, "
+            "linear, got \"gelu\"; did you mean \"relu\"?");
+  EXPECT_EQ(ErrorOf(WithLayers("      - {type: dropout, rate: 1.5}\n")),
+            "spec.training.model.layers[0].rate: must be in [0, 1), got 1.5");
+  EXPECT_EQ(ErrorOf(WithLayers("      - {type: lstm}\n")),
+            "spec.training.model.layers[0].type: must be one of dense, conv2d, maxpool2d, "
+            "avgpool2d, flatten, dropout, got \"lstm\"");
+  EXPECT_EQ(ErrorOf(WithLayers("      - {units: 3}\n")),
+            "spec.training.model.layers[0].type: required");
+  EXPECT_EQ(ErrorOf(WithLayers("      []\n")),
+            "spec.training.model.layers: needs at least one layer");
+  EXPECT_EQ(ErrorOf(Replace("      hiddenUnits: [64]\n",
+                            "      hiddenUnits: [64]\n      layers: [{type: flatten}]\n")),
+            "spec.training.model.layers: cannot be set with type \"mlp\" (a layer list is type "
+            "\"layers\"; omit type)");
+  EXPECT_EQ(ErrorOf(Replace("      hiddenUnits: [64]\n",
+                            "      hiddenUnits: [64]\n      head: sigmoid\n")),
+            "spec.training.model.head: only applies to a layer list (model.layers)");
+  EXPECT_EQ(ErrorOf(WithLayers("      - {type: flatten}\n      - {type: dense, units: 10}\n",
+                               "      head: hinge\n")),
+            "spec.training.model.head: must be one of softmax, sigmoid, meanSquaredError, got "
+            "\"hinge\"");
 }
 
 TEST(JobSpecErrors, RangesOfOtherFields) {

@@ -4,35 +4,32 @@
 #include <cassert>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
-
-// GCC 12.2 (GCC bug 105593) reports false "__Y is used uninitialized"
-// warnings inside its own AVX-512 intrinsics (_mm512_undefined_ps) whenever
-// Eigen vectorizes with -march=native; they are noise, not bugs here.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <eigen3/Eigen/Dense>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace kubetrain {
 namespace {
 
-using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstMatrixMap = Eigen::Map<const RowMatrix>;
 using MatrixMap = Eigen::Map<RowMatrix>;
 using ConstRowVectorMap = Eigen::Map<const Eigen::RowVectorXf>;
 using RowVectorMap = Eigen::Map<Eigen::RowVectorXf>;
 
-// Rows per forward block in Accuracy(): bounds memory on large eval sets.
+// Rows per forward block in Evaluate(): bounds memory on large eval sets.
 constexpr int64_t kEvalBlock = 1000;
 
 // FNV-1a: unlike std::hash, stable across standard libraries and platforms,
@@ -54,39 +51,68 @@ uint64_t Mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Layer sizes [input, hidden..., classes].
-std::vector<int> LayerDims(const ModelSpec& spec) {
-  std::vector<int> dims;
-  dims.push_back(spec.input_dim);
-  dims.insert(dims.end(), spec.hidden_units.begin(), spec.hidden_units.end());
-  dims.push_back(spec.num_classes);
-  return dims;
-}
+// Hand-rolled uniform in [0, 1): std::uniform_real_distribution's output is
+// implementation-defined, which would break cross-platform determinism.
+double Uniform01(std::mt19937_64* rng) { return static_cast<double>((*rng)() >> 11) * 0x1.0p-53; }
 
 // Adds the bias row to every row of z.
 void AddBias(const std::vector<float>& bias, RowMatrix* z) {
   z->rowwise() += ConstRowVectorMap(bias.data(), z->cols());
 }
 
-}  // namespace
+double Sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 
-Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
-  const std::vector<int> dims = LayerDims(spec_);
-  for (size_t i = 0; i + 1 < dims.size(); ++i) {
-    variables_.push_back({absl::StrCat("dense", i, "/kernel"), dims[i], dims[i + 1]});
-    variables_.push_back({absl::StrCat("dense", i, "/bias"), 1, dims[i + 1]});
+// Area under the ROC curve of `score` for labels 0/1 (Mann-Whitney U, ties
+// counted half); 0.5 when one class is absent.
+double Auc(const std::vector<double>& score, const std::vector<int32_t>& label) {
+  std::vector<size_t> order(score.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return score[a] < score[b]; });
+  double positives = 0, rank_sum = 0;
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;
+    while (j < order.size() && score[order[j]] == score[order[i]]) ++j;
+    const double mid_rank = (static_cast<double>(i) + static_cast<double>(j) + 1) / 2;  // 1-based
+    for (size_t t = i; t < j; ++t) {
+      if (label[order[t]] == 1) {
+        positives += 1;
+        rank_sum += mid_rank;
+      }
+    }
+    i = j;
   }
+  const double negatives = static_cast<double>(score.size()) - positives;
+  if (positives == 0 || negatives == 0) return 0.5;
+  return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives);
 }
 
+}  // namespace
+
+struct Model::Cache {
+  std::vector<RowMatrix> out;  // out[i]: op i's output (after its activation)
+  std::vector<RowMatrix> aux;  // conv2d: im2col patches; dropout: scaled mask
+  std::vector<std::vector<int32_t>> argmax;
+};
+
+Model::Model(ModelSpec spec) : spec_(std::move(spec)) {}
+
 absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
-  if (spec.type == "softmax") {
-    if (!spec.hidden_units.empty()) {
+  Model m(spec);
+  auto dense = [](int units, Activation a) {
+    LayerSpec l;
+    l.type = LayerType::kDense;
+    l.units = units;
+    l.activation = a;
+    return l;
+  };
+  std::vector<LayerSpec> layers;
+  if (spec.type == "softmax" || spec.type == "mlp") {
+    if (spec.type == "softmax" && !spec.hidden_units.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("model type \"softmax\" takes no hidden_units, got [",
                        absl::StrJoin(spec.hidden_units, ","), "]"));
     }
-  } else if (spec.type == "mlp") {
-    if (spec.hidden_units.empty()) {
+    if (spec.type == "mlp" && spec.hidden_units.empty()) {
       return absl::InvalidArgumentError("model type \"mlp\" needs at least one hidden_units entry");
     }
     for (size_t i = 0; i < spec.hidden_units.size(); ++i) {
@@ -95,36 +121,175 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
                                                        "] is ", spec.hidden_units[i],
                                                        ", must be > 0"));
       }
+      layers.push_back(dense(spec.hidden_units[i], Activation::kRelu));
+    }
+    if (spec.input_dim <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input_dim is ", spec.input_dim, ", must be > 0"));
+    }
+    if (spec.num_classes < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("num_classes is ", spec.num_classes, ", must be >= 2"));
+    }
+    if (spec.head != HeadType::kSoftmax) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model type \"", spec.type, "\" has a softmax head, got ",
+                       HeadTypeName(spec.head), " (use a layer list)"));
+    }
+    layers.push_back(dense(spec.num_classes, Activation::kLinear));
+    m.input_shape_ = {spec.input_dim};
+  } else if (spec.type == "layers") {
+    if (spec.layers.empty()) return absl::InvalidArgumentError("layers: needs at least one layer");
+    layers = spec.layers;
+    m.input_shape_ = spec.input_shape.empty() ? Shape{spec.input_dim} : spec.input_shape;
+    if (m.input_shape_.size() != 1 && m.input_shape_.size() != 3) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the input shape must be [d] or [h, w, c], got ", ShapeString(m.input_shape_)));
+    }
+    for (int d : m.input_shape_) {
+      if (d <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the input shape must be positive, got ", ShapeString(m.input_shape_)));
+      }
     }
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown model type \"", spec.type, "\" (expected \"softmax\" or \"mlp\")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown model type \"", spec.type, "\" (expected \"softmax\", \"mlp\" or \"layers\")"));
   }
-  if (spec.input_dim <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("input_dim is ", spec.input_dim, ", must be > 0"));
+
+  const bool legacy = spec.type != "layers";
+  Shape shape = m.input_shape_;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Op op;
+    op.layer = layers[i];
+    op.in = shape;
+    auto out = OutputShape(op.layer, shape);
+    if (!out.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("layers[", i, "]: ", out.status().message()));
+    }
+    op.out = *out;
+    if (op.in.size() == 3 &&
+        (op.layer.type == LayerType::kConv2D || op.layer.type == LayerType::kMaxPool2D ||
+         op.layer.type == LayerType::kAvgPool2D)) {
+      op.window = MakeWindowGeometry(op.layer, op.in);
+    }
+    if (HasVariables(op.layer.type)) {
+      const std::string prefix =
+          legacy ? absl::StrCat("dense", i, "/") : absl::StrCat("layers.", i, ".");
+      const int64_t out_channels =
+          op.layer.type == LayerType::kDense ? op.layer.units : op.layer.filters;
+      const int64_t rows = op.layer.type == LayerType::kDense ? op.in[0] : op.window.patch_size();
+      op.kernel = static_cast<int>(m.variables_.size());
+      m.variables_.push_back({prefix + "kernel", rows, out_channels});
+      op.bias = static_cast<int>(m.variables_.size());
+      m.variables_.push_back({prefix + "bias", 1, out_channels});
+    }
+    shape = op.out;
+    m.ops_.push_back(std::move(op));
   }
-  if (spec.num_classes < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_classes is ", spec.num_classes, ", must be >= 2"));
+  if (!legacy) {
+    const std::string last = absl::StrCat("layers[", layers.size() - 1, "]: ");
+    const LayerSpec& tail = layers.back();
+    if (tail.type != LayerType::kDense || tail.activation != Activation::kLinear) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(last, "the last layer must be a dense layer with activation linear (the ",
+                       HeadTypeName(spec.head), " head applies its own function), got ",
+                       LayerTypeName(tail.type),
+                       tail.type == LayerType::kDense
+                           ? absl::StrCat(" with activation ", ActivationName(tail.activation))
+                           : ""));
+    }
+    int want = 1;
+    std::string why = "one output";
+    if (spec.head == HeadType::kSoftmax) {
+      if (spec.num_classes < 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the softmax head needs >= 2 classes, the labels have ", spec.num_classes));
+      }
+      want = spec.num_classes;
+      why = absl::StrCat("one unit per class of the labels (", spec.num_classes, ")");
+    } else if (spec.head == HeadType::kSigmoid && spec.num_classes != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the sigmoid head needs binary labels (2 classes), the labels have ", spec.num_classes));
+    }
+    if (tail.units != want) {
+      return absl::InvalidArgumentError(absl::StrCat(last, "dense has ", tail.units, " units, the ",
+                                                     HeadTypeName(spec.head), " head needs ", want,
+                                                     ": ", why));
+    }
   }
-  return Model(spec);
+  return m;
+}
+
+bool Model::has_dropout() const {
+  return std::any_of(ops_.begin(), ops_.end(),
+                     [](const Op& op) { return op.layer.type == LayerType::kDropout; });
+}
+
+std::string Model::Summary() const {
+  if (spec_.type != "layers") {
+    std::vector<int> dims;
+    dims.push_back(spec_.input_dim);
+    dims.insert(dims.end(), spec_.hidden_units.begin(), spec_.hidden_units.end());
+    dims.push_back(spec_.num_classes);
+    return absl::StrCat(spec_.type, " ", absl::StrJoin(dims, "-"));
+  }
+  std::vector<std::string> parts = {ShapeString(input_shape_)};
+  for (const Op& op : ops_) {
+    const LayerSpec& l = op.layer;
+    switch (l.type) {
+      case LayerType::kDense:
+        parts.push_back(absl::StrCat("dense(", l.units,
+                                     l.activation == Activation::kLinear
+                                         ? ""
+                                         : absl::StrCat(",", ActivationName(l.activation)),
+                                     ")"));
+        break;
+      case LayerType::kConv2D:
+        parts.push_back(absl::StrCat("conv2d(", l.filters, ",", l.kernel, "x", l.kernel,
+                                     l.stride != 1 ? absl::StrCat("/", l.stride) : "",
+                                     l.activation == Activation::kLinear
+                                         ? ""
+                                         : absl::StrCat(",", ActivationName(l.activation)),
+                                     ")"));
+        break;
+      case LayerType::kMaxPool2D:
+      case LayerType::kAvgPool2D:
+        parts.push_back(absl::StrCat(LayerTypeName(l.type), "(", l.kernel, ")"));
+        break;
+      case LayerType::kFlatten:
+        parts.push_back("flatten");
+        break;
+      case LayerType::kDropout:
+        parts.push_back(absl::StrCat("dropout(", l.rate, ")"));
+        break;
+    }
+  }
+  parts.push_back(HeadTypeName(spec_.head));
+  return absl::StrCat("layers ", absl::StrJoin(parts, " "));
 }
 
 std::vector<float> Model::InitialValue(int index, uint64_t seed) const {
   if (index < 0 || index >= static_cast<int>(variables_.size())) return {};
   const VariableSpec& var = variables_[index];
   std::vector<float> value(var.num_elements(), 0.0f);
-  // Biases are zero; odd indices are biases (kernel, bias per layer).
-  if (index % 2 == 1 || spec_.type == "softmax") return value;
+  const Op* owner = nullptr;
+  for (const Op& op : ops_) {
+    if (op.kernel == index) owner = &op;
+  }
+  // Biases are zero, and so is the softmax shorthand's kernel (as in the seed model).
+  if (owner == nullptr || spec_.type == "softmax") return value;
 
+  double fan_in = static_cast<double>(var.rows);
+  double fan_out = static_cast<double>(var.cols);
+  if (owner->layer.type == LayerType::kConv2D) {
+    fan_out *= static_cast<double>(owner->layer.kernel) * owner->layer.kernel;
+  }
+  const bool he = spec_.type == "layers" && owner->layer.activation == Activation::kRelu;
+  const double limit = he ? std::sqrt(6.0 / fan_in) : std::sqrt(6.0 / (fan_in + fan_out));
   std::mt19937_64 rng(Mix64(seed ^ Mix64(Fnv1a64(var.name))));
-  const double limit = std::sqrt(6.0 / static_cast<double>(var.rows + var.cols));
   for (float& v : value) {
-    // Hand-rolled uniform: std::uniform_real_distribution's output is
-    // implementation-defined, which would break cross-platform determinism.
-    const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;  // [0,1)
-    v = static_cast<float>((2.0 * u - 1.0) * limit);
+    v = static_cast<float>((2.0 * Uniform01(&rng) - 1.0) * limit);
   }
   return value;
 }
@@ -138,104 +303,264 @@ Params Model::InitialParams(uint64_t seed) const {
   return params;
 }
 
+RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uint64_t dropout_seed,
+                         Cache* cache) const {
+  const int batch = static_cast<int>(rows);
+  RowMatrix current, col;
+  std::vector<int32_t> argmax;
+  if (cache != nullptr) {
+    cache->out.assign(ops_.size(), RowMatrix());
+    cache->aux.assign(ops_.size(), RowMatrix());
+    cache->argmax.assign(ops_.size(), {});
+  }
+  const float* in = x;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const Op& op = ops_[i];
+    RowMatrix out;
+    RowMatrix* aux = cache != nullptr ? &cache->aux[i] : &col;
+    const int64_t in_dim = NumElements(op.in);
+    switch (op.layer.type) {
+      case LayerType::kDense: {
+        const VariableSpec& kv = variables_[op.kernel];
+        ConstMatrixMap input(in, batch, in_dim);
+        ConstMatrixMap kernel(params[op.kernel].data(), kv.rows, kv.cols);
+        out.resize(batch, kv.cols);
+        out.noalias() = input * kernel;
+        AddBias(params[op.bias], &out);
+        ApplyActivation(op.layer.activation, &out);
+        break;
+      }
+      case LayerType::kConv2D:
+        ConvForward(op.window, in, batch, params[op.kernel].data(), params[op.bias].data(),
+                    op.layer.filters, aux, &out);
+        ApplyActivation(op.layer.activation, &out);
+        break;
+      case LayerType::kMaxPool2D:
+        MaxPoolForward(op.window, in, batch, &out, cache != nullptr ? &cache->argmax[i] : &argmax);
+        break;
+      case LayerType::kAvgPool2D:
+        AvgPoolForward(op.window, in, batch, &out);
+        break;
+      case LayerType::kFlatten:
+        out = ConstMatrixMap(in, batch, in_dim);
+        break;
+      case LayerType::kDropout:
+        out = ConstMatrixMap(in, batch, in_dim);
+        if (cache != nullptr && op.layer.rate > 0) {
+          // Inverted dropout: kept units are scaled by 1/(1-rate), so
+          // evaluation (no dropout) needs no rescaling.
+          std::mt19937_64 rng(Mix64(dropout_seed ^ Mix64(i + 1)));
+          const float keep_scale = static_cast<float>(1.0 / (1.0 - op.layer.rate));
+          aux->resize(batch, in_dim);
+          for (int64_t k = 0; k < aux->size(); ++k) {
+            aux->data()[k] = Uniform01(&rng) < op.layer.rate ? 0.0f : keep_scale;
+          }
+          out.array() *= aux->array();
+        }
+        break;
+    }
+    if (cache != nullptr) {
+      cache->out[i] = std::move(out);
+      in = cache->out[i].data();
+    } else {
+      current = std::move(out);
+      in = current.data();
+    }
+  }
+  if (cache != nullptr) return cache->out.back();
+  return current;
+}
+
 float Model::LossAndGradients(const Params& params, const float* x, const int32_t* y, int batch,
                               Params* grads) const {
+  Batch b;
+  b.x = x;
+  b.labels = y;
+  b.size = batch;
+  return LossAndGradients(params, b, 0, grads);
+}
+
+float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t dropout_seed,
+                              Params* grads) const {
   assert(params.size() == variables_.size());
-  const int num_layers = static_cast<int>(variables_.size() / 2);
   grads->resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     (*grads)[i].resize(params[i].size());
   }
+  const int batch = static_cast<int>(data.size);
   if (batch <= 0) {
     for (auto& g : *grads) std::fill(g.begin(), g.end(), 0.0f);
     return 0.0f;
   }
 
-  // Forward. acts[i] is the input of layer i (acts[0] is x, not copied);
-  // for hidden layers it is the post-ReLU activation, whose sign also serves
-  // as the ReLU mask in backprop.
-  ConstMatrixMap input(x, batch, spec_.input_dim);
-  std::vector<RowMatrix> acts(num_layers);  // acts[0] unused
-  RowMatrix logits;
-  for (int l = 0; l < num_layers; ++l) {
-    const VariableSpec& kv = variables_[2 * l];
-    ConstMatrixMap kernel(params[2 * l].data(), kv.rows, kv.cols);
-    RowMatrix z(batch, kv.cols);
-    if (l == 0) {
-      z.noalias() = input * kernel;
-    } else {
-      z.noalias() = acts[l] * kernel;
-    }
-    AddBias(params[2 * l + 1], &z);
-    if (l + 1 < num_layers) {
-      acts[l + 1] = (z.array() > 0.0f).select(z.array(), 0.0f);
-    } else {
-      logits = std::move(z);
-    }
-  }
+  Cache cache;
+  RowMatrix logits = Forward(params, data.x, batch, dropout_seed, &cache);
 
-  // Softmax cross-entropy with log-sum-exp; logits becomes d(loss)/d(logits).
+  // The head's loss; logits becomes d(loss)/d(logits).
   const float inv_batch = 1.0f / static_cast<float>(batch);
   double loss = 0.0;
-  for (int r = 0; r < batch; ++r) {
-    auto row = logits.row(r);
-    const int label = y[r];
-    assert(label >= 0 && label < spec_.num_classes);
-    const float max = row.maxCoeff();
-    const float shifted_label_logit = row(label) - max;
-    row.array() = (row.array() - max).exp();
-    const float sum = row.sum();
-    // -log softmax[label] = log(sum exp(logit - max)) - (logit[label] - max);
-    // never takes the log of an underflowed probability.
-    loss += std::log(sum) - shifted_label_logit;
-    row *= inv_batch / sum;
-    row(label) -= inv_batch;
+  switch (spec_.head) {
+    case HeadType::kSoftmax:
+      // Softmax cross-entropy with log-sum-exp.
+      for (int r = 0; r < batch; ++r) {
+        auto row = logits.row(r);
+        const int label = data.labels[r];
+        assert(label >= 0 && label < logits.cols());
+        const float max = row.maxCoeff();
+        const float shifted_label_logit = row(label) - max;
+        row.array() = (row.array() - max).exp();
+        const float sum = row.sum();
+        // -log softmax[label] = log(sum exp(logit - max)) - (logit[label] - max);
+        // never takes the log of an underflowed probability.
+        loss += std::log(sum) - shifted_label_logit;
+        row *= inv_batch / sum;
+        row(label) -= inv_batch;
+      }
+      break;
+    case HeadType::kSigmoid:
+      for (int r = 0; r < batch; ++r) {
+        const double z = logits(r, 0);
+        const double label = data.labels[r] == 1 ? 1.0 : 0.0;
+        // -[y log p + (1-y) log(1-p)] = max(z,0) - z*y + log(1 + exp(-|z|)).
+        loss += std::max(z, 0.0) - z * label + std::log1p(std::exp(-std::fabs(z)));
+        logits(r, 0) = static_cast<float>((Sigmoid(z) - label) * inv_batch);
+      }
+      break;
+    case HeadType::kMeanSquaredError:
+      for (int r = 0; r < batch; ++r) {
+        const double diff = static_cast<double>(logits(r, 0)) - data.targets[r];
+        loss += diff * diff;
+        logits(r, 0) = static_cast<float>(2.0 * diff * inv_batch);
+      }
+      break;
   }
-  RowMatrix dz = std::move(logits);
+  RowMatrix d = std::move(logits);
 
-  // Backward.
-  for (int l = num_layers - 1; l >= 0; --l) {
-    const VariableSpec& kv = variables_[2 * l];
-    MatrixMap dkernel((*grads)[2 * l].data(), kv.rows, kv.cols);
-    if (l == 0) {
-      dkernel.noalias() = input.transpose() * dz;
-    } else {
-      dkernel.noalias() = acts[l].transpose() * dz;
+  // No input gradient is needed at or before the first layer with variables.
+  int first_with_vars = static_cast<int>(ops_.size());
+  for (int i = 0; i < static_cast<int>(ops_.size()); ++i) {
+    if (ops_[i].kernel >= 0) {
+      first_with_vars = i;
+      break;
     }
-    RowVectorMap((*grads)[2 * l + 1].data(), kv.cols) = dz.colwise().sum();
-    if (l > 0) {
-      ConstMatrixMap kernel(params[2 * l].data(), kv.rows, kv.cols);
-      RowMatrix da(batch, kv.rows);
-      da.noalias() = dz * kernel.transpose();
-      // ReLU gradient: pass through where the activation was positive.
-      dz = (acts[l].array() > 0.0f).select(da.array(), 0.0f);
+  }
+  for (int i = static_cast<int>(ops_.size()) - 1; i >= 0 && i >= first_with_vars; --i) {
+    const Op& op = ops_[i];
+    const float* in = i == 0 ? data.x : cache.out[i - 1].data();
+    const bool need_input_grad = i > first_with_vars;
+    RowMatrix din;
+    switch (op.layer.type) {
+      case LayerType::kDense: {
+        ActivationGradient(op.layer.activation, cache.out[i], &d);
+        const VariableSpec& kv = variables_[op.kernel];
+        ConstMatrixMap input(in, batch, kv.rows);
+        MatrixMap dkernel((*grads)[op.kernel].data(), kv.rows, kv.cols);
+        dkernel.noalias() = input.transpose() * d;
+        RowVectorMap((*grads)[op.bias].data(), kv.cols) = d.colwise().sum();
+        if (need_input_grad) {
+          ConstMatrixMap kernel(params[op.kernel].data(), kv.rows, kv.cols);
+          din.resize(batch, kv.rows);
+          din.noalias() = d * kernel.transpose();
+        }
+        break;
+      }
+      case LayerType::kConv2D:
+        ActivationGradient(op.layer.activation, cache.out[i], &d);
+        ConvBackward(op.window, cache.aux[i], d, params[op.kernel].data(), op.layer.filters, batch,
+                     (*grads)[op.kernel].data(), (*grads)[op.bias].data(),
+                     need_input_grad ? &din : nullptr);
+        break;
+      case LayerType::kMaxPool2D:
+        MaxPoolBackward(op.window, d, cache.argmax[i], &din);
+        break;
+      case LayerType::kAvgPool2D:
+        AvgPoolBackward(op.window, d, &din);
+        break;
+      case LayerType::kFlatten:
+        din = std::move(d);  // same layout
+        break;
+      case LayerType::kDropout:
+        din = std::move(d);
+        if (cache.aux[i].size() > 0) din.array() *= cache.aux[i].array();
+        break;
     }
+    d = std::move(din);
   }
   return static_cast<float>(loss / batch);
 }
 
-double Model::Accuracy(const Params& params, const float* x, const int32_t* y, int64_t n) const {
-  if (n <= 0) return 0.0;
-  const int num_layers = static_cast<int>(variables_.size() / 2);
+EvalMetrics Model::Evaluate(const Params& params, const Batch& data) const {
+  EvalMetrics m;
+  m.examples = data.size;
+  if (data.size <= 0) return m;
+  const int64_t in_dim = input_dim();
   int64_t correct = 0;
-  RowMatrix a, z;
-  for (int64_t start = 0; start < n; start += kEvalBlock) {
-    const int64_t rows = std::min(kEvalBlock, n - start);
-    ConstMatrixMap input(x + start * spec_.input_dim, rows, spec_.input_dim);
-    for (int l = 0; l < num_layers; ++l) {
-      const VariableSpec& kv = variables_[2 * l];
-      ConstMatrixMap kernel(params[2 * l].data(), kv.rows, kv.cols);
-      z.resize(rows, kv.cols);
-      if (l == 0) {
-        z.noalias() = input * kernel;
-      } else {
-        z.noalias() = a * kernel;
-      }
-      AddBias(params[2 * l + 1], &z);
-      if (l + 1 < num_layers) {
-        a = (z.array() > 0.0f).select(z.array(), 0.0f);
+  double loss = 0;
+  const bool binary = spec_.head == HeadType::kSigmoid ||
+                      (spec_.head == HeadType::kSoftmax && ops_.back().out[0] == 2);
+  std::vector<double> score;  // binary: P(class 1)
+  std::vector<int32_t> labels;
+  for (int64_t start = 0; start < data.size; start += kEvalBlock) {
+    const int64_t rows = std::min(kEvalBlock, data.size - start);
+    RowMatrix z = Forward(params, data.x + start * in_dim, rows, 0, nullptr);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t e = start + r;
+      switch (spec_.head) {
+        case HeadType::kSoftmax: {
+          Eigen::Index arg = 0;
+          const float max = z.row(r).maxCoeff(&arg);
+          if (arg == data.labels[e]) ++correct;
+          const double sum = (z.row(r).array() - max).exp().sum();
+          loss += std::log(sum) - (z(r, data.labels[e]) - max);
+          if (binary) {
+            score.push_back(std::exp(static_cast<double>(z(r, 1)) - max) / sum);
+            labels.push_back(data.labels[e]);
+          }
+          break;
+        }
+        case HeadType::kSigmoid: {
+          const double logit = z(r, 0);
+          const int32_t y = data.labels[e] == 1 ? 1 : 0;
+          if ((logit >= 0 ? 1 : 0) == y) ++correct;
+          loss += std::max(logit, 0.0) - logit * y + std::log1p(std::exp(-std::fabs(logit)));
+          score.push_back(logit);  // monotone in p: same AUC
+          labels.push_back(y);
+          break;
+        }
+        case HeadType::kMeanSquaredError: {
+          const double diff = static_cast<double>(z(r, 0)) - data.targets[e];
+          loss += diff * diff;
+          break;
+        }
       }
     }
+  }
+  const double n = static_cast<double>(data.size);
+  m.loss = loss / n;
+  if (spec_.head == HeadType::kMeanSquaredError) {
+    m.rmse = std::sqrt(m.loss);
+    return m;
+  }
+  m.accuracy = static_cast<double>(correct) / n;
+  m.log_loss = m.loss;
+  if (binary) m.auc = Auc(score, labels);
+  return m;
+}
+
+double Model::Accuracy(const Params& params, const float* x, const int32_t* y, int64_t n) const {
+  if (n <= 0) return 0.0;
+  if (spec_.head != HeadType::kSoftmax) {
+    Batch b;
+    b.x = x;
+    b.labels = y;
+    b.size = n;
+    return Evaluate(params, b).accuracy.value_or(0.0);
+  }
+  const int64_t in_dim = input_dim();
+  int64_t correct = 0;
+  for (int64_t start = 0; start < n; start += kEvalBlock) {
+    const int64_t rows = std::min(kEvalBlock, n - start);
+    RowMatrix z = Forward(params, x + start * in_dim, rows, 0, nullptr);
     for (int64_t r = 0; r < rows; ++r) {
       Eigen::Index arg = 0;
       z.row(r).maxCoeff(&arg);

@@ -1,11 +1,23 @@
-// Models trained by kubetrain: dense layers with ReLU and a softmax
-// cross-entropy head, on Eigen.
+// Models trained by kubetrain: a list of layers (core/layers.h) and a head
+// (the loss), on Eigen.
 //
 // Parameters are a list of variables, each a row-major float32 matrix
-// (`rows` x `cols`). A dense layer i has a kernel "dense{i}/kernel" of shape
-// [in, out] and a bias "dense{i}/bias" of shape [1, out]. Row-major kernels
-// with rows = input features make a split by rows (across PS tasks) a
-// contiguous slice.
+// (`rows` x `cols`). Every dense or conv2d layer owns a kernel and a bias
+// [1, out]; dense kernels are [in, out], conv2d kernels [k*k*in_c, filters].
+// Row-major kernels with rows = input features make a split by rows (across
+// PS tasks) a contiguous slice.
+//
+// Two shorthands predate the layer list and keep their variable names, so
+// checkpoints, model files and placement of old jobs stay valid:
+//   softmax  one dense layer input -> classes:  dense0/kernel, dense0/bias
+//   mlp      dense+ReLU per hidden size, then dense -> classes: dense{i}/...
+// A layer list names layer i's variables "layers.{i}.kernel"/"layers.{i}.bias".
+//
+// Initial values (deterministic in (seed, variable name)): biases zero;
+// softmax shorthand kernel zero; mlp shorthand kernels Glorot-uniform; in a
+// layer list, kernels of layers with a ReLU He-uniform (limit
+// sqrt(6 / fan_in)), all others Glorot-uniform (limit
+// sqrt(6 / (fan_in + fan_out))), with fan = k*k*channels for conv2d.
 //
 // Thread safety: a Model is immutable after Create(); all const methods may be
 // called concurrently.
@@ -13,10 +25,12 @@
 #define KUBETRAIN_CORE_MODEL_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/layers.h"
 
 namespace kubetrain {
 
@@ -29,42 +43,97 @@ struct VariableSpec {
 };
 
 struct ModelSpec {
-  std::string type = "softmax";   // "softmax" (784->10) or "mlp"
+  std::string type = "softmax";   // "softmax" | "mlp" (shorthands) | "layers"
   std::vector<int> hidden_units;  // mlp only: sizes of the hidden ReLU layers
-  int input_dim = 784;
+  int input_dim = 784;            // features per example (shorthands)
+  // Classes of the labels (softmax heads); 2 for sigmoid, ignored for
+  // meanSquaredError.
   int num_classes = 10;
+  // type "layers" only:
+  Shape input_shape;  // empty: [input_dim]
+  std::vector<LayerSpec> layers;
+  HeadType head = HeadType::kSoftmax;
 };
 
 // One flat row-major buffer per variable, in Model::variables() order.
 using Params = std::vector<std::vector<float>>;
 
+// A batch of `size` examples: x is size x input_dim row-major; labels (class
+// indices) for classification heads, targets for meanSquaredError.
+struct Batch {
+  const float* x = nullptr;
+  const int32_t* labels = nullptr;
+  const float* targets = nullptr;
+  int64_t size = 0;
+};
+
+// Test-set figures per head: softmax accuracy and log loss (and AUC of class
+// 1 with two classes); sigmoid accuracy (p >= 0.5), AUC and log loss;
+// meanSquaredError RMSE. `loss` is the head's mean loss.
+struct EvalMetrics {
+  int64_t examples = 0;
+  double loss = 0;
+  std::optional<double> accuracy;
+  std::optional<double> auc;
+  std::optional<double> log_loss;
+  std::optional<double> rmse;
+};
+
 class Model {
  public:
   // Validates the spec: softmax takes no hidden units, mlp needs at least one,
-  // every size > 0.
+  // every size > 0; a layer list must infer a shape at every layer and end in
+  // what its head needs. Errors on a layer start with "layers[i]: ".
   static absl::StatusOr<Model> Create(const ModelSpec& spec);
 
   const std::vector<VariableSpec>& variables() const { return variables_; }
   const ModelSpec& spec() const { return spec_; }
+  const Shape& input_shape() const { return input_shape_; }
+  int64_t input_dim() const { return NumElements(input_shape_); }
+  HeadType head() const { return spec_.head; }
+  bool has_dropout() const;
+  // "mlp 784-256-128-10", "layers [28, 28, 1] conv2d(32,3) maxpool2d(2) ... softmax".
+  std::string Summary() const;
 
-  // Deterministic initial value of variable `index` for a given seed: kernels
-  // Glorot-uniform, biases zero (softmax kernel: zero, as in the seed model).
+  // Deterministic initial value of variable `index` for a given seed.
   std::vector<float> InitialValue(int index, uint64_t seed) const;
   Params InitialParams(uint64_t seed) const;
 
-  // Mean softmax cross-entropy over `batch` examples (x: batch x input_dim
-  // row-major, y: labels in [0, num_classes)). Writes d(loss)/d(param) into
+  // Mean loss of the head over the batch, with dropout masks drawn from
+  // `dropout_seed` (same seed, same masks). Writes d(loss)/d(param) into
   // `grads`, resized to the layout of `params`.
-  // REQUIRES: params has the layout of variables().
+  // REQUIRES: params has the layout of variables(); labels or targets as the
+  // head needs.
+  float LossAndGradients(const Params& params, const Batch& batch, uint64_t dropout_seed,
+                         Params* grads) const;
+  // Classification shorthand of the above (dropout seed 0).
   float LossAndGradients(const Params& params, const float* x, const int32_t* y, int batch,
                          Params* grads) const;
 
+  // The head's figures on n examples (no dropout), computed in blocks.
+  EvalMetrics Evaluate(const Params& params, const Batch& data) const;
   // Fraction of the n examples whose argmax prediction equals the label.
   double Accuracy(const Params& params, const float* x, const int32_t* y, int64_t n) const;
 
  private:
+  // One layer as computed: its spec, shapes and variables (-1: none).
+  struct Op {
+    LayerSpec layer;
+    Shape in, out;
+    WindowGeometry window;  // conv2d, pools
+    int kernel = -1, bias = -1;
+  };
+  struct Cache;
+
   explicit Model(ModelSpec spec);
+  // Runs the layers on `rows` examples; returns the head's input.
+  // With `cache`, keeps what Backward needs and applies dropout.
+  RowMatrix Forward(const Params& params, const float* x, int64_t rows, uint64_t dropout_seed,
+                    Cache* cache) const;
+
   ModelSpec spec_;
+  Shape input_shape_;
+  std::vector<Op> ops_;
   std::vector<VariableSpec> variables_;
 };
 

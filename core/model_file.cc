@@ -1,11 +1,13 @@
 #include "core/model_file.h"
 
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/framed_file.h"
 
@@ -14,7 +16,8 @@ namespace {
 
 // A framed file (core/framed_file.h) with this magic and format version.
 constexpr std::string_view kMagic = "KTMODEL1";
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kFormatVersion1 = 1;  // softmax/mlp only, no trailer
 
 #define KT_RETURN_IF_ERROR(expr)             \
   do {                                       \
@@ -53,7 +56,11 @@ std::string LayoutMismatch(const Model& model, const std::vector<std::string>& n
 // Payload layout, in order: job_name (string), global_step (i64), spec.type
 // (string), hidden layer count (u32) and sizes (i32 each), input_dim (i32),
 // num_classes (i32), variable count (u32), then per variable: name (string),
-// rows (i64), cols (i64), values (floats).
+// rows (i64), cols (i64), values (floats). Version 2 appends: input shape
+// (u32 count, i32 each), layer count (u32) and per layer type, units,
+// filters, kernel, stride, same padding, activation (i32 each) and rate
+// (u64 bits of a double), head (i32), dataset YAML (string), normalisation
+// means and stddevs (floats each).
 std::string EncodePayload(const ModelFile& model, const Model& m) {
   BinaryWriter w;
   w.PutString(model.job_name);
@@ -71,11 +78,29 @@ std::string EncodePayload(const ModelFile& model, const Model& m) {
     w.PutI64(vars[i].cols);
     w.PutFloats(model.params[i]);
   }
+  const ModelSpec& spec = model.spec;
+  w.PutU32(static_cast<uint32_t>(spec.input_shape.size()));
+  for (int d : spec.input_shape) w.PutI32(d);
+  w.PutU32(static_cast<uint32_t>(spec.layers.size()));
+  for (const LayerSpec& l : spec.layers) {
+    for (int v : {static_cast<int>(l.type), l.units, l.filters, l.kernel, l.stride,
+                  l.same_padding ? 1 : 0, static_cast<int>(l.activation)}) {
+      w.PutI32(v);
+    }
+    uint64_t bits;
+    static_assert(sizeof(bits) == sizeof(l.rate));
+    std::memcpy(&bits, &l.rate, sizeof(bits));
+    w.PutU64(bits);
+  }
+  w.PutI32(static_cast<int32_t>(spec.head));
+  w.PutString(model.dataset_yaml);
+  w.PutFloats(model.norm_mean);
+  w.PutFloats(model.norm_std);
   return w.data();
 }
 
 // Decodes the fields only; the caller checks them against the spec.
-absl::Status DecodePayload(std::string_view payload, ModelFile* out,
+absl::Status DecodePayload(std::string_view payload, uint32_t version, ModelFile* out,
                            std::vector<std::string>* names,
                            std::vector<std::pair<int64_t, int64_t>>* shapes) {
   BinaryReader r(payload);
@@ -105,6 +130,44 @@ absl::Status DecodePayload(std::string_view payload, ModelFile* out,
     KT_RETURN_IF_ERROR(r.GetI64(&(*shapes)[i].second));
     KT_RETURN_IF_ERROR(r.GetFloats(&out->params[i]));
   }
+  if (version == kFormatVersion1) return r.ExpectEnd();
+  KT_RETURN_IF_ERROR(r.GetCount(&n, 4, "input shape"));
+  out->spec.input_shape.resize(n);
+  for (int& d : out->spec.input_shape) {
+    int32_t v = 0;
+    KT_RETURN_IF_ERROR(r.GetI32(&v));
+    d = v;
+  }
+  KT_RETURN_IF_ERROR(r.GetCount(&n, 7 * 4 + 8, "layers"));
+  out->spec.layers.resize(n);
+  for (LayerSpec& l : out->spec.layers) {
+    int32_t v[7];
+    for (int32_t& x : v) KT_RETURN_IF_ERROR(r.GetI32(&x));
+    if (v[0] < 0 || v[0] > static_cast<int>(LayerType::kDropout) || v[6] < 0 ||
+        v[6] > static_cast<int>(Activation::kSigmoid)) {
+      return absl::DataLossError(
+          absl::StrCat("unknown layer type ", v[0], " or activation ", v[6]));
+    }
+    l.type = static_cast<LayerType>(v[0]);
+    l.units = v[1];
+    l.filters = v[2];
+    l.kernel = v[3];
+    l.stride = v[4];
+    l.same_padding = v[5] != 0;
+    l.activation = static_cast<Activation>(v[6]);
+    uint64_t bits = 0;
+    KT_RETURN_IF_ERROR(r.GetU64(&bits));
+    std::memcpy(&l.rate, &bits, sizeof(bits));
+  }
+  int32_t head = 0;
+  KT_RETURN_IF_ERROR(r.GetI32(&head));
+  if (head < 0 || head > static_cast<int>(HeadType::kMeanSquaredError)) {
+    return absl::DataLossError(absl::StrCat("unknown head ", head));
+  }
+  out->spec.head = static_cast<HeadType>(head);
+  KT_RETURN_IF_ERROR(r.GetString(&out->dataset_yaml));
+  KT_RETURN_IF_ERROR(r.GetFloats(&out->norm_mean));
+  KT_RETURN_IF_ERROR(r.GetFloats(&out->norm_std));
   return r.ExpectEnd();
 }
 
@@ -124,12 +187,18 @@ absl::Status WriteModelFile(const std::string& path, const ModelFile& model, Fil
 }
 
 absl::StatusOr<ModelFile> ReadModelFile(const std::string& path) {
-  auto payload = ReadFramedFile(path, kMagic, kFormatVersion, "model file");
+  uint32_t version = kFormatVersion;
+  auto payload = ReadFramedFile(path, kMagic, version, "model file");
+  if (absl::IsDataLoss(payload.status()) &&
+      absl::StrContains(payload.status().message(), "unsupported model file format version 1 ")) {
+    version = kFormatVersion1;
+    payload = ReadFramedFile(path, kMagic, version, "model file");
+  }
   if (!payload.ok()) return payload.status();
   ModelFile out;
   std::vector<std::string> names;
   std::vector<std::pair<int64_t, int64_t>> shapes;
-  if (absl::Status st = DecodePayload(*payload, &out, &names, &shapes); !st.ok()) {
+  if (absl::Status st = DecodePayload(*payload, version, &out, &names, &shapes); !st.ok()) {
     return absl::DataLossError(absl::StrCat(path, ": corrupt: ", st.message()));
   }
   auto m = Model::Create(out.spec);

@@ -5,6 +5,7 @@
 #define KUBETRAIN_CORE_MODEL_FILE_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/file_env.h"
@@ -17,8 +18,16 @@ struct ModelFile {
   Params params;  // layout of Model::Create(spec)->variables()
   int64_t global_step = 0;
   std::string job_name;
+  // What eval needs to read data as training did: the spec's
+  // spec.training.dataset section as YAML ("" for the IDX defaults), and
+  // per-column normalisation (mean, stddev; indexed by column, empty when
+  // nothing is normalised) computed from the training files.
+  std::string dataset_yaml;
+  std::vector<float> norm_mean, norm_std;
 };
 
+// Format version 2 (layer lists, heads, dataset); version 1 files (softmax
+// and mlp, before layer lists) are still read.
 // Errors name the path. REQUIRES: params match the spec's variables.
 absl::Status WriteModelFile(const std::string& path, const ModelFile& model,
                             FileEnv* env = FileEnv::Default());

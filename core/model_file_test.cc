@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/framed_file.h"
 #include "core/testing/temp_files.h"
 #include "gtest/gtest.h"
 
@@ -55,6 +56,73 @@ TEST(ModelFileTest, SoftmaxRoundTrip) {
   ASSERT_TRUE(read.ok()) << read.status();
   ExpectSame(*read, f);
   EXPECT_EQ(ListDir(dir + "/sub/dir"), std::vector<std::string>{"model.ktm"});  // no temp file left
+}
+
+TEST(ModelFileTest, LayerListRoundTripWithDatasetAndNormalisation) {
+  const std::string dir = NewTestDir("model_file");
+  const std::string path = dir + "/cnn.ktm";
+  ModelSpec spec;
+  spec.type = "layers";
+  spec.input_shape = {6, 5, 1};
+  LayerSpec conv;
+  conv.type = LayerType::kConv2D;
+  conv.filters = 3;
+  conv.kernel = 3;
+  conv.stride = 2;
+  conv.same_padding = true;
+  conv.activation = Activation::kRelu;
+  LayerSpec flatten;
+  flatten.type = LayerType::kFlatten;
+  LayerSpec dropout;
+  dropout.type = LayerType::kDropout;
+  dropout.rate = 0.3;
+  LayerSpec dense;
+  dense.units = 1;
+  spec.layers = {conv, flatten, dropout, dense};
+  spec.head = HeadType::kSigmoid;
+  spec.num_classes = 2;
+  ModelFile f = MakeModelFile(spec, 5);
+  f.dataset_yaml = "format: csv\ntrainFiles: [a.csv]\n";
+  f.norm_mean = {1.5f, 0.0f};
+  f.norm_std = {2.0f, 1.0f};
+  ASSERT_TRUE(WriteModelFile(path, f).ok());
+  auto read = ReadModelFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectSame(*read, f);
+  EXPECT_EQ(read->spec.input_shape, spec.input_shape);
+  EXPECT_EQ(read->spec.layers, spec.layers);
+  EXPECT_EQ(read->spec.head, HeadType::kSigmoid);
+  EXPECT_EQ(read->dataset_yaml, f.dataset_yaml);
+  EXPECT_EQ(read->norm_mean, f.norm_mean);
+  EXPECT_EQ(read->norm_std, f.norm_std);
+}
+
+TEST(ModelFileTest, ReadsVersionOneFiles) {
+  // The layout before layer lists: the v2 payload without its trailer.
+  const std::string dir = NewTestDir("model_file");
+  const std::string path = dir + "/old.ktm";
+  ModelFile f = MakeModelFile(Mlp(), 9);
+  auto model = Model::Create(f.spec);
+  BinaryWriter w;
+  w.PutString(f.job_name);
+  w.PutI64(f.global_step);
+  w.PutString(f.spec.type);
+  w.PutU32(static_cast<uint32_t>(f.spec.hidden_units.size()));
+  for (int h : f.spec.hidden_units) w.PutI32(h);
+  w.PutI32(f.spec.input_dim);
+  w.PutI32(f.spec.num_classes);
+  w.PutU32(static_cast<uint32_t>(model->variables().size()));
+  for (size_t i = 0; i < model->variables().size(); ++i) {
+    w.PutString(model->variables()[i].name);
+    w.PutI64(model->variables()[i].rows);
+    w.PutI64(model->variables()[i].cols);
+    w.PutFloats(f.params[i]);
+  }
+  ASSERT_TRUE(WriteFramedFile(path, "KTMODEL1", 1, w.data()).ok());
+  auto read = ReadModelFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectSame(*read, f);
+  EXPECT_TRUE(read->dataset_yaml.empty());
 }
 
 TEST(ModelFileTest, MlpRoundTripAndOverwrite) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/layers.h"
 #include "gtest/gtest.h"
 
 namespace kubetrain {
@@ -292,6 +293,395 @@ TEST(ModelTrainingTest, SoftmaxLearnsSeparableProblem) { TrainAndCheck(MustCreat
 
 TEST(ModelTrainingTest, MlpLearnsSeparableProblem) {
   TrainAndCheck(MustCreate(Mlp(8, {16, 8}, 3)));
+}
+
+// ---- The layer list ----
+
+LayerSpec Dense(int units, Activation a = Activation::kLinear) {
+  LayerSpec l;
+  l.type = LayerType::kDense;
+  l.units = units;
+  l.activation = a;
+  return l;
+}
+
+LayerSpec Conv(int filters, int kernel, int stride, bool same, Activation a) {
+  LayerSpec l;
+  l.type = LayerType::kConv2D;
+  l.filters = filters;
+  l.kernel = kernel;
+  l.stride = stride;
+  l.same_padding = same;
+  l.activation = a;
+  return l;
+}
+
+LayerSpec Pool(LayerType type, int kernel, int stride) {
+  LayerSpec l;
+  l.type = type;
+  l.kernel = kernel;
+  l.stride = stride;
+  return l;
+}
+
+LayerSpec Simple(LayerType type, double rate = 0) {
+  LayerSpec l;
+  l.type = type;
+  l.rate = rate;
+  return l;
+}
+
+ModelSpec Layers(Shape input, std::vector<LayerSpec> layers, HeadType head = HeadType::kSoftmax,
+                 int num_classes = 3) {
+  ModelSpec spec;
+  spec.type = "layers";
+  spec.input_shape = std::move(input);
+  spec.layers = std::move(layers);
+  spec.head = head;
+  spec.num_classes = num_classes;
+  return spec;
+}
+
+// The seed's dense/ReLU/softmax code, verbatim, as the reference the
+// shorthands must match bit for bit.
+float LegacyLossAndGradients(const ModelSpec& spec, const Params& params, const float* x,
+                             const int32_t* y, int batch, Params* grads) {
+  using ConstMatrixMap = Eigen::Map<const RowMatrix>;
+  using MatrixMap = Eigen::Map<RowMatrix>;
+  std::vector<int> dims = {spec.input_dim};
+  dims.insert(dims.end(), spec.hidden_units.begin(), spec.hidden_units.end());
+  dims.push_back(spec.num_classes);
+  const int num_layers = static_cast<int>(dims.size()) - 1;
+  grads->resize(params.size());
+  for (size_t i = 0; i < params.size(); ++i) (*grads)[i].resize(params[i].size());
+  ConstMatrixMap input(x, batch, spec.input_dim);
+  std::vector<RowMatrix> acts(num_layers);
+  RowMatrix logits;
+  for (int l = 0; l < num_layers; ++l) {
+    ConstMatrixMap kernel(params[2 * l].data(), dims[l], dims[l + 1]);
+    RowMatrix z(batch, dims[l + 1]);
+    if (l == 0) {
+      z.noalias() = input * kernel;
+    } else {
+      z.noalias() = acts[l] * kernel;
+    }
+    z.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(params[2 * l + 1].data(), z.cols());
+    if (l + 1 < num_layers) {
+      acts[l + 1] = (z.array() > 0.0f).select(z.array(), 0.0f);
+    } else {
+      logits = std::move(z);
+    }
+  }
+  const float inv_batch = 1.0f / static_cast<float>(batch);
+  double loss = 0.0;
+  for (int r = 0; r < batch; ++r) {
+    auto row = logits.row(r);
+    const int label = y[r];
+    const float max = row.maxCoeff();
+    const float shifted_label_logit = row(label) - max;
+    row.array() = (row.array() - max).exp();
+    const float sum = row.sum();
+    loss += std::log(sum) - shifted_label_logit;
+    row *= inv_batch / sum;
+    row(label) -= inv_batch;
+  }
+  RowMatrix dz = std::move(logits);
+  for (int l = num_layers - 1; l >= 0; --l) {
+    MatrixMap dkernel((*grads)[2 * l].data(), dims[l], dims[l + 1]);
+    if (l == 0) {
+      dkernel.noalias() = input.transpose() * dz;
+    } else {
+      dkernel.noalias() = acts[l].transpose() * dz;
+    }
+    Eigen::Map<Eigen::RowVectorXf>((*grads)[2 * l + 1].data(), dims[l + 1]) = dz.colwise().sum();
+    if (l > 0) {
+      ConstMatrixMap kernel(params[2 * l].data(), dims[l], dims[l + 1]);
+      RowMatrix da(batch, dims[l]);
+      da.noalias() = dz * kernel.transpose();
+      dz = (acts[l].array() > 0.0f).select(da.array(), 0.0f);
+    }
+  }
+  return static_cast<float>(loss / batch);
+}
+
+TEST(ModelShorthandTest, MatchesTheSeedCodeBitForBit) {
+  for (const ModelSpec& spec : {Mlp(784, {64, 32}, 10), Mlp(13, {7}, 4), Softmax(784, 10)}) {
+    Model model = MustCreate(spec);
+    std::mt19937_64 rng(21);
+    Params params = RandomParams(model, &rng);
+    const int batch = 37;
+    std::vector<float> x(batch * spec.input_dim);
+    std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+    for (float& f : x) f = pixel(rng);
+    std::vector<int32_t> y(batch);
+    for (int i = 0; i < batch; ++i) y[i] = (i * 7) % spec.num_classes;
+    // Both write into the same buffers: Eigen's vectorized column sums (the
+    // bias gradients) peel by the destination's alignment, so only equal
+    // addresses make equal summation orders.
+    Params grads;
+    const float legacy = LegacyLossAndGradients(spec, params, x.data(), y.data(), batch, &grads);
+    const Params want = grads;
+    const float loss = model.LossAndGradients(params, x.data(), y.data(), batch, &grads);
+    const Params& got = grads;
+    EXPECT_EQ(loss, legacy) << model.Summary();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t v = 0; v < got.size(); ++v) {
+      for (size_t k = 0; k < got[v].size(); ++k) {
+        if (got[v][k] != want[v][k]) {
+          ADD_FAILURE() << model.variables()[v].name << "[" << k << "] " << got[v][k] - want[v][k];
+          break;
+        }
+      }
+    }
+  }
+}
+
+TEST(ModelShorthandTest, SummaryAndLegacyInitialisation) {
+  Model mlp = MustCreate(Mlp(784, {256, 128}, 10));
+  EXPECT_EQ(mlp.Summary(), "mlp 784-256-128-10");
+  // The seed's Glorot-uniform draw for dense0/kernel at seed 42 (first values
+  // pinned so checkpoints of old jobs keep meaning the same thing).
+  const std::vector<float> k = mlp.InitialValue(0, 42);
+  const float limit = std::sqrt(6.0f / (784 + 256));
+  for (float f : k) ASSERT_LE(std::fabs(f), limit);
+  EXPECT_EQ(MustCreate(Softmax(784, 10)).Summary(), "softmax 784-10");
+}
+
+TEST(ModelLayersTest, NamesShapesAndSummary) {
+  Model m =
+      MustCreate(Layers({28, 28, 1},
+                        {Conv(8, 3, 1, true, Activation::kRelu), Pool(LayerType::kMaxPool2D, 2, 2),
+                         Conv(16, 3, 2, false, Activation::kRelu), Simple(LayerType::kFlatten),
+                         Dense(32, Activation::kRelu), Simple(LayerType::kDropout, 0.5), Dense(10)},
+                        HeadType::kSoftmax, 10));
+  const auto& v = m.variables();
+  ASSERT_EQ(v.size(), 8u);
+  EXPECT_EQ(v[0].name, "layers.0.kernel");
+  EXPECT_EQ(v[0].rows, 9);
+  EXPECT_EQ(v[0].cols, 8);
+  EXPECT_EQ(v[1].name, "layers.0.bias");
+  EXPECT_EQ(v[2].name, "layers.2.kernel");
+  EXPECT_EQ(v[2].rows, 3 * 3 * 8);
+  // 28 same -> 28, pool 2 -> 14, 3x3 stride 2 valid -> 6: 6*6*16 = 576.
+  EXPECT_EQ(v[4].name, "layers.4.kernel");
+  EXPECT_EQ(v[4].rows, 576);
+  EXPECT_EQ(v[6].name, "layers.6.kernel");
+  EXPECT_EQ(v[7].name, "layers.6.bias");
+  EXPECT_TRUE(m.has_dropout());
+  EXPECT_EQ(m.Summary(),
+            "layers [28, 28, 1] conv2d(8,3x3,relu) maxpool2d(2) conv2d(16,3x3/2,relu) flatten "
+            "dense(32,relu) dropout(0.5) dense(10) softmax");
+}
+
+TEST(ModelLayersTest, ShapeErrorsNameTheLayer) {
+  ExpectInvalid(Layers({128}, {Dense(8, Activation::kRelu), Conv(4, 3, 1, true, Activation::kRelu),
+                               Dense(3)}),
+                "layers[1]: conv2d needs a 3-D input, got [8]");
+  ExpectInvalid(Layers({4, 4, 2}, {Dense(3)}),
+                "layers[0]: dense needs a 1-D input, got [4, 4, 2] (add a flatten layer");
+  ExpectInvalid(
+      Layers({4, 4, 1}, {Pool(LayerType::kMaxPool2D, 5, 5), Simple(LayerType::kFlatten), Dense(3)}),
+      "layers[0]: maxpool2d window 5x5 is larger than its input [4, 4, 1]");
+  ExpectInvalid(Layers({6}, {Dense(4)}), "layers[0]: dense has 4 units, the softmax head needs 3");
+  ExpectInvalid(Layers({6}, {Dense(4, Activation::kRelu)}),
+                "layers[0]: the last layer must be a dense layer with activation linear");
+  ExpectInvalid(Layers({6}, {Dense(2)}, HeadType::kSigmoid, 2),
+                "layers[0]: dense has 2 units, the sigmoid head needs 1");
+  ExpectInvalid(Layers({6}, {Dense(1)}, HeadType::kSigmoid, 3), "needs binary labels");
+  ExpectInvalid(Layers({6}, {Simple(LayerType::kDropout, 1.0), Dense(3)}),
+                "layers[0]: dropout needs rate in [0, 1), got 1");
+  ExpectInvalid(Layers({6}, {}), "needs at least one layer");
+  ExpectInvalid(Layers({6, 6}, {Dense(3)}), "the input shape must be [d] or [h, w, c]");
+}
+
+TEST(ModelLayersTest, HeInitForReluGlorotOtherwise) {
+  Model m = MustCreate(
+      Layers({40}, {Dense(30, Activation::kRelu), Dense(20, Activation::kTanh), Dense(3)}));
+  const double he = std::sqrt(6.0 / 40), glorot = std::sqrt(6.0 / (30 + 20));
+  float max0 = 0, max1 = 0;
+  for (float f : m.InitialValue(0, 5)) max0 = std::max(max0, std::fabs(f));
+  for (float f : m.InitialValue(2, 5)) max1 = std::max(max1, std::fabs(f));
+  EXPECT_LE(max0, he);
+  EXPECT_GT(max0, 0.9 * he);  // 1200 draws reach close to the limit
+  EXPECT_LE(max1, glorot);
+  EXPECT_GT(max1, 0.9 * glorot);
+  for (float f : m.InitialValue(1, 5)) EXPECT_EQ(f, 0.0f);
+}
+
+// Central finite differences on every parameter, in double-checked float.
+void CheckLayerGradients(const Model& model, int batch, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-0.5f, 0.5f);
+  Params params;
+  for (const VariableSpec& v : model.variables()) {
+    std::vector<float> value(v.num_elements());
+    for (float& f : value) f = dist(rng);
+    params.push_back(std::move(value));
+  }
+  const int64_t dim = model.input_dim();
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(batch * dim), targets(batch);
+  for (float& f : x) f = normal(rng);
+  for (float& f : targets) f = normal(rng);
+  std::vector<int32_t> y(batch);
+  const int classes = model.head() == HeadType::kSoftmax ? model.spec().num_classes : 2;
+  for (int i = 0; i < batch; ++i) y[i] = i % classes;
+  Batch b;
+  b.x = x.data();
+  b.labels = y.data();
+  b.targets = targets.data();
+  b.size = batch;
+  const uint64_t dropout_seed = 99;
+  Params grads, scratch;
+  model.LossAndGradients(params, b, dropout_seed, &grads);
+  const float eps = 3e-3f;
+  int checked = 0;
+  for (size_t v = 0; v < params.size(); ++v) {
+    ASSERT_EQ(grads[v].size(), params[v].size());
+    for (size_t k = 0; k < params[v].size(); ++k) {
+      const float saved = params[v][k];
+      params[v][k] = saved + eps;
+      const float plus = model.LossAndGradients(params, b, dropout_seed, &scratch);
+      params[v][k] = saved - eps;
+      const float minus = model.LossAndGradients(params, b, dropout_seed, &scratch);
+      params[v][k] = saved;
+      const float numeric = (plus - minus) / (2 * eps);
+      EXPECT_NEAR(grads[v][k], numeric, 2e-3f + 2e-2f * std::fabs(numeric))
+          << model.Summary() << " " << model.variables()[v].name << "[" << k << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(ModelGradientTest, DenseActivationsAndHeads) {
+  CheckLayerGradients(
+      MustCreate(Layers({5}, {Dense(4, Activation::kTanh), Dense(6, Activation::kSigmoid),
+                              Dense(4, Activation::kRelu), Dense(3)})),
+      5, 1);
+  CheckLayerGradients(
+      MustCreate(Layers({5}, {Dense(4, Activation::kTanh), Dense(1)}, HeadType::kSigmoid, 2)), 6,
+      2);
+  CheckLayerGradients(MustCreate(Layers({5}, {Dense(4, Activation::kSigmoid), Dense(1)},
+                                        HeadType::kMeanSquaredError, 0)),
+                      6, 3);
+}
+
+TEST(ModelGradientTest, ConvSamePaddingStrideOneOddShape) {
+  CheckLayerGradients(MustCreate(Layers({5, 7, 2}, {Conv(3, 3, 1, true, Activation::kTanh),
+                                                    Conv(2, 2, 1, true, Activation::kLinear),
+                                                    Simple(LayerType::kFlatten), Dense(3)})),
+                      2, 4);
+}
+
+TEST(ModelGradientTest, ConvStrideTwoValidAndSame) {
+  CheckLayerGradients(MustCreate(Layers({7, 6, 1}, {Conv(2, 3, 2, false, Activation::kTanh),
+                                                    Conv(3, 2, 2, true, Activation::kSigmoid),
+                                                    Simple(LayerType::kFlatten), Dense(3)})),
+                      3, 5);
+}
+
+TEST(ModelGradientTest, PoolsFlattenAndDropout) {
+  CheckLayerGradients(
+      MustCreate(Layers({7, 5, 2},
+                        {Conv(3, 3, 1, true, Activation::kTanh), Pool(LayerType::kMaxPool2D, 2, 2),
+                         Simple(LayerType::kFlatten), Simple(LayerType::kDropout, 0.4), Dense(3)})),
+      3, 6);
+  CheckLayerGradients(MustCreate(Layers({7, 5, 2}, {Conv(2, 2, 1, false, Activation::kTanh),
+                                                    Pool(LayerType::kAvgPool2D, 3, 2),
+                                                    Simple(LayerType::kFlatten), Dense(3)})),
+                      3, 7);
+}
+
+TEST(ModelDropoutTest, SeededTrainingOnlyAndScaled) {
+  Model m = MustCreate(Layers({200}, {Simple(LayerType::kDropout, 0.5), Dense(3)}));
+  std::mt19937_64 rng(8);
+  Params params = RandomParams(m, &rng);
+  std::vector<float> x(200, 1.0f);
+  std::vector<int32_t> y = {1};
+  Batch b;
+  b.x = x.data();
+  b.labels = y.data();
+  b.size = 1;
+  Params g1, g2, g3;
+  m.LossAndGradients(params, b, 5, &g1);
+  m.LossAndGradients(params, b, 5, &g2);
+  m.LossAndGradients(params, b, 6, &g3);
+  EXPECT_EQ(g1, g2);  // same seed, same mask
+  EXPECT_NE(g1, g3);
+  // The kernel gradient row of an input is 0 where it was dropped and
+  // 1/(1-rate) = 2 times the logits' gradient where kept.
+  int zero_rows = 0;
+  for (int r = 0; r < 200; ++r) {
+    if (g1[0][r * 3] == 0 && g1[0][r * 3 + 1] == 0) ++zero_rows;
+  }
+  EXPECT_GT(zero_rows, 60);
+  EXPECT_LT(zero_rows, 140);
+  // Evaluation applies no dropout: identical to the same model without it.
+  Model plain = MustCreate(Layers({200}, {Dense(3)}));
+  Params plain_params = {params[0], params[1]};
+  EXPECT_EQ(m.Evaluate(params, b).loss, plain.Evaluate(plain_params, b).loss);
+}
+
+TEST(ModelEvaluateTest, BinaryMetricsAndRmse) {
+  // Sigmoid head on one feature, kernel 1: logit = x.
+  Model m = MustCreate(Layers({1}, {Dense(1)}, HeadType::kSigmoid, 2));
+  Params params = {{1.0f}, {0.0f}};
+  std::vector<float> x = {-2, -1, 0.5, 1, 3, -0.5};
+  std::vector<int32_t> y = {0, 0, 1, 1, 1, 1};
+  Batch b;
+  b.x = x.data();
+  b.labels = y.data();
+  b.size = 6;
+  EvalMetrics e = m.Evaluate(params, b);
+  ASSERT_TRUE(e.accuracy && e.auc && e.log_loss);
+  EXPECT_DOUBLE_EQ(*e.accuracy, 5.0 / 6);
+  // Positives' scores {0.5,1,3,-0.5} vs negatives {-2,-1}: every pair ordered.
+  EXPECT_DOUBLE_EQ(*e.auc, 1.0);
+  double ll = 0;
+  for (int i = 0; i < 6; ++i) {
+    const double p = 1 / (1 + std::exp(-x[i]));
+    ll -= y[i] ? std::log(p) : std::log(1 - p);
+  }
+  EXPECT_NEAR(*e.log_loss, ll / 6, 1e-6);  // float logits
+  EXPECT_FALSE(e.rmse.has_value());
+  y = {1, 0, 1, 1, 1, 1};  // one inversion out of 5 pairs, and a tie-free AUC of 4/5
+  EXPECT_NEAR(*m.Evaluate(params, b).auc, 0.8, 1e-12);
+
+  Model reg = MustCreate(Layers({1}, {Dense(1)}, HeadType::kMeanSquaredError, 0));
+  std::vector<float> t = {-2, -1, 0.5, 1, 3, 0.5};  // off by 1 on the last one only
+  b.targets = t.data();
+  EvalMetrics r = reg.Evaluate(params, b);
+  ASSERT_TRUE(r.rmse.has_value());
+  EXPECT_NEAR(*r.rmse, std::sqrt(1.0 / 6), 1e-7);
+  EXPECT_FALSE(r.accuracy.has_value());
+}
+
+TEST(ModelTrainingTest, SmallCnnLearnsAPattern) {
+  // Class = which half of a 6x6 image is bright.
+  Model m =
+      MustCreate(Layers({6, 6, 1},
+                        {Conv(4, 3, 1, true, Activation::kRelu), Pool(LayerType::kMaxPool2D, 2, 2),
+                         Simple(LayerType::kFlatten), Dense(2)},
+                        HeadType::kSoftmax, 2));
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<float> u(0.0f, 0.3f);
+  const int n = 256;
+  std::vector<float> x(n * 36);
+  std::vector<int32_t> y(n);
+  for (int i = 0; i < n; ++i) {
+    y[i] = i % 2;
+    for (int p = 0; p < 36; ++p) x[i * 36 + p] = u(rng) + ((p % 6 < 3) == (y[i] == 0) ? 0.7f : 0);
+  }
+  Params params = m.InitialParams(1), grads;
+  for (int step = 0; step < 200; ++step) {
+    const int start = (step * 32) % n;
+    m.LossAndGradients(params, x.data() + start * 36, y.data() + start, 32, &grads);
+    for (size_t v = 0; v < params.size(); ++v) {
+      for (size_t k = 0; k < params[v].size(); ++k) params[v][k] -= 0.1f * grads[v][k];
+    }
+  }
+  EXPECT_GT(m.Accuracy(params, x.data(), y.data(), n), 0.95);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "core/task_config.h"
 
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -14,7 +15,30 @@
 
 namespace kubetrain {
 
+absl::StatusOr<Dataset> LoadExamples(const TrainingSpec& training, bool train,
+                                     const Dataset* train_set) {
+  if (training.dataset_format != "csv") return LoadFashionMnist(training.dataset_path, train);
+  if (train) return LoadCsv(training.tabular, training.tabular.train_files, nullptr);
+  std::optional<Dataset> own;
+  if (train_set == nullptr) {
+    auto loaded = LoadCsv(training.tabular, training.tabular.train_files, nullptr);
+    if (!loaded.ok()) return loaded.status();
+    own = std::move(*loaded);
+    train_set = &*own;
+  }
+  return LoadCsv(training.tabular, training.tabular.test_files, train_set);
+}
+
 absl::StatusOr<int64_t> TrainExamples(const TrainingSpec& training) {
+  if (training.dataset_format == "csv") {
+    // Records that load (bad ones skipped under onBadRecord: skip).
+    auto data = LoadExamples(training, /*train=*/true);
+    if (!data.ok()) {
+      return absl::Status(data.status().code(), absl::StrCat("spec.training.dataset.trainFiles: ",
+                                                             data.status().message()));
+    }
+    return data->size;
+  }
   auto count = CountExamples(training.dataset_path, /*train=*/true);
   if (!count.ok()) {
     return absl::Status(count.status().code(),

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/cluster_spec.h"
+#include "core/dataset.h"
 #include "core/job_spec.h"
 #include "core/model.h"
 #include "core/placement.h"
@@ -57,6 +58,14 @@ std::vector<std::string> FingerprintsIn(const std::string& text);
 // validate`, `kubetrain run` and the tasks convert epochs to steps with.
 // Errors name the field and the file.
 absl::StatusOr<int64_t> TrainExamples(const TrainingSpec& training);
+
+// The job's training set (train) or test set, as every task reads it: IDX
+// files from spec.training.dataset.path, or CSV files (core/tabular.h). A
+// CSV test set is normalised with the training set's figures: `train_set`
+// if given, else the training files are read for them. Errors name the
+// file:line (data) or the field.
+absl::StatusOr<Dataset> LoadExamples(const TrainingSpec& training, bool train,
+                                     const Dataset* train_set = nullptr);
 
 // The global steps `job` trains: `steps`, or its epochs converted with the
 // dataset's real size (TrainExamples). Reads the data only for epochs, and

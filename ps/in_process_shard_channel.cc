@@ -55,6 +55,7 @@ class InProcessPs::Channel final : public ShardChannel {
     header.set_waited_seconds(result->waited_seconds);
     header.set_total_bytes(result->bytes->size());
     header.set_incarnation(result->incarnation);
+    header.set_absent_workers(result->absent_workers);
     uint64_t base = 0;
     v1::TensorChunk chunk;
     for (const auto& part : shard->parts()) {
@@ -92,6 +93,7 @@ class InProcessPs::Channel final : public ShardChannel {
     response.set_done(r->done);
     response.set_staleness(r->staleness);
     response.set_incarnation(shard->incarnation());
+    response.set_absent_workers(r->absent_workers);
     return response;
   }
 

@@ -60,6 +60,10 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
       counter("kubetrain_nonfinite_updates_total",
               "Optimizer updates refused because they would have stored a non-finite value "
               "(parameters and optimizer state unchanged)");
+  m.shard.absent_workers = gauge(
+      "kubetrain_absent_workers",
+      "Sync workers this PS no longer waits for: they missed a barrier (barrierTimeoutSeconds) "
+      "and have not pushed since");
   m.service.pull_seconds = &rpc.Add({{"method", "Pull"}, {"side", "server"}}, LatencyBuckets());
   m.service.push_seconds = &rpc.Add({{"method", "Push"}, {"side", "server"}}, LatencyBuckets());
   m.service.pull_bytes = counter("kubetrain_pull_bytes_total", "Tensor bytes sent by pulls");

@@ -141,6 +141,7 @@ class PsService::PullReactor final : public grpc::ServerWriteReactor<grpc::ByteB
     h->set_waited_seconds(snapshot_.waited_seconds);
     h->set_total_bytes(snapshot_.bytes->size());
     h->set_incarnation(snapshot_.incarnation);
+    h->set_absent_workers(snapshot_.absent_workers);
     out_ = Serialize(msg);
     StartWrite(&out_);
   }
@@ -311,6 +312,7 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
     resp.set_done(r->done);
     resp.set_staleness(r->staleness);
     resp.set_incarnation(service_->shard_->incarnation());
+    resp.set_absent_workers(r->absent_workers);
     *resp_ = Serialize(resp);
     if (service_->metrics_.push_seconds) {
       service_->metrics_.push_seconds->Observe(

@@ -98,6 +98,21 @@ Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique
   }
 }
 
+int Shard::NeededLocked() const {
+  const int present = options_.num_workers - static_cast<int>(absent_.size());
+  return std::max(1, std::min(options_.replicas_to_aggregate, present));
+}
+
+void Shard::SetAbsentLocked(int worker, bool absent) {
+  if (absent) {
+    absent_.insert(worker);
+  } else {
+    absent_.erase(worker);
+  }
+  stats_.absent_workers = static_cast<int64_t>(absent_.size());
+  if (metrics_.absent_workers) metrics_.absent_workers->Set(static_cast<double>(absent_.size()));
+}
+
 bool Shard::Alive(int worker, absl::Time now) const {
   if (options_.barrier_timeout <= absl::ZeroDuration()) return true;
   auto it = last_seen_.find(worker);
@@ -134,6 +149,7 @@ Shard::Snapshot Shard::MakeSnapshot(absl::Time start, absl::Time now) {
   s.incarnation = options_.incarnation;
   s.done = Done();
   s.waited_seconds = absl::ToDoubleSeconds(now - start);
+  s.absent_workers = static_cast<int>(absent_.size());
   if (snapshot_ == nullptr || snapshot_version_ != version_) {
     // Reuse the previous version's buffer if no pull is still streaming it.
     if (snapshot_ == nullptr || snapshot_.use_count() > 1)
@@ -246,6 +262,14 @@ void Shard::Tick(absl::Time now) {
         !pending_.empty() && !Done() && now - accum_started_ >= options_.barrier_timeout) {
       ++stats_.barrier_timeouts;
       if (metrics_.barrier_timeouts) metrics_.barrier_timeouts->Increment();
+      for (int w = 0; w < options_.num_workers; ++w) {
+        if (!pending_.count(w) && !left_.count(w) && !absent_.count(w)) {
+          Log("ps:", options_.shard_index, " worker:", w, " missed the barrier of step ",
+              version_ + 1, " (", absl::FormatDuration(options_.barrier_timeout),
+              "): absent, later steps go on without it until it pushes again");
+          SetAbsentLocked(w, true);
+        }
+      }
       ApplyPendingLocked(&freed);
     }
     // A worker may just have been declared dead: its clock no longer holds anyone.
@@ -440,6 +464,11 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
       auto& c = worker_clock_[header.worker];
       c = std::max(c, header.worker_clock);
     }
+    if (absent_.count(header.worker)) {
+      Log("ps:", options_.shard_index, " worker:", header.worker,
+          " pushes again: expected from the next step on");
+      SetAbsentLocked(header.worker, false);
+    }
     if (options_.mode == TrainingMode::kSync) {
       if (header.version < version_ || pending_.count(header.worker)) {
         result.dropped = true;
@@ -449,7 +478,7 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
         if (pending_.empty()) accum_started_ = now;
         pending_[header.worker] = std::move(*grads_in);  // kept until the step is applied
         grads_in->clear();
-        if (static_cast<int>(pending_.size()) >= options_.replicas_to_aggregate) {
+        if (static_cast<int>(pending_.size()) >= NeededLocked()) {
           const int64_t refused = stats_.nonfinite_updates;
           ApplyPendingLocked(freed);
           result.dropped = stats_.nonfinite_updates != refused;
@@ -470,6 +499,7 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
     }
     result.version = version_;
     result.done = Done();
+    result.absent_workers = static_cast<int>(absent_.size());
     if (header.push_id != 0) last_push_[header.worker] = {header.push_id, result};
     ready = TakeReadyWaiters(now);
   }

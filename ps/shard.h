@@ -32,7 +32,11 @@
 // Failures: with barrier_timeout > 0, a sync step that has at least one
 // gradient proceeds with what arrived once the first gradient is that old
 // (counted as a barrier timeout), and a worker silent that long stops holding
-// others back under bounded staleness. Every start of a PS task has a new
+// others back under bounded staleness. A sync worker that missed such a
+// barrier is absent: later steps need only the workers that are not
+// (min(replicas_to_aggregate, present), at least 1) and do not wait for it
+// again, until it pushes again (any push, even a stale one), when it is
+// expected from the next step on. Every start of a PS task has a new
 // incarnation; requests that name another incarnation are answered at once
 // (pulls) or dropped as stale (pushes), so workers resynchronise with a shard
 // that restarted from an older checkpoint.
@@ -122,6 +126,7 @@ struct ShardMetrics {
   prometheus::Histogram* hold_seconds = nullptr;     // how long pulls were held
   prometheus::Counter* barrier_timeouts = nullptr;   // sync steps applied after the timeout
   prometheus::Counter* nonfinite_updates = nullptr;  // updates refused as non-finite
+  prometheus::Gauge* absent_workers = nullptr;       // sync workers treated as absent now
 };
 
 struct ShardStatsSnapshot {
@@ -135,6 +140,7 @@ struct ShardStatsSnapshot {
   int64_t restored_version = 0;
   int64_t nonfinite_updates = 0;  // updates refused: they would have stored Inf/NaN
   int64_t duplicate_pushes = 0;   // repeated push ids, answered without applying again
+  int64_t absent_workers = 0;     // now (see Failures)
 };
 
 class Shard {
@@ -151,6 +157,7 @@ class Shard {
     int64_t incarnation = 0;
     bool done = false;
     double waited_seconds = 0;
+    int absent_workers = 0;  // sync workers treated as absent (see Failures)
     // The values of parts(), concatenated in order, as little-endian float32.
     std::shared_ptr<const std::string> bytes;
   };
@@ -168,6 +175,7 @@ class Shard {
     bool dropped = false;
     bool done = false;
     int64_t staleness = 0;
+    int absent_workers = 0;
   };
 
   // Initial values come from model.InitialValue(variable, seed), sliced to the
@@ -261,6 +269,9 @@ class Shard {
   void ApplyPendingLocked(std::vector<std::vector<std::vector<float>>>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Alive(int worker, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gradients a sync step needs now: replicas_to_aggregate, fewer if workers are absent.
+  int NeededLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetAbsentLocked(int worker, bool absent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stages the optimizer's update for every part and commits it only if every
   // new value and slot is finite (else counts and logs it). Returns whether
   // it was applied. Does not change the version.
@@ -299,6 +310,8 @@ class Shard {
   // Steps completed per worker (bounded staleness); left workers are removed.
   std::map<int, int64_t> worker_clock_ ABSL_GUARDED_BY(mu_);
   std::set<int> left_ ABSL_GUARDED_BY(mu_);
+  // Sync workers that missed a timed-out barrier and have not pushed since.
+  std::set<int> absent_ ABSL_GUARDED_BY(mu_);
   // Per worker: the id of its last push handled and the answer it got.
   std::map<int, std::pair<uint64_t, PushResult>> last_push_ ABSL_GUARDED_BY(mu_);
   std::set<int> evaluators_left_ ABSL_GUARDED_BY(mu_);

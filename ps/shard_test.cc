@@ -217,6 +217,49 @@ TEST(ShardFailureTest, BarrierTimeoutProceedsWithTheGradientsThatArrived) {
   EXPECT_EQ(f.shard->version(), 1);
 }
 
+TEST(ShardFailureTest, AWorkerThatMissedABarrierIsNotWaitedForUntilItPushesAgain) {
+  Fixture f(TrainingMode::kSync, 2, 2, {}, 100, absl::Seconds(2));
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(1)).ok());  // worker 1 is stopped
+  f.clock.Advance(absl::Seconds(2));
+  f.shard->Tick(f.clock.Now());
+  EXPECT_EQ(f.shard->version(), 1);
+  EXPECT_EQ(f.shard->stats().barrier_timeouts, 1);
+  EXPECT_EQ(f.shard->stats().absent_workers, 1);
+  // The next steps need worker 0 alone: no second timeout.
+  for (int64_t v = 1; v <= 3; ++v) {
+    auto r = f.shard->Push({0, v, v + 1}, f.Grads(1));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->version, v + 1);
+    EXPECT_EQ(r->absent_workers, 1);
+  }
+  EXPECT_EQ(f.shard->stats().barrier_timeouts, 1);
+  int absent_in_pull = -1;
+  f.shard->Pull({0, 0, 0}, f.clock.Now() + absl::Seconds(1),
+                [&](auto snap) { absent_in_pull = snap->absent_workers; });
+  EXPECT_EQ(absent_in_pull, 1);
+  // Worker 1 wakes up: its push (for version 0) is stale, but it is back ...
+  auto stale = f.shard->Push({1, 0, 1}, f.Grads(1));
+  ASSERT_TRUE(stale.ok());
+  EXPECT_TRUE(stale->dropped);
+  EXPECT_EQ(f.shard->stats().absent_workers, 0);
+  // ... so the next step waits for it again.
+  ASSERT_TRUE(f.shard->Push({0, 4, 5}, f.Grads(1)).ok());
+  EXPECT_EQ(f.shard->version(), 4);
+  ASSERT_TRUE(f.shard->Push({1, 4, 2}, f.Grads(1)).ok());
+  EXPECT_EQ(f.shard->version(), 5);
+  // With backup workers, absence lowers the need only below replicasToAggregate.
+  Fixture b(TrainingMode::kSync, 4, 3, {}, 100, absl::Seconds(2));
+  ASSERT_TRUE(b.shard->Push({0, 0, 1}, b.Grads(1)).ok());
+  ASSERT_TRUE(b.shard->Push({1, 0, 1}, b.Grads(1)).ok());
+  b.clock.Advance(absl::Seconds(2));
+  b.shard->Tick(b.clock.Now());  // workers 2 and 3 absent: 2 present
+  EXPECT_EQ(b.shard->stats().absent_workers, 2);
+  ASSERT_TRUE(b.shard->Push({0, 1, 2}, b.Grads(1)).ok());
+  EXPECT_EQ(b.shard->version(), 1);
+  ASSERT_TRUE(b.shard->Push({1, 1, 2}, b.Grads(1)).ok());
+  EXPECT_EQ(b.shard->version(), 2);
+}
+
 TEST(ShardFailureTest, SilentWorkerStopsHoldingBackBoundedStaleness) {
   Fixture f(TrainingMode::kAsync, 2, 1, /*tau=*/1, 100, absl::Seconds(5));
   for (int c = 1; c <= 3; ++c)

@@ -47,6 +47,7 @@ absl::Status FillShardInfo(Shard* shard, const std::string& model_fingerprint,
   info->set_max_chunk_bytes(max_chunk_bytes);
   info->set_mode(TrainingModeName(o.mode));
   info->set_incarnation(shard->incarnation());
+  info->set_absent_workers(static_cast<int32_t>(shard->stats().absent_workers));
   if (task->role == TaskRole::kWorker) info->set_worker_clock(shard->WorkerClock(task->index));
   return absl::OkStatus();
 }
@@ -62,6 +63,7 @@ void FillShardStats(const ShardStatsSnapshot& s, v1::ShardStats* out) {
   out->set_restored_version(s.restored_version);
   out->set_nonfinite_updates(s.nonfinite_updates);
   out->set_duplicate_pushes(s.duplicate_pushes);
+  out->set_absent_workers(s.absent_workers);
 }
 
 PushAssembler::PushAssembler(Shard* shard) : shard_(shard), filled_(shard->parts().size(), 0) {}

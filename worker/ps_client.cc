@@ -280,6 +280,7 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
     r.version = std::min<int64_t>(r.version, headers[s].version());
     r.done = r.done && headers[s].done();
     r.waited_seconds = std::max(r.waited_seconds, headers[s].waited_seconds());
+    r.absent_workers = std::max(r.absent_workers, headers[s].absent_workers());
     r.steps_lost += lost[s];
   }
   return r;
@@ -314,6 +315,7 @@ absl::StatusOr<PsClient::StepResult> PsClient::PollStep() {
     r.version = std::min<int64_t>(r.version, infos[s].version());
     r.done = r.done && infos[s].version() >= infos[s].target_steps();
     r.steps_lost += lost[s];
+    r.absent_workers = std::max(r.absent_workers, infos[s].absent_workers());
   }
   return r;
 }
@@ -364,6 +366,7 @@ absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t
     r.dropped = r.dropped || resp.dropped();
     r.done = r.done || resp.done();
     r.staleness = std::max<int64_t>(r.staleness, resp.staleness());
+    r.absent_workers = std::max(r.absent_workers, resp.absent_workers());
   }
   return r;
 }
@@ -400,6 +403,8 @@ absl::StatusOr<v1::ShardStats> PsClient::Shutdown() {
     total.set_barrier_timeouts(total.barrier_timeouts() + s.barrier_timeouts());
     total.set_restored_version(std::max(total.restored_version(), s.restored_version()));
     total.set_nonfinite_updates(total.nonfinite_updates() + s.nonfinite_updates());
+    total.set_duplicate_pushes(total.duplicate_pushes() + s.duplicate_pushes());
+    total.set_absent_workers(std::max(total.absent_workers(), s.absent_workers()));
   }
   return total;
 }

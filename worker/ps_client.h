@@ -61,18 +61,21 @@ class PsClient {
     bool done = false;          // every shard reached the target
     double waited_seconds = 0;  // longest hold over shards
     int64_t steps_lost = 0;     // versions lost by shards that restarted from a checkpoint
+    int absent_workers = 0;     // most over shards: sync workers not waited for
   };
   struct PushResult {
     int64_t version = 0;
     bool dropped = false;
     bool done = false;
-    int64_t staleness = 0;  // largest over shards
+    int64_t staleness = 0;   // largest over shards
+    int absent_workers = 0;  // as in PullResult
   };
   // Where training is, without moving any values.
   struct StepResult {
     int64_t version = 0;     // lowest version over shards (the global step)
     bool done = false;       // every shard reached the target
     int64_t steps_lost = 0;  // as in PullResult
+    int absent_workers = 0;  // as in PullResult
   };
 
   // `placement` and `clock` must outlive the client. channels[i] talks to ps task i.

@@ -29,23 +29,51 @@ void CountLost(int64_t steps_lost, TrainResult* result, const TrainerMetrics& me
   if (metrics.steps_lost) metrics.steps_lost->Increment(static_cast<double>(steps_lost));
 }
 
-// Test accuracy of `params`, logged as "<who>: global step v/T test accuracy a".
-double Evaluate(const TaskConfig& config, const Params& params, const Dataset& test,
-                int64_t version, const char* who, const TrainerMetrics& metrics,
-                Progress* progress) {
-  const double acc =
-      config.model->Accuracy(params, test.images.data(), test.labels.data(), test.size);
-  progress->accuracy = acc;
-  if (metrics.accuracy) metrics.accuracy->Set(acc);
-  Log(who, ": global step ", version, "/", config.target_steps, " test accuracy ", acc);
-  return acc;
+Batch AllOf(const Dataset& data) {
+  Batch b;
+  b.x = data.images.data();
+  b.labels = data.labels.data();
+  b.targets = data.targets.empty() ? nullptr : data.targets.data();
+  b.size = data.size;
+  return b;
+}
+
+// The head's test figures for `params`, logged as "<who>: global step v/T
+// test accuracy a[, AUC .., log loss ..]" (or "test RMSE r").
+EvalMetrics Evaluate(const TaskConfig& config, const Params& params, const Dataset& test,
+                     int64_t version, const char* who, const TrainerMetrics& metrics,
+                     Progress* progress) {
+  const EvalMetrics m = config.model->Evaluate(params, AllOf(test));
+  std::string figures;
+  if (m.accuracy) {
+    progress->accuracy = *m.accuracy;
+    if (metrics.accuracy) metrics.accuracy->Set(*m.accuracy);
+    figures = absl::StrCat(" test accuracy ", *m.accuracy);
+  }
+  if (m.auc) {
+    if (metrics.auc) metrics.auc->Set(*m.auc);
+    absl::StrAppend(&figures, ", AUC ", *m.auc);
+  }
+  if (m.log_loss && m.auc) {
+    if (metrics.log_loss) metrics.log_loss->Set(*m.log_loss);
+    absl::StrAppend(&figures, ", log loss ", *m.log_loss);
+  }
+  if (m.rmse) {
+    if (metrics.rmse) metrics.rmse->Set(*m.rmse);
+    absl::StrAppend(&figures, " test RMSE ", *m.rmse);
+  }
+  Log(who, ": global step ", version, "/", config.target_steps, figures);
+  return m;
 }
 
 absl::Status Export(const TaskConfig& config, const Params& params, int64_t version,
-                    const std::string& path, const ExportPolicy& policy, const Clock* clock,
-                    TrainResult* result) {
+                    const Dataset& test, const std::string& path, const ExportPolicy& policy,
+                    const Clock* clock, TrainResult* result) {
   if (path.empty()) return absl::OkStatus();
   ModelFile file{config.model->spec(), params, version, config.job.name};
+  file.dataset_yaml = config.job.training.dataset_yaml;
+  file.norm_mean = test.norm_mean;
+  file.norm_std = test.norm_std;
   absl::Duration delay = policy.backoff;
   for (int attempt = 1;; ++attempt) {
     absl::Status s = WriteModelFile(path, file, policy.env);
@@ -86,6 +114,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   Params params, grads;
   std::vector<float> x;
   std::vector<int32_t> y;
+  std::vector<float> targets;
   std::deque<float> recent_losses;
   TrainResult result;
   result.local_steps = client->resume_clock();  // a restarted worker continues its clock
@@ -126,8 +155,17 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
 
     if (options.step_delay > absl::ZeroDuration()) clock->SleepFor(options.step_delay);
     absl::Time t0 = clock->Now();
-    batcher.Next(spec.batch_size, &x, &y);
-    float loss = model.LossAndGradients(params, x.data(), y.data(), spec.batch_size, &grads);
+    batcher.Next(spec.batch_size, &x, &y, &targets);
+    // Dropout masks differ per worker and step, and repeat exactly on a rerun.
+    const uint64_t dropout_seed = spec.seed ^
+                                  (uint64_t{static_cast<uint32_t>(options.worker_index)} << 40) ^
+                                  static_cast<uint64_t>(result.local_steps);
+    Batch batch;
+    batch.x = x.data();
+    batch.labels = y.data();
+    batch.targets = targets.empty() ? nullptr : targets.data();
+    batch.size = spec.batch_size;
+    float loss = model.LossAndGradients(params, batch, dropout_seed, &grads);
     if (metrics.compute_seconds)
       metrics.compute_seconds->Observe(absl::ToDoubleSeconds(clock->Now() - t0));
     recent_losses.push_back(loss);
@@ -146,6 +184,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     if (now - last_report >= options.progress_interval) {
       double secs = std::max(1e-9, absl::ToDoubleSeconds(now - last_report));
       progress.global_step = push->version;
+      progress.absent_workers = push->absent_workers;
       progress.loss = mean_loss();
       progress.examples_per_second =
           std::max<int64_t>(0, push->version - last_report_step) * examples_per_step / secs;
@@ -169,9 +208,10 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     if (!final_pull.ok()) return final_pull.status();
     CountLost(final_pull->steps_lost, &result, metrics);
     result.global_step = final_pull->version;
-    result.test_accuracy =
+    result.test_metrics =
         Evaluate(config, params, *test, final_pull->version, "chief", metrics, &progress);
-    if (absl::Status s = Export(config, params, final_pull->version, options.export_model,
+    result.test_accuracy = result.test_metrics.accuracy.value_or(-1);
+    if (absl::Status s = Export(config, params, final_pull->version, *test, options.export_model,
                                 options.export_policy, clock, &result);
         !s.ok()) {
       return s;
@@ -217,11 +257,12 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
 
   // Evaluates the values in `params` (read at `version`).
   auto evaluate = [&](int64_t version) {
-    const double acc = Evaluate(config, params, test, version, who, metrics, &progress);
+    result.test_metrics = Evaluate(config, params, test, version, who, metrics, &progress);
+    const double acc = result.test_metrics.accuracy.value_or(-1);
     if (loss_sample != nullptr && loss_sample->size > 0) {
-      const int n = static_cast<int>(std::min<int64_t>(kLossSampleExamples, loss_sample->size));
-      const double loss = model.LossAndGradients(params, loss_sample->images.data(),
-                                                 loss_sample->labels.data(), n, &grads);
+      Batch sample = AllOf(*loss_sample);
+      sample.size = std::min<int64_t>(kLossSampleExamples, loss_sample->size);
+      const double loss = model.LossAndGradients(params, sample, 0, &grads);
       progress.loss = loss;
       if (metrics.loss) metrics.loss->Set(loss);
     }
@@ -251,6 +292,7 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
     if (!step.ok()) return step.status();
     CountLost(step->steps_lost, &result, metrics);
     if (metrics.global_step) metrics.global_step->Set(static_cast<double>(step->version));
+    progress.absent_workers = step->absent_workers;
     report(step->version, clock->Now());
     return absl::OkStatus();
   };
@@ -280,6 +322,7 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
       break;
     }
     if (pulled->version < boundary) continue;  // a restarted PS answered at once: wait again
+    progress.absent_workers = pulled->absent_workers;
     evaluate(pulled->version);
     report(pulled->version, clock->Now());
     next_eval = (pulled->version / every + 1) * every;
@@ -290,7 +333,7 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
   result.test_accuracy = evaluate(final_pull->version);
   if (progress.loss.has_value()) result.final_loss = *progress.loss;
   if (options.is_chief) {
-    if (absl::Status s = Export(config, params, final_pull->version, options.export_model,
+    if (absl::Status s = Export(config, params, final_pull->version, test, options.export_model,
                                 options.export_policy, clock, &result);
         !s.ok()) {
       return s;

@@ -49,14 +49,19 @@ struct TrainerMetrics {                                     // any pointer may b
   prometheus::Gauge* global_step = nullptr;
   prometheus::Gauge* loss = nullptr;
   prometheus::Gauge* accuracy = nullptr;
+  prometheus::Gauge* auc = nullptr;                  // binary labels
+  prometheus::Gauge* log_loss = nullptr;             // binary labels
+  prometheus::Gauge* rmse = nullptr;                 // regression
   prometheus::Gauge* examples_per_second = nullptr;  // chief: global, at each progress report
   prometheus::Counter* steps_lost = nullptr;         // global steps lost to PS restarts
+  prometheus::Counter* records_skipped = nullptr;    // bad data records dropped at load
 };
 
 struct TrainResult {
   int64_t global_step = 0;
   int64_t local_steps = 0;
   double test_accuracy = -1;  // chief and evaluator only
+  EvalMetrics test_metrics;   // chief and evaluator: the final evaluation
   // Train: mean training loss over this worker's last steps. Follow: the
   // final model's mean loss on the loss sample (0 without one).
   double final_loss = 0;

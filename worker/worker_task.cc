@@ -15,10 +15,15 @@
 namespace kubetrain {
 namespace {
 
-absl::StatusOr<std::shared_ptr<const Dataset>> LoadSet(const TaskConfig& config, bool train) {
+absl::StatusOr<std::shared_ptr<const Dataset>> LoadSet(const TaskConfig& config, bool train,
+                                                       const Dataset* train_set) {
   const TrainingSpec& spec = config.job.training;
-  auto data = LoadFashionMnist(spec.dataset_path, train);
+  auto data = LoadExamples(spec, train, train_set);
   if (!data.ok()) return data.status();
+  if (data->skipped_records > 0) {
+    Log("skipped ", data->skipped_records, " bad records in the ", train ? "training" : "test",
+        " files (onBadRecord: skip)");
+  }
   if (train && data->size != config.train_examples) {
     return absl::InvalidArgumentError(
         absl::StrCat(spec.dataset_path, " has ", data->size, " training examples, expected ",
@@ -94,14 +99,19 @@ absl::StatusOr<std::unique_ptr<WorkerTask>> WorkerTask::Create(
   const bool needs_test = task->is_chief_ || type == "evaluator";
   task->data_ = std::move(data);
   if (needs_train && task->data_.train == nullptr) {
-    auto train = LoadSet(c, /*train=*/true);
+    auto train = LoadSet(c, /*train=*/true, nullptr);
     if (!train.ok()) return train.status();
     task->data_.train = std::move(*train);
   }
   if (needs_test && task->data_.test == nullptr) {
-    auto test = LoadSet(c, /*train=*/false);
+    auto test = LoadSet(c, /*train=*/false, task->data_.train.get());
     if (!test.ok()) return test.status();
     task->data_.test = std::move(*test);
+  }
+  for (const auto* set : {task->data_.train.get(), task->data_.test.get()}) {
+    if (set != nullptr && task->trainer_metrics_.records_skipped) {
+      task->trainer_metrics_.records_skipped->Increment(static_cast<double>(set->skipped_records));
+    }
   }
   PsClient::Options client_options;
   client_options.task_type = type == "chief"       ? v1::TASK_TYPE_CHIEF
@@ -163,6 +173,15 @@ void WorkerTask::RegisterMetrics() {
       "Mean training loss over this worker's recent steps (the chief's: on a training sample)");
   m.accuracy =
       gauge(kEvalAccuracyMetric, "Test accuracy at the last evaluation (chief, evaluator)");
+  m.auc = gauge("kubetrain_eval_auc",
+                "Test AUC at the last evaluation, binary labels only (chief, evaluator)");
+  m.log_loss = gauge("kubetrain_eval_log_loss",
+                     "Test log loss at the last evaluation, binary labels only (chief, evaluator)");
+  m.rmse = gauge("kubetrain_eval_rmse",
+                 "Test RMSE at the last evaluation, regression only (chief, evaluator)");
+  m.records_skipped =
+      counter("kubetrain_data_records_skipped_total",
+              "Bad data records this task dropped while loading (onBadRecord: skip)");
   m.steps_lost = counter("kubetrain_steps_lost_total",
                          "Global steps lost because a PS restarted from an older checkpoint");
   if (is_chief_) {
@@ -191,6 +210,11 @@ JobResult WorkerTask::MakeResult(const TrainResult& t) const {
   r.global_step = t.global_step;
   r.target_steps = config_.target_steps;
   r.test_accuracy = t.test_accuracy;
+  r.test_auc = t.test_metrics.auc;
+  if (t.test_metrics.auc) r.test_log_loss = t.test_metrics.log_loss;
+  r.test_rmse = t.test_metrics.rmse;
+  r.records_skipped = (data_.train ? data_.train->skipped_records : 0) +
+                      (data_.test ? data_.test->skipped_records : 0);
   r.final_loss = t.final_loss;
   r.wall_seconds = t.wall_seconds;
   r.examples_per_second = t.examples_per_second;

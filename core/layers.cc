@@ -1,0 +1,397 @@
+#include "core/layers.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace kubetrain {
+namespace {
+
+using ConstMatrixMap = Eigen::Map<const RowMatrix>;
+using MatrixMap = Eigen::Map<RowMatrix>;
+
+// Keeps shapes far from int overflow in index arithmetic.
+constexpr int64_t kMaxElements = int64_t{1} << 28;
+
+int SameOut(int side, int stride) { return (side + stride - 1) / stride; }
+
+}  // namespace
+
+std::string ShapeString(const Shape& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+int64_t NumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int d : shape) n *= d;
+  return n;
+}
+
+const char* ActivationName(Activation a) {
+  switch (a) {
+    case Activation::kRelu:
+      return "relu";
+    case Activation::kTanh:
+      return "tanh";
+    case Activation::kSigmoid:
+      return "sigmoid";
+    case Activation::kLinear:
+      break;
+  }
+  return "linear";
+}
+
+const char* LayerTypeName(LayerType t) {
+  switch (t) {
+    case LayerType::kConv2D:
+      return "conv2d";
+    case LayerType::kMaxPool2D:
+      return "maxpool2d";
+    case LayerType::kAvgPool2D:
+      return "avgpool2d";
+    case LayerType::kFlatten:
+      return "flatten";
+    case LayerType::kDropout:
+      return "dropout";
+    case LayerType::kDense:
+      break;
+  }
+  return "dense";
+}
+
+const char* HeadTypeName(HeadType h) {
+  switch (h) {
+    case HeadType::kSigmoid:
+      return "sigmoid";
+    case HeadType::kMeanSquaredError:
+      return "meanSquaredError";
+    case HeadType::kSoftmax:
+      break;
+  }
+  return "softmax";
+}
+
+std::optional<Activation> ActivationFromName(const std::string& name) {
+  for (Activation a :
+       {Activation::kLinear, Activation::kRelu, Activation::kTanh, Activation::kSigmoid}) {
+    if (name == ActivationName(a)) return a;
+  }
+  return std::nullopt;
+}
+
+std::optional<LayerType> LayerTypeFromName(const std::string& name) {
+  for (LayerType t : {LayerType::kDense, LayerType::kConv2D, LayerType::kMaxPool2D,
+                      LayerType::kAvgPool2D, LayerType::kFlatten, LayerType::kDropout}) {
+    if (name == LayerTypeName(t)) return t;
+  }
+  return std::nullopt;
+}
+
+std::optional<HeadType> HeadTypeFromName(const std::string& name) {
+  for (HeadType h : {HeadType::kSoftmax, HeadType::kSigmoid, HeadType::kMeanSquaredError}) {
+    if (name == HeadTypeName(h)) return h;
+  }
+  return std::nullopt;
+}
+
+WindowGeometry MakeWindowGeometry(const LayerSpec& layer, const Shape& input) {
+  WindowGeometry g;
+  g.in_h = input[0];
+  g.in_w = input[1];
+  g.in_c = input[2];
+  g.k = layer.kernel;
+  g.stride = layer.stride;
+  if (layer.type == LayerType::kConv2D && layer.same_padding) {
+    g.out_h = SameOut(g.in_h, g.stride);
+    g.out_w = SameOut(g.in_w, g.stride);
+    g.pad_top = std::max((g.out_h - 1) * g.stride + g.k - g.in_h, 0) / 2;
+    g.pad_left = std::max((g.out_w - 1) * g.stride + g.k - g.in_w, 0) / 2;
+  } else {
+    g.out_h = (g.in_h - g.k) / g.stride + 1;
+    g.out_w = (g.in_w - g.k) / g.stride + 1;
+  }
+  return g;
+}
+
+absl::StatusOr<Shape> OutputShape(const LayerSpec& layer, const Shape& input) {
+  const char* name = LayerTypeName(layer.type);
+  auto fail = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " ", why));
+  };
+  for (int d : input) {
+    if (d <= 0) return fail(absl::StrCat("got an empty input ", ShapeString(input)));
+  }
+  Shape out;
+  switch (layer.type) {
+    case LayerType::kDense:
+      if (input.size() != 1) {
+        return fail(absl::StrCat("needs a 1-D input, got ", ShapeString(input),
+                                 " (add a flatten layer before it)"));
+      }
+      if (layer.units < 1) return fail(absl::StrCat("needs units >= 1, got ", layer.units));
+      out = {layer.units};
+      break;
+    case LayerType::kConv2D:
+    case LayerType::kMaxPool2D:
+    case LayerType::kAvgPool2D: {
+      if (input.size() != 3) {
+        return fail(absl::StrCat("needs a 3-D input, got ", ShapeString(input)));
+      }
+      if (layer.kernel < 1) return fail(absl::StrCat("needs kernel >= 1, got ", layer.kernel));
+      if (layer.stride < 1) return fail(absl::StrCat("needs stride >= 1, got ", layer.stride));
+      const bool same = layer.type == LayerType::kConv2D && layer.same_padding;
+      if (!same && (layer.kernel > input[0] || layer.kernel > input[1])) {
+        return fail(absl::StrCat("window ", layer.kernel, "x", layer.kernel,
+                                 " is larger than its input ", ShapeString(input),
+                                 same ? "" : " (padding valid)"));
+      }
+      WindowGeometry g = MakeWindowGeometry(layer, input);
+      int channels = input[2];
+      if (layer.type == LayerType::kConv2D) {
+        if (layer.filters < 1) return fail(absl::StrCat("needs filters >= 1, got ", layer.filters));
+        channels = layer.filters;
+      }
+      out = {g.out_h, g.out_w, channels};
+      break;
+    }
+    case LayerType::kFlatten:
+      if (NumElements(input) > kMaxElements) break;  // reported below
+      out = {static_cast<int>(NumElements(input))};
+      break;
+    case LayerType::kDropout:
+      if (!(layer.rate >= 0 && layer.rate < 1)) {
+        return fail(absl::StrCat("needs rate in [0, 1), got ", layer.rate));
+      }
+      out = input;
+      break;
+  }
+  if (out.empty() || NumElements(out) > kMaxElements) {
+    return fail(absl::StrCat("output of input ", ShapeString(input), " is too large (more than ",
+                             kMaxElements, " values per example)"));
+  }
+  return out;
+}
+
+void Im2Col(const WindowGeometry& g, const float* in, int batch, RowMatrix* col) {
+  const int64_t patch = g.patch_size();
+  col->resize(batch * g.positions(), patch);
+  const int64_t in_size = int64_t{g.in_h} * g.in_w * g.in_c;
+  const size_t run = static_cast<size_t>(g.k) * g.in_c;  // one kernel row, contiguous in HWC
+  for (int b = 0; b < batch; ++b) {
+    const float* image = in + b * in_size;
+    for (int oy = 0; oy < g.out_h; ++oy) {
+      for (int ox = 0; ox < g.out_w; ++ox) {
+        float* dst = col->data() + ((int64_t{b} * g.out_h + oy) * g.out_w + ox) * patch;
+        const int x0 = ox * g.stride - g.pad_left;
+        const bool row_inside = x0 >= 0 && x0 + g.k <= g.in_w;
+        for (int ky = 0; ky < g.k; ++ky) {
+          const int iy = oy * g.stride - g.pad_top + ky;
+          float* d = dst + ky * run;
+          if (iy < 0 || iy >= g.in_h) {
+            std::memset(d, 0, run * sizeof(float));
+            continue;
+          }
+          const float* src_row = image + int64_t{iy} * g.in_w * g.in_c;
+          if (row_inside) {
+            std::memcpy(d, src_row + int64_t{x0} * g.in_c, run * sizeof(float));
+            continue;
+          }
+          for (int kx = 0; kx < g.k; ++kx) {
+            const int ix = x0 + kx;
+            if (ix < 0 || ix >= g.in_w) {
+              std::memset(d + kx * g.in_c, 0, g.in_c * sizeof(float));
+            } else {
+              std::memcpy(d + kx * g.in_c, src_row + int64_t{ix} * g.in_c, g.in_c * sizeof(float));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+void Col2ImAdd(const WindowGeometry& g, const RowMatrix& col, int batch, float* in_grad) {
+  const int64_t patch = g.patch_size();
+  const int64_t in_size = int64_t{g.in_h} * g.in_w * g.in_c;
+  for (int b = 0; b < batch; ++b) {
+    float* image = in_grad + b * in_size;
+    for (int oy = 0; oy < g.out_h; ++oy) {
+      for (int ox = 0; ox < g.out_w; ++ox) {
+        const float* src = col.data() + ((int64_t{b} * g.out_h + oy) * g.out_w + ox) * patch;
+        for (int ky = 0; ky < g.k; ++ky) {
+          const int iy = oy * g.stride - g.pad_top + ky;
+          if (iy < 0 || iy >= g.in_h) continue;
+          for (int kx = 0; kx < g.k; ++kx) {
+            const int ix = ox * g.stride - g.pad_left + kx;
+            if (ix < 0 || ix >= g.in_w) continue;
+            float* d = image + (int64_t{iy} * g.in_w + ix) * g.in_c;
+            const float* s = src + (int64_t{ky} * g.k + kx) * g.in_c;
+            for (int c = 0; c < g.in_c; ++c) d[c] += s[c];
+          }
+        }
+      }
+    }
+  }
+}
+
+void ConvForward(const WindowGeometry& g, const float* in, int batch, const float* kernel,
+                 const float* bias, int filters, RowMatrix* col, RowMatrix* out) {
+  Im2Col(g, in, batch, col);
+  ConstMatrixMap k(kernel, g.patch_size(), filters);
+  RowMatrix z(col->rows(), filters);
+  z.noalias() = *col * k;
+  z.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias, filters);
+  // (batch*positions) x filters is, row-major, batch x positions*filters.
+  out->resize(batch, g.positions() * filters);
+  std::memcpy(out->data(), z.data(), sizeof(float) * z.size());
+}
+
+void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
+                  const float* kernel, int filters, int batch, float* dkernel, float* dbias,
+                  RowMatrix* din) {
+  ConstMatrixMap dz(dout.data(), batch * g.positions(), filters);
+  MatrixMap(dkernel, g.patch_size(), filters).noalias() = col.transpose() * dz;
+  Eigen::Map<Eigen::RowVectorXf>(dbias, filters) = dz.colwise().sum();
+  if (din == nullptr) return;
+  RowMatrix dcol(dz.rows(), g.patch_size());
+  dcol.noalias() = dz * ConstMatrixMap(kernel, g.patch_size(), filters).transpose();
+  din->setZero(batch, int64_t{g.in_h} * g.in_w * g.in_c);
+  Col2ImAdd(g, dcol, batch, din->data());
+}
+
+void MaxPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out,
+                    std::vector<int32_t>* argmax) {
+  const int64_t in_size = int64_t{g.in_h} * g.in_w * g.in_c;
+  const int64_t out_size = g.positions() * g.in_c;
+  out->resize(batch, out_size);
+  argmax->resize(static_cast<size_t>(batch) * out_size);
+  for (int b = 0; b < batch; ++b) {
+    const float* image = in + b * in_size;
+    float* o = out->data() + b * out_size;
+    int32_t* arg = argmax->data() + b * out_size;
+    for (int oy = 0; oy < g.out_h; ++oy) {
+      for (int ox = 0; ox < g.out_w; ++ox) {
+        for (int c = 0; c < g.in_c; ++c) {
+          float best = -std::numeric_limits<float>::infinity();
+          int32_t best_index = -1;
+          for (int ky = 0; ky < g.k; ++ky) {
+            for (int kx = 0; kx < g.k; ++kx) {
+              const int32_t index =
+                  ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c + c;
+              // ">" keeps the first maximum: ties route the gradient to one input.
+              if (best_index < 0 || image[index] > best) {
+                best = image[index];
+                best_index = index;
+              }
+            }
+          }
+          const int64_t at = (int64_t{oy} * g.out_w + ox) * g.in_c + c;
+          o[at] = best;
+          arg[at] = best_index;
+        }
+      }
+    }
+  }
+}
+
+void MaxPoolBackward(const WindowGeometry& g, const RowMatrix& dout,
+                     const std::vector<int32_t>& argmax, RowMatrix* din) {
+  const int batch = static_cast<int>(dout.rows());
+  din->setZero(batch, int64_t{g.in_h} * g.in_w * g.in_c);
+  for (int b = 0; b < batch; ++b) {
+    const float* d = dout.data() + b * dout.cols();
+    const int32_t* arg = argmax.data() + b * dout.cols();
+    float* di = din->data() + b * din->cols();
+    for (int64_t i = 0; i < dout.cols(); ++i) di[arg[i]] += d[i];
+  }
+}
+
+void AvgPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out) {
+  const int64_t in_size = int64_t{g.in_h} * g.in_w * g.in_c;
+  const int64_t out_size = g.positions() * g.in_c;
+  const float scale = 1.0f / static_cast<float>(g.k * g.k);
+  out->setZero(batch, out_size);
+  for (int b = 0; b < batch; ++b) {
+    const float* image = in + b * in_size;
+    float* o = out->data() + b * out_size;
+    for (int oy = 0; oy < g.out_h; ++oy) {
+      for (int ox = 0; ox < g.out_w; ++ox) {
+        float* dst = o + (int64_t{oy} * g.out_w + ox) * g.in_c;
+        for (int ky = 0; ky < g.k; ++ky) {
+          for (int kx = 0; kx < g.k; ++kx) {
+            const float* src =
+                image + ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c;
+            for (int c = 0; c < g.in_c; ++c) dst[c] += src[c];
+          }
+        }
+        for (int c = 0; c < g.in_c; ++c) dst[c] *= scale;
+      }
+    }
+  }
+}
+
+void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* din) {
+  const int batch = static_cast<int>(dout.rows());
+  const float scale = 1.0f / static_cast<float>(g.k * g.k);
+  din->setZero(batch, int64_t{g.in_h} * g.in_w * g.in_c);
+  for (int b = 0; b < batch; ++b) {
+    const float* d = dout.data() + b * dout.cols();
+    float* di = din->data() + b * din->cols();
+    for (int oy = 0; oy < g.out_h; ++oy) {
+      for (int ox = 0; ox < g.out_w; ++ox) {
+        const float* src = d + (int64_t{oy} * g.out_w + ox) * g.in_c;
+        for (int ky = 0; ky < g.k; ++ky) {
+          for (int kx = 0; kx < g.k; ++kx) {
+            float* dst = di + ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c;
+            for (int c = 0; c < g.in_c; ++c) dst[c] += src[c] * scale;
+          }
+        }
+      }
+    }
+  }
+}
+
+void ApplyActivation(Activation a, RowMatrix* z) {
+  switch (a) {
+    case Activation::kRelu:
+      *z = (z->array() > 0.0f).select(z->array(), 0.0f);
+      break;
+    case Activation::kTanh:
+      *z = z->array().tanh();
+      break;
+    case Activation::kSigmoid:
+      *z = (1.0f + (-z->array()).exp()).inverse();
+      break;
+    case Activation::kLinear:
+      break;
+  }
+}
+
+void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy) {
+  switch (a) {
+    case Activation::kRelu:
+      // Pass through where the activation was positive.
+      *dy = (y.array() > 0.0f).select(dy->array(), 0.0f);
+      break;
+    case Activation::kTanh:
+      dy->array() *= 1.0f - y.array().square();
+      break;
+    case Activation::kSigmoid:
+      dy->array() *= y.array() * (1.0f - y.array());
+      break;
+    case Activation::kLinear:
+      break;
+  }
+}
+
+}  // namespace kubetrain

@@ -1,0 +1,132 @@
+// The layers a kubetrain model is built from (spec.training.model.layers),
+// their shape inference, and the kernels that compute them.
+//
+// An activation is a row-major float matrix of `batch` rows; each row holds
+// one example's features in the order of its shape: [d] is a vector, and
+// [h, w, c] an image stored height-major with channels fastest (HWC), so a
+// flatten is free and a 28x28 IDX image is already [28, 28, 1].
+//
+// Convolutions are im2col + one Eigen GEMM over the whole batch: the
+// patches of every output position form the rows of a (batch*oh*ow) x
+// (k*k*c) matrix, and the kernel variable is stored as [k*k*c, filters]
+// (rows = patch features, so a split by rows across PS tasks is a contiguous
+// slice, as for dense kernels).
+//
+// Everything here is stateless and thread-compatible.
+#ifndef KUBETRAIN_CORE_LAYERS_H_
+#define KUBETRAIN_CORE_LAYERS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+// GCC 12.2 (GCC bug 105593) reports false "__Y is used uninitialized"
+// warnings inside its own AVX-512 intrinsics whenever Eigen vectorizes with
+// -march=native; they are noise, not bugs here.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <eigen3/Eigen/Dense>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#include "absl/status/statusor.h"
+
+namespace kubetrain {
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+enum class Activation { kLinear, kRelu, kTanh, kSigmoid };
+enum class LayerType { kDense, kConv2D, kMaxPool2D, kAvgPool2D, kFlatten, kDropout };
+// The loss on the last layer's output: softmax cross-entropy over classes,
+// sigmoid cross-entropy for binary (0/1) labels, or mean squared error.
+enum class HeadType { kSoftmax, kSigmoid, kMeanSquaredError };
+
+struct LayerSpec {
+  LayerType type = LayerType::kDense;
+  int units = 0;                                // dense
+  int filters = 0;                              // conv2d
+  int kernel = 0;                               // conv2d: kernel side; pools: window side
+  int stride = 1;                               // conv2d, pools
+  bool same_padding = false;                    // conv2d
+  Activation activation = Activation::kLinear;  // dense, conv2d
+  double rate = 0;                              // dropout: fraction of units zeroed
+  bool operator==(const LayerSpec& o) const {
+    return type == o.type && units == o.units && filters == o.filters && kernel == o.kernel &&
+           stride == o.stride && same_padding == o.same_padding && activation == o.activation &&
+           rate == o.rate;
+  }
+};
+
+// [d] or [h, w, c].
+using Shape = std::vector<int>;
+std::string ShapeString(const Shape& shape);  // "[28, 28, 1]"
+int64_t NumElements(const Shape& shape);
+
+const char* ActivationName(Activation a);
+const char* LayerTypeName(LayerType t);
+const char* HeadTypeName(HeadType h);
+std::optional<Activation> ActivationFromName(const std::string& name);
+std::optional<LayerType> LayerTypeFromName(const std::string& name);
+std::optional<HeadType> HeadTypeFromName(const std::string& name);
+
+// Whether the layer owns a kernel and a bias variable.
+inline bool HasVariables(LayerType t) { return t == LayerType::kDense || t == LayerType::kConv2D; }
+
+// The output shape of `layer` on `input`, or InvalidArgumentError saying
+// what is wrong without a path ("conv2d needs a 3-D input, got [128]");
+// callers prefix the layer's field path.
+absl::StatusOr<Shape> OutputShape(const LayerSpec& layer, const Shape& input);
+
+// Geometry of a conv2d or pooling window over an [h, w, c] input. "same"
+// gives an output side of ceil(side / stride) and pads
+// max((out-1)*stride + k - side, 0) zeros, half before (rounded down) and
+// the rest after, as TensorFlow does; "valid" pads nothing, output side
+// (side - k) / stride + 1.
+struct WindowGeometry {
+  int in_h = 0, in_w = 0, in_c = 0;
+  int k = 0, stride = 1, pad_top = 0, pad_left = 0;
+  int out_h = 0, out_w = 0;
+  int64_t patch_size() const { return int64_t{k} * k * in_c; }
+  int64_t positions() const { return int64_t{out_h} * out_w; }
+};
+WindowGeometry MakeWindowGeometry(const LayerSpec& layer, const Shape& input);
+
+// col (batch*out_h*out_w) x (k*k*in_c) <- patches of `in` (batch x h*w*c);
+// padding reads as zero.
+void Im2Col(const WindowGeometry& g, const float* in, int batch, RowMatrix* col);
+// in_grad (batch x h*w*c) += the patch gradients in `col` put back in place.
+void Col2ImAdd(const WindowGeometry& g, const RowMatrix& col, int batch, float* in_grad);
+
+// out (batch x out_h*out_w*filters) = im2col(in) * kernel + bias, before the
+// activation; `col` keeps the patches for the backward pass.
+void ConvForward(const WindowGeometry& g, const float* in, int batch, const float* kernel,
+                 const float* bias, int filters, RowMatrix* col, RowMatrix* out);
+// From dout (batch x out_h*out_w*filters, after the activation's gradient):
+// dkernel = col^T dout, dbias = column sums, and, if din is not null,
+// din (batch x h*w*c) = col2im(dout kernel^T).
+void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
+                  const float* kernel, int filters, int batch, float* dkernel, float* dbias,
+                  RowMatrix* din);
+
+// Max/average pooling over each channel (windows wholly inside the input:
+// padding is always "valid"). Max pooling records the flat input index of
+// each output's maximum in `argmax` for the backward pass.
+void MaxPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out,
+                    std::vector<int32_t>* argmax);
+void MaxPoolBackward(const WindowGeometry& g, const RowMatrix& dout,
+                     const std::vector<int32_t>& argmax, RowMatrix* din);
+void AvgPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out);
+void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* din);
+
+// y = act(z) in place; and dz = dy * act'(z) from the activation's output y.
+void ApplyActivation(Activation a, RowMatrix* z);
+void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy);
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_CORE_LAYERS_H_

@@ -1,0 +1,161 @@
+#include "core/layers.h"
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kubetrain {
+namespace {
+
+LayerSpec Conv(int filters, int kernel, int stride, bool same) {
+  LayerSpec l;
+  l.type = LayerType::kConv2D;
+  l.filters = filters;
+  l.kernel = kernel;
+  l.stride = stride;
+  l.same_padding = same;
+  return l;
+}
+
+// Direct convolution, HWC, kernel [ky][kx][c][f], the definition im2col
+// must reproduce.
+std::vector<float> NaiveConv(const WindowGeometry& g, const std::vector<float>& in, int batch,
+                             const std::vector<float>& kernel, const std::vector<float>& bias,
+                             int filters) {
+  std::vector<float> out(static_cast<size_t>(batch) * g.out_h * g.out_w * filters);
+  for (int b = 0; b < batch; ++b) {
+    for (int oy = 0; oy < g.out_h; ++oy) {
+      for (int ox = 0; ox < g.out_w; ++ox) {
+        for (int f = 0; f < filters; ++f) {
+          double acc = bias[f];
+          for (int ky = 0; ky < g.k; ++ky) {
+            for (int kx = 0; kx < g.k; ++kx) {
+              const int iy = oy * g.stride - g.pad_top + ky;
+              const int ix = ox * g.stride - g.pad_left + kx;
+              if (iy < 0 || iy >= g.in_h || ix < 0 || ix >= g.in_w) continue;
+              for (int c = 0; c < g.in_c; ++c) {
+                acc += in[((static_cast<size_t>(b) * g.in_h + iy) * g.in_w + ix) * g.in_c + c] *
+                       kernel[((ky * g.k + kx) * g.in_c + c) * filters + f];
+              }
+            }
+          }
+          out[((static_cast<size_t>(b) * g.out_h + oy) * g.out_w + ox) * filters + f] =
+              static_cast<float>(acc);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(LayersTest, OutputShapes) {
+  EXPECT_EQ(*OutputShape(Conv(8, 3, 1, true), {28, 28, 1}), (Shape{28, 28, 8}));
+  EXPECT_EQ(*OutputShape(Conv(8, 3, 1, false), {28, 28, 1}), (Shape{26, 26, 8}));
+  EXPECT_EQ(*OutputShape(Conv(4, 3, 2, true), {7, 5, 2}), (Shape{4, 3, 4}));
+  EXPECT_EQ(*OutputShape(Conv(4, 3, 2, false), {7, 6, 2}), (Shape{3, 2, 4}));
+  LayerSpec pool;
+  pool.type = LayerType::kMaxPool2D;
+  pool.kernel = 2;
+  pool.stride = 2;
+  EXPECT_EQ(*OutputShape(pool, {7, 5, 3}), (Shape{3, 2, 3}));  // valid: remainder dropped
+  LayerSpec flatten;
+  flatten.type = LayerType::kFlatten;
+  EXPECT_EQ(*OutputShape(flatten, {3, 2, 3}), (Shape{18}));
+  EXPECT_EQ(OutputShape(Conv(4, 3, 1, true), {128}).status().message(),
+            "conv2d needs a 3-D input, got [128]");
+  EXPECT_EQ(OutputShape(Conv(4, 9, 1, false), {8, 8, 1}).status().message(),
+            "conv2d window 9x9 is larger than its input [8, 8, 1] (padding valid)");
+  EXPECT_TRUE(OutputShape(Conv(4, 9, 1, true), {8, 8, 1}).ok());  // same padding allows it
+}
+
+TEST(LayersTest, SamePaddingFollowsTensorFlow) {
+  // 5 wide, k 3, stride 2: out 3, pad total (3-1)*2+3-5 = 2 -> 1 before.
+  WindowGeometry g = MakeWindowGeometry(Conv(1, 3, 2, true), {5, 5, 1});
+  EXPECT_EQ(g.out_h, 3);
+  EXPECT_EQ(g.pad_top, 1);
+  // 6 wide, k 3, stride 2: out 3, pad total 1 -> 0 before, 1 after.
+  g = MakeWindowGeometry(Conv(1, 3, 2, true), {6, 6, 1});
+  EXPECT_EQ(g.out_w, 3);
+  EXPECT_EQ(g.pad_left, 0);
+}
+
+TEST(LayersTest, Im2ColConvMatchesDirectConvolution) {
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto& [shape, layer] :
+       std::vector<std::pair<Shape, LayerSpec>>{{{7, 5, 3}, Conv(4, 3, 1, true)},
+                                                {{7, 5, 3}, Conv(4, 3, 2, true)},
+                                                {{9, 6, 2}, Conv(3, 3, 2, false)},
+                                                {{6, 6, 1}, Conv(2, 4, 1, true)},
+                                                {{5, 8, 2}, Conv(5, 1, 1, false)}}) {
+    WindowGeometry g = MakeWindowGeometry(layer, shape);
+    const int batch = 3;
+    std::vector<float> in(static_cast<size_t>(batch) * NumElements(shape));
+    std::vector<float> kernel(g.patch_size() * layer.filters), bias(layer.filters);
+    for (float& f : in) f = normal(rng);
+    for (float& f : kernel) f = normal(rng);
+    for (float& f : bias) f = normal(rng);
+    RowMatrix col, out;
+    ConvForward(g, in.data(), batch, kernel.data(), bias.data(), layer.filters, &col, &out);
+    std::vector<float> want = NaiveConv(g, in, batch, kernel, bias, layer.filters);
+    ASSERT_EQ(static_cast<size_t>(out.size()), want.size()) << ShapeString(shape);
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(out.data()[i], want[i], 1e-4)
+          << ShapeString(shape) << " k" << layer.kernel << " s" << layer.stride << " at " << i;
+    }
+  }
+}
+
+TEST(LayersTest, Col2ImIsTheAdjointOfIm2Col) {
+  // <im2col(x), c> == <x, col2im(c)> for all x, c: the backward pass
+  // routes every patch gradient to the input it came from.
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  WindowGeometry g = MakeWindowGeometry(Conv(1, 3, 2, true), {7, 6, 2});
+  const int batch = 2;
+  std::vector<float> x(static_cast<size_t>(batch) * 7 * 6 * 2);
+  for (float& f : x) f = normal(rng);
+  RowMatrix col;
+  Im2Col(g, x.data(), batch, &col);
+  RowMatrix c(col.rows(), col.cols());
+  for (int64_t i = 0; i < c.size(); ++i) c.data()[i] = normal(rng);
+  std::vector<float> back(x.size(), 0.0f);
+  Col2ImAdd(g, c, batch, back.data());
+  double lhs = 0, rhs = 0;
+  for (int64_t i = 0; i < c.size(); ++i) lhs += double{col.data()[i]} * c.data()[i];
+  for (size_t i = 0; i < x.size(); ++i) rhs += double{x[i]} * back[i];
+  EXPECT_NEAR(lhs, rhs, 1e-3 * std::fabs(lhs) + 1e-3);
+}
+
+TEST(LayersTest, PoolingValues) {
+  LayerSpec pool;
+  pool.type = LayerType::kMaxPool2D;
+  pool.kernel = 2;
+  pool.stride = 2;
+  WindowGeometry g = MakeWindowGeometry(pool, {3, 4, 1});  // 1x2 output, last row dropped
+  std::vector<float> in = {1, 5, 2, 0,                     //
+                           3, 4, 7, 8,                     //
+                           9, 9, 9, 9};
+  RowMatrix out;
+  std::vector<int32_t> argmax;
+  MaxPoolForward(g, in.data(), 1, &out, &argmax);
+  ASSERT_EQ(out.cols(), 2);
+  EXPECT_EQ(out(0, 0), 5);
+  EXPECT_EQ(out(0, 1), 8);
+  EXPECT_EQ(argmax, (std::vector<int32_t>{1, 7}));
+  RowMatrix dout(1, 2), din;
+  dout << 10, 20;
+  MaxPoolBackward(g, dout, argmax, &din);
+  EXPECT_EQ(din(0, 1), 10);
+  EXPECT_EQ(din(0, 7), 20);
+  EXPECT_EQ(din.sum(), 30);
+  AvgPoolForward(g, in.data(), 1, &out);
+  EXPECT_FLOAT_EQ(out(0, 0), 13.0f / 4);
+  EXPECT_FLOAT_EQ(out(0, 1), 17.0f / 4);
+}
+
+}  // namespace
+}  // namespace kubetrain

@@ -1,0 +1,84 @@
+// Tabular training data (spec.training.dataset.format: csv): the column
+// schema, and a reader that turns CSV files (plain or gzip) into a Dataset of
+// feature vectors, one row per record.
+//
+// Features are laid out in column order: a numeric column is one value
+// (optionally normalised to (x - mean) / stddev), a categorical column is a
+// one-hot block over its vocabulary or its hash buckets; label and ignore
+// columns add none. Means and stddevs are computed in one pass over the
+// training files (population stddev; 1 when it is 0) and rounded to float;
+// the test set and `kubetrain eval` use the training set's figures (recorded
+// in the model file).
+//
+// Parsing: records are lines ('\n' or "\r\n"); blank lines and lines starting
+// with `comment_prefix` are skipped, and so is the first other line when
+// `header` is set. Fields are split at `delimiter`; a field may be quoted
+// with '"' ("" inside quotes is one quote, and a delimiter inside quotes is
+// text); unquoted fields are trimmed of spaces and tabs. A field equal to one
+// of `missing_values` (after trimming) is missing: numeric columns then take
+// the training mean (missing "mean", the default) or 0 ("zero") before
+// normalisation, categorical columns an all-zero block ("zeros", the
+// default); with missing "error", and for the label always, the record is
+// bad. A categorical value outside its vocabulary is an all-zero block.
+//
+// A bad record (wrong field count, a value that does not parse, a label
+// outside its classes, an unterminated quote) fails the load with
+// "<file>:<line>: column '<name>': <what>", or with skip_bad_records is
+// dropped and counted in Dataset::skipped_records.
+#ifndef KUBETRAIN_CORE_TABULAR_H_
+#define KUBETRAIN_CORE_TABULAR_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/dataset.h"
+
+namespace kubetrain {
+
+enum class ColumnType { kNumeric, kCategorical, kLabel, kIgnore };
+
+struct ColumnSpec {
+  std::string name;
+  ColumnType type = ColumnType::kNumeric;
+  bool normalize = false;  // numeric
+  // numeric: "mean" | "zero" | "error"; categorical: "zeros" | "error".
+  std::string missing;
+  std::vector<std::string> vocabulary;  // categorical: one-hot over these
+  int hash_buckets = 0;                 // categorical: one-hot over FNV-1a(value) % N
+  // label: value -> class index; or num_classes for integer labels
+  // 0..num_classes-1; with neither, a numeric regression target.
+  std::vector<std::pair<std::string, int>> classes;
+  int num_classes = 0;
+};
+
+struct TabularSpec {
+  std::vector<std::string> train_files, test_files;  // paths or glob patterns
+  bool header = false;
+  char delimiter = ',';
+  std::string comment_prefix;
+  std::vector<std::string> missing_values = {"?", ""};
+  bool skip_bad_records = false;
+  std::vector<ColumnSpec> columns;
+};
+
+// Features per record.
+int64_t FeatureDim(const TabularSpec& spec);
+// Classes of the label column (0: a regression target; -1: no label column).
+int LabelClasses(const TabularSpec& spec);
+
+// The files matching the patterns, in order (each pattern's matches sorted).
+// NotFoundError naming the pattern if one matches nothing.
+absl::StatusOr<std::vector<std::string>> ExpandFiles(const std::vector<std::string>& patterns);
+
+// Reads the files. With `norm` null, means and stddevs are computed from
+// these records (the training set); otherwise those are used (the test set,
+// eval). The result's norm_mean/norm_std hold the figures used.
+absl::StatusOr<Dataset> LoadCsv(const TabularSpec& spec, const std::vector<std::string>& patterns,
+                                const Dataset* norm);
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_CORE_TABULAR_H_

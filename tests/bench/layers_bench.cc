@@ -1,0 +1,126 @@
+// GFLOP/s of the layer kernels kubetrain trains with, against a plain Eigen
+// GEMM of the same shapes measured in the same run:
+//   conv   ConvForward + ConvBackward (im2col, three GEMMs, col2im) of the
+//          fashion-mnist-cnn example's second conv layer (14x14x32 -> 64
+//          filters, 3x3, same padding) on a batch;
+//   dense  Model::LossAndGradients-style dense forward + backward (three
+//          GEMMs) of its 3136 -> 128 layer;
+//   gemm   the same three GEMMs per layer on preallocated matrices: the
+//          ceiling the kernels are compared with.
+// Prints figures; the last line is key=value pairs (ratios = kernel / gemm).
+// Never fails on a time.
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "core/flags.h"
+#include "core/layers.h"
+#include "tests/bench/bench_util.h"
+
+namespace kubetrain {
+namespace {
+
+using bench::NowSeconds;
+
+// Median seconds of `fn` over `reps` runs after one warm-up.
+template <typename Fn>
+double Time(int reps, Fn fn) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = NowSeconds();
+    fn();
+    t.push_back(NowSeconds() - t0);
+  }
+  return bench::Summarize(t).median;
+}
+
+RowMatrix Random(int64_t rows, int64_t cols, std::mt19937_64* rng) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  RowMatrix m(rows, cols);
+  for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = n(*rng);
+  return m;
+}
+
+// Three GEMMs of a layer's forward and backward: out = in*W, dW = in^T*dout,
+// din = dout*W^T, for in [m, k], W [k, n].
+double GemmSeconds(int64_t m, int64_t k, int64_t n, int reps, std::mt19937_64* rng) {
+  RowMatrix in = Random(m, k, rng), w = Random(k, n, rng), dout = Random(m, n, rng);
+  RowMatrix out(m, n), dw(k, n), din(m, k);
+  return Time(static_cast<int>(reps), [&] {
+    out.noalias() = in * w;
+    dw.noalias() = in.transpose() * dout;
+    din.noalias() = dout * w.transpose();
+  });
+}
+
+int Main(int argc, char** argv) {
+  int64_t batch = 64, reps = 20;
+  FlagParser flags("layers_bench [--batch N] [--reps N]");
+  flags.Int("batch", &batch, "examples per batch");
+  flags.Int("reps", &reps, "timed repetitions (median reported)");
+  if (auto st = flags.Parse(argc, argv, 1, nullptr); !st.ok() || flags.help_requested()) {
+    std::fprintf(stderr, "%s\n%s", st.ok() ? "" : std::string(st.message()).c_str(),
+                 flags.Usage().c_str());
+    return flags.help_requested() ? 0 : 2;
+  }
+  std::mt19937_64 rng(1);
+
+  // conv: 14x14x32 -> 64 filters, 3x3 same.
+  LayerSpec conv;
+  conv.type = LayerType::kConv2D;
+  conv.filters = 64;
+  conv.kernel = 3;
+  conv.same_padding = true;
+  const WindowGeometry g = MakeWindowGeometry(conv, {14, 14, 32});
+  const int64_t cm = batch * g.positions(), ck = g.patch_size(), cn = conv.filters;
+  RowMatrix in = Random(batch, 14 * 14 * 32, &rng), kernel = Random(ck, cn, &rng);
+  std::vector<float> bias(cn, 0.1f), dkernel(ck * cn), dbias(cn);
+  RowMatrix col, out, din, dout = Random(batch, g.positions() * cn, &rng);
+  const double conv_s = Time(reps, [&] {
+    ConvForward(g, in.data(), batch, kernel.data(), bias.data(), conv.filters, &col, &out);
+    ConvBackward(g, col, dout, kernel.data(), conv.filters, batch, dkernel.data(), dbias.data(),
+                 &din);
+  });
+  const double conv_flops = 3.0 * 2 * cm * ck * cn;
+  const double conv_gemm_s = GemmSeconds(cm, ck, cn, reps, &rng);
+
+  // dense: 3136 -> 128 (forward GEMM + bias + ReLU, backward mask + 2 GEMMs + bias sum).
+  const int64_t dk = 3136, dn = 128;
+  RowMatrix x = Random(batch, dk, &rng), w = Random(dk, dn, &rng);
+  RowMatrix dy = Random(batch, dn, &rng), dw(dk, dn), dx(batch, dk);
+  Eigen::RowVectorXf b = Eigen::RowVectorXf::Constant(dn, 0.1f), db(dn);
+  const double dense_s = Time(reps, [&] {
+    RowMatrix z(batch, dn);
+    z.noalias() = x * w;
+    z.rowwise() += b;
+    ApplyActivation(Activation::kRelu, &z);
+    RowMatrix d = dy;
+    ActivationGradient(Activation::kRelu, z, &d);
+    dw.noalias() = x.transpose() * d;
+    db = d.colwise().sum();
+    dx.noalias() = d * w.transpose();
+  });
+  const double dense_flops = 3.0 * 2 * batch * dk * dn;
+  const double dense_gemm_s = GemmSeconds(batch, dk, dn, reps, &rng);
+
+  const double conv_gf = conv_flops / conv_s / 1e9, conv_ref = conv_flops / conv_gemm_s / 1e9;
+  const double dense_gf = dense_flops / dense_s / 1e9, dense_ref = dense_flops / dense_gemm_s / 1e9;
+  std::printf("conv 14x14x32->64 3x3 same, batch %lld: %.3f ms, %.2f GFLOP/s (plain GEMM %.2f)\n",
+              static_cast<long long>(batch), conv_s * 1e3, conv_gf, conv_ref);
+  std::printf("dense 3136->128 relu, batch %lld: %.3f ms, %.2f GFLOP/s (plain GEMM %.2f)\n",
+              static_cast<long long>(batch), dense_s * 1e3, dense_gf, dense_ref);
+  std::printf("%s\n",
+              absl::StrFormat(
+                  "conv_gflops=%.2f conv_gemm_gflops=%.2f conv_ratio=%.3f dense_gflops=%.2f "
+                  "dense_gemm_gflops=%.2f dense_ratio=%.3f",
+                  conv_gf, conv_ref, conv_gf / conv_ref, dense_gf, dense_ref, dense_gf / dense_ref)
+                  .c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace kubetrain
+
+int main(int argc, char** argv) { return kubetrain::Main(argc, argv); }
