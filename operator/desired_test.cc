@@ -404,8 +404,10 @@ TEST(DesiredTest, LiveProgressIsTheCamelCaseProjection) {
   p.loss = 0.5;
   o.progress = p;
   Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
-  EXPECT_EQ(a.status["progress"],
-            (json{{"globalStep", 120}, {"targetSteps", 3750}, {"loss", 0.5}}));
+  // absentWorkers is always known (0: every worker is at the barrier).
+  EXPECT_EQ(
+      a.status["progress"],
+      (json{{"globalStep", 120}, {"targetSteps", 3750}, {"loss", 0.5}, {"absentWorkers", 0}}));
 }
 
 TEST(DesiredTest, RecreatedPodsBackOffLikeTheKubelet) {
