@@ -10,18 +10,11 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT, run_cli, run_job, write
-
-EXAMPLE = os.path.join(ROOT, "examples", "census-income-libsvm.yaml")
-DATA = os.path.join(ROOT, "data", "census-income")
+from conftest import CENSUS_DATA as DATA, census_bad_copy, census_example, run_cli, run_job, write
 
 
 def example_text(**replace):
-    text = open(EXAMPLE).read().replace("data/census-income/", DATA + "/")
-    for old, new in replace.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    return text
+    return census_example("census-income-libsvm.yaml", **replace)
 
 
 def test_committed_files_are_the_converters_output(tmp_path):
@@ -54,12 +47,7 @@ def test_libsvm_example_reaches_0845_and_eval_agrees(tmp_path):
 
 def bad_copy(tmp_path, bad_lines, crlf=False):
     """adult.test.libsvm with some lines replaced: {line number: text}."""
-    lines = gzip.open(os.path.join(DATA, "adult.test.libsvm.gz"), "rt").read().split("\n")
-    for number, text in bad_lines.items():
-        lines[number - 1] = text
-    path = tmp_path / "adult.test.libsvm"
-    path.write_bytes(("\r\n" if crlf else "\n").join(lines).encode())
-    return str(path)
+    return census_bad_copy(tmp_path, "adult.test.libsvm", bad_lines, crlf)
 
 
 def test_bad_record_is_named_by_file_line_and_token(tmp_path):
