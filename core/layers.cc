@@ -259,19 +259,20 @@ void ConvForward(const WindowGeometry& g, const float* in, int batch, const floa
   }
 }
 
+void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out) {
+  Eigen::Map<Eigen::ArrayXf> sum(out, cols);
+  sum.setZero();
+  // Element-wise adds only: every column is summed in row order whatever the
+  // alignment of `m` or `out`.
+  for (int64_t r = 0; r < rows; ++r) sum += Eigen::Map<const Eigen::ArrayXf>(m + r * cols, cols);
+}
+
 void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
                   const float* kernel, int filters, int batch, float* dkernel, float* dbias,
                   RowMatrix* din) {
   ConstMatrixMap dz(dout.data(), batch * g.positions(), filters);
   MatrixMap(dkernel, g.patch_size(), filters).noalias() = col.transpose() * dz;
-  // Column sums row by row (contiguous, vectorised over filters); Eigen's
-  // colwise().sum() of a row-major matrix walks it column by column.
-  std::fill(dbias, dbias + filters, 0.0f);
-  const float* d = dz.data();
-  for (int64_t r = 0; r < dz.rows(); ++r, d += filters) {
-#pragma omp simd
-    for (int f = 0; f < filters; ++f) dbias[f] += d[f];
-  }
+  ColumnSums(dz.data(), dz.rows(), filters, dbias);
   if (din == nullptr) return;
   RowMatrix dcol(dz.rows(), g.patch_size());
   dcol.noalias() = dz * ConstMatrixMap(kernel, g.patch_size(), filters).transpose();
