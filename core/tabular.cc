@@ -41,6 +41,7 @@ int64_t ColumnWidth(const ColumnSpec& c) {
     case ColumnType::kNumeric:
       return 1;
     case ColumnType::kCategorical:
+      if (c.as_ids) return 0;  // an id slot after the dense features
       return c.hash_buckets > 0 ? c.hash_buckets : static_cast<int64_t>(c.vocabulary.size());
     case ColumnType::kLabel:
     case ColumnType::kIgnore:
@@ -201,9 +202,12 @@ class Reader {
     d.images.assign(static_cast<size_t>(d.size) * d.cols, 0.0f);
     d.labels.assign(d.size, 0);
     if (regression) d.targets.assign(d.size, 0.0f);
+    int64_t dense_dim = 0;
+    for (const ColumnSpec& col : spec_.columns) dense_dim += ColumnWidth(col);
     for (int64_t r = 0; r < d.size; ++r) {
       float* x = d.images.data() + r * d.cols;
       int64_t offset = 0;
+      int64_t slot = dense_dim;
       for (size_t c = 0; c < ncols; ++c) {
         const ColumnSpec& col = spec_.columns[c];
         const double v = numbers_[r * ncols + c];
@@ -217,7 +221,11 @@ class Reader {
             break;
           }
           case ColumnType::kCategorical:
-            if (index >= 0) x[offset + index] = 1.0f;
+            if (col.as_ids) {
+              x[slot++] = static_cast<float>(index);  // exact: ids < 2^24
+            } else if (index >= 0) {
+              x[offset + index] = 1.0f;
+            }
             break;
           case ColumnType::kLabel:
             if (regression) {
@@ -326,7 +334,7 @@ class Reader {
 
 int64_t FeatureDim(const TabularSpec& spec) {
   int64_t dim = 0;
-  for (const ColumnSpec& c : spec.columns) dim += ColumnWidth(c);
+  for (const ColumnSpec& c : spec.columns) dim += ColumnWidth(c) + (c.as_ids ? 1 : 0);
   return dim;
 }
 

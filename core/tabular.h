@@ -48,6 +48,11 @@ struct ColumnSpec {
   std::string missing;
   std::vector<std::string> vocabulary;  // categorical: one-hot over these
   int hash_buckets = 0;                 // categorical: one-hot over FNV-1a(value) % N
+  // categorical, set when the model looks the column up by id (an embedding
+  // or the wide part): no one-hot block; its id (vocabulary index or hash
+  // bucket, -1 when missing or out of the vocabulary) is one float after all
+  // the dense features, in column order.
+  bool as_ids = false;
   // label: value -> class index; or num_classes for integer labels
   // 0..num_classes-1; with neither, a numeric regression target.
   std::vector<std::pair<std::string, int>> classes;

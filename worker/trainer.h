@@ -55,6 +55,7 @@ struct TrainerMetrics {                                     // any pointer may b
   prometheus::Gauge* examples_per_second = nullptr;  // chief: global, at each progress report
   prometheus::Counter* steps_lost = nullptr;         // global steps lost to PS restarts
   prometheus::Counter* records_skipped = nullptr;    // bad data records dropped at load
+  prometheus::Histogram* unique_ids = nullptr;       // sparse: distinct table ids per batch
 };
 
 struct TrainResult {

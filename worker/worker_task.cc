@@ -153,7 +153,11 @@ void WorkerTask::RegisterMetrics() {
       PsClientMetrics{&rpc.Add({{"method", "Pull"}, {"side", "client"}}, LatencyBuckets()),
                       &rpc.Add({{"method", "Push"}, {"side", "client"}}, LatencyBuckets()),
                       counter("kubetrain_pull_bytes_total", "Tensor bytes received by pulls"),
-                      counter("kubetrain_push_bytes_total", "Tensor bytes sent by pushes")};
+                      counter("kubetrain_push_bytes_total", "Tensor bytes sent by pushes"),
+                      counter("kubetrain_sparse_pull_bytes_total",
+                              "Embedding-table row bytes received by sparse pulls"),
+                      counter("kubetrain_sparse_push_bytes_total",
+                              "Embedding-table gradient row bytes sent by pushes")};
   TrainerMetrics& m = trainer_metrics_;
   m.barrier_wait_seconds =
       histogram("kubetrain_sync_barrier_wait_seconds",
@@ -182,6 +186,12 @@ void WorkerTask::RegisterMetrics() {
   m.records_skipped =
       counter("kubetrain_data_records_skipped_total",
               "Bad data records this task dropped while loading (onBadRecord: skip)");
+  m.unique_ids =
+      &prometheus::BuildHistogram()
+           .Name("kubetrain_sparse_unique_ids")
+           .Help("Distinct embedding-table ids one batch looks up (all tables)")
+           .Register(registry)
+           .Add({}, prometheus::Histogram::BucketBoundaries{1, 10, 100, 1000, 1e4, 1e5, 1e6});
   m.steps_lost = counter("kubetrain_steps_lost_total",
                          "Global steps lost because a PS restarted from an older checkpoint");
   if (is_chief_) {
