@@ -39,12 +39,12 @@ absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path,
     }
   }
   absl::StatusOr<Dataset> test;
-  if (training.dataset_format == "csv") {
+  if (training.dataset_format != "idx") {
     if (!data.empty()) training.tabular.test_files = {data};
     Dataset norm;
     norm.norm_mean = file->norm_mean;
     norm.norm_std = file->norm_std;
-    test = LoadCsv(training.tabular, training.tabular.test_files, &norm);
+    test = LoadTabular(training.tabular, training.tabular.test_files, &norm);
   } else {
     const std::string dir = !data.empty()                 ? data
                             : !file->dataset_yaml.empty() ? training.dataset_path

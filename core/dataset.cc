@@ -203,6 +203,90 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path, const std::strin
 
 absl::StatusOr<std::string> ReadDataFile(const std::string& path) { return ReadFile(path); }
 
+absl::StatusOr<std::unique_ptr<LineReader>> LineReader::Open(const std::string& path) {
+  std::unique_ptr<LineReader> r(new LineReader(path));
+  errno = 0;
+  if (absl::EndsWith(path, ".gz")) {
+    gzFile f = gzopen(path.c_str(), "rb");
+    if (f == nullptr) return CannotOpen(path);
+    gzbuffer(f, 1 << 17);
+    r->gz_ = f;
+  } else {
+    r->raw_ = std::fopen(path.c_str(), "rb");
+    if (r->raw_ == nullptr) return CannotOpen(path);
+  }
+  return r;
+}
+
+LineReader::~LineReader() {
+  if (gz_ != nullptr) gzclose(static_cast<gzFile>(gz_));
+  if (raw_ != nullptr) std::fclose(raw_);
+}
+
+absl::StatusOr<size_t> LineReader::Fill() {
+  const size_t old_size = buf_.size();
+  buf_.resize(old_size + kChunk);
+  size_t n = 0;
+  if (gz_ != nullptr) {
+    gzFile f = static_cast<gzFile>(gz_);
+    const int got = gzread(f, &buf_[old_size], static_cast<unsigned>(kChunk));
+    n = got > 0 ? static_cast<size_t>(got) : 0;
+    // As ReadGzip: truncation and bad data show only through gzerror.
+    int errnum = Z_OK;
+    const char* message = gzerror(f, &errnum);
+    if (errnum == Z_ERRNO) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ": read error: ", std::strerror(errno)));
+    }
+    if (errnum != Z_OK) {
+      return absl::InvalidArgumentError(absl::StrCat(path_, ": corrupt gzip data: ", message));
+    }
+  } else {
+    n = std::fread(&buf_[old_size], 1, kChunk, raw_);
+    if (std::ferror(raw_)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ": read error: ", std::strerror(errno)));
+    }
+  }
+  buf_.resize(old_size + n);
+  return n;
+}
+
+absl::StatusOr<bool> LineReader::Next(absl::string_view* line) {
+  size_t scan = start_;
+  while (true) {
+    const size_t nl = buf_.find('\n', scan);
+    if (nl != std::string::npos) {
+      absl::string_view l(buf_.data() + start_, nl - start_);
+      start_ = nl + 1;
+      if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+      ++line_number_;
+      *line = l;
+      return true;
+    }
+    if (eof_) {
+      if (start_ == buf_.size()) return false;
+      absl::string_view l(buf_.data() + start_, buf_.size() - start_);
+      start_ = buf_.size();
+      if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+      ++line_number_;
+      *line = l;
+      return true;
+    }
+    // Keep the partial line, drop what was returned, read more.
+    buf_.erase(0, start_);
+    start_ = 0;
+    scan = buf_.size();
+    if (buf_.size() > kMaxLine) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ":", line_number_ + 1, ": line longer than ", kMaxLine, " bytes"));
+    }
+    auto n = Fill();
+    if (!n.ok()) return n.status();
+    if (*n == 0) eof_ = true;
+  }
+}
+
 absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train) {
   return LoadIdx(FashionMnistPath(dir, train, "images-idx3"),
                  FashionMnistPath(dir, train, "labels-idx1"));

@@ -4,11 +4,14 @@
 #define KUBETRAIN_CORE_DATASET_H_
 
 #include <cstdint>
+#include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace kubetrain {
 
@@ -29,6 +32,39 @@ struct Dataset {
 // The whole file; ".gz" is decompressed with zlib. Errors name the file
 // (missing, unreadable, corrupt gzip).
 absl::StatusOr<std::string> ReadDataFile(const std::string& path);
+
+// Reads a text file (".gz" decompressed with zlib) line by line through a
+// fixed buffer, so memory does not grow with the file: kChunk bytes plus the
+// longest line (a line over kMaxLine bytes is an error naming file:line).
+// Lines end at '\n'; a trailing '\r' is removed (CRLF files). Errors name the
+// file (missing, unreadable, corrupt gzip). Not thread-safe.
+class LineReader {
+ public:
+  static constexpr size_t kChunk = 1 << 20;
+  static constexpr size_t kMaxLine = 64 << 20;
+
+  static absl::StatusOr<std::unique_ptr<LineReader>> Open(const std::string& path);
+  ~LineReader();
+
+  // The next line in *line (valid until the next call); false at the end.
+  absl::StatusOr<bool> Next(absl::string_view* line);
+  // 1-based number of the line Next returned last.
+  int64_t line_number() const { return line_number_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit LineReader(std::string path) : path_(std::move(path)) {}
+  // Appends up to kChunk bytes to buf_; 0 at the end of the file.
+  absl::StatusOr<size_t> Fill();
+
+  const std::string path_;
+  void* gz_ = nullptr;        // gzFile, for ".gz"
+  std::FILE* raw_ = nullptr;  // otherwise
+  std::string buf_;
+  size_t start_ = 0;  // first unread byte of buf_
+  bool eof_ = false;
+  int64_t line_number_ = 0;
+};
 
 // Reads an IDX3 image file and an IDX1 label file (".gz" is decompressed with
 // zlib; anything else is read raw). Errors name the file and what is wrong:

@@ -721,21 +721,78 @@ absl::Status ParseColumn(const YAML::Node& node, const std::string& path, Column
 
 const std::vector<std::string>& DatasetKeys() {
   static const auto* keys = new std::vector<std::string>{
-      "name",   "path",      "format",        "trainFiles",    "testPath",    "testFiles",
-      "header", "delimiter", "commentPrefix", "missingValues", "onBadRecord", "columns"};
+      "name",        "path",      "format",        "trainFiles",    "testPath",    "testFiles",
+      "header",      "delimiter", "commentPrefix", "missingValues", "onBadRecord", "columns",
+      "numFeatures", "indexBase", "labels",        "numClasses"};
   return *keys;
+}
+
+// The formats a dataset key applies to ("" for all).
+std::string DatasetKeyFormats(const std::string& key) {
+  static const auto* formats =
+      new std::map<std::string, std::string>{{"trainFiles", "csv or libsvm"},
+                                             {"testPath", "csv or libsvm"},
+                                             {"testFiles", "csv or libsvm"},
+                                             {"onBadRecord", "csv or libsvm"},
+                                             {"header", "csv"},
+                                             {"delimiter", "csv"},
+                                             {"commentPrefix", "csv"},
+                                             {"missingValues", "csv"},
+                                             {"columns", "csv"},
+                                             {"numFeatures", "libsvm"},
+                                             {"indexBase", "libsvm"},
+                                             {"labels", "libsvm"},
+                                             {"numClasses", "libsvm"}};
+  auto it = formats->find(key);
+  return it == formats->end() ? "" : it->second;
+}
+
+// format libsvm's own fields (core/libsvm.h).
+absl::Status ParseLibsvmFields(const Fields& f, TabularSpec* t) {
+  t->libsvm = true;
+  if (!f.Has("numFeatures")) {
+    return FieldError(f.PathOf("numFeatures"),
+                      "required for format libsvm (the model's input width: the largest feature "
+                      "index, plus 1 with indexBase 0)");
+  }
+  KT_RETURN_IF_ERROR(ReadInt64(f, "numFeatures", &t->num_features));
+  KT_RETURN_IF_ERROR(
+      CheckRange(f.PathOf("numFeatures"), t->num_features, int64_t{1}, int64_t{1} << 24));
+  KT_RETURN_IF_ERROR(ReadInt32(f, "indexBase", &t->index_base));
+  if (t->index_base != 0 && t->index_base != 1) {
+    return FieldError(f.PathOf("indexBase"), absl::StrCat("must be 0 or 1, got ", t->index_base));
+  }
+  std::string labels = "binary";
+  KT_RETURN_IF_ERROR(ReadString(f, "labels", &labels));
+  KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("labels"), labels, {"binary", "classes", "regression"}));
+  t->libsvm_labels = labels == "binary"    ? LibsvmLabels::kBinary
+                     : labels == "classes" ? LibsvmLabels::kClasses
+                                           : LibsvmLabels::kRegression;
+  if (t->libsvm_labels == LibsvmLabels::kClasses) {
+    if (!f.Has("numClasses"))
+      return FieldError(f.PathOf("numClasses"), "required for labels classes");
+    KT_RETURN_IF_ERROR(ReadInt32(f, "numClasses", &t->libsvm_classes));
+    KT_RETURN_IF_ERROR(CheckRange(f.PathOf("numClasses"), t->libsvm_classes, 2, 65536));
+  } else if (f.Has("numClasses")) {
+    return FieldError(f.PathOf("numClasses"),
+                      absl::StrCat("only applies to labels classes, but labels is ", labels));
+  }
+  return absl::OkStatus();
 }
 
 // Reads a dataset section already split into fields.
 absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
   KT_RETURN_IF_ERROR(ReadString(f, "format", &out->dataset_format));
-  KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("format"), out->dataset_format, {"idx", "csv"}));
-  if (out->dataset_format == "idx") {
-    for (const std::string& key : DatasetKeys()) {
-      if (key != "name" && key != "path" && key != "format" && f.Has(key)) {
-        return FieldError(f.PathOf(key), "only applies to format csv");
-      }
+  KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("format"), out->dataset_format, {"idx", "csv", "libsvm"}));
+  for (const std::string& key : DatasetKeys()) {
+    const std::string formats = DatasetKeyFormats(key);
+    if (f.Has(key) && !formats.empty() &&
+        !absl::StrContains(absl::StrCat(" ", formats, " "),
+                           absl::StrCat(" ", out->dataset_format, " "))) {
+      return FieldError(f.PathOf(key), absl::StrCat("only applies to format ", formats));
     }
+  }
+  if (out->dataset_format == "idx") {
     KT_RETURN_IF_ERROR(ReadString(f, "name", &out->dataset_name));
     KT_RETURN_IF_ERROR(ReadString(f, "path", &out->dataset_path));
     // The default path holds Fashion-MNIST; another dataset must say where it is.
@@ -750,8 +807,9 @@ absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
   KT_RETURN_IF_ERROR(ReadString(f, "name", &out->dataset_name));
   auto files = [&](const char* one, const char* list, std::vector<std::string>* v) {
     if (f.Has(one) == f.Has(list)) {
-      return FieldError(f.PathOf(list), absl::StrCat("format csv needs exactly one of ", one,
-                                                     " (a file or glob) or ", list));
+      return FieldError(f.PathOf(list),
+                        absl::StrCat("format ", out->dataset_format, " needs exactly one of ", one,
+                                     " (a file or glob) or ", list));
     }
     if (f.Has(one)) {
       std::string p;
@@ -770,6 +828,11 @@ absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
   };
   KT_RETURN_IF_ERROR(files("path", "trainFiles", &t.train_files));
   KT_RETURN_IF_ERROR(files("testPath", "testFiles", &t.test_files));
+  std::string on_bad = "fail";
+  KT_RETURN_IF_ERROR(ReadString(f, "onBadRecord", &on_bad));
+  KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("onBadRecord"), on_bad, {"fail", "skip"}));
+  t.skip_bad_records = on_bad == "skip";
+  if (out->dataset_format == "libsvm") return ParseLibsvmFields(f, &t);
   KT_RETURN_IF_ERROR(ReadBool(f, "header", &t.header));
   if (f.Has("delimiter")) {
     std::string d;
@@ -783,10 +846,6 @@ absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
   }
   KT_RETURN_IF_ERROR(ReadString(f, "commentPrefix", &t.comment_prefix));
   KT_RETURN_IF_ERROR(ReadStringList(f, "missingValues", &t.missing_values));
-  std::string on_bad = "fail";
-  KT_RETURN_IF_ERROR(ReadString(f, "onBadRecord", &on_bad));
-  KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("onBadRecord"), on_bad, {"fail", "skip"}));
-  t.skip_bad_records = on_bad == "skip";
   const YAML::Node* cols = f.Get("columns");
   const std::string cpath = f.PathOf("columns");
   if (cols == nullptr) return FieldError(cpath, "required for format csv");
@@ -874,7 +933,7 @@ absl::Status ConnectModelToDataset(TrainingSpec* t) {
         {c.name, c.hash_buckets > 0 ? c.hash_buckets : static_cast<int64_t>(c.vocabulary.size()),
          1});
   }
-  if (t->dataset_format == "csv") {
+  if (t->dataset_format != "idx") {
     const int64_t dim = FeatureDim(t->tabular);
     t->model.input_dim = static_cast<int>(dim);
     t->model.input_shape = {static_cast<int>(dim)};
@@ -882,14 +941,20 @@ absl::Status ConnectModelToDataset(TrainingSpec* t) {
     t->model.num_classes = classes;
     const std::string path = "spec.training.model";
     if (classes == 0 && t->model.head != HeadType::kMeanSquaredError) {
-      return FieldError(t->model.type == "layers" ? path + ".head" : path + ".type",
-                        "the label column is a number (no classes or numClasses): regression "
-                        "needs a layer list with head meanSquaredError");
+      return FieldError(
+          t->model.type == "layers" ? path + ".head" : path + ".type",
+          absl::StrCat(t->tabular.libsvm ? "the labels are numbers (labels: regression)"
+                                         : "the label column is a number (no classes or "
+                                           "numClasses)",
+                       ": regression needs a layer list with head "
+                       "meanSquaredError"));
     }
     if (classes > 0 && t->model.head == HeadType::kMeanSquaredError) {
       return FieldError(path + ".head",
-                        "meanSquaredError needs a numeric label (a label column without classes "
-                        "or numClasses)");
+                        t->tabular.libsvm
+                            ? "meanSquaredError needs numeric labels (labels: regression)"
+                            : "meanSquaredError needs a numeric label (a label column without "
+                              "classes or numClasses)");
     }
     return absl::OkStatus();
   }

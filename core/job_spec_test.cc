@@ -726,6 +726,77 @@ TEST(JobSpecErrors, RangesOfOtherFields) {
             "spec.training.dataset.path: required for dataset \"mnist\"");
 }
 
+// format libsvm: the fields, their defaults, the model connection and every error.
+std::string Libsvm(const std::string& fields, const std::string& model = "type: softmax") {
+  return Replace("    model:\n      type: mlp\n      hiddenUnits: [64]\n    optimizer:",
+                 "    model: {" + model + "}\n    dataset: {format: libsvm, trainFiles: [a.svm], " +
+                     "testPath: t.svm" + fields + "}\n    optimizer:");
+}
+
+TEST(JobSpecTest, LibsvmDataset) {
+  auto job = ParseTrainingJob(Libsvm(", numFeatures: 123"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const TabularSpec& t = job->training.tabular;
+  EXPECT_EQ(job->training.dataset_format, "libsvm");
+  EXPECT_TRUE(t.libsvm);
+  EXPECT_EQ(t.num_features, 123);
+  EXPECT_EQ(t.index_base, 1);
+  EXPECT_EQ(t.libsvm_labels, LibsvmLabels::kBinary);
+  EXPECT_EQ(t.train_files, (std::vector<std::string>{"a.svm"}));
+  EXPECT_EQ(t.test_files, (std::vector<std::string>{"t.svm"}));
+  EXPECT_EQ(job->training.model.input_dim, 123);
+  EXPECT_EQ(job->training.model.num_classes, 2);
+  job =
+      ParseTrainingJob(Libsvm(", numFeatures: 8, indexBase: 0, labels: classes, numClasses: 7, "
+                              "onBadRecord: skip"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->training.tabular.index_base, 0);
+  EXPECT_EQ(job->training.model.num_classes, 7);
+  EXPECT_TRUE(job->training.tabular.skip_bad_records);
+  job = ParseTrainingJob(Libsvm(", numFeatures: 8, labels: regression",
+                                "layers: [{type: dense, units: 1}], head: meanSquaredError"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->training.model.num_classes, 0);
+}
+
+TEST(JobSpecErrors, LibsvmDataset) {
+  const std::string d = "spec.training.dataset.";
+  EXPECT_EQ(ErrorOf(Libsvm("")),
+            d + "numFeatures: required for format libsvm (the model's input width: the largest "
+                "feature index, plus 1 with indexBase 0)");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 0")),
+            d + "numFeatures: must be in [1, 16777216], got 0");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, indexBase: 2")),
+            d + "indexBase: must be 0 or 1, got 2");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, labels: multi")),
+            d + "labels: must be one of binary, classes, regression, got \"multi\"");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, labels: classes")),
+            d + "numClasses: required for labels classes");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, labels: classes, numClasses: 1")),
+            d + "numClasses: must be in [2, 65536], got 1");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, numClasses: 3")),
+            d + "numClasses: only applies to labels classes, but labels is binary");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, header: true")),
+            d + "header: only applies to format csv");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, columns: []")),
+            d + "columns: only applies to format csv");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, onBadRecord: ignore")),
+            d + "onBadRecord: must be one of fail, skip, got \"ignore\"");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, path: b.svm")),
+            d + "trainFiles: format libsvm needs exactly one of path (a file or glob) or "
+                "trainFiles");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, labels: regression")),
+            "spec.training.model.type: the labels are numbers (labels: regression): regression "
+            "needs a layer list with head meanSquaredError");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4",
+                           "layers: [{type: dense, units: 1}], head: meanSquaredError")),
+            "spec.training.model.head: meanSquaredError needs numeric labels (labels: regression)");
+  EXPECT_EQ(ErrorOf(Replace("    optimizer:", "    dataset: {numFeatures: 4}\n    optimizer:")),
+            d + "numFeatures: only applies to format libsvm");
+  EXPECT_EQ(ErrorOf(Replace("    optimizer:", "    dataset: {trainFiles: [a]}\n    optimizer:")),
+            d + "trainFiles: only applies to format csv or libsvm");
+}
+
 TEST(JobSpecErrors, MissingSections) {
   EXPECT_EQ(ErrorOf(R"(
 apiVersion: kubetrain.io/v1

@@ -259,12 +259,20 @@ void ConvForward(const WindowGeometry& g, const float* in, int batch, const floa
   std::memcpy(out->data(), z.data(), sizeof(float) * z.size());
 }
 
+void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out) {
+  Eigen::Map<Eigen::ArrayXf> sum(out, cols);
+  sum.setZero();
+  // Element-wise adds only: every column is summed in row order whatever the
+  // alignment of `m` or `out`.
+  for (int64_t r = 0; r < rows; ++r) sum += Eigen::Map<const Eigen::ArrayXf>(m + r * cols, cols);
+}
+
 void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
                   const float* kernel, int filters, int batch, float* dkernel, float* dbias,
                   RowMatrix* din) {
   ConstMatrixMap dz(dout.data(), batch * g.positions(), filters);
   MatrixMap(dkernel, g.patch_size(), filters).noalias() = col.transpose() * dz;
-  Eigen::Map<Eigen::RowVectorXf>(dbias, filters) = dz.colwise().sum();
+  ColumnSums(dz.data(), dz.rows(), filters, dbias);
   if (din == nullptr) return;
   RowMatrix dcol(dz.rows(), g.patch_size());
   dcol.noalias() = dz * ConstMatrixMap(kernel, g.patch_size(), filters).transpose();

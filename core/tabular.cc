@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/libsvm.h"
 
 namespace kubetrain {
 namespace {
@@ -29,11 +30,6 @@ uint64_t Fnv1a64(absl::string_view s) {
     h *= 1099511628211ULL;
   }
   return h;
-}
-
-std::string QuoteValue(absl::string_view v) {
-  if (v.size() > kMaxQuoted) return absl::StrCat("\"", v.substr(0, kMaxQuoted), "...\"");
-  return absl::StrCat("\"", v, "\"");
 }
 
 int64_t ColumnWidth(const ColumnSpec& c) {
@@ -271,7 +267,7 @@ class Reader {
           }
           double number;
           if (!absl::SimpleAtod(v, &number) || !std::isfinite(number)) {
-            return Bad(where, col, absl::StrCat("expected a number, got ", QuoteValue(v)));
+            return Bad(where, col, absl::StrCat("expected a number, got ", QuoteDataValue(v)));
           }
           numbers[c] = number;
           break;
@@ -296,7 +292,7 @@ class Reader {
                                    [&](const auto& kv) { return kv.first == v; });
             if (it == col.classes.end()) {
               return Bad(where, col,
-                         absl::StrCat("label ", QuoteValue(v), " is not one of the classes"));
+                         absl::StrCat("label ", QuoteDataValue(v), " is not one of the classes"));
             }
             indices[c] = it->second;
           } else if (col.num_classes > 0) {
@@ -304,13 +300,13 @@ class Reader {
             if (!absl::SimpleAtoi(v, &label) || label < 0 || label >= col.num_classes) {
               return Bad(where, col,
                          absl::StrCat("expected a class index in [0, ", col.num_classes, "), got ",
-                                      QuoteValue(v)));
+                                      QuoteDataValue(v)));
             }
             indices[c] = label;
           } else {
             double target;
             if (!absl::SimpleAtod(v, &target) || !std::isfinite(target)) {
-              return Bad(where, col, absl::StrCat("expected a number, got ", QuoteValue(v)));
+              return Bad(where, col, absl::StrCat("expected a number, got ", QuoteDataValue(v)));
             }
             numbers[c] = target;
           }
@@ -332,13 +328,29 @@ class Reader {
 
 }  // namespace
 
+std::string QuoteDataValue(absl::string_view v) {
+  if (v.size() > kMaxQuoted) return absl::StrCat("\"", v.substr(0, kMaxQuoted), "...\"");
+  return absl::StrCat("\"", v, "\"");
+}
+
 int64_t FeatureDim(const TabularSpec& spec) {
+  if (spec.libsvm) return spec.num_features;
   int64_t dim = 0;
   for (const ColumnSpec& c : spec.columns) dim += ColumnWidth(c) + (c.as_ids ? 1 : 0);
   return dim;
 }
 
 int LabelClasses(const TabularSpec& spec) {
+  if (spec.libsvm) {
+    switch (spec.libsvm_labels) {
+      case LibsvmLabels::kBinary:
+        return 2;
+      case LibsvmLabels::kClasses:
+        return spec.libsvm_classes;
+      case LibsvmLabels::kRegression:
+        return 0;
+    }
+  }
   for (const ColumnSpec& c : spec.columns) {
     if (c.type != ColumnType::kLabel) continue;
     if (!c.classes.empty()) {
@@ -384,6 +396,12 @@ absl::StatusOr<Dataset> LoadCsv(const TabularSpec& spec, const std::vector<std::
                            ? (*files)[0]
                            : absl::StrCat((*files)[0], " and ", files->size() - 1, " more"),
                        norm);
+}
+
+absl::StatusOr<Dataset> LoadTabular(const TabularSpec& spec,
+                                    const std::vector<std::string>& patterns, const Dataset* norm) {
+  if (spec.libsvm) return LoadLibsvm(spec, patterns);
+  return LoadCsv(spec, patterns, norm);
 }
 
 }  // namespace kubetrain

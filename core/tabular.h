@@ -34,11 +34,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/dataset.h"
 
 namespace kubetrain {
 
 enum class ColumnType { kNumeric, kCategorical, kLabel, kIgnore };
+
+// format libsvm: how the first token of a row reads (core/libsvm.h).
+enum class LibsvmLabels { kBinary, kClasses, kRegression };
 
 struct ColumnSpec {
   std::string name;
@@ -66,8 +70,17 @@ struct TabularSpec {
   std::string comment_prefix;
   std::vector<std::string> missing_values = {"?", ""};
   bool skip_bad_records = false;
-  std::vector<ColumnSpec> columns;
+  std::vector<ColumnSpec> columns;  // format csv
+  // format libsvm (core/libsvm.h); `columns` stay empty.
+  bool libsvm = false;
+  int64_t num_features = 0;  // features per record: ids 0..num_features-1
+  int index_base = 1;        // the file's first feature index (1 or 0)
+  LibsvmLabels libsvm_labels = LibsvmLabels::kBinary;
+  int libsvm_classes = 0;  // kClasses: ids 0..libsvm_classes-1
 };
+
+// `v` in double quotes for an error message, cut after 40 characters.
+std::string QuoteDataValue(absl::string_view v);
 
 // Features per record.
 int64_t FeatureDim(const TabularSpec& spec);
@@ -83,6 +96,10 @@ absl::StatusOr<std::vector<std::string>> ExpandFiles(const std::vector<std::stri
 // eval). The result's norm_mean/norm_std hold the figures used.
 absl::StatusOr<Dataset> LoadCsv(const TabularSpec& spec, const std::vector<std::string>& patterns,
                                 const Dataset* norm);
+
+// LoadCsv, or for spec.libsvm LoadLibsvm (which has no normalisation).
+absl::StatusOr<Dataset> LoadTabular(const TabularSpec& spec,
+                                    const std::vector<std::string>& patterns, const Dataset* norm);
 
 }  // namespace kubetrain
 

@@ -17,20 +17,20 @@ namespace kubetrain {
 
 absl::StatusOr<Dataset> LoadExamples(const TrainingSpec& training, bool train,
                                      const Dataset* train_set) {
-  if (training.dataset_format != "csv") return LoadFashionMnist(training.dataset_path, train);
-  if (train) return LoadCsv(training.tabular, training.tabular.train_files, nullptr);
+  if (training.dataset_format == "idx") return LoadFashionMnist(training.dataset_path, train);
+  if (train) return LoadTabular(training.tabular, training.tabular.train_files, nullptr);
   std::optional<Dataset> own;
-  if (train_set == nullptr) {
-    auto loaded = LoadCsv(training.tabular, training.tabular.train_files, nullptr);
+  if (train_set == nullptr && !training.tabular.libsvm) {  // csv: the training set's mean/std
+    auto loaded = LoadTabular(training.tabular, training.tabular.train_files, nullptr);
     if (!loaded.ok()) return loaded.status();
     own = std::move(*loaded);
     train_set = &*own;
   }
-  return LoadCsv(training.tabular, training.tabular.test_files, train_set);
+  return LoadTabular(training.tabular, training.tabular.test_files, train_set);
 }
 
 absl::StatusOr<int64_t> TrainExamples(const TrainingSpec& training) {
-  if (training.dataset_format == "csv") {
+  if (training.dataset_format != "idx") {
     // Records that load (bad ones skipped under onBadRecord: skip).
     auto data = LoadExamples(training, /*train=*/true);
     if (!data.ok()) {

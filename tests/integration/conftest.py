@@ -1,5 +1,6 @@
 """Helpers for the multi-process integration tests: real kubetrain binaries
 (bin/, built by `make build`), real Fashion-MNIST, loopback only."""
+import gzip
 import json
 import os
 import re
@@ -67,6 +68,31 @@ def job_yaml(name, *, ps=1, workers=2, mode="sync", extra_training="", model="ml
     if dataset_path is not None:
         lines += ["    dataset:", "      name: fashion-mnist", f"      path: {dataset_path}"]
     return "\n".join(lines) + "\n" + extra_training
+
+
+CENSUS_DATA = os.path.join(ROOT, "data", "census-income")
+
+
+def census_example(name, **replace):
+    """examples/<name> with its data paths made absolute and each `old` text
+    (which must be there) replaced by `new`."""
+    text = open(os.path.join(ROOT, "examples", name)).read()
+    text = text.replace("data/census-income/", CENSUS_DATA + "/")
+    for old, new in replace.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+def census_bad_copy(tmp_path, name, bad_lines, crlf=False):
+    """data/census-income/<name>.gz uncompressed into tmp_path with some lines
+    replaced ({line number: text}); returns its path."""
+    lines = gzip.open(os.path.join(CENSUS_DATA, name + ".gz"), "rt").read().split("\n")
+    for number, text in bad_lines.items():
+        lines[number - 1] = text
+    path = tmp_path / name
+    path.write_bytes(("\r\n" if crlf else "\n").join(lines).encode())
+    return str(path)
 
 
 def write(tmp_path, text, name="job.yaml"):

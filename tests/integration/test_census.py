@@ -3,22 +3,13 @@ data/census-income, real processes on loopback. The full example run (it is
 small) must reach test accuracy >= 0.85 on the 16,281-row test set, and
 `kubetrain eval` of the exported model must report the same figures. Bad data
 is reported as file:line: column, or skipped and counted."""
-import gzip
 import json
-import os
 
-from conftest import ROOT, run_cli, run_job, write
-
-EXAMPLE = os.path.join(ROOT, "examples", "census-income-mlp.yaml")
-DATA = os.path.join(ROOT, "data", "census-income")
+from conftest import CENSUS_DATA as DATA, census_bad_copy, census_example, run_cli, run_job, write
 
 
 def example_text(**replace):
-    text = open(EXAMPLE).read().replace("data/census-income/", DATA + "/")
-    for old, new in replace.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    return text
+    return census_example("census-income-mlp.yaml", **replace)
 
 
 def test_census_mlp_example_reaches_085_and_eval_agrees(tmp_path):
@@ -46,12 +37,7 @@ def test_census_mlp_example_reaches_085_and_eval_agrees(tmp_path):
 
 def bad_copy(tmp_path, bad_lines):
     """adult.test with some lines replaced: {line number: text}."""
-    lines = gzip.open(os.path.join(DATA, "adult.test.gz"), "rt").read().split("\n")
-    for number, text in bad_lines.items():
-        lines[number - 1] = text
-    path = tmp_path / "adult.test"
-    path.write_text("\n".join(lines))
-    return str(path)
+    return census_bad_copy(tmp_path, "adult.test", bad_lines)
 
 
 def test_bad_record_is_named_by_file_line_and_column(tmp_path):
