@@ -492,9 +492,10 @@ void Model::SparseBackward(const Params& params, const SparseBatch& lookups,
       const EmbeddingSpec& emb = spec_.embeddings[table_uses_[t].embedding];
       for (int64_t r = 0; r < rows; ++r) {
         const float scale = CombinerScale(emb.combiner, l.offsets[r + 1] - l.offsets[r]);
+        const float* d = d_deep.data() + r * d_deep.cols() + col;
         for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
-          RowVectorMap(g.data() + l.ids[i] * emb.dim, emb.dim) +=
-              scale * d_deep.row(r).segment(col, emb.dim);
+          float* row = g.data() + l.ids[i] * emb.dim;
+          for (int k = 0; k < emb.dim; ++k) row[k] += scale * d[k];
         }
       }
       col += emb.dim;
@@ -504,7 +505,10 @@ void Model::SparseBackward(const Params& params, const SparseBatch& lookups,
       }
     }
   }
-  if (wide_bias_ >= 0) (*grads)[wide_bias_].assign(1, d_logits.col(0).sum());
+  if (wide_bias_ >= 0) {
+    (*grads)[wide_bias_].resize(1);
+    ColumnSums(d_logits.data(), rows, 1, (*grads)[wide_bias_].data());
+  }
 }
 
 bool Model::has_dropout() const {
