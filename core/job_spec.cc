@@ -627,9 +627,9 @@ absl::Status ParseColumn(const YAML::Node& node, const std::string& path, Column
 
 const std::vector<std::string>& DatasetKeys() {
   static const auto* keys = new std::vector<std::string>{
-      "name",        "path",      "format",        "trainFiles",    "testPath",    "testFiles",
-      "header",      "delimiter", "commentPrefix", "missingValues", "onBadRecord", "columns",
-      "numFeatures", "indexBase", "labels",        "numClasses"};
+      "name",        "path",      "format",        "trainFiles",    "testPath",     "testFiles",
+      "header",      "delimiter", "commentPrefix", "missingValues", "onBadRecord",  "columns",
+      "numFeatures", "indexBase", "labels",        "numClasses",    "shuffleBuffer"};
   return *keys;
 }
 
@@ -698,6 +698,9 @@ absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
       return FieldError(f.PathOf(key), absl::StrCat("only applies to format ", formats));
     }
   }
+  KT_RETURN_IF_ERROR(ReadInt64(f, "shuffleBuffer", &out->shuffle_buffer));
+  KT_RETURN_IF_ERROR(
+      CheckRange(f.PathOf("shuffleBuffer"), out->shuffle_buffer, int64_t{1}, int64_t{1} << 26));
   if (out->dataset_format == "idx") {
     KT_RETURN_IF_ERROR(ReadString(f, "name", &out->dataset_name));
     KT_RETURN_IF_ERROR(ReadString(f, "path", &out->dataset_path));

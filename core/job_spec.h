@@ -65,7 +65,8 @@ struct TrainingSpec {
   std::string dataset_path = "/usr/share/datasets/fashion-mnist";  // format idx: the directory
   std::string dataset_format = "idx";                              // "idx" | "csv"
   TabularSpec tabular;                                             // format csv
-  std::string dataset_yaml;  // the dataset section as written ("" if absent), for model files
+  std::string dataset_yaml;        // the dataset section as written ("" if absent), for model files
+  int64_t shuffle_buffer = 65536;  // records each worker's shuffle buffer holds (core/dataset.h)
   OptimizerSpec optimizer;
   int batch_size = 100;  // per worker, per step
   // Exactly one of steps / epochs (validation enforces it).

@@ -757,6 +757,14 @@ TEST(JobSpecTest, LibsvmDataset) {
                                 "layers: [{type: dense, units: 1}], head: meanSquaredError"));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->training.model.num_classes, 0);
+  EXPECT_EQ(job->training.shuffle_buffer, 65536);
+  job = ParseTrainingJob(Libsvm(", numFeatures: 8, shuffleBuffer: 1000"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->training.shuffle_buffer, 1000);
+  job = ParseTrainingJob(
+      Replace("    optimizer:", "    dataset: {shuffleBuffer: 10}\n    optimizer:"));
+  ASSERT_TRUE(job.ok()) << job.status();  // every format streams
+  EXPECT_EQ(job->training.shuffle_buffer, 10);
 }
 
 TEST(JobSpecErrors, LibsvmDataset) {
@@ -766,6 +774,8 @@ TEST(JobSpecErrors, LibsvmDataset) {
                 "feature index, plus 1 with indexBase 0)");
   EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 0")),
             d + "numFeatures: must be in [1, 16777216], got 0");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, shuffleBuffer: 0")),
+            d + "shuffleBuffer: must be in [1, 67108864], got 0");
   EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, indexBase: 2")),
             d + "indexBase: must be 0 or 1, got 2");
   EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, labels: multi")),
