@@ -34,7 +34,7 @@ E2E_DEPS := build $(if $(filter 0,$(E2E_IMAGES)),,images)
 PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest" 2>/dev/null && { echo $$p; break; }; done)
 
 .PHONY: all deps build-deps images lint format build demo demo-async demo-softmax test unit-test integration-test operator-test scale-test packaging-test \
-  cluster-up cluster-down asan tsan clean
+  cluster-up cluster-down asan tsan fuzz clean
 
 all: build
 
@@ -120,6 +120,14 @@ test: lint unit-test operator-test packaging-test integration-test
 
 asan: deps
 	$(BAZEL) test --config=asan //...
+
+# The PS wire fuzzer for longer than the 60 s of `make test`
+# (FUZZ_SECONDS; FUZZ_SEED=N repeats a run; see tests/transport/ps_wire_fuzz_test.cc).
+FUZZ_SECONDS ?= 600
+fuzz: deps
+	$(BAZEL) test $(BAZEL_FLAGS) //tests/transport:ps_wire_fuzz_test --nocache_test_results \
+	  --test_env=FUZZ_SECONDS=$(FUZZ_SECONDS) $(if $(FUZZ_SEED),--test_env=FUZZ_SEED=$(FUZZ_SEED)) \
+	  --test_timeout=$$(( $(FUZZ_SECONDS) + 600 )) --test_output=all
 
 tsan: deps
 	$(BAZEL) test --config=tsan //...

@@ -123,6 +123,13 @@ void MaxPoolBackward(const WindowGeometry& g, const RowMatrix& dout,
 void AvgPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out);
 void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* din);
 
+// out[j] = the sum of column j of the row-major rows x cols matrix `m`,
+// added row by row in order. Eigen's colwise().sum() into a Map adds the
+// columns it vectorises in a different order from the scalar ones, and which
+// are which depends on where `out` happens to lie in memory, so the same
+// inputs could give different bits from run to run; here they cannot.
+void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out);
+
 // y = act(z) in place; and dz = dy * act'(z) from the activation's output y.
 void ApplyActivation(Activation a, RowMatrix* z);
 void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy);

@@ -130,6 +130,34 @@ TEST(LayersTest, Col2ImIsTheAdjointOfIm2Col) {
   EXPECT_NEAR(lhs, rhs, 1e-3 * std::fabs(lhs) + 1e-3);
 }
 
+// Every column summed in row order, bit for bit, at every alignment of the
+// input and the output (so a rerun gives the same bits wherever the buffers are).
+TEST(LayersTest, ColumnSumsAddRowsInOrderAtAnyAlignment) {
+  const int rows = 37, cols = 261;
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> u(-1e3f, 1e3f);
+  std::vector<float> m(rows * cols);
+  for (float& f : m) f = u(rng);
+  std::vector<float> want(cols);
+  for (int j = 0; j < cols; ++j) {
+    float sum = 0.0f;
+    for (int r = 0; r < rows; ++r) sum += m[r * cols + j];
+    want[j] = sum;
+  }
+  for (int in_shift = 0; in_shift < 16; ++in_shift) {
+    std::vector<float> in(m.size() + in_shift);
+    std::copy(m.begin(), m.end(), in.begin() + in_shift);
+    for (int out_shift = 0; out_shift < 16; ++out_shift) {
+      std::vector<float> out(cols + out_shift, -1.0f);
+      ColumnSums(in.data() + in_shift, rows, cols, out.data() + out_shift);
+      for (int j = 0; j < cols; ++j) {
+        ASSERT_EQ(out[out_shift + j], want[j])
+            << "column " << j << " input shift " << in_shift << " output shift " << out_shift;
+      }
+    }
+  }
+}
+
 TEST(LayersTest, PoolingValues) {
   LayerSpec pool;
   pool.type = LayerType::kMaxPool2D;

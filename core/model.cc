@@ -27,7 +27,6 @@ namespace {
 using ConstMatrixMap = Eigen::Map<const RowMatrix>;
 using MatrixMap = Eigen::Map<RowMatrix>;
 using ConstRowVectorMap = Eigen::Map<const Eigen::RowVectorXf>;
-using RowVectorMap = Eigen::Map<Eigen::RowVectorXf>;
 
 // Rows per forward block in Evaluate(): bounds memory on large eval sets.
 constexpr int64_t kEvalBlock = 1000;
@@ -456,7 +455,7 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
         ConstMatrixMap input(in, batch, kv.rows);
         MatrixMap dkernel((*grads)[op.kernel].data(), kv.rows, kv.cols);
         dkernel.noalias() = input.transpose() * d;
-        RowVectorMap((*grads)[op.bias].data(), kv.cols) = d.colwise().sum();
+        ColumnSums(d.data(), d.rows(), kv.cols, (*grads)[op.bias].data());
         if (need_input_grad) {
           ConstMatrixMap kernel(params[op.kernel].data(), kv.rows, kv.cols);
           din.resize(batch, kv.rows);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -342,8 +343,8 @@ ModelSpec Layers(Shape input, std::vector<LayerSpec> layers, HeadType head = Hea
   return spec;
 }
 
-// The seed's dense/ReLU/softmax code, verbatim, as the reference the
-// shorthands must match bit for bit.
+// The seed's dense/ReLU/softmax code, verbatim but for the bias gradients'
+// summation order, as the reference the shorthands must match bit for bit.
 float LegacyLossAndGradients(const ModelSpec& spec, const Params& params, const float* x,
                              const int32_t* y, int batch, Params* grads) {
   using ConstMatrixMap = Eigen::Map<const RowMatrix>;
@@ -393,7 +394,13 @@ float LegacyLossAndGradients(const ModelSpec& spec, const Params& params, const 
     } else {
       dkernel.noalias() = acts[l].transpose() * dz;
     }
-    Eigen::Map<Eigen::RowVectorXf>((*grads)[2 * l + 1].data(), dims[l + 1]) = dz.colwise().sum();
+    // Bias gradients: column sums added row by row in order (as ColumnSums
+    // does; the seed's colwise().sum() gave alignment-dependent bits).
+    for (int j = 0; j < dims[l + 1]; ++j) {
+      float sum = 0.0f;
+      for (int r = 0; r < batch; ++r) sum += dz(r, j);
+      (*grads)[2 * l + 1][j] = sum;
+    }
     if (l > 0) {
       ConstMatrixMap kernel(params[2 * l].data(), dims[l], dims[l + 1]);
       RowMatrix da(batch, dims[l]);
@@ -415,9 +422,6 @@ TEST(ModelShorthandTest, MatchesTheSeedCodeBitForBit) {
     for (float& f : x) f = pixel(rng);
     std::vector<int32_t> y(batch);
     for (int i = 0; i < batch; ++i) y[i] = (i * 7) % spec.num_classes;
-    // Both write into the same buffers: Eigen's vectorized column sums (the
-    // bias gradients) peel by the destination's alignment, so only equal
-    // addresses make equal summation orders.
     Params grads;
     const float legacy = LegacyLossAndGradients(spec, params, x.data(), y.data(), batch, &grads);
     const Params want = grads;
@@ -431,6 +435,51 @@ TEST(ModelShorthandTest, MatchesTheSeedCodeBitForBit) {
           ADD_FAILURE() << model.variables()[v].name << "[" << k << "] " << got[v][k] - want[v][k];
           break;
         }
+      }
+    }
+  }
+}
+
+// A rerun must give the same bits wherever the allocator puts the buffers
+// (it differs from process to process): the same gradients for inputs and
+// outputs at every alignment.
+TEST(ModelDeterminismTest, GradientsDoNotDependOnBufferAddresses) {
+  for (const ModelSpec& spec :
+       {Mlp(784, {256, 128}, 10),
+        Layers({7, 6, 2},
+               {Conv(4, 3, 1, true, Activation::kRelu), Pool(LayerType::kMaxPool2D, 2, 2),
+                Simple(LayerType::kFlatten), Simple(LayerType::kDropout, 0.3),
+                Dense(19, Activation::kTanh), Dense(3)})}) {
+    Model model = MustCreate(spec);
+    std::mt19937_64 rng(5);
+    Params params = RandomParams(model, &rng);
+    const int batch = 64;
+    const int64_t dim = model.input_dim();
+    std::vector<float> x(batch * dim);
+    std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+    for (float& f : x) f = pixel(rng);
+    std::vector<int32_t> y(batch);
+    for (int i = 0; i < batch; ++i) y[i] = (i * 7) % 3;
+    Params want;
+    const float want_loss = model.LossAndGradients(params, x.data(), y.data(), batch, &want);
+    for (int shift = 1; shift < 16; ++shift) {
+      // The input at another offset, and fresh gradient buffers allocated
+      // after `pad`, so they start at other addresses too.
+      std::vector<float> shifted(x.size() + shift);
+      std::copy(x.begin(), x.end(), shifted.begin() + shift);
+      std::vector<char> pad(16 * shift + 8);
+      Params params_copy = params;
+      Params got;
+      Batch b;
+      b.x = shifted.data() + shift;
+      b.labels = y.data();
+      b.size = batch;
+      const float loss = model.LossAndGradients(params_copy, b, 0, &got);
+      EXPECT_EQ(loss, want_loss) << model.Summary() << " shift " << shift;
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t v = 0; v < got.size(); ++v) {
+        EXPECT_EQ(0, std::memcmp(got[v].data(), want[v].data(), 4 * want[v].size()))
+            << model.Summary() << " " << model.variables()[v].name << " shift " << shift;
       }
     }
   }

@@ -9,71 +9,24 @@
 // within 64 MiB of its RSS after a warm-up step (the per-PS limit admits 20
 // streams, 2 per worker past the header, none holds a whole gradient), and
 // within 16 MiB of it once they are cancelled.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <fstream>
-#include <sstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "tests/transport/ps_process.h"
 #include "tests/transport/raw_ps_client.h"
 #include "worker/grpc_shard_channel.h"
 
-extern char** environ;
-
 namespace kubetrain {
 namespace {
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// GET http://127.0.0.1:<port>/metrics, or "" if it cannot be read.
-std::string ScrapeMetrics(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
-      char buf[65536];
-      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
-    }
-  }
-  close(fd);
-  return out;
-}
-
-double Metric(const std::string& text, const std::string& name) {
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  }
-  return -1;
-}
 
 double RssMiB(pid_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
@@ -86,39 +39,22 @@ double RssMiB(pid_t pid) {
 class IdlePushStreamsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    const std::string dir = tmp ? tmp : "/tmp";
-    const std::string job = dir + "/idle-streams.yaml";
-    std::ofstream(job) << "apiVersion: kubetrain.io/v1\n"
-                          "kind: TrainingJob\n"
-                          "metadata:\n  name: idle-streams\n"
-                          "spec:\n  replicaSpecs:\n    PS:\n      replicas: 1\n"
-                          "    Worker:\n      replicas: 2\n"
-                          "  training:\n    mode: sync\n"
-                          "    model:\n      type: mlp\n      hiddenUnits: [2048]\n"  // 6.5 MB
-                          "    optimizer:\n      type: sgd\n      learningRate: 0.01\n"
-                          "    batchSize: 32\n    steps: 1000\n";
-    port_ = FreePort();
-    metrics_port_ = FreePort();
-    address_ = absl::StrCat("127.0.0.1:", port_);
-    const std::string tf_config = absl::StrCat(
-        "TF_CONFIG={\"cluster\": {\"ps\": [\"", address_,
-        "\"], \"worker\": [\"127.0.0.1:1\", \"127.0.0.1:2\"]}, \"task\": {\"type\": \"ps\", "
-        "\"index\": 0}}");
-    std::vector<std::string> args = {"ps/kubetrain-ps", "--config=" + job, "--bind_host=127.0.0.1",
-                                     absl::StrCat("--metrics_address=127.0.0.1:", metrics_port_)};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_strings = {tf_config};
-    for (char** e = environ; *e; ++e) {
-      if (std::string(*e).rfind("TF_CONFIG=", 0) != 0) env_strings.push_back(*e);
-    }
-    std::vector<char*> envp;
-    for (auto& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    ASSERT_EQ(posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), envp.data()), 0)
-        << "cannot start " << argv[0];
+    ps_ = std::make_unique<PsProcess>(
+        "ps/kubetrain-ps",
+        "apiVersion: kubetrain.io/v1\n"
+        "kind: TrainingJob\n"
+        "metadata:\n  name: idle-streams\n"
+        "spec:\n  replicaSpecs:\n    PS:\n      replicas: 1\n"
+        "    Worker:\n      replicas: 2\n"
+        "  training:\n    mode: sync\n"
+        "    model:\n      type: mlp\n      hiddenUnits: [2048]\n"  // 6.5 MB
+        "    optimizer:\n      type: sgd\n      learningRate: 0.01\n"
+        "    batchSize: 32\n    steps: 1000\n",
+        2);
+    ASSERT_TRUE(ps_->started()) << "cannot start ps/kubetrain-ps";
+    pid_ = ps_->pid();
+    metrics_port_ = ps_->metrics_port();
+    address_ = ps_->address();
     channel_ = NewGrpcShardChannel(address_, 1 << 20);
     auto info = channel_->GetInfo(v1::InfoRequest(), absl::Seconds(60));
     ASSERT_TRUE(info.ok()) << info.status();
@@ -129,13 +65,6 @@ class IdlePushStreamsTest : public ::testing::Test {
     raw_ = std::make_unique<RawPsClient>(
         grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   }
-  void TearDown() override {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-
   std::vector<std::string> Push(int worker, int64_t version) {
     v1::PushRequest::Header h;
     h.set_worker_index(worker);
@@ -145,8 +74,9 @@ class IdlePushStreamsTest : public ::testing::Test {
   }
   std::string Metrics() { return ScrapeMetrics(metrics_port_); }
 
+  std::unique_ptr<PsProcess> ps_;
   pid_t pid_ = 0;
-  int port_ = 0, metrics_port_ = 0;
+  int metrics_port_ = 0;
   std::string address_;
   std::unique_ptr<ShardChannel> channel_;
   std::unique_ptr<RawPsClient> raw_;

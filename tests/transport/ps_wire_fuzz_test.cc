@@ -1,0 +1,533 @@
+// Issue 9: a bounded fuzz run over the PS wire format, against a real
+// kubetrain-ps process on a loopback socket. Each case takes a valid request
+// (a push stream, a pull or a GetInfo, as a worker or a reader would send it
+// at the shard's current version), mutates it (fields set to edge values,
+// floats to NaN/Inf/huge, bytes flipped, inserted, deleted, messages dropped,
+// repeated, swapped, replaced by noise or made oversized, the push cancelled
+// instead of half-closed) and sends the bytes. Checked after every case:
+//   - no crash: the PS process is still running;
+//   - no hang: every RPC is answered within its deadline (a pull that may
+//     legitimately wait for a future version gets a short one instead);
+//   - every refusal is a code the PS means (INVALID_ARGUMENT,
+//     RESOURCE_EXHAUSTED, CANCELLED, ...) with a message, never UNKNOWN,
+//     INTERNAL or UNIMPLEMENTED;
+// and every 64 cases and at the end: a valid pull returns every part in
+// full and every parameter is finite; at the end a valid step of both
+// workers still advances the version.
+//
+// Bounded by count and time, never judged on speed: it runs at least
+// FUZZ_MIN_CASES cases (default 300) and until FUZZ_SECONDS (default 60) have
+// passed, at most FUZZ_MAX_CASES (default 200000). FUZZ_SEED repeats a run
+// (the seed is printed first; one thread, so a seed replays the same bytes).
+// `make fuzz FUZZ_SECONDS=600` runs longer.
+//
+// To fuzz another RPC (e.g. sparse tables' ones), add a Target to Targets():
+// how to build a valid request from the shard's state, which fields to set
+// to edge values, and how it is sent (unary, server stream or client stream).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "proto/ps.pb.h"
+#include "tests/transport/ps_process.h"
+#include "tests/transport/raw_ps_client.h"
+
+namespace kubetrain {
+namespace {
+
+constexpr int kWorkers = 2;
+constexpr uint64_t kChunkBytes = 4096;
+// A deadline no answer of a healthy PS on loopback comes near, even on a
+// loaded machine: exceeding it is a hang.
+constexpr absl::Duration kHangDeadline = absl::Seconds(60);
+// For a pull that may rightly wait (for a version the shard has not reached).
+constexpr absl::Duration kHoldDeadline = absl::Milliseconds(200);
+
+int64_t EnvInt(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::strtoll(v, nullptr, 10) : fallback;
+}
+
+using Rng = std::mt19937_64;
+
+template <typename T>
+T Pick(Rng& rng, const std::vector<T>& v) {
+  return v[rng() % v.size()];
+}
+bool OneIn(Rng& rng, int n) { return rng() % n == 0; }
+
+int64_t EdgeInt64(Rng& rng, int64_t near) {
+  return Pick<int64_t>(
+      rng, {0, 1, -1, near, near - 1, near + 1, near + 2, std::numeric_limits<int64_t>::max(),
+            std::numeric_limits<int64_t>::min(), int64_t{1} << 32, static_cast<int64_t>(rng())});
+}
+int32_t EdgeInt32(Rng& rng) {
+  return Pick<int32_t>(rng, {0, 1, 2, kWorkers, -1, 3, 99, std::numeric_limits<int32_t>::max(),
+                             std::numeric_limits<int32_t>::min()});
+}
+float EdgeFloat(Rng& rng) {
+  return Pick<float>(
+      rng, {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+            -std::numeric_limits<float>::infinity(), 3e38f, -3e38f,
+            std::numeric_limits<float>::max(), std::numeric_limits<float>::lowest(),
+            std::numeric_limits<float>::denorm_min(), -0.0f, 1e-38f, 1e20f});
+}
+
+// What the fuzzer knows of the shard (from its GetInfo).
+struct ShardState {
+  int64_t version = 0;
+  int64_t incarnation = 0;
+  std::vector<PartGradient> parts;  // names and sizes; values are a valid gradient
+  uint64_t gradient_bytes = 0;
+};
+
+// One request to send.
+struct Case {
+  enum class Kind { kUnary, kPull, kPush };
+  Kind kind = Kind::kUnary;
+  std::string method;
+  std::vector<std::string> messages;  // one for unary and pull
+  RawPsClient::End end = RawPsClient::End::kHalfClose;
+  bool may_hold = false;  // a pull that may wait for a later version
+  std::string what;       // the mutations, for the failure message
+};
+
+// A valid request of one RPC, with field-level mutations of its own.
+struct Target {
+  const char* name;
+  // A valid request, then (with `mutate`) some fields set to edge values.
+  std::function<Case(Rng&, const ShardState&, bool mutate)> make;
+};
+
+v1::PushRequest::Header ValidPushHeader(Rng& rng, const ShardState& s, int worker) {
+  v1::PushRequest::Header h;
+  h.set_worker_index(worker);
+  h.set_version(s.version);
+  h.set_worker_clock(s.version + 1);
+  h.set_incarnation(s.incarnation);
+  h.set_push_id(rng() | 1);
+  h.set_total_bytes(s.gradient_bytes);
+  return h;
+}
+
+Case MakePush(Rng& rng, const ShardState& s, bool mutate) {
+  Case c;
+  c.kind = Case::Kind::kPush;
+  c.method = "Push";
+  v1::PushRequest::Header h = ValidPushHeader(rng, s, static_cast<int>(rng() % kWorkers));
+  std::vector<PartGradient> grads = s.parts;
+  for (auto& g : grads) {
+    for (float& f : g.values) f = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) * 1e-4f;
+  }
+  if (mutate) {
+    const int n = 1 + static_cast<int>(rng() % 3);
+    for (int i = 0; i < n; ++i) {
+      switch (rng() % 8) {
+        case 0:
+          h.set_worker_index(EdgeInt32(rng));
+          absl::StrAppend(&c.what, " worker_index=", h.worker_index());
+          break;
+        case 1:
+          h.set_version(EdgeInt64(rng, s.version));
+          absl::StrAppend(&c.what, " version=", h.version());
+          break;
+        case 2:
+          h.set_worker_clock(EdgeInt64(rng, s.version));
+          absl::StrAppend(&c.what, " worker_clock=", h.worker_clock());
+          break;
+        case 3:
+          h.set_incarnation(EdgeInt64(rng, s.incarnation));
+          absl::StrAppend(&c.what, " incarnation=", h.incarnation());
+          break;
+        case 4:
+          h.set_push_id(Pick<uint64_t>(rng, {0, 1, rng()}));
+          absl::StrAppend(&c.what, " push_id=", h.push_id());
+          break;
+        case 5:
+          h.set_total_bytes(Pick<uint64_t>(rng, {0, s.gradient_bytes - 4, s.gradient_bytes + 4,
+                                                 s.gradient_bytes + 1, 1, ~uint64_t{0}, rng()}));
+          absl::StrAppend(&c.what, " total_bytes=", h.total_bytes());
+          break;
+        default: {  // edge floats in the gradient
+          auto& g = grads[rng() % grads.size()];
+          const int k = 1 + static_cast<int>(rng() % 8);
+          for (int j = 0; j < k; ++j) g.values[rng() % g.values.size()] = EdgeFloat(rng);
+          absl::StrAppend(&c.what, " edge floats in ", g.part);
+          break;
+        }
+      }
+    }
+  }
+  c.messages = EncodePush(h, grads, kChunkBytes / 4);
+  if (mutate && OneIn(rng, 3)) {  // a chunk's own fields
+    v1::PushRequest m;
+    const size_t i = 1 + rng() % (c.messages.size() - 1);
+    if (m.ParseFromString(c.messages[i])) {
+      auto* chunk = m.mutable_chunk();
+      switch (rng() % 4) {
+        case 0:
+          chunk->set_part(Pick<std::string>(
+              rng, {"", "nope", s.parts[rng() % s.parts.size()].part, std::string(5000, 'x')}));
+          break;
+        case 1:
+          chunk->set_offset(Pick<uint64_t>(rng, {chunk->offset() + 1, ~uint64_t{0}, 1u << 31,
+                                                 chunk->offset() + kChunkBytes / 4}));
+          break;
+        case 2:
+          chunk->mutable_data()->resize(chunk->data().size() - 1 - rng() % 3);
+          break;
+        default:
+          chunk->mutable_data()->append(std::string(4 * (1 + rng() % 4), '\x7f'));
+          break;
+      }
+      c.messages[i] = m.SerializeAsString();
+      absl::StrAppend(&c.what, " chunk ", i, " fields");
+    }
+  }
+  if (mutate && OneIn(rng, 6)) {  // a second header somewhere
+    v1::PushRequest m;
+    *m.mutable_header() = ValidPushHeader(rng, s, 0);
+    c.messages.insert(c.messages.begin() + 1 + rng() % c.messages.size(), m.SerializeAsString());
+    c.what += " second header";
+  }
+  if (mutate && OneIn(rng, 5)) {
+    c.end = RawPsClient::End::kCancel;
+    c.what += " cancelled";
+  }
+  return c;
+}
+
+Case MakePull(Rng& rng, const ShardState& s, bool mutate) {
+  Case c;
+  c.kind = Case::Kind::kPull;
+  c.method = "Pull";
+  v1::PullRequest r;
+  r.set_worker_index(static_cast<int>(rng() % kWorkers));
+  r.set_min_version(OneIn(rng, 2) ? s.version : 0);
+  r.set_worker_clock(s.version);
+  r.set_incarnation(s.incarnation);
+  r.set_wait_timeout_ms(1000);
+  if (mutate) {
+    const int n = 1 + static_cast<int>(rng() % 3);
+    for (int i = 0; i < n; ++i) {
+      switch (rng() % 6) {
+        case 0:
+          r.set_worker_index(EdgeInt32(rng));
+          absl::StrAppend(&c.what, " worker_index=", r.worker_index());
+          break;
+        case 1:
+          r.set_min_version(EdgeInt64(rng, s.version));
+          absl::StrAppend(&c.what, " min_version=", r.min_version());
+          break;
+        case 2:
+          r.set_worker_clock(EdgeInt64(rng, s.version));
+          absl::StrAppend(&c.what, " worker_clock=", r.worker_clock());
+          break;
+        case 3:
+          r.set_wait_timeout_ms(EdgeInt64(rng, 1000));
+          absl::StrAppend(&c.what, " wait_timeout_ms=", r.wait_timeout_ms());
+          break;
+        case 4:
+          r.set_incarnation(EdgeInt64(rng, s.incarnation));
+          absl::StrAppend(&c.what, " incarnation=", r.incarnation());
+          break;
+        default:
+          r.set_task_type(static_cast<v1::TaskType>(EdgeInt32(rng)));
+          absl::StrAppend(&c.what, " task_type=", static_cast<int>(r.task_type()));
+          break;
+      }
+    }
+  }
+  c.messages = {r.SerializeAsString()};
+  return c;
+}
+
+Case MakeGetInfo(Rng& rng, const ShardState&, bool mutate) {
+  Case c;
+  c.method = "GetInfo";
+  v1::InfoRequest r;
+  r.set_worker_index(static_cast<int>(rng() % kWorkers));
+  if (mutate) {
+    if (OneIn(rng, 2)) r.set_worker_index(EdgeInt32(rng));
+    if (OneIn(rng, 2)) r.set_task_type(static_cast<v1::TaskType>(EdgeInt32(rng)));
+    absl::StrAppend(&c.what, " worker_index=", r.worker_index(),
+                    " task_type=", static_cast<int>(r.task_type()));
+  }
+  c.messages = {r.SerializeAsString()};
+  return c;
+}
+
+std::vector<Target> Targets() {
+  return {{"push", MakePush}, {"pull", MakePull}, {"getinfo", MakeGetInfo}};
+}
+
+// Byte-level damage to the encoded messages.
+void MutateBytes(Rng& rng, Case* c) {
+  auto& msgs = c->messages;
+  const size_t i = rng() % msgs.size();
+  std::string& m = msgs[i];
+  const int op = static_cast<int>(rng() % 12);
+  absl::StrAppend(&c->what, " bytes:", op, "@", i);
+  switch (op) {
+    case 0:
+      if (!m.empty()) m[rng() % m.size()] ^= static_cast<char>(1 << (rng() % 8));
+      break;
+    case 1:
+      if (!m.empty()) m[rng() % m.size()] = Pick<char>(rng, {'\0', '\xff', '\x7f', '\x80', '\x0a'});
+      break;
+    case 2: {
+      std::string noise(1 + rng() % 16, '\0');
+      for (char& ch : noise) ch = static_cast<char>(rng());
+      m.insert(m.empty() ? 0 : rng() % m.size(), noise);
+      break;
+    }
+    case 3:
+      if (!m.empty()) {
+        const size_t at = rng() % m.size();
+        m.erase(at, 1 + rng() % std::min<size_t>(16, m.size() - at));
+      }
+      break;
+    case 4:
+      m.resize(m.empty() ? 0 : rng() % m.size());  // truncated
+      break;
+    case 5: {
+      std::string noise(rng() % 64, '\0');
+      for (char& ch : noise) ch = static_cast<char>(rng());
+      m = noise;  // replaced by noise
+      break;
+    }
+    case 6:
+      m.clear();
+      break;
+    case 7:  // larger than the PS takes in one message
+      m.append(std::string(kChunkBytes + (80 << 10), '\x11'));
+      break;
+    case 8:
+      if (msgs.size() > 1) msgs.erase(msgs.begin() + i);  // dropped
+      break;
+    case 9:
+      msgs.insert(msgs.begin() + i, msgs[i]);  // repeated
+      break;
+    case 10:
+      if (msgs.size() > 1) std::swap(msgs[i], msgs[rng() % msgs.size()]);
+      break;
+    default:
+      // A varint length made huge: the field claims more bytes than follow.
+      if (m.size() > 2) m[1] = '\xff';
+      break;
+  }
+}
+
+class PsWireFuzzTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ps_ = std::make_unique<PsProcess>(
+        "ps/kubetrain-ps",
+        absl::StrCat("apiVersion: kubetrain.io/v1\n"
+                     "kind: TrainingJob\n"
+                     "metadata:\n  name: wire-fuzz\n"
+                     "spec:\n  replicaSpecs:\n    PS:\n      replicas: 1\n"
+                     "    Worker:\n      replicas: ",
+                     kWorkers,
+                     "\n"
+                     "  training:\n    mode: sync\n"
+                     "    model:\n      type: mlp\n      hiddenUnits: [8]\n"
+                     // Plain SGD with a large rate: huge gradients reach
+                     // huge values fast, the edge a non-finite update is on.
+                     "    optimizer:\n      type: sgd\n      learningRate: 0.5\n"
+                     "    batchSize: 32\n    steps: 100000000\n"
+                     "    transport:\n      chunkBytes: ",
+                     kChunkBytes, "\n"),
+        kWorkers);
+    ASSERT_TRUE(ps_->started()) << "cannot start ps/kubetrain-ps";
+    raw_ = std::make_unique<RawPsClient>(
+        grpc::CreateChannel(ps_->address(), grpc::InsecureChannelCredentials()));
+    // The PS takes a moment to listen.
+    absl::Status st;
+    for (int i = 0; i < 600; ++i) {
+      st = Refresh();
+      if (st.ok() || !ps_->Running()) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_FALSE(state_.parts.empty());
+  }
+
+  // The shard's state from a valid GetInfo.
+  absl::Status Refresh() {
+    std::string out;
+    grpc::Status s =
+        raw_->Unary("GetInfo", v1::InfoRequest().SerializeAsString(), &out, absl::Seconds(5));
+    if (!s.ok()) return absl::UnavailableError(absl::StrCat("GetInfo: ", s.error_message()));
+    v1::ShardInfo info;
+    if (!info.ParseFromString(out)) return absl::DataLossError("GetInfo: unparseable answer");
+    state_.version = info.version();
+    state_.incarnation = info.incarnation();
+    if (state_.parts.empty()) {
+      for (const auto& p : info.parts()) {
+        state_.parts.push_back({p.name(), std::vector<float>(p.rows() * p.cols(), 0.0f)});
+        state_.gradient_bytes += p.rows() * p.cols() * 4;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // A valid pull: every part in full, every value finite.
+  absl::Status CheckValues(const std::string& when) {
+    v1::PullRequest req;
+    req.set_incarnation(state_.incarnation);  // min_version 0: answered at once (sync)
+    std::vector<std::string> msgs;
+    grpc::Status s = raw_->Pull(req.SerializeAsString(), &msgs, kHangDeadline);
+    if (!s.ok()) {
+      return absl::InternalError(
+          absl::StrCat(when, ": a valid pull failed: ", s.error_code(), " ", s.error_message()));
+    }
+    uint64_t bytes = 0;
+    int64_t nonfinite = 0;
+    for (size_t i = 1; i < msgs.size(); ++i) {
+      v1::PullResponse m;
+      if (!m.ParseFromString(msgs[i]) || !m.has_chunk()) {
+        return absl::InternalError(absl::StrCat(when, ": pull message ", i, " is not a chunk"));
+      }
+      const std::string& d = m.chunk().data();
+      bytes += d.size();
+      for (size_t k = 0; k + 4 <= d.size(); k += 4) {
+        float f;
+        std::memcpy(&f, d.data() + k, 4);
+        if (!std::isfinite(f)) ++nonfinite;
+      }
+    }
+    if (bytes != state_.gradient_bytes) {
+      return absl::InternalError(absl::StrCat(when, ": a valid pull carried ", bytes,
+                                              " bytes, not ", state_.gradient_bytes));
+    }
+    if (nonfinite > 0) {
+      return absl::InternalError(absl::StrCat(when, ": ", nonfinite, " non-finite parameters"));
+    }
+    return absl::OkStatus();
+  }
+
+  grpc::Status Send(const Case& c) {
+    const absl::Duration deadline = c.may_hold ? kHoldDeadline : kHangDeadline;
+    switch (c.kind) {
+      case Case::Kind::kUnary:
+        return raw_->Unary(c.method, c.messages[0], nullptr, deadline);
+      case Case::Kind::kPull:
+        return raw_->Pull(c.messages[0], nullptr, deadline);
+      case Case::Kind::kPush:
+        return raw_->Push(c.messages, c.end, nullptr, nullptr, deadline);
+    }
+    return grpc::Status::OK;
+  }
+
+  // Whether the pull, as the PS will parse it, may wait for a version.
+  bool MayHold(const Case& c) const {
+    v1::PullRequest r;
+    if (!r.ParseFromString(c.messages[0])) return false;
+    return r.min_version() > state_.version;
+  }
+
+  std::unique_ptr<PsProcess> ps_;
+  std::unique_ptr<RawPsClient> raw_;
+  ShardState state_;
+};
+
+TEST_F(PsWireFuzzTest, MutatedPushesPullsAndGetInfoNeverCrashHangOrPoisonTheShard) {
+  const uint64_t seed = static_cast<uint64_t>(
+      EnvInt("FUZZ_SEED", static_cast<int64_t>(std::random_device()() & 0x7fffffff)));
+  const int64_t min_cases = EnvInt("FUZZ_MIN_CASES", 300);
+  const int64_t max_cases = std::max(min_cases, EnvInt("FUZZ_MAX_CASES", 200000));
+  const absl::Duration run_for = absl::Seconds(EnvInt("FUZZ_SECONDS", 60));
+  std::printf("ps wire fuzz: seed %llu (FUZZ_SEED=%llu repeats it), %lld..%lld cases, %s\n",
+              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed),
+              static_cast<long long>(min_cases), static_cast<long long>(max_cases),
+              absl::FormatDuration(run_for).c_str());
+  std::fflush(stdout);
+  Rng rng(seed);
+  const std::vector<Target> targets = Targets();
+  std::vector<std::map<int, int64_t>> codes(targets.size());
+  int64_t mutated = 0;
+  const absl::Time start = absl::Now();
+  int64_t n = 0;
+  for (; n < max_cases && (n < min_cases || absl::Now() - start < run_for); ++n) {
+    ASSERT_TRUE(Refresh().ok()) << "case " << n << " (seed " << seed << "): GetInfo failed";
+    const size_t t = rng() % targets.size();
+    const bool mutate = !OneIn(rng, 8);  // some valid requests keep the shard moving
+    Case c = targets[t].make(rng, state_, mutate);
+    if (mutate && (c.what.empty() || OneIn(rng, 2))) {
+      const int k = 1 + static_cast<int>(rng() % 3);
+      for (int i = 0; i < k; ++i) MutateBytes(rng, &c);
+    }
+    mutated += !c.what.empty();
+    if (c.kind == Case::Kind::kPull) c.may_hold = MayHold(c);
+    const grpc::Status s = Send(c);
+    const std::string where = absl::StrCat("case ", n, " (seed ", seed, ") ", targets[t].name, ":",
+                                           c.what.empty() ? " valid" : c.what);
+    std::string how;
+    ASSERT_TRUE(ps_->Running(&how)) << where << ": the PS died (" << how << ")";
+    const grpc::StatusCode code = s.error_code();
+    ++codes[t][code];
+    if (code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      ASSERT_TRUE(c.may_hold) << where << ": no answer within "
+                              << absl::FormatDuration(kHangDeadline) << " (hang)";
+    } else if (code != grpc::StatusCode::OK) {
+      ASSERT_TRUE(code == grpc::StatusCode::INVALID_ARGUMENT ||
+                  code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                  code == grpc::StatusCode::CANCELLED)
+          << where << ": answered " << code << " " << s.error_message();
+      ASSERT_FALSE(s.error_message().empty()) << where << ": " << code << " without a message";
+      if (code == grpc::StatusCode::CANCELLED) {
+        // Only the client's own cancel (or a deadline it set) ends a call so.
+        ASSERT_TRUE(c.end == RawPsClient::End::kCancel || c.may_hold)
+            << where << ": CANCELLED " << s.error_message();
+      }
+    }
+    if (n % 64 == 63) {
+      absl::Status v = CheckValues(where);
+      ASSERT_TRUE(v.ok()) << v;
+    }
+  }
+  // Still a working shard: a valid pull, and a valid step of both workers
+  // advances the version.
+  ASSERT_TRUE(Refresh().ok());
+  absl::Status v = CheckValues(absl::StrCat("after ", n, " cases (seed ", seed, ")"));
+  ASSERT_TRUE(v.ok()) << v;
+  const int64_t before = state_.version;
+  for (int w = 0; w < kWorkers; ++w) {
+    std::vector<PartGradient> grads = state_.parts;
+    grpc::Status s = raw_->Push(EncodePush(ValidPushHeader(rng, state_, w), grads, kChunkBytes / 4),
+                                RawPsClient::End::kHalfClose, nullptr, nullptr, kHangDeadline);
+    ASSERT_TRUE(s.ok()) << "valid push of worker " << w << ": " << s.error_message();
+  }
+  ASSERT_TRUE(Refresh().ok());
+  EXPECT_GT(state_.version, before);
+  v = CheckValues("after the final step");
+  ASSERT_TRUE(v.ok()) << v;
+  std::printf("ps wire fuzz: %lld cases (%lld mutated) in %s, seed %llu, shard at version %lld\n",
+              static_cast<long long>(n), static_cast<long long>(mutated),
+              absl::FormatDuration(absl::Now() - start).c_str(),
+              static_cast<unsigned long long>(seed), static_cast<long long>(state_.version));
+  for (size_t t = 0; t < targets.size(); ++t) {
+    std::string line;
+    for (const auto& [code, count] : codes[t]) absl::StrAppend(&line, " code", code, "=", count);
+    std::printf("  %s:%s\n", targets[t].name, line.c_str());
+  }
+}
+
+}  // namespace
+}  // namespace kubetrain
