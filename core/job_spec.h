@@ -32,6 +32,8 @@ struct ReplicaSpec {
   RestartPolicy restart_policy = RestartPolicy::kNever;
   // The pod template, kept as YAML text; only the operator interprets it.
   std::string template_yaml;
+  // The template names at least one container of its own (template.spec.containers).
+  bool own_containers = false;
 };
 
 struct RunPolicy {
@@ -93,6 +95,11 @@ struct TrainingJob {
   RunPolicy run_policy;
   std::string success_policy;  // "" (chief or worker 0) | "AllWorkers"
   TrainingSpec training;
+  // False when spec.training is omitted, which is allowed only when every
+  // replica's template names its own containers: the user's program (e.g. an
+  // unmodified TensorFlow one) gets TF_CONFIG, Services and the lifecycle, and
+  // no kubetrain runtime runs; `training` then holds unused defaults.
+  bool has_training = true;
 
   int num_ps() const;
   int num_workers() const;

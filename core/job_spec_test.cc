@@ -815,12 +815,50 @@ metadata: {name: x}
 spec:
   replicaSpecs: {PS: {}, Worker: {}}
 )"),
-            "spec.training: required");
+            "spec.training: required (spec.replicaSpecs.PS.template names no containers of its "
+            "own, so it runs kubetrain's runtime, which trains what spec.training says)");
   EXPECT_EQ(ErrorOf("apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: "
                     "{name: x}\n"),
             "spec: required");
   EXPECT_EQ(ErrorOf("apiVersion: kubetrain.io/v1\nkind: TrainingJob\nspec: {}\n"),
             "metadata: required");
+}
+
+// A TFJob user's program: every replica names its own containers, so
+// spec.training may be left out; one replica without them needs it again.
+TEST(JobSpecTest, TrainingIsOptionalWhenEveryReplicaBringsItsContainers) {
+  const std::string own = R"(
+apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata: {name: tf}
+spec:
+  replicaSpecs:
+    Chief: {template: {spec: {containers: [{name: tensorflow, image: tf:1}]}}}
+    PS: {replicas: 2, template: {spec: {containers: [{name: tensorflow, image: tf:1}]}}}
+    Worker: {replicas: 2, template: {spec: {containers: [{name: tensorflow, image: tf:1}]}}}
+)";
+  auto job = ParseTrainingJob(own);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(job->has_training);
+  EXPECT_EQ(job->num_ps(), 2);
+  EXPECT_EQ(job->chief_task_type(), "chief");
+  for (const auto& [type, replica] : job->replica_specs)
+    EXPECT_TRUE(replica.own_containers) << type;
+
+  std::string mixed = own;
+  mixed.replace(mixed.find("PS: {replicas: 2, template: {spec: {containers: [{name: tensorflow, "
+                           "image: tf:1}]}}}"),
+                std::string("PS: {replicas: 2, template: {spec: {containers: [{name: tensorflow, "
+                            "image: tf:1}]}}}")
+                    .size(),
+                "PS: {replicas: 2, template: {spec: {containers: []}}}");
+  EXPECT_EQ(ErrorOf(mixed),
+            "spec.training: required (spec.replicaSpecs.PS.template names no containers of its "
+            "own, so it runs kubetrain's runtime, which trains what spec.training says)");
+
+  auto with_training = ParseTrainingJob(own + "  training: {steps: 10}\n");
+  ASSERT_TRUE(with_training.ok()) << with_training.status();
+  EXPECT_TRUE(with_training->has_training);
 }
 
 TEST(JobSpecErrors, ValidateCatchesProgrammaticJobs) {
