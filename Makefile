@@ -15,9 +15,9 @@ DEB_PACKAGES := bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-g
 # Only for the tests and `make images` (`make deps`, not `make build-deps`), and
 # only in a clone (the Dockerfiles' builder stage runs `make deps` with the
 # Makefile alone): buildah and debootstrap build the images, ca-certificates
-# for the Go module proxy; Go >= 1.21 comes from bookworm-backports when
+# for the Go module proxy, iproute2 for the node agent's pod network; Go >= 1.21 comes from bookworm-backports when
 # missing (tests/cluster/install-go.sh).
-TEST_DEB_PACKAGES := buildah debootstrap ca-certificates
+TEST_DEB_PACKAGES := buildah debootstrap ca-certificates iproute2
 BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker operator/kubetrain-operator
 # $(call apt_install,PACKAGES): a shell snippet installing them as root.
 apt_install = echo "installing:" $(1); \
@@ -33,7 +33,7 @@ E2E_DEPS := build $(if $(filter 0,$(E2E_IMAGES)),,images)
 # The first python3 on PATH that has pytest (Debian's python3-pytest otherwise).
 PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest" 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: all deps build-deps images lint format build demo demo-async demo-softmax test unit-test integration-test operator-test scale-test packaging-test \
+.PHONY: all deps build-deps images lint format build demo demo-async demo-softmax test unit-test integration-test operator-test scale-test tf-compat-test packaging-test \
   cluster-up cluster-down asan tsan fuzz clean
 
 all: build
@@ -90,6 +90,14 @@ operator-test: $(E2E_DEPS)
 scale-test: build
 	tests/cluster/build.sh
 	tests/scale/run_scale.py --jobs 1000
+
+# An unmodified TensorFlow 2 ParameterServerStrategy program (examples/tensorflow)
+# as a TrainingJob on the test cluster. Opt-in, not in make test: it installs
+# tensorflow-cpu and tf-keras from PyPI into a cached virtualenv (~2 GiB).
+tf-compat-test: build
+	tests/cluster/build.sh
+	tests/tensorflow/setup-venv.sh >/dev/null
+	$(PYTHON) -m pytest -q -s tests/tensorflow
 
 # Images (every shared library the binaries need is installed by the image;
 # the built images run: binaries as uid 65532 on a read-only root, training),

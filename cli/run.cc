@@ -69,6 +69,14 @@ int RunJob(const RunOptions& options) {
     std::fprintf(stderr, "error: %s\n", std::string(job.status().message()).c_str());
     return 2;
   }
+  if (!job->has_training) {
+    std::fprintf(stderr,
+                 "error: %s: spec.training: required by kubetrain run (without it every replica "
+                 "runs its own containers, which only a Kubernetes cluster runs: kubectl apply -f "
+                 "%s)\n",
+                 options.job_file.c_str(), options.job_file.c_str());
+    return 2;
+  }
   if (options.restart_policy) {
     for (auto& [key, replica] : job->replica_specs)
       replica.restart_policy = *options.restart_policy;

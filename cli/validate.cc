@@ -30,6 +30,13 @@ int ValidateCommand(const std::string& file, const std::string& memory_limit, st
     std::fprintf(err, "error: %s\n", std::string(job.status().message()).c_str());
     return 2;
   }
+  if (!job->has_training) {  // the user's own containers: nothing of kubetrain's to size
+    std::fprintf(out,
+                 "%s: valid TrainingJob \"%s\": the replicas' own containers (no spec.training: "
+                 "TF_CONFIG, Services and the lifecycle only), %d PS, %d workers\n",
+                 file.c_str(), job->name.c_str(), job->num_ps(), job->num_workers());
+    return 0;
+  }
   // Each task on a node of its own (Kubernetes): each must fit the limit.
   if (absl::Status s = CheckModelFitsMemory(*job, *limit, /*tasks_share_limit=*/false); !s.ok()) {
     std::fprintf(err, "error: %s: %s\n", file.c_str(), std::string(s.message()).c_str());

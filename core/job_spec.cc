@@ -364,6 +364,8 @@ absl::Status ParseReplicaSpecs(const YAML::Node& node, const std::string& path,
                             absl::StrCat("cannot re-emit: ", emitter.GetLastError()));
         }
         spec.template_yaml = emitter.c_str();
+        const YAML::Node containers = (*n)["spec"] ? (*n)["spec"]["containers"] : YAML::Node();
+        spec.own_containers = containers && containers.IsSequence() && containers.size() > 0;
       }
     }
     out->emplace(type, std::move(spec));
@@ -721,9 +723,9 @@ absl::Status ParseColumn(const YAML::Node& node, const std::string& path, Column
 
 const std::vector<std::string>& DatasetKeys() {
   static const auto* keys = new std::vector<std::string>{
-      "name",        "path",      "format",        "trainFiles",    "testPath",    "testFiles",
-      "header",      "delimiter", "commentPrefix", "missingValues", "onBadRecord", "columns",
-      "numFeatures", "indexBase", "labels",        "numClasses"};
+      "name",        "path",      "format",        "trainFiles",    "testPath",     "testFiles",
+      "header",      "delimiter", "commentPrefix", "missingValues", "onBadRecord",  "columns",
+      "numFeatures", "indexBase", "labels",        "numClasses",    "shuffleBuffer"};
   return *keys;
 }
 
@@ -792,6 +794,9 @@ absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
       return FieldError(f.PathOf(key), absl::StrCat("only applies to format ", formats));
     }
   }
+  KT_RETURN_IF_ERROR(ReadInt64(f, "shuffleBuffer", &out->shuffle_buffer));
+  KT_RETURN_IF_ERROR(
+      CheckRange(f.PathOf("shuffleBuffer"), out->shuffle_buffer, int64_t{1}, int64_t{1} << 26));
   if (out->dataset_format == "idx") {
     KT_RETURN_IF_ERROR(ReadString(f, "name", &out->dataset_name));
     KT_RETURN_IF_ERROR(ReadString(f, "path", &out->dataset_path));
@@ -1007,7 +1012,7 @@ absl::Status ParseOptimizer(const Fields& training, OptimizerSpec* out) {
 
 absl::Status ParseTraining(const Fields& spec, TrainingSpec* out) {
   const YAML::Node* node = spec.Get("training");
-  if (node == nullptr) return FieldError(spec.PathOf("training"), "required");
+  if (node == nullptr) return FieldError(spec.PathOf("training"), "required");  // see ParseDocument
   Fields f;
   KT_RETURN_IF_ERROR(
       Fields::Read(*node, spec.PathOf("training"),
@@ -1107,7 +1112,20 @@ absl::Status ParseDocument(const YAML::Node& root, TrainingJob* job) {
   KT_RETURN_IF_ERROR(ParseReplicaSpecs(*replicas, "spec.replicaSpecs", &job->replica_specs));
   KT_RETURN_IF_ERROR(ParseRunPolicy(spec, &job->run_policy));
   KT_RETURN_IF_ERROR(ReadString(spec, "successPolicy", &job->success_policy));
-  KT_RETURN_IF_ERROR(ParseTraining(spec, &job->training));
+  job->has_training = spec.Has("training");
+  if (job->has_training) {
+    KT_RETURN_IF_ERROR(ParseTraining(spec, &job->training));
+  } else {
+    for (const auto& [type, replica] : job->replica_specs) {
+      if (!replica.own_containers) {
+        return FieldError(
+            "spec.training",
+            absl::StrCat("required (spec.replicaSpecs.", type,
+                         ".template names no containers of its own, so it runs kubetrain's "
+                         "runtime, which trains what spec.training says)"));
+      }
+    }
+  }
 
   return ValidateTrainingJob(*job);
 }
@@ -1553,7 +1571,7 @@ absl::Status ValidateTrainingJob(const TrainingJob& job) {
     return FieldError("spec.successPolicy", absl::StrCat("must be \"\" or \"AllWorkers\", got ",
                                                          Quote(job.success_policy)));
   }
-  return ValidateTraining(job);
+  return job.has_training ? ValidateTraining(job) : absl::OkStatus();
 }
 
 absl::Status ParseDatasetSection(const std::string& yaml_text, TrainingSpec* out) {

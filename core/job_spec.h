@@ -32,6 +32,8 @@ struct ReplicaSpec {
   RestartPolicy restart_policy = RestartPolicy::kNever;
   // The pod template, kept as YAML text; only the operator interprets it.
   std::string template_yaml;
+  // The template names at least one container of its own (template.spec.containers).
+  bool own_containers = false;
 };
 
 struct RunPolicy {
@@ -67,7 +69,8 @@ struct TrainingSpec {
   std::string dataset_path = "/usr/share/datasets/fashion-mnist";  // format idx: the directory
   std::string dataset_format = "idx";                              // "idx" | "csv"
   TabularSpec tabular;                                             // format csv
-  std::string dataset_yaml;  // the dataset section as written ("" if absent), for model files
+  std::string dataset_yaml;        // the dataset section as written ("" if absent), for model files
+  int64_t shuffle_buffer = 65536;  // records each worker's shuffle buffer holds (core/dataset.h)
   OptimizerSpec optimizer;
   // The wide part's tables (model.wide.optimizer); unset: `optimizer`.
   std::optional<OptimizerSpec> wide_optimizer;
@@ -96,6 +99,11 @@ struct TrainingJob {
   RunPolicy run_policy;
   std::string success_policy;  // "" (chief or worker 0) | "AllWorkers"
   TrainingSpec training;
+  // False when spec.training is omitted, which is allowed only when every
+  // replica's template names its own containers: the user's program (e.g. an
+  // unmodified TensorFlow one) gets TF_CONFIG, Services and the lifecycle, and
+  // no kubetrain runtime runs; `training` then holds unused defaults.
+  bool has_training = true;
 
   int num_ps() const;
   int num_workers() const;

@@ -759,6 +759,14 @@ TEST(JobSpecTest, LibsvmDataset) {
                                 "layers: [{type: dense, units: 1}], head: meanSquaredError"));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->training.model.num_classes, 0);
+  EXPECT_EQ(job->training.shuffle_buffer, 65536);
+  job = ParseTrainingJob(Libsvm(", numFeatures: 8, shuffleBuffer: 1000"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->training.shuffle_buffer, 1000);
+  job = ParseTrainingJob(
+      Replace("    optimizer:", "    dataset: {shuffleBuffer: 10}\n    optimizer:"));
+  ASSERT_TRUE(job.ok()) << job.status();  // every format streams
+  EXPECT_EQ(job->training.shuffle_buffer, 10);
 }
 
 TEST(JobSpecErrors, LibsvmDataset) {
@@ -768,6 +776,8 @@ TEST(JobSpecErrors, LibsvmDataset) {
                 "feature index, plus 1 with indexBase 0)");
   EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 0")),
             d + "numFeatures: must be in [1, 16777216], got 0");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, shuffleBuffer: 0")),
+            d + "shuffleBuffer: must be in [1, 67108864], got 0");
   EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, indexBase: 2")),
             d + "indexBase: must be 0 or 1, got 2");
   EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, labels: multi")),
@@ -807,12 +817,50 @@ metadata: {name: x}
 spec:
   replicaSpecs: {PS: {}, Worker: {}}
 )"),
-            "spec.training: required");
+            "spec.training: required (spec.replicaSpecs.PS.template names no containers of its "
+            "own, so it runs kubetrain's runtime, which trains what spec.training says)");
   EXPECT_EQ(ErrorOf("apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: "
                     "{name: x}\n"),
             "spec: required");
   EXPECT_EQ(ErrorOf("apiVersion: kubetrain.io/v1\nkind: TrainingJob\nspec: {}\n"),
             "metadata: required");
+}
+
+// A TFJob user's program: every replica names its own containers, so
+// spec.training may be left out; one replica without them needs it again.
+TEST(JobSpecTest, TrainingIsOptionalWhenEveryReplicaBringsItsContainers) {
+  const std::string own = R"(
+apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata: {name: tf}
+spec:
+  replicaSpecs:
+    Chief: {template: {spec: {containers: [{name: tensorflow, image: tf:1}]}}}
+    PS: {replicas: 2, template: {spec: {containers: [{name: tensorflow, image: tf:1}]}}}
+    Worker: {replicas: 2, template: {spec: {containers: [{name: tensorflow, image: tf:1}]}}}
+)";
+  auto job = ParseTrainingJob(own);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(job->has_training);
+  EXPECT_EQ(job->num_ps(), 2);
+  EXPECT_EQ(job->chief_task_type(), "chief");
+  for (const auto& [type, replica] : job->replica_specs)
+    EXPECT_TRUE(replica.own_containers) << type;
+
+  std::string mixed = own;
+  mixed.replace(mixed.find("PS: {replicas: 2, template: {spec: {containers: [{name: tensorflow, "
+                           "image: tf:1}]}}}"),
+                std::string("PS: {replicas: 2, template: {spec: {containers: [{name: tensorflow, "
+                            "image: tf:1}]}}}")
+                    .size(),
+                "PS: {replicas: 2, template: {spec: {containers: []}}}");
+  EXPECT_EQ(ErrorOf(mixed),
+            "spec.training: required (spec.replicaSpecs.PS.template names no containers of its "
+            "own, so it runs kubetrain's runtime, which trains what spec.training says)");
+
+  auto with_training = ParseTrainingJob(own + "  training: {steps: 10}\n");
+  ASSERT_TRUE(with_training.ok()) << with_training.status();
+  EXPECT_TRUE(with_training->has_training);
 }
 
 TEST(JobSpecErrors, ValidateCatchesProgrammaticJobs) {

@@ -250,13 +250,16 @@ void Col2ImAdd(const WindowGeometry& g, const RowMatrix& col, int batch, float* 
 void ConvForward(const WindowGeometry& g, const float* in, int batch, const float* kernel,
                  const float* bias, int filters, RowMatrix* col, RowMatrix* out) {
   Im2Col(g, in, batch, col);
-  ConstMatrixMap k(kernel, g.patch_size(), filters);
-  RowMatrix z(col->rows(), filters);
-  z.noalias() = *col * k;
-  z.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias, filters);
-  // (batch*positions) x filters is, row-major, batch x positions*filters.
+  // (batch*positions) x filters is, row-major, batch x positions*filters:
+  // the GEMM writes the layer's output in place.
   out->resize(batch, g.positions() * filters);
-  std::memcpy(out->data(), z.data(), sizeof(float) * z.size());
+  MatrixMap z(out->data(), col->rows(), filters);
+  z.noalias() = *col * ConstMatrixMap(kernel, g.patch_size(), filters);
+  float* o = out->data();
+  for (int64_t r = 0; r < z.rows(); ++r, o += filters) {
+#pragma omp simd
+    for (int f = 0; f < filters; ++f) o[f] += bias[f];
+  }
 }
 
 void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out) {
@@ -284,6 +287,7 @@ void MaxPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatr
                     std::vector<int32_t>* argmax) {
   const int64_t in_size = int64_t{g.in_h} * g.in_w * g.in_c;
   const int64_t out_size = g.positions() * g.in_c;
+  const int c_count = g.in_c;
   out->resize(batch, out_size);
   argmax->resize(static_cast<size_t>(batch) * out_size);
   for (int b = 0; b < batch; ++b) {
@@ -292,23 +296,29 @@ void MaxPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatr
     int32_t* arg = argmax->data() + b * out_size;
     for (int oy = 0; oy < g.out_h; ++oy) {
       for (int ox = 0; ox < g.out_w; ++ox) {
-        for (int c = 0; c < g.in_c; ++c) {
-          float best = -std::numeric_limits<float>::infinity();
-          int32_t best_index = -1;
-          for (int ky = 0; ky < g.k; ++ky) {
-            for (int kx = 0; kx < g.k; ++kx) {
-              const int32_t index =
-                  ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c + c;
-              // ">" keeps the first maximum: ties route the gradient to one input.
-              if (best_index < 0 || image[index] > best) {
-                best = image[index];
-                best_index = index;
-              }
+        // All channels of a window at once (HWC: channels are contiguous):
+        // start from its first pixel, then keep the first maximum (">"), so
+        // ties route the gradient to one input.
+        const int64_t at = (int64_t{oy} * g.out_w + ox) * c_count;
+        float* best = o + at;
+        int32_t* best_index = arg + at;
+        const int32_t first = ((oy * g.stride) * g.in_w + ox * g.stride) * c_count;
+#pragma omp simd
+        for (int c = 0; c < c_count; ++c) {
+          best[c] = image[first + c];
+          best_index[c] = first + c;
+        }
+        for (int ky = 0; ky < g.k; ++ky) {
+          for (int kx = ky == 0 ? 1 : 0; kx < g.k; ++kx) {
+            const int32_t index = ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * c_count;
+            const float* src = image + index;
+#pragma omp simd
+            for (int c = 0; c < c_count; ++c) {
+              const bool greater = src[c] > best[c];
+              best[c] = greater ? src[c] : best[c];
+              best_index[c] = greater ? index + c : best_index[c];
             }
           }
-          const int64_t at = (int64_t{oy} * g.out_w + ox) * g.in_c + c;
-          o[at] = best;
-          arg[at] = best_index;
         }
       }
     }
@@ -372,11 +382,17 @@ void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* 
   }
 }
 
+// ReLU as plain loops: Eigen 3.4 does not vectorise select(); these compute
+// the same values (z > 0 ? z : 0, NaN and -0 give 0) in vector registers.
 void ApplyActivation(Activation a, RowMatrix* z) {
   switch (a) {
-    case Activation::kRelu:
-      *z = (z->array() > 0.0f).select(z->array(), 0.0f);
+    case Activation::kRelu: {
+      float* p = z->data();
+      const int64_t n = z->size();
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) p[i] = p[i] > 0.0f ? p[i] : 0.0f;
       break;
+    }
     case Activation::kTanh:
       *z = z->array().tanh();
       break;
@@ -390,10 +406,15 @@ void ApplyActivation(Activation a, RowMatrix* z) {
 
 void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy) {
   switch (a) {
-    case Activation::kRelu:
+    case Activation::kRelu: {
       // Pass through where the activation was positive.
-      *dy = (y.array() > 0.0f).select(dy->array(), 0.0f);
+      const float* py = y.data();
+      float* pd = dy->data();
+      const int64_t n = dy->size();
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) pd[i] = py[i] > 0.0f ? pd[i] : 0.0f;
       break;
+    }
     case Activation::kTanh:
       dy->array() *= 1.0f - y.array().square();
       break;

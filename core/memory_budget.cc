@@ -46,12 +46,14 @@ int64_t MachineMemory(const std::string& root) {
 
 std::string TaskLabel(const std::string& type, int index) { return absl::StrCat(type, ":", index); }
 
-absl::Status TooBig(const std::string& who, int64_t need, const std::string& breakdown,
-                    const MemoryLimit& limit) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("spec.training.model: needs at least ", FormatBytes(need), " on ", who, " (",
-                   breakdown, "), more than the ", FormatBytes(limit.bytes), " of ", limit.source,
-                   "; use fewer or smaller hiddenUnits, more PS replicas, or more memory"));
+absl::Status TooBig(const TrainingJob& job, const std::string& who, int64_t need,
+                    const std::string& breakdown, const MemoryLimit& limit) {
+  const bool layer_list = job.training.model.type == "layers";
+  return absl::InvalidArgumentError(absl::StrCat(
+      "spec.training.model: needs at least ", FormatBytes(need), " on ", who, " (", breakdown,
+      "), more than the ", FormatBytes(limit.bytes), " of ", limit.source, "; use ",
+      layer_list ? "smaller layers or a smaller batchSize" : "fewer or smaller hiddenUnits",
+      ", more PS replicas, or more memory"));
 }
 
 }  // namespace
@@ -149,6 +151,46 @@ int64_t PsCopies(const TrainingJob& job) {
   return 1 + slots + 1 + 1 + snapshot;
 }
 
+// One training step's activations at `batch` examples (what Model::
+// LossAndGradients keeps for its backward pass, plus conv2d's patch
+// gradient), with the layer that holds most of them. The shorthands'
+// layers are dense, so their figure is small and no layer is named.
+void AddActivations(const Model& model, int64_t batch, ModelMemory* m) {
+  const ModelSpec& spec = model.spec();
+  std::vector<LayerSpec> layers = spec.layers;
+  if (spec.type != "layers") {
+    layers.clear();
+    for (int units : spec.hidden_units) layers.push_back(LayerSpec{LayerType::kDense, units});
+    layers.push_back(LayerSpec{LayerType::kDense, spec.num_classes});
+  }
+  Shape shape = model.input_shape();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& layer = layers[i];
+    auto out = OutputShape(layer, shape);
+    if (!out.ok()) return;               // Model::Create accepted it: cannot happen
+    int64_t floats = NumElements(*out);  // the output
+    std::string what = absl::StrCat(LayerTypeName(layer.type), ": output ", ShapeString(*out));
+    if (layer.type == LayerType::kConv2D) {
+      const WindowGeometry g = MakeWindowGeometry(layer, shape);
+      floats += 2 * g.positions() * g.patch_size();
+      what = absl::StrCat("conv2d: im2col patches [", batch * g.positions(), " x ", g.patch_size(),
+                          "] and their gradient");
+    } else if (layer.type == LayerType::kMaxPool2D) {
+      floats += NumElements(*out);  // int32 argmax per output
+    } else if (layer.type == LayerType::kDropout) {
+      floats += NumElements(shape);  // the mask
+    }
+    const int64_t bytes = floats * batch * 4;
+    m->activation_bytes += bytes;
+    if (spec.type == "layers" && bytes > m->largest_layer_bytes) {
+      m->largest_layer = static_cast<int>(i);
+      m->largest_layer_bytes = bytes;
+      m->largest_layer_what = what;
+    }
+    shape = *out;
+  }
+}
+
 int ReaderTasks(const TrainingJob& job) {
   return job.num_workers() + static_cast<int>(job.replica_specs.count("Chief")) +
          static_cast<int>(job.replica_specs.count("Evaluator"));
@@ -174,7 +216,8 @@ absl::StatusOr<ModelMemory> EstimateModelMemory(const TrainingJob& job) {
     }
   }
   m.largest_ps_bytes = m.largest_shard_bytes * per_ps_factor;
-  m.reader_bytes = 2 * m.model_bytes;
+  AddActivations(*model, std::max(1, job.training.batch_size), &m);
+  m.reader_bytes = 2 * m.model_bytes + m.activation_bytes;
   m.all_tasks_bytes += ReaderTasks(job) * m.reader_bytes;
   return m;
 }
@@ -192,8 +235,15 @@ std::string PsBreakdown(const TrainingJob& job, const ModelMemory& m) {
       job.training.checkpoint_dir.empty() ? "" : ", and a checkpoint snapshot");
 }
 
-std::string ReaderBreakdown(const ModelMemory& m) {
-  return absl::StrCat(FormatBytes(m.model_bytes), " of parameters x 2: values and gradients");
+std::string ReaderBreakdown(const TrainingJob& job, const ModelMemory& m) {
+  std::string text = absl::StrCat(
+      FormatBytes(m.model_bytes), " of parameters x 2: values and gradients, and ",
+      FormatBytes(m.activation_bytes), " of activations for a batch of ", job.training.batch_size);
+  if (m.largest_layer >= 0) {
+    absl::StrAppend(&text, ", ", FormatBytes(m.largest_layer_bytes), " of them in layers[",
+                    m.largest_layer, "] ", m.largest_layer_what);
+  }
+  return text;
 }
 
 }  // namespace
@@ -204,16 +254,18 @@ absl::Status CheckModelFitsMemory(const TrainingJob& job, const MemoryLimit& lim
   auto m = EstimateModelMemory(job);
   if (!m.ok()) return m.status();
   if (m->largest_ps_bytes > limit.bytes) {
-    return TooBig(TaskLabel("ps", m->largest_ps), m->largest_ps_bytes, PsBreakdown(job, *m), limit);
+    return TooBig(job, TaskLabel("ps", m->largest_ps), m->largest_ps_bytes, PsBreakdown(job, *m),
+                  limit);
   }
   if (m->reader_bytes > limit.bytes) {
-    return TooBig("each worker", m->reader_bytes, ReaderBreakdown(*m), limit);
+    return TooBig(job, "each worker", m->reader_bytes, ReaderBreakdown(job, *m), limit);
   }
   if (tasks_share_limit && m->all_tasks_bytes > limit.bytes) {
     return TooBig(
+        job,
         absl::StrCat("this machine, for all ", job.num_ps() + ReaderTasks(job), " tasks together"),
         m->all_tasks_bytes,
-        absl::StrCat("the PS tasks' shards and ", ReaderBreakdown(*m), " per worker"), limit);
+        absl::StrCat("the PS tasks' shards and ", ReaderBreakdown(job, *m), " per worker"), limit);
   }
   return absl::OkStatus();
 }
@@ -233,13 +285,14 @@ absl::Status CheckTaskFitsMemory(const TrainingJob& job, const std::string& task
     mine.largest_shard_bytes = placement.ShardBytes(task_index);
     mine.largest_ps_bytes = mine.largest_shard_bytes * PsCopies(job);
     if (mine.largest_ps_bytes > limit.bytes) {
-      return TooBig(TaskLabel("ps", task_index), mine.largest_ps_bytes, PsBreakdown(job, mine),
+      return TooBig(job, TaskLabel("ps", task_index), mine.largest_ps_bytes, PsBreakdown(job, mine),
                     limit);
     }
     return absl::OkStatus();
   }
   if (m->reader_bytes > limit.bytes) {
-    return TooBig(TaskLabel(task_type, task_index), m->reader_bytes, ReaderBreakdown(*m), limit);
+    return TooBig(job, TaskLabel(task_type, task_index), m->reader_bytes, ReaderBreakdown(job, *m),
+                  limit);
   }
   return absl::OkStatus();
 }

@@ -10,7 +10,10 @@
 //   PS task i:  its shard's parameters x (1 value + optimizer slots + 1 sync
 //               accumulator + 1 gradient buffer), plus (1 + slots) more for the
 //               checkpoint snapshot when checkpoints are on;
-//   worker / chief / evaluator: the whole model x 2 (parameters + gradients).
+//   worker / chief / evaluator: the whole model x 2 (parameters + gradients),
+//               plus one training step's activations at batchSize: every
+//               layer's output, conv2d's im2col patches (and the same again
+//               for their gradient), dropout masks, max-pool indices.
 #ifndef KUBETRAIN_CORE_MEMORY_BUDGET_H_
 #define KUBETRAIN_CORE_MEMORY_BUDGET_H_
 
@@ -52,7 +55,11 @@ struct ModelMemory {
   int largest_ps = 0;               // its index
   int64_t largest_shard_bytes = 0;  // its parameters
   int64_t reader_bytes = 0;         // a worker, chief or evaluator task
-  int64_t all_tasks_bytes = 0;      // every task of the job together
+  int64_t activation_bytes = 0;     // of reader_bytes: one step's activations
+  int largest_layer = -1;           // the layer holding most of them (-1: none)
+  int64_t largest_layer_bytes = 0;
+  std::string largest_layer_what;  // "conv2d: im2col patches [12544 x 288] and their gradient"
+  int64_t all_tasks_bytes = 0;     // every task of the job together
 };
 
 // REQUIRES: `job` is valid (ValidateTrainingJob).

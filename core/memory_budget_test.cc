@@ -45,8 +45,12 @@ TEST(MemoryBudgetTest, CountsParametersOptimizerSlotsAndBuffers) {
   EXPECT_EQ(sgd->model_bytes, model);
   EXPECT_EQ(sgd->largest_shard_bytes, model);
   EXPECT_EQ(sgd->largest_ps_bytes, model * 3);  // values, accumulator, gradient buffer
-  EXPECT_EQ(sgd->reader_bytes, model * 2);
-  EXPECT_EQ(sgd->all_tasks_bytes, model * 3 + 2 * model * 2);
+  // + one step's activations: the 64 and 10 outputs of batchSize 100 examples.
+  const int64_t activations = (64 + 10) * 100 * 4;
+  EXPECT_EQ(sgd->activation_bytes, activations);
+  EXPECT_EQ(sgd->largest_layer, -1);  // shorthands name no layer
+  EXPECT_EQ(sgd->reader_bytes, model * 2 + activations);
+  EXPECT_EQ(sgd->all_tasks_bytes, model * 3 + 2 * (model * 2 + activations));
   auto adam = EstimateModelMemory(Job({64}, "adam"));
   EXPECT_EQ(adam->largest_ps_bytes, model * 5);  // + m and v
   TrainingJob checkpointed = Job({64}, "adam");
@@ -75,6 +79,59 @@ TEST(MemoryBudgetTest, TheIssuesModelIsRefusedNamingTheModelAndTheLimit) {
   s = CheckModelFitsMemory(job, flag, true);
   EXPECT_CONTAINS(std::string(s.message()), "on this machine, for all 10 tasks together");
   EXPECT_CONTAINS(std::string(s.message()), "--memory-limit 64Gi");
+}
+
+// The fashion-mnist-cnn example's layers.
+TrainingJob Cnn(int batch_size) {
+  TrainingJob job = Job({}, "adam", 2);
+  ModelSpec& m = job.training.model;
+  m.type = "layers";
+  m.hidden_units.clear();
+  m.input_shape = {28, 28, 1};
+  auto conv = [](int filters) {
+    LayerSpec l{LayerType::kConv2D};
+    l.filters = filters;
+    l.kernel = 3;
+    l.same_padding = true;
+    l.activation = Activation::kRelu;
+    return l;
+  };
+  auto pool = [] {
+    LayerSpec l{LayerType::kMaxPool2D};
+    l.kernel = l.stride = 2;
+    return l;
+  };
+  LayerSpec dense{LayerType::kDense, 128}, dropout{LayerType::kDropout}, out{LayerType::kDense, 10};
+  dense.activation = Activation::kRelu;
+  dropout.rate = 0.5;
+  m.layers = {conv(32), pool(),  conv(64), pool(), LayerSpec{LayerType::kFlatten},
+              dense,    dropout, out};
+  job.training.batch_size = batch_size;
+  return job;
+}
+
+TEST(MemoryBudgetTest, ConvActivationsAreCountedNamingTheLayer) {
+  auto m = EstimateModelMemory(Cnn(64));
+  ASSERT_TRUE(m.ok()) << m.status();
+  // Per example: conv 28x28x32 out + 2 x 784x9 patches; pool 2 x 6272; conv
+  // 14x14x64 out + 2 x 196x288 patches; pool 2 x 3136; flatten 3136;
+  // dense 128; dropout 128 + 128 mask; dense 10.
+  const int64_t per_example =
+      (25088 + 2 * 784 * 9) + 2 * 6272 + (12544 + 2 * 196 * 288) + 2 * 3136 + 3136 + 128 + 256 + 10;
+  EXPECT_EQ(m->activation_bytes, per_example * 64 * 4);
+  EXPECT_EQ(m->largest_layer, 2);
+  EXPECT_EQ(m->reader_bytes, 2 * m->model_bytes + m->activation_bytes);
+  // At batchSize 65536 a worker needs ~46 GiB, most of it conv2's patches.
+  absl::Status s = CheckModelFitsMemory(Cnn(65536), {8 * kGi, "--memory-limit 8Gi"}, false);
+  ASSERT_FALSE(s.ok());
+  const std::string msg(s.message());
+  EXPECT_CONTAINS(msg, "spec.training.model: needs at least 45.");
+  EXPECT_CONTAINS(msg, "on each worker");
+  EXPECT_CONTAINS(msg, "of activations for a batch of 65536");
+  EXPECT_CONTAINS(msg, "in layers[2] conv2d: im2col patches [12845056 x 288] and their gradient");
+  EXPECT_CONTAINS(msg, "more than the 8.0 GiB of --memory-limit 8Gi");
+  EXPECT_CONTAINS(msg, "smaller layers or a smaller batchSize");
+  EXPECT_TRUE(CheckModelFitsMemory(Cnn(64), {8 * kGi, "--memory-limit 8Gi"}, true).ok());
 }
 
 TEST(MemoryBudgetTest, SmallModelsAndUnknownLimitsPass) {

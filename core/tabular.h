@@ -97,7 +97,14 @@ absl::StatusOr<std::vector<std::string>> ExpandFiles(const std::vector<std::stri
 absl::StatusOr<Dataset> LoadCsv(const TabularSpec& spec, const std::vector<std::string>& patterns,
                                 const Dataset* norm);
 
-// LoadCsv, or for spec.libsvm LoadLibsvm (which has no normalisation).
+// The training set of `spec` (csv or libsvm): one scan of spec.train_files
+// (records that load, bad ones skipped, and for csv the means and stddevs;
+// under onBadRecord: fail the first bad record is the error, file:line),
+// and a source that streams them again for every pass.
+absl::StatusOr<TrainingSet> OpenTabularTrainingSet(const TabularSpec& spec);
+
+// The records of the files in memory (test sets, eval): LoadCsv, or for
+// spec.libsvm the libsvm reader (no normalisation).
 absl::StatusOr<Dataset> LoadTabular(const TabularSpec& spec,
                                     const std::vector<std::string>& patterns, const Dataset* norm);
 

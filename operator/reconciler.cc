@@ -195,7 +195,10 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
     for (const auto& svc : cache_->Services(key)) {
       if (OwnedBy(svc, job.uid)) observed.services.push_back(NameOf(svc));
     }
-    if (progress_ && !chief_ip.empty()) observed.progress = progress_(chief_ip);
+    // A job of the user's own containers serves no kubetrain metrics to read.
+    if (progress_ && !chief_ip.empty() && spec.ok() && spec->has_training) {
+      observed.progress = progress_(chief_ip);
+    }
 
     Actions actions = Desired(job, observed, config_);
     out.requeue_after = actions.requeue_after;

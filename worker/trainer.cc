@@ -106,7 +106,7 @@ absl::Status Export(const TaskConfig& config, const Params& params, int64_t vers
 }  // namespace
 
 absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions& options,
-                                  PsClient* client, const Dataset& train, const Dataset* test,
+                                  PsClient* client, const RecordSource& train, const Dataset* test,
                                   const Clock* clock, TrainerMetrics metrics,
                                   const std::function<void(const Progress&)>& on_progress) {
   const TrainingSpec& spec = config.job.training;
@@ -117,7 +117,8 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   if (options.is_chief && test == nullptr)
     return absl::InvalidArgumentError("chief needs a test set");
 
-  ShardedBatcher batcher(train, options.worker_index, config.num_workers, spec.seed);
+  ShardedBatcher batcher(train, options.worker_index, config.num_workers, spec.seed,
+                         spec.shuffle_buffer);
   Params params, grads;
   SparseBatch lookups;  // sparse models: this step's lookups, into compact tables
   TableIds table_ids;
@@ -167,7 +168,9 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
 
     if (options.step_delay > absl::ZeroDuration()) clock->SleepFor(options.step_delay);
     absl::Time t0 = clock->Now();
-    batcher.Next(spec.batch_size, &x, &y, &targets);
+    if (absl::Status s = batcher.Next(spec.batch_size, &x, &y, &targets); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("training data: ", s.message()));
+    }
     // Dropout masks differ per worker and step, and repeat exactly on a rerun.
     const uint64_t dropout_seed = spec.seed ^
                                   (uint64_t{static_cast<uint32_t>(options.worker_index)} << 40) ^

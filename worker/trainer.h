@@ -101,7 +101,7 @@ struct TrainerOptions {
 // `test` may be null unless options.is_chief. `on_progress` (chief) is called
 // every progress_interval and once at the end.
 absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions& options,
-                                  PsClient* client, const Dataset& train, const Dataset* test,
+                                  PsClient* client, const RecordSource& train, const Dataset* test,
                                   const Clock* clock, TrainerMetrics metrics,
                                   const std::function<void(const Progress&)>& on_progress);
 

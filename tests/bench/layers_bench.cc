@@ -6,7 +6,9 @@
 //   dense  Model::LossAndGradients-style dense forward + backward (three
 //          GEMMs) of its 3136 -> 128 layer;
 //   gemm   the same three GEMMs per layer on preallocated matrices: the
-//          ceiling the kernels are compared with.
+//          ceiling the kernels are compared with;
+//   step   one Model::LossAndGradients of the whole example CNN (what a
+//          worker computes per step, on one core; no PS transfer).
 // Prints figures; the last line is key=value pairs (ratios = kernel / gemm).
 // Never fails on a time.
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "core/flags.h"
 #include "core/layers.h"
+#include "core/model.h"
 #include "tests/bench/bench_util.h"
 
 namespace kubetrain {
@@ -105,18 +108,64 @@ int Main(int argc, char** argv) {
   const double dense_flops = 3.0 * 2 * batch * dk * dn;
   const double dense_gemm_s = GemmSeconds(batch, dk, dn, reps, &rng);
 
+  // step: the fashion-mnist-cnn example's layer list, random inputs.
+  ModelSpec cnn;
+  cnn.type = "layers";
+  cnn.input_shape = {28, 28, 1};
+  auto layer = [](LayerType type, int n, int k, Activation a) {
+    LayerSpec l;
+    l.type = type;
+    l.units = l.filters = n;
+    l.kernel = k;
+    l.stride = type == LayerType::kConv2D ? 1 : k;
+    l.same_padding = true;
+    l.activation = a;
+    l.rate = type == LayerType::kDropout ? 0.5 : 0;
+    return l;
+  };
+  cnn.layers = {layer(LayerType::kConv2D, 32, 3, Activation::kRelu),
+                layer(LayerType::kMaxPool2D, 0, 2, Activation::kLinear),
+                layer(LayerType::kConv2D, 64, 3, Activation::kRelu),
+                layer(LayerType::kMaxPool2D, 0, 2, Activation::kLinear),
+                layer(LayerType::kFlatten, 0, 0, Activation::kLinear),
+                layer(LayerType::kDense, 128, 0, Activation::kRelu),
+                layer(LayerType::kDropout, 0, 0, Activation::kLinear),
+                layer(LayerType::kDense, 10, 0, Activation::kLinear)};
+  auto model = Model::Create(cnn);
+  if (!model.ok()) {
+    std::fprintf(stderr, "cnn: %s\n", std::string(model.status().message()).c_str());
+    return 1;
+  }
+  const Params params = model->InitialParams(7);
+  RowMatrix images = Random(batch, 784, &rng);
+  std::vector<int32_t> labels(batch);
+  for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>(i % 10);
+  Params grads;
+  uint64_t dropout_seed = 0;
+  const double step_s = Time(reps, [&] {
+    Batch b;
+    b.x = images.data();
+    b.labels = labels.data();
+    b.size = batch;
+    model->LossAndGradients(params, b, ++dropout_seed, &grads);
+  });
+
   const double conv_gf = conv_flops / conv_s / 1e9, conv_ref = conv_flops / conv_gemm_s / 1e9;
   const double dense_gf = dense_flops / dense_s / 1e9, dense_ref = dense_flops / dense_gemm_s / 1e9;
   std::printf("conv 14x14x32->64 3x3 same, batch %lld: %.3f ms, %.2f GFLOP/s (plain GEMM %.2f)\n",
               static_cast<long long>(batch), conv_s * 1e3, conv_gf, conv_ref);
   std::printf("dense 3136->128 relu, batch %lld: %.3f ms, %.2f GFLOP/s (plain GEMM %.2f)\n",
               static_cast<long long>(batch), dense_s * 1e3, dense_gf, dense_ref);
-  std::printf("%s\n",
-              absl::StrFormat(
-                  "conv_gflops=%.2f conv_gemm_gflops=%.2f conv_ratio=%.3f dense_gflops=%.2f "
-                  "dense_gemm_gflops=%.2f dense_ratio=%.3f",
-                  conv_gf, conv_ref, conv_gf / conv_ref, dense_gf, dense_ref, dense_gf / dense_ref)
-                  .c_str());
+  std::printf("cnn step (fashion-mnist-cnn, batch %lld, one core): %.3f ms, %.0f examples/s\n",
+              static_cast<long long>(batch), step_s * 1e3, batch / step_s);
+  std::printf(
+      "%s\n",
+      absl::StrFormat(
+          "conv_gflops=%.2f conv_gemm_gflops=%.2f conv_ratio=%.3f dense_gflops=%.2f "
+          "dense_gemm_gflops=%.2f dense_ratio=%.3f cnn_step_ms=%.2f cnn_examples_per_s=%.0f",
+          conv_gf, conv_ref, conv_gf / conv_ref, dense_gf, dense_ref, dense_gf / dense_ref,
+          step_s * 1e3, batch / step_s)
+          .c_str());
   return 0;
 }
 

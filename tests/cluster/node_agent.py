@@ -8,23 +8,27 @@ root filesystem (tests/cluster/image_rootfs.py: buildah mount + chroot), as the
 securityContext's runAsUser/runAsGroup (else the image's USER), read-only where it says
 readOnlyRootFilesystem, runAsNonRoot enforced. Otherwise, or with --host-binaries, it
 runs as a plain process of this machine (command[0] looked up in --bin-dir, then PATH).
-Each pod gets its own loopback IP (127.10.x.y), ConfigMap volumes, emptyDirs, a
-termination-log file and a shared hosts file (headless Service names) bind-mounted, in
-private mount + PID namespaces (unshare). Needs root.
+Each pod gets its own network namespace on a bridge with an address from 10.244.0.0/16
+(tests/cluster/pod_network.py; --pod-network loopback: the host network and a 127.10.x.y
+each), ConfigMap, emptyDir and hostPath volumes, a termination-log file and a shared hosts
+file (headless Service names) bind-mounted, in private mount + PID namespaces (unshare).
+Needs root.
 With --service-account-tokens it also does what the kubelet does for in-cluster
 clients: a TokenRequest token of the pod's ServiceAccount, the API server CA and the
 namespace bind-mounted at /var/run/secrets/kubernetes.io/serviceaccount, and
-KUBERNETES_SERVICE_HOST/PORT (the API server of the kubeconfig) in every container.
+KUBERNETES_SERVICE_HOST/PORT in every container (10.0.0.1:443 relayed to the API server of
+the kubeconfig; with --pod-network loopback, that API server's own address).
 Python 3.11 stdlib only. See tests/cluster/README.md ("Node agent").
 
 Usage: node_agent.py --kubeconfig PATH --bin-dir DIR --state-dir DIR [--node-name NAME]
-                     [--service-account-tokens] [--host-binaries]
+                     [--service-account-tokens] [--host-binaries] [--pod-network netns|loopback]
 """
 import argparse, base64, ctypes, http.client, json, os, queue, re, shlex, shutil, signal, ssl
 import subprocess, sys, threading, time, urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import image_rootfs  # noqa: E402
+import pod_network  # noqa: E402
 
 BACKOFF_START, BACKOFF_CAP, GRACE_CAP, HEARTBEAT = 1.0, 10.0, 5.0, 10.0
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -217,7 +221,12 @@ class Agent:
             os.makedirs(os.path.join(self.state, d), exist_ok=True)
         self.api = Api(args.kubeconfig, self.state)
         self.q, self.stop = queue.Queue(), threading.Event()
-        self.runs, self.services, self.ips, self.next_ip = {}, {}, set(), 2
+        self.runs, self.services = {}, {}
+        if getattr(args, "pod_network", "netns") == "loopback":
+            self.net = pod_network.LoopbackNetwork()
+        else:
+            self.api.load()
+            self.net = pod_network.NetnsNetwork(self.state, self.api.host, self.api.port, log, self.state)
         self.bind_tried = {}
         self.hosts_path = os.path.join(self.state, "hosts")
         base = open("/etc/hosts").read() if os.path.exists("/etc/hosts") else "127.0.0.1 localhost\n"
@@ -249,7 +258,7 @@ class Agent:
         if first:
             mem_kb = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal:")), "1048576")
             res = {"cpu": str(os.cpu_count() or 1), "memory": f"{mem_kb}Ki", "pods": "110"}
-            status.update(addresses=[{"type": "InternalIP", "address": "127.0.0.1"},
+            status.update(addresses=[{"type": "InternalIP", "address": self.net.host_ip},
                                      {"type": "Hostname", "address": self.node}],
                           capacity=res, allocatable=res,
                           nodeInfo={"kubeletVersion": "v0.0.0-kubetrain-node-agent", "operatingSystem": "linux",
@@ -392,17 +401,9 @@ class Agent:
             if e.status not in (404, 409):
                 log(f"deleting {md['namespace']}/{md['name']} failed: {e}")
 
-    def alloc_ip(self):
-        for _ in range(254 * 256):
-            n, self.next_ip = self.next_ip, self.next_ip + 1 if self.next_ip < 256 * 256 - 2 else 2
-            if n % 256 not in (0, 1, 255) and n not in self.ips:
-                self.ips.add(n)
-                return f"127.10.{n // 256}.{n % 256}"
-        raise RuntimeError("no free pod IPs")
-
     def admit(self, pod):
         md = pod["metadata"]
-        run = PodRun(pod, self.alloc_ip(), os.path.join(self.state, "pods", f"{md['namespace']}_{md['name']}_{md['uid'][:8]}"))
+        run = PodRun(pod, self.net.add(md["uid"]), os.path.join(self.state, "pods", f"{md['namespace']}_{md['name']}_{md['uid'][:8]}"))
         os.makedirs(run.dir, exist_ok=True)
         self.runs[run.uid] = run
         self.hosts_dirty = True
@@ -421,6 +422,16 @@ class Agent:
         """Writes the pod's volumes into its dir; returns False to retry later (e.g. ConfigMap missing)."""
         ns, vols = run.pod["metadata"]["namespace"], {}
         for v in run.pod["spec"].get("volumes") or []:
+            if "hostPath" in v:
+                err = self.host_path(v["hostPath"])
+                if err:
+                    why = ("ContainerCreating", f"MountVolume.SetUp failed for volume {v['name']!r}: {err}")
+                    if run.waiting != why:
+                        log(f"pod {run.key}: {why[1]}; waiting")
+                    run.waiting = why
+                    return False
+                vols[v["name"]] = v["hostPath"]["path"]
+                continue
             d = os.path.join(run.dir, "volumes", v["name"])
             os.makedirs(d, exist_ok=True)
             if "emptyDir" in v:
@@ -451,7 +462,7 @@ class Agent:
         if self.sa_tokens and run.pod["spec"].get("automountServiceAccountToken") is not False:
             if time.time() < run.sa_retry_at or not self.write_sa_token(run):
                 return False
-        run.mounts = {}
+        run.mounts, run.waiting = {}, None
         for c in run.containers:
             ms = []
             if run.sa_dir and not any(m.get("mountPath", "").rstrip("/") == SA_MOUNT
@@ -464,6 +475,23 @@ class Agent:
                 ms.append((os.path.join(vols[m["name"]], m.get("subPath", "")).rstrip("/"), m["mountPath"], m.get("readOnly", False)))
             run.mounts[c.name] = ms
         return True
+
+    @staticmethod
+    def host_path(hp):
+        """The kubelet's hostPath type checks; None when the path is usable."""
+        path, typ = hp.get("path", ""), hp.get("type") or ""
+        if not os.path.isabs(path):
+            return f"hostPath {path!r} is not an absolute path"
+        if typ == "DirectoryOrCreate":
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        elif typ == "FileOrCreate" and not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "a").close()
+        if typ in ("Directory", "DirectoryOrCreate") and not os.path.isdir(path):
+            return f"hostPath type check failed: {path} is not a directory"
+        if typ in ("File", "FileOrCreate") and not os.path.isfile(path):
+            return f"hostPath type check failed: {path} is not a file"
+        return None
 
     def write_sa_token(self, run):
         """TokenRequest for the pod's ServiceAccount (bound to the pod), written with ca.crt and
@@ -505,7 +533,7 @@ class Agent:
 
     def field(self, run, path):
         md = run.pod["metadata"]
-        vals = {"status.podIP": run.ip, "status.podIPs": run.ip, "status.hostIP": "127.0.0.1",
+        vals = {"status.podIP": run.ip, "status.podIPs": run.ip, "status.hostIP": self.net.host_ip,
                 "metadata.name": md["name"], "metadata.namespace": md["namespace"], "metadata.uid": md["uid"],
                 "spec.nodeName": self.node, "spec.serviceAccountName": run.pod["spec"].get("serviceAccountName", "")}
         m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
@@ -525,8 +553,9 @@ class Agent:
             else:
                 env[e["name"]] = expand(e.get("value", ""), env)
         if self.sa_tokens:  # what the kubelet sets for in-cluster clients (here: the real API server)
-            env.setdefault("KUBERNETES_SERVICE_HOST", self.api.load().host)
-            env.setdefault("KUBERNETES_SERVICE_PORT", str(self.api.port))
+            host, port = self.net.api_endpoint(self.api.load().host, self.api.port)
+            env.setdefault("KUBERNETES_SERVICE_HOST", host)
+            env.setdefault("KUBERNETES_SERVICE_PORT", str(port))
         term_file = os.path.join(run.dir, f"{c.name}.termination-log")
         open(term_file, "w").close()
         os.chmod(term_file, 0o666)  # as the kubelet's: writable by a non-root container user
@@ -534,6 +563,8 @@ class Agent:
         c.started_at, c.term_file = now_rfc3339(), term_file
         term_path = spec.get("terminationMessagePath") or "/dev/termination-log"
         binds = list(run.mounts[c.name]) + [(self.hosts_path, "/etc/hosts", False), (term_file, term_path, False)]
+        if self.net.resolv_conf:
+            binds.append((self.net.resolv_conf, "/etc/resolv.conf", True))
         image = spec.get("image") or ""
         mode = "image" if not self.host_binaries and image and image_rootfs.image_exists(image) else "host"
         argv = []
@@ -545,7 +576,7 @@ class Agent:
             if err is None:
                 with open(c.log_path, "ab") as logf:
                     c.proc = subprocess.Popen(
-                        popen["argv"], stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                        self.net.enter_argv(run.uid) + popen["argv"], stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                         env=popen["env"], cwd=popen["cwd"], start_new_session=True, preexec_fn=set_pdeathsig)
         except (OSError, RuntimeError, ValueError) as e:
             err = f"starting container {c.name} ({mode}): {e}"
@@ -743,14 +774,16 @@ class Agent:
                 self.finish(run)
                 return
         self.report(run)
+        if run.phase in ("Succeeded", "Failed") and not running:
+            self.net.remove(run.uid, run.ip)  # a finished pod's sandbox goes at once, as on a node
 
     def finish(self, run):
         """All processes of a terminating/vanished pod are gone: final status, delete, release."""
+        self.net.remove(run.uid, run.ip)  # before the pod object goes, as the kubelet tears down the sandbox
         if not run.vanished:
             self.report(run)
             self.force_delete(run.pod["metadata"])
         self.runs.pop(run.uid, None)
-        self.ips.discard(int(run.ip.split(".")[2]) * 256 + int(run.ip.split(".")[3]))
         shutil.rmtree(run.dir, ignore_errors=True)
         self.hosts_dirty = True
         log(f"pod {run.key} removed; released ip {run.ip}")
@@ -783,7 +816,7 @@ class Agent:
                 run.conds[typ] = {"type": typ, "status": st, "lastProbeTime": None, "lastTransitionTime": t}
                 if not ok:
                     run.conds[typ]["reason"] = "PodCompleted" if run.phase in ("Succeeded", "Failed") else "ContainersNotReady"
-        return {"phase": run.phase, "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}], "podIP": run.ip,
+        return {"phase": run.phase, "hostIP": self.net.host_ip, "hostIPs": [{"ip": self.net.host_ip}], "podIP": run.ip,
                 "podIPs": [{"ip": run.ip}], "startTime": run.start_time, "conditions": list(run.conds.values()),
                 "containerStatuses": cs}
 
@@ -882,6 +915,7 @@ class Agent:
         for r in self.runs.values():
             for c in r.containers:
                 self.release_rootfs(c)
+        self.net.close()
 
 
 def main():
@@ -896,6 +930,9 @@ def main():
     ap.add_argument("--host-binaries", action="store_true",
                     help="always run containers as processes of this machine (command[0] from --bin-dir), "
                          "even when their image is in local storage (a fast mode for development)")
+    ap.add_argument("--pod-network", choices=("netns", "loopback"), default="netns",
+                    help="netns: each pod in its own network namespace on a bridge (any port, localhost is the "
+                         "pod's own); loopback: the host network, a 127.10.x.y address per pod")
     args = ap.parse_args()
     os.makedirs(args.state_dir, exist_ok=True)
     args.state_dir = os.path.abspath(args.state_dir)

@@ -5,6 +5,7 @@ Run: python3 -m pytest -q tests/cluster/test_node_agent.py   (as root: the agent
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -116,7 +117,8 @@ def group_cmdlines(pgid):
 def test_node_is_ready(cluster):
     node = cluster.get("node", NODE)
     assert cond(node, "Ready") == "True"
-    assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
+    internal = [a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"]
+    assert len(internal) == 1 and internal[0].startswith("10.244."), node["status"]["addresses"]  # the bridge
     assert node["status"]["allocatable"]["pods"] == "110"
 
 
@@ -141,7 +143,7 @@ def test_failed_pod_with_configmap_env_dns_and_termination_message(cluster):
     ip = st["podIP"]
     assert pod["spec"]["nodeName"] == NODE
     assert st["phase"] == "Failed", st
-    assert ip.startswith("127.10.") and st["podIPs"] == [{"ip": ip}] and st["hostIP"] == "127.0.0.1"
+    assert ip.startswith("10.244.") and st["podIPs"] == [{"ip": ip}] and st["hostIP"].startswith("10.244.")
     term = st["containerStatuses"][0]["state"]["terminated"]
     assert term["exitCode"] == 3 and term["reason"] == "Error"
     assert term["message"].strip() == ip
@@ -195,6 +197,89 @@ def test_delete_running_pod_kills_process(cluster):
     assert cluster.get("pod", "pod-sleep") is None
     assert group_cmdlines(pgid) == []
     assert pod["status"]["podIP"] not in open(os.path.join(cluster.agent_state, "hosts")).read()
+
+
+# --- a network namespace per pod ----------------------------------------------------------
+SERVE = ("import socket,sys\n"
+         "s=socket.socket(); s.bind(('0.0.0.0',2222)); s.listen(8)\n"  # every pod: the same port
+         "while True:\n c,_=s.accept(); c.sendall(sys.argv[1].encode()); c.close()\n")
+FETCH = ("import socket,ssl,sys\n"
+         "def get(h):\n"
+         " s=socket.create_connection((h,2222),timeout=5); d=s.recv(100).decode(); s.close(); return d\n"
+         "print('got', get('net-a.default.svc'), get('net-b.default.svc'))\n"
+         "try:\n socket.create_connection(('127.0.0.1',2222),timeout=2); print('localhost: open')\n"
+         "except OSError as e:\n print('localhost: closed', type(e).__name__)\n"
+         "ctx=ssl.create_default_context(); ctx.check_hostname=False; ctx.verify_mode=ssl.CERT_NONE\n"
+         "t=ctx.wrap_socket(socket.create_connection(('10.0.0.1',443),timeout=5))\n"
+         "t.sendall(b'GET /version HTTP/1.1\\r\\nHost: kubernetes\\r\\nConnection: close\\r\\n\\r\\n')\n"
+         "print('api:', t.recv(100).decode().splitlines()[0])\n")
+
+
+def test_each_pod_has_its_own_network_namespace(cluster):
+    for name in ("net-a", "net-b"):
+        cluster.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+                       "spec": {"clusterIP": "None", "selector": {"app": name}, "ports": [{"port": 2222}]}})
+        cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
+                       "spec": {"containers": [{"name": "main", "image": "x",
+                                                "command": ["python3", "-c", SERVE, f"I am {name}"]}]}})
+    pods = [cluster.wait_pod(n, lambda p: cond(p, "Ready") == "True") for n in ("net-a", "net-b")]
+    ips = [p["status"]["podIP"] for p in pods]
+    assert len(set(ips)) == 2 and all(ip.startswith("10.244.") for ip in ips), ips
+    # The host reaches each pod's own 0.0.0.0:2222 through the bridge.
+    for ip, name in zip(ips, ("net-a", "net-b")):
+        deadline = time.time() + 10
+        while True:
+            try:
+                with socket.create_connection((ip, 2222), timeout=2) as s:
+                    assert s.recv(100).decode() == f"I am {name}"
+                break
+            except ConnectionRefusedError:
+                assert time.time() < deadline, f"{name} never listened on {ip}:2222"
+                time.sleep(0.2)
+    cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "net-c"},
+                   "spec": {"restartPolicy": "Never",
+                            "containers": [{"name": "main", "image": "x", "command": ["python3", "-c", FETCH]}]}})
+    pod = cluster.wait_pod("net-c", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"))
+    out = cluster.pod_log("net-c", "main")
+    assert pod["status"]["phase"] == "Succeeded", out
+    assert "got I am net-a I am net-b" in out, out
+    assert "localhost: closed ConnectionRefusedError" in out, out  # its localhost is its own
+    assert "api: HTTP/1.1 " in out, out  # 10.0.0.1:443 reaches the API server
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    uid8 = pods[0]["metadata"]["uid"].replace("-", "")[:8]
+    assert uid8 in netns, netns  # net-a runs in its own namespace
+    for name in ("net-a", "net-b", "net-c"):
+        cluster.kubectl("delete", "pod", name, "--wait=true", "--timeout=30s")
+    deadline = time.time() + 10  # the agent tears the namespace down on its next pass
+    while uid8 in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout:
+        assert time.time() < deadline, "the finished pod's network namespace was never released"
+        time.sleep(0.2)
+
+
+def test_host_path_volume(cluster):
+    d = tempfile.mkdtemp(prefix="kt-agent-hostpath.", dir="/tmp")
+    try:
+        with open(os.path.join(d, "data.csv"), "w") as f:
+            f.write("1,2,3\n")
+        cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pod-hp"},
+                       "spec": {"restartPolicy": "Never",
+                                "containers": [{"name": "main", "image": "x", "command": ["cat", "/data/data.csv"],
+                                                "volumeMounts": [{"name": "d", "mountPath": "/data", "readOnly": True}]}],
+                                "volumes": [{"name": "d", "hostPath": {"path": d, "type": "Directory"}}]}})
+        cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pod-hp-missing"},
+                       "spec": {"restartPolicy": "Never",
+                                "containers": [{"name": "main", "image": "x", "command": ["true"],
+                                                "volumeMounts": [{"name": "d", "mountPath": "/data"}]}],
+                                "volumes": [{"name": "d", "hostPath": {"path": d + "/nope", "type": "Directory"}}]}})
+        pod = cluster.wait_pod("pod-hp", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"))
+        assert pod["status"]["phase"] == "Succeeded" and cluster.pod_log("pod-hp", "main").strip() == "1,2,3"
+        pod = cluster.wait_pod("pod-hp-missing", lambda p: "waiting" in (p["status"].get("containerStatuses")
+                                                                          or [{}])[0].get("state", {}))
+        waiting = pod["status"]["containerStatuses"][0]["state"]["waiting"]
+        assert pod["status"]["phase"] == "Pending" and "is not a directory" in waiting["message"], waiting
+        cluster.kubectl("delete", "pod", "pod-hp", "pod-hp-missing", "--wait=true", "--timeout=30s")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 # --- pods from images (make images) ------------------------------------------------------

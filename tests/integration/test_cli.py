@@ -38,6 +38,19 @@ def test_missing_file_and_bad_flags(tmp_path):
     assert proc.returncode == 0 and "valid TrainingJob" in proc.stdout
 
 
+def test_a_job_of_own_containers_is_valid_but_not_run_locally():
+    """examples/tensorflow: every replica brings its containers, no spec.training: valid for
+    Kubernetes, and kubetrain run says it cannot run it (and starts nothing)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "tensorflow", "ps-strategy.yaml")
+    proc = run_cli("validate", path)
+    assert proc.returncode == 0, proc.stderr
+    assert "the replicas' own containers (no spec.training" in proc.stdout and "2 PS, 2 workers" in proc.stdout
+    proc = run_cli("run", path)
+    assert proc.returncode == 2
+    assert "spec.training: required by kubetrain run" in proc.stderr and "kubectl apply -f" in proc.stderr
+    assert not kubetrain_processes("ps-strategy")
+
+
 def test_missing_dataset_is_refused_before_any_task_starts(tmp_path):
     empty = tmp_path / "no-data"
     empty.mkdir()

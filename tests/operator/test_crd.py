@@ -191,7 +191,9 @@ def _pop_worker(o):
 REFUSED = {
     "missing-worker": (_pop_worker, ["spec.replicaSpecs", "Worker: required"]),
     "missing-ps": (lambda o: replicas(o).pop("PS"), ["spec.replicaSpecs", "PS: required"]),
-    "missing-training": (lambda o: spec(o).pop("training"), ["spec.training", "Required value"]),
+    "missing-training": (lambda o: spec(o).pop("training"),
+                         ["spec.training", "Required value",
+                          "required unless every replica's template names its own containers"]),
     "missing-spec": (lambda o: o.pop("spec"), ["spec", "Required value"]),
     "negative-replicas": (lambda o: replicas(o)["Worker"].update(replicas=-1),
                           ["spec.replicaSpecs.Worker.replicas", "greater than or equal to 1"]),
@@ -351,6 +353,23 @@ def test_malformed_refused(k, case):
         "unknown field" in err, err
     for want in expected:
         assert want in err, f"{case}: {want!r} not in:\n{err}"
+
+
+def test_own_containers_need_no_training(k):
+    """A TFJob user's program: every replica brings its containers, spec.training is left out
+    (examples/tensorflow/ps-strategy.yaml, with YAML anchors for the shared template); one
+    replica without containers makes spec.training required again."""
+    path = os.path.join(ROOT, "examples", "tensorflow", "ps-strategy.yaml")
+    proc = k.run("apply", "--dry-run=server", "-n", NS, "-f", path)
+    assert "created (server dry run)" in proc.stdout
+    own = {"template": {"spec": {"containers": [{"name": "tensorflow", "image": "tf:1"}]}}}
+    obj = job(lambda o: (spec(o).pop("training"),
+                         spec(o).update(replicaSpecs={"PS": copy.deepcopy(own), "Worker": copy.deepcopy(own)})))
+    proc = dry_run(k, obj)
+    assert proc.returncode == 0, proc.stderr
+    obj["spec"]["replicaSpecs"]["Worker"] = {"replicas": 2}
+    proc = dry_run(k, obj)
+    assert proc.returncode != 0 and "spec.training" in proc.stderr and "own containers" in proc.stderr, proc.stderr
 
 
 def test_refused_by_real_create_too(k):

@@ -150,8 +150,11 @@ def test_chart_operator_runs_a_job_to_success(chart_cluster, pk):
     (oplog,) = glob.glob(os.path.join(k.state, "node-agent", "logs",
                                       f"{pk.NAMESPACE}_{pod['metadata']['name']}_operator.log"))
     text = open(oplog).read()
-    # --in-cluster: KUBERNETES_SERVICE_HOST/PORT and the mounted token led it to the test API server.
-    assert f"server {k.apiserver_url}," in text and "is the leader" in text, text[-3000:]
+    # --in-cluster: KUBERNETES_SERVICE_HOST/PORT and the mounted token led it to the test API server,
+    # from its own network namespace through the `kubernetes` Service address (the node agent relays
+    # 10.0.0.1:443 to the API server, as kube-proxy would).
+    assert "server https://10.0.0.1:443," in text and "is the leader" in text, text[-3000:]
+    assert "is the leader" in text and k.apiserver_url.startswith("https://127.0.0.1:")
 
     # A TrainingJob with kubectl only.
     job = {"apiVersion": "kubetrain.io/v1", "kind": "TrainingJob", "metadata": {"name": JOB},
