@@ -61,7 +61,9 @@ def test_ps_killed_mid_job_restores_its_table_shard(tmp_path, live_runs):
     assert "ps-1 exited with code 137; restarting" in out
     assert "ps:1 restored version" in out
     assert summary["restored_version"] >= 900, summary
-    assert summary["ps_restarts_seen"] >= 1, summary
+    # Workers count a restart only when it cost steps (a checkpoint exactly
+    # at the kill's version loses none), so that count may be 0 here.
+    assert 0 <= summary["steps_lost"] <= 2 * 50, summary
     # The restored table rows carry on training: the bar still holds.
     assert summary["test_accuracy"] >= 0.86, summary
     assert summary["test_auc"] >= 0.91, summary
