@@ -203,53 +203,73 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path, const std::strin
 
 absl::StatusOr<std::string> ReadDataFile(const std::string& path) { return ReadFile(path); }
 
+// A file read sequentially in chunks: ".gz" through zlib, else stdio.
+class DataStream {
+ public:
+  static absl::StatusOr<std::unique_ptr<DataStream>> Open(const std::string& path) {
+    std::unique_ptr<DataStream> d(new DataStream(path));
+    errno = 0;
+    if (absl::EndsWith(path, ".gz")) {
+      d->gz_ = gzopen(path.c_str(), "rb");
+      if (d->gz_ == nullptr) return CannotOpen(path);
+      gzbuffer(d->gz_, 1 << 17);
+    } else {
+      d->raw_ = std::fopen(path.c_str(), "rb");
+      if (d->raw_ == nullptr) return CannotOpen(path);
+    }
+    return d;
+  }
+  ~DataStream() {
+    if (gz_ != nullptr) gzclose(gz_);
+    if (raw_ != nullptr) std::fclose(raw_);
+  }
+  // Reads up to n bytes (fewer only at the end of the file).
+  absl::StatusOr<size_t> Read(char* buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      size_t k = 0;
+      if (gz_ != nullptr) {
+        const int r =
+            gzread(gz_, buf + got, static_cast<unsigned>(std::min<size_t>(n - got, 1 << 30)));
+        k = r > 0 ? static_cast<size_t>(r) : 0;
+        // As ReadGzip: truncation and bad data show only through gzerror.
+        int errnum = Z_OK;
+        const char* message = gzerror(gz_, &errnum);
+        if (errnum == Z_ERRNO) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path_, ": read error: ", std::strerror(errno)));
+        }
+        if (errnum != Z_OK) {
+          return absl::InvalidArgumentError(absl::StrCat(path_, ": corrupt gzip data: ", message));
+        }
+      } else {
+        k = std::fread(buf + got, 1, n - got, raw_);
+        if (std::ferror(raw_)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path_, ": read error: ", std::strerror(errno)));
+        }
+      }
+      if (k == 0) break;
+      got += k;
+    }
+    return got;
+  }
+
+ private:
+  explicit DataStream(std::string path) : path_(std::move(path)) {}
+  const std::string path_;
+  gzFile gz_ = nullptr;
+  std::FILE* raw_ = nullptr;
+};
+
+LineReader::LineReader(std::string path, std::unique_ptr<DataStream> stream)
+    : path_(std::move(path)), stream_(std::move(stream)) {}
+LineReader::~LineReader() = default;
+
 absl::StatusOr<std::unique_ptr<LineReader>> LineReader::Open(const std::string& path) {
-  std::unique_ptr<LineReader> r(new LineReader(path));
-  errno = 0;
-  if (absl::EndsWith(path, ".gz")) {
-    gzFile f = gzopen(path.c_str(), "rb");
-    if (f == nullptr) return CannotOpen(path);
-    gzbuffer(f, 1 << 17);
-    r->gz_ = f;
-  } else {
-    r->raw_ = std::fopen(path.c_str(), "rb");
-    if (r->raw_ == nullptr) return CannotOpen(path);
-  }
-  return r;
-}
-
-LineReader::~LineReader() {
-  if (gz_ != nullptr) gzclose(static_cast<gzFile>(gz_));
-  if (raw_ != nullptr) std::fclose(raw_);
-}
-
-absl::StatusOr<size_t> LineReader::Fill() {
-  const size_t old_size = buf_.size();
-  buf_.resize(old_size + kChunk);
-  size_t n = 0;
-  if (gz_ != nullptr) {
-    gzFile f = static_cast<gzFile>(gz_);
-    const int got = gzread(f, &buf_[old_size], static_cast<unsigned>(kChunk));
-    n = got > 0 ? static_cast<size_t>(got) : 0;
-    // As ReadGzip: truncation and bad data show only through gzerror.
-    int errnum = Z_OK;
-    const char* message = gzerror(f, &errnum);
-    if (errnum == Z_ERRNO) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path_, ": read error: ", std::strerror(errno)));
-    }
-    if (errnum != Z_OK) {
-      return absl::InvalidArgumentError(absl::StrCat(path_, ": corrupt gzip data: ", message));
-    }
-  } else {
-    n = std::fread(&buf_[old_size], 1, kChunk, raw_);
-    if (std::ferror(raw_)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path_, ": read error: ", std::strerror(errno)));
-    }
-  }
-  buf_.resize(old_size + n);
-  return n;
+  auto stream = DataStream::Open(path);
+  if (!stream.ok()) return stream.status();
+  return std::unique_ptr<LineReader>(new LineReader(path, std::move(*stream)));
 }
 
 absl::StatusOr<bool> LineReader::Next(absl::string_view* line) {
@@ -281,8 +301,11 @@ absl::StatusOr<bool> LineReader::Next(absl::string_view* line) {
       return absl::InvalidArgumentError(
           absl::StrCat(path_, ":", line_number_ + 1, ": line longer than ", kMaxLine, " bytes"));
     }
-    auto n = Fill();
+    const size_t old_size = buf_.size();
+    buf_.resize(old_size + kChunk);
+    auto n = stream_->Read(&buf_[old_size], kChunk);
     if (!n.ok()) return n.status();
+    buf_.resize(old_size + *n);
     if (*n == 0) eof_ = true;
   }
 }
@@ -302,66 +325,318 @@ absl::StatusOr<int64_t> CountExamples(const std::string& dir, bool train) {
   return int64_t{BigEndian32(*header, 4)};
 }
 
-ShardedBatcher::ShardedBatcher(const Dataset& data, int shard, int num_shards, uint64_t seed)
-    : data_(data), seed_(seed), shard_(shard) {
-  // An invalid shard assignment yields an empty shard; Next() then returns
-  // empty batches rather than reading out of bounds.
-  if (num_shards < 1 || shard < 0 || shard >= num_shards) return;
-  std::vector<int64_t> all(data.size);
-  for (int64_t i = 0; i < data.size; ++i) all[i] = i;
-  // Every worker derives the same global permutation from the seed alone, so
-  // the strided shards are disjoint and cover everything.
-  std::mt19937_64 rng(seed);
-  for (int64_t i = data.size - 1; i > 0; --i) {
-    std::swap(all[i], all[rng() % static_cast<uint64_t>(i + 1)]);
+void Record::CopyTo(float* x, int64_t dim) const {
+  if (!dense.empty()) {
+    std::memcpy(x, dense.data(), std::min<int64_t>(dim, dense.size()) * sizeof(float));
+    return;
   }
-  for (int64_t pos = shard; pos < data.size; pos += num_shards) {
-    indices_.push_back(all[pos]);
-  }
-  Reshuffle();
+  std::fill(x, x + dim, 0.0f);
+  for (size_t k = 0; k < ids.size(); ++k) x[ids[k]] = values[k];
 }
 
-void ShardedBatcher::Reshuffle() {
-  // Hand-rolled Fisher-Yates (std::shuffle's algorithm is unspecified), so the
-  // order is identical across standard libraries.
+namespace {
+
+class DatasetReader : public RecordReader {
+ public:
+  explicit DatasetReader(const Dataset& data) : data_(data) {}
+  absl::StatusOr<bool> Next(Record* r) override {
+    if (next_ >= data_.size) return false;
+    const int64_t dim = data_.feature_dim();
+    const float* row = data_.images.data() + next_ * dim;
+    r->dense.assign(row, row + dim);
+    r->ids.clear();
+    r->values.clear();
+    r->label = data_.labels.empty() ? 0 : data_.labels[next_];
+    r->target = data_.targets.empty() ? 0.0f : data_.targets[next_];
+    ++next_;
+    return true;
+  }
+
+ private:
+  const Dataset& data_;
+  int64_t next_ = 0;
+};
+
+// Streams an IDX3 image file and its IDX1 label file side by side.
+class IdxReader : public RecordReader {
+ public:
+  IdxReader(std::string images_path, std::string labels_path, uint32_t count, int pixels)
+      : images_path_(std::move(images_path)),
+        labels_path_(std::move(labels_path)),
+        count_(count),
+        pixels_(pixels) {}
+
+  absl::Status Start() {
+    auto images = DataStream::Open(images_path_);
+    if (!images.ok()) return images.status();
+    auto labels = DataStream::Open(labels_path_);
+    if (!labels.ok()) return labels.status();
+    images_ = std::move(*images);
+    labels_ = std::move(*labels);
+    char header[16];
+    for (auto [stream, bytes] : {std::pair{images_.get(), 16}, std::pair{labels_.get(), 8}}) {
+      auto n = stream->Read(header, bytes);
+      if (!n.ok()) return n.status();
+    }
+    bytes_.resize(pixels_);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> Next(Record* r) override {
+    if (next_ >= count_) return false;
+    auto n = images_->Read(bytes_.data(), bytes_.size());
+    if (!n.ok()) return n.status();
+    if (*n < bytes_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(images_path_, ": truncated: header promises ",
+                                                     count_, " images, the file ends in image ",
+                                                     next_));
+    }
+    char label;
+    auto m = labels_->Read(&label, 1);
+    if (!m.ok()) return m.status();
+    if (*m < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(labels_path_, ": truncated: header promises ",
+                                                     count_, " labels, the file ends at ", next_));
+    }
+    const auto value = static_cast<unsigned char>(label);
+    if (value >= kNumClasses) {
+      return absl::InvalidArgumentError(absl::StrCat(labels_path_, ": label ", int{value},
+                                                     " out of range [0,", kNumClasses,
+                                                     ") at index ", next_));
+    }
+    r->dense.resize(pixels_);
+    for (int i = 0; i < pixels_; ++i) {
+      r->dense[i] = static_cast<unsigned char>(bytes_[i]) * (1.0f / 255.0f);
+    }
+    r->ids.clear();
+    r->values.clear();
+    r->label = value;
+    r->target = 0;
+    ++next_;
+    return true;
+  }
+
+ private:
+  const std::string images_path_, labels_path_;
+  const uint32_t count_;
+  const int pixels_;
+  std::unique_ptr<DataStream> images_, labels_;
+  std::vector<char> bytes_;
+  uint32_t next_ = 0;
+};
+
+class IdxSource : public RecordSource {
+ public:
+  IdxSource(std::string images, std::string labels, uint32_t count, int rows, int cols)
+      : images_(std::move(images)),
+        labels_(std::move(labels)),
+        count_(count),
+        rows_(rows),
+        cols_(cols) {}
+  int64_t feature_dim() const override { return int64_t{rows_} * cols_; }
+  bool has_targets() const override { return false; }
+  absl::StatusOr<std::unique_ptr<RecordReader>> Open() const override {
+    auto r = std::make_unique<IdxReader>(images_, labels_, count_, rows_ * cols_);
+    if (absl::Status s = r->Start(); !s.ok()) return s;
+    return std::unique_ptr<RecordReader>(std::move(r));
+  }
+
+ private:
+  const std::string images_, labels_;
+  const uint32_t count_;
+  const int rows_, cols_;
+};
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RecordReader>> DatasetSource::Open() const {
+  return std::unique_ptr<RecordReader>(new DatasetReader(data_));
+}
+
+absl::StatusOr<std::unique_ptr<RecordSource>> OpenIdxSource(const std::string& dir, bool train) {
+  const std::string images_path = FashionMnistPath(dir, train, "images-idx3");
+  const std::string labels_path = FashionMnistPath(dir, train, "labels-idx1");
+  constexpr size_t kImagesHeader = 16, kLabelsHeader = 8;
+  auto images = ReadFile(images_path, kImagesHeader);
+  if (!images.ok()) return images.status();
+  auto labels = ReadFile(labels_path, kLabelsHeader);
+  if (!labels.ok()) return labels.status();
+  absl::Status status =
+      CheckHeader(images_path, *images, kImagesMagic, "IDX3 images", kImagesHeader);
+  if (!status.ok()) return status;
+  status = CheckHeader(labels_path, *labels, kLabelsMagic, "IDX1 labels", kLabelsHeader);
+  if (!status.ok()) return status;
+  const uint32_t count = BigEndian32(*images, 4);
+  const uint32_t rows = BigEndian32(*images, 8);
+  const uint32_t cols = BigEndian32(*images, 12);
+  if (rows == 0 || cols == 0 || rows > kMaxSide || cols > kMaxSide) {
+    return absl::InvalidArgumentError(absl::StrCat(images_path, ": bad image size ", rows, "x",
+                                                   cols, " (each side must be in [1, ", kMaxSide,
+                                                   "])"));
+  }
+  const uint32_t label_count = BigEndian32(*labels, 4);
+  if (label_count != count) {
+    return absl::InvalidArgumentError(absl::StrCat("image count ", count, " (", images_path,
+                                                   ") != label count ", label_count, " (",
+                                                   labels_path, ")"));
+  }
+  return std::unique_ptr<RecordSource>(new IdxSource(
+      images_path, labels_path, count, static_cast<int>(rows), static_cast<int>(cols)));
+}
+
+absl::StatusOr<Dataset> ReadRecords(const RecordSource& source, int64_t limit) {
+  auto reader = source.Open();
+  if (!reader.ok()) return reader.status();
+  Dataset d;
+  d.rows = 1;
+  d.cols = static_cast<int>(source.feature_dim());
+  const bool targets = source.has_targets();
+  Record r;
+  while (limit < 0 || d.size < limit) {
+    auto more = (*reader)->Next(&r);
+    if (!more.ok()) return more.status();
+    if (!*more) break;
+    d.images.resize(d.images.size() + d.cols);
+    r.CopyTo(d.images.data() + d.size * d.cols, d.cols);
+    d.labels.push_back(r.label);
+    if (targets) d.targets.push_back(r.target);
+    ++d.size;
+  }
+  d.skipped_records = (*reader)->skipped();
+  return d;
+}
+
+TrainingSet InMemoryTrainingSet(Dataset data) {
+  auto owned = std::make_shared<const Dataset>(std::move(data));
+  TrainingSet set;
+  set.size = owned->size;
+  set.skipped_records = owned->skipped_records;
+  set.norm_mean = owned->norm_mean;
+  set.norm_std = owned->norm_std;
+  // The source refers to the Dataset; the aliasing pointer keeps it alive.
+  struct Holder {
+    std::shared_ptr<const Dataset> data;
+    DatasetSource source;
+  };
+  auto holder = std::make_shared<Holder>(Holder{owned, DatasetSource(*owned)});
+  set.source = std::shared_ptr<const RecordSource>(holder, &holder->source);
+  return set;
+}
+
+int ShardedBatcher::ShardOf(int64_t n, int num_shards, uint64_t seed) {
+  if (num_shards <= 1) return 0;
+  const uint64_t block = static_cast<uint64_t>(n / num_shards);
+  const uint64_t rotation = SplitMix64(seed ^ SplitMix64(block)) % num_shards;
+  return static_cast<int>((n % num_shards + rotation) % num_shards);
+}
+
+int64_t ShardedBatcher::ShardSize(int64_t total, int shard, int num_shards, uint64_t seed) {
+  if (num_shards < 1 || shard < 0 || shard >= num_shards) return 0;
+  int64_t size = total / num_shards;
+  for (int64_t n = size * num_shards; n < total; ++n) {
+    if (ShardOf(n, num_shards, seed) == shard) ++size;
+  }
+  return size;
+}
+
+ShardedBatcher::ShardedBatcher(const RecordSource& source, int shard, int num_shards, uint64_t seed,
+                               int64_t buffer_records)
+    : source_(source),
+      shard_(shard),
+      num_shards_(num_shards),
+      seed_(seed),
+      capacity_(static_cast<size_t>(std::max<int64_t>(1, buffer_records))) {}
+
+ShardedBatcher::ShardedBatcher(const Dataset& data, int shard, int num_shards, uint64_t seed)
+    : owned_(std::make_unique<DatasetSource>(data)),
+      source_(*owned_),
+      shard_(shard),
+      num_shards_(num_shards),
+      seed_(seed),
+      capacity_(static_cast<size_t>(std::max<int64_t>(1, data.size))) {}
+
+void ShardedBatcher::StartPass() {
+  // The same generator for every standard library (std::shuffle's algorithm
+  // is unspecified; we draw with rng() % k ourselves).
   std::seed_seq seq{static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32),
                     static_cast<uint32_t>(epoch_), static_cast<uint32_t>(epoch_ >> 32),
                     static_cast<uint32_t>(shard_)};
-  std::mt19937_64 rng(seq);
-  for (size_t i = indices_.size(); i > 1; --i) {
-    std::swap(indices_[i - 1], indices_[rng() % i]);
-  }
-  cursor_ = 0;
+  rng_.seed(seq);
+  record_index_ = 0;
+  emitted_ = 0;
+  draining_ = false;
 }
 
-void ShardedBatcher::Next(int batch, std::vector<float>* x, std::vector<int32_t>* y) {
-  Next(batch, x, y, nullptr);
-}
-
-void ShardedBatcher::Next(int batch, std::vector<float>* x, std::vector<int32_t>* y,
-                          std::vector<float>* t) {
-  const bool targets = t != nullptr && !data_.targets.empty();
-  if (t != nullptr) t->clear();
-  if (indices_.empty() || batch <= 0) {
-    x->clear();
-    y->clear();
-    return;
-  }
-  if (targets) t->resize(batch);
-  const int dim = data_.feature_dim();
-  x->resize(static_cast<size_t>(batch) * dim);
-  y->resize(batch);
-  for (int i = 0; i < batch; ++i) {
-    if (cursor_ == indices_.size()) {
-      ++epoch_;
-      Reshuffle();
+absl::Status ShardedBatcher::NextRecord() {
+  while (true) {
+    if (reader_ == nullptr) {
+      auto reader = source_.Open();
+      if (!reader.ok()) return reader.status();
+      reader_ = std::move(*reader);
+      StartPass();
     }
-    const int64_t example = indices_[cursor_++];
-    std::memcpy(x->data() + static_cast<size_t>(i) * dim, data_.images.data() + example * dim,
-                dim * sizeof(float));
-    (*y)[i] = data_.labels[example];
-    if (targets) (*t)[i] = data_.targets[example];
+    while (!draining_) {
+      auto more = reader_->Next(&scratch_);
+      if (!more.ok()) return more.status();
+      if (!*more) {
+        draining_ = true;
+        break;
+      }
+      if (ShardOf(record_index_++, num_shards_, seed_) != shard_) continue;
+      if (buffer_.size() < capacity_) {
+        buffer_.push_back(std::move(scratch_));
+        continue;
+      }
+      const size_t j = rng_() % capacity_;
+      std::swap(out_, buffer_[j]);
+      buffer_[j] = std::move(scratch_);
+      ++emitted_;
+      return absl::OkStatus();
+    }
+    if (!buffer_.empty()) {
+      const size_t j = rng_() % buffer_.size();
+      std::swap(out_, buffer_[j]);
+      if (j + 1 != buffer_.size()) buffer_[j] = std::move(buffer_.back());
+      buffer_.pop_back();
+      ++emitted_;
+      return absl::OkStatus();
+    }
+    reader_.reset();
+    if (emitted_ == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shard_, " of ", num_shards_, " has no records (the training set has ",
+          record_index_, ", fewer than the workers)"));
+    }
+    ++epoch_;
   }
+}
+
+absl::Status ShardedBatcher::Next(int batch, std::vector<float>* x, std::vector<int32_t>* y,
+                                  std::vector<float>* t) {
+  if (num_shards_ < 1 || shard_ < 0 || shard_ >= num_shards_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", shard_, " is not one of ", num_shards_, " shards"));
+  }
+  const bool targets = t != nullptr && source_.has_targets();
+  if (t != nullptr) t->clear();
+  const int64_t dim = source_.feature_dim();
+  x->resize(static_cast<size_t>(std::max(0, batch)) * dim);
+  y->resize(std::max(0, batch));
+  if (targets) t->resize(batch);
+  for (int i = 0; i < batch; ++i) {
+    if (absl::Status s = NextRecord(); !s.ok()) return s;
+    out_.CopyTo(x->data() + static_cast<size_t>(i) * dim, dim);
+    (*y)[i] = out_.label;
+    if (targets) (*t)[i] = out_.target;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kubetrain

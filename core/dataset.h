@@ -38,6 +38,8 @@ absl::StatusOr<std::string> ReadDataFile(const std::string& path);
 // longest line (a line over kMaxLine bytes is an error naming file:line).
 // Lines end at '\n'; a trailing '\r' is removed (CRLF files). Errors name the
 // file (missing, unreadable, corrupt gzip). Not thread-safe.
+class DataStream;  // a file read sequentially, gzip or raw (dataset.cc)
+
 class LineReader {
  public:
   static constexpr size_t kChunk = 1 << 20;
@@ -53,13 +55,10 @@ class LineReader {
   const std::string& path() const { return path_; }
 
  private:
-  explicit LineReader(std::string path) : path_(std::move(path)) {}
-  // Appends up to kChunk bytes to buf_; 0 at the end of the file.
-  absl::StatusOr<size_t> Fill();
+  LineReader(std::string path, std::unique_ptr<DataStream> stream);
 
   const std::string path_;
-  void* gz_ = nullptr;        // gzFile, for ".gz"
-  std::FILE* raw_ = nullptr;  // otherwise
+  std::unique_ptr<DataStream> stream_;
   std::string buf_;
   size_t start_ = 0;  // first unread byte of buf_
   bool eof_ = false;
@@ -82,30 +81,134 @@ absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train);
 // workers will load. Errors name the file, as LoadIdx's do.
 absl::StatusOr<int64_t> CountExamples(const std::string& dir, bool train);
 
-// Worker `shard` of `num_shards` sees a disjoint ~1/num_shards of the examples
-// (a fixed seed-determined permutation of all examples, strided by shard) and
-// reshuffles its shard at the start of every epoch (seed, epoch, shard).
-// Not thread-safe; one per training loop. `data` must outlive the batcher.
-class ShardedBatcher {
+// One example as a RecordReader yields it: dense features (IDX, CSV), or
+// sparse 0-based feature ids with their values (libsvm), which a dense
+// model sees scattered into a feature_dim vector.
+struct Record {
+  std::vector<float> dense;
+  std::vector<int32_t> ids;
+  std::vector<float> values;
+  int32_t label = 0;  // class (classification)
+  float target = 0;   // regression target
+  // Writes the features to x[0, dim).
+  void CopyTo(float* x, int64_t dim) const;
+};
+
+// One pass over a training set, in file order. Not thread-safe.
+class RecordReader {
  public:
-  ShardedBatcher(const Dataset& data, int shard, int num_shards, uint64_t seed);
+  virtual ~RecordReader() = default;
+  // The next record; false at the end of the pass. Under onBadRecord: skip
+  // bad records are passed over; otherwise one is an error naming file:line.
+  virtual absl::StatusOr<bool> Next(Record* r) = 0;
+  // Bad records passed over so far in this pass.
+  virtual int64_t skipped() const { return 0; }
+};
 
-  // Copies the next `batch` examples into x (batch x feature_dim) and y,
-  // wrapping into a new epoch (reshuffled) when the shard is exhausted.
-  void Next(int batch, std::vector<float>* x, std::vector<int32_t>* y);
-  // The same, also copying the regression targets (if the data has them).
-  void Next(int batch, std::vector<float>* x, std::vector<int32_t>* y, std::vector<float>* t);
+// A training set that can be read from its start any number of times, each
+// pass streaming its files (memory does not grow with their size).
+// Thread-compatible: Open() is const and readers are independent.
+class RecordSource {
+ public:
+  virtual ~RecordSource() = default;
+  virtual int64_t feature_dim() const = 0;
+  virtual bool has_targets() const = 0;
+  virtual absl::StatusOr<std::unique_ptr<RecordReader>> Open() const = 0;
+};
 
-  int64_t epoch() const { return epoch_; }
-  int64_t shard_size() const { return static_cast<int64_t>(indices_.size()); }
+// The records of an in-memory Dataset (tests, benchmarks). `data` must
+// outlive the source.
+class DatasetSource : public RecordSource {
+ public:
+  explicit DatasetSource(const Dataset& data) : data_(data) {}
+  int64_t feature_dim() const override { return data_.feature_dim(); }
+  bool has_targets() const override { return !data_.targets.empty(); }
+  absl::StatusOr<std::unique_ptr<RecordReader>> Open() const override;
 
  private:
-  void Reshuffle();
   const Dataset& data_;
-  uint64_t seed_;
-  int shard_;
-  std::vector<int64_t> indices_;
-  size_t cursor_ = 0;
+};
+
+// The IDX training or test set in `dir` (LoadFashionMnist's files), read
+// record by record. The headers are checked here (errors as LoadIdx's);
+// truncation and bad labels show when a pass reaches them.
+absl::StatusOr<std::unique_ptr<RecordSource>> OpenIdxSource(const std::string& dir, bool train);
+
+// The first `limit` records of one pass (all with limit < 0) as a Dataset
+// (skipped_records: those the reader passed over).
+absl::StatusOr<Dataset> ReadRecords(const RecordSource& source, int64_t limit = -1);
+
+// A training set as the tasks use it: the source every pass streams from,
+// and what a scan of it found (CSV: the normalisation figures).
+struct TrainingSet {
+  std::shared_ptr<const RecordSource> source;
+  int64_t size = 0;             // records that load
+  int64_t skipped_records = 0;  // bad ones (onBadRecord: skip)
+  std::vector<float> norm_mean, norm_std;
+};
+
+// An in-memory training set (tests, benchmarks).
+TrainingSet InMemoryTrainingSet(Dataset data);
+
+// The batches one worker trains on, streamed from `source`:
+//
+//  - Sharding: a pass reads the files in order; its n-th record (0-based,
+//    counting the records that load) goes to shard
+//    (n + r(n / num_shards)) mod num_shards, r a seeded hash of the block
+//    number: every block of num_shards consecutive records gives each worker
+//    one, so the shards are disjoint, cover the data, differ in size by at
+//    most 1 and are the same every pass.
+//  - Shuffling: a buffer of `buffer_records` records. The first records of
+//    the shard fill it; then each further record replaces a uniformly chosen
+//    one, which is emitted; at the end of the pass the rest leave in random
+//    order. Every record of the shard is emitted exactly once per pass, and a
+//    shard that fits in the buffer is permuted uniformly. The choices come
+//    from a generator seeded with (seed, pass, shard): reruns repeat exactly.
+//  - Memory: the buffer (buffer_records records: feature_dim floats each for
+//    dense formats, 8 bytes per listed feature for libsvm) plus the reader's
+//    (LineReader::kChunk bytes, zlib's window and the longest line).
+//
+// A batch runs into the next pass when the shard is exhausted. Not
+// thread-safe; `source` must outlive the batcher.
+class ShardedBatcher {
+ public:
+  ShardedBatcher(const RecordSource& source, int shard, int num_shards, uint64_t seed,
+                 int64_t buffer_records);
+  // In memory, the buffer holding the whole shard (tests, benchmarks).
+  ShardedBatcher(const Dataset& data, int shard, int num_shards, uint64_t seed);
+
+  // Copies the next `batch` examples into x (batch x feature_dim), y and,
+  // if the data has them, the regression targets t. Errors: the data
+  // (file:line), an invalid shard, or a shard with no records.
+  absl::Status Next(int batch, std::vector<float>* x, std::vector<int32_t>* y,
+                    std::vector<float>* t = nullptr);
+
+  // Completed passes.
+  int64_t epoch() const { return epoch_; }
+  // Which shard record n of a pass belongs to.
+  static int ShardOf(int64_t n, int num_shards, uint64_t seed);
+  // Records of `shard` in a pass over `total` records.
+  static int64_t ShardSize(int64_t total, int shard, int num_shards, uint64_t seed);
+
+ private:
+  // The next record of the shard into out_.
+  absl::Status NextRecord();
+  void StartPass();
+
+  std::unique_ptr<DatasetSource> owned_;  // the in-memory constructor's
+  const RecordSource& source_;
+  const int shard_;
+  const int num_shards_;
+  const uint64_t seed_;
+  const size_t capacity_;
+
+  std::unique_ptr<RecordReader> reader_;  // null between passes
+  std::mt19937_64 rng_;
+  std::vector<Record> buffer_;
+  Record scratch_, out_;
+  int64_t record_index_ = 0;  // of the pass
+  int64_t emitted_ = 0;       // in the pass
+  bool draining_ = false;     // the files are read, the buffer empties
   int64_t epoch_ = 0;
 };
 

@@ -257,7 +257,9 @@ std::vector<int64_t> Take(ShardedBatcher* batcher, const Dataset& data, int64_t 
   std::vector<float> x;
   std::vector<int32_t> y;
   while (static_cast<int64_t>(out.size()) < n) {
-    batcher->Next(batch, &x, &y);
+    absl::Status s = batcher->Next(batch, &x, &y);
+    EXPECT_TRUE(s.ok()) << s;
+    if (!s.ok()) break;
     EXPECT_EQ(x.size(), static_cast<size_t>(batch));
     EXPECT_EQ(y.size(), static_cast<size_t>(batch));
     for (int i = 0; i < batch; ++i) {
@@ -271,43 +273,88 @@ std::vector<int64_t> Take(ShardedBatcher* batcher, const Dataset& data, int64_t 
 
 TEST(ShardedBatcherTest, ShardsAreDisjointAndCoverAll) {
   const Dataset data = Synthetic(103);
-  for (int num_shards : {1, 2, 3}) {
-    std::set<int64_t> seen;
-    int64_t total = 0;
-    for (int shard = 0; shard < num_shards; ++shard) {
-      ShardedBatcher batcher(data, shard, num_shards, /*seed=*/9);
-      EXPECT_NEAR(batcher.shard_size(), 103.0 / num_shards, 1.0);
-      const std::vector<int64_t> epoch = Take(&batcher, data, batcher.shard_size());
-      EXPECT_EQ(batcher.epoch(), 0);
-      for (int64_t i : epoch) {
-        EXPECT_TRUE(seen.insert(i).second)
-            << "example " << i << " in two shards (num_shards=" << num_shards << ")";
+  const DatasetSource source(data);
+  for (int64_t buffer : {1, 4, 1000}) {
+    for (int num_shards : {1, 2, 3}) {
+      std::set<int64_t> seen;
+      int64_t total = 0;
+      for (int shard = 0; shard < num_shards; ++shard) {
+        ShardedBatcher batcher(source, shard, num_shards, /*seed=*/9, buffer);
+        const int64_t size = ShardedBatcher::ShardSize(103, shard, num_shards, 9);
+        EXPECT_NEAR(size, 103.0 / num_shards, 1.0);
+        const std::vector<int64_t> epoch = Take(&batcher, data, size);
+        EXPECT_EQ(batcher.epoch(), 0);
+        for (int64_t i : epoch) {
+          EXPECT_EQ(ShardedBatcher::ShardOf(i, num_shards, 9), shard);
+          EXPECT_TRUE(seen.insert(i).second)
+              << "example " << i << " in two shards (num_shards=" << num_shards << ")";
+        }
+        total += epoch.size();
       }
-      total += epoch.size();
+      EXPECT_EQ(total, 103) << num_shards;
+      EXPECT_EQ(seen.size(), 103u) << num_shards;
     }
-    EXPECT_EQ(total, 103) << num_shards;
-    EXPECT_EQ(seen.size(), 103u) << num_shards;
   }
+}
+
+TEST(ShardedBatcherTest, ShardsAreBalancedPerBlockAndSeeded) {
+  // Every block of num_shards consecutive records gives each shard one.
+  for (int64_t block = 0; block < 50; ++block) {
+    std::set<int> shards;
+    for (int k = 0; k < 4; ++k) shards.insert(ShardedBatcher::ShardOf(block * 4 + k, 4, 7));
+    EXPECT_EQ(shards.size(), 4u) << block;
+  }
+  int differ = 0;
+  for (int64_t n = 0; n < 64; ++n) {
+    differ += ShardedBatcher::ShardOf(n, 4, 7) != ShardedBatcher::ShardOf(n, 4, 8);
+  }
+  EXPECT_GT(differ, 16);  // the seed changes the assignment
 }
 
 TEST(ShardedBatcherTest, EpochReshuffleKeepsTheSet) {
   const Dataset data = Synthetic(100);
-  ShardedBatcher batcher(data, 1, 2, /*seed=*/3);
-  ASSERT_EQ(batcher.shard_size(), 50);
-  std::vector<int64_t> first = Take(&batcher, data, 50, 10);
-  EXPECT_EQ(batcher.epoch(), 0);
-  std::vector<int64_t> second = Take(&batcher, data, 50, 10);
-  EXPECT_EQ(batcher.epoch(), 1);
-  EXPECT_NE(first, second);
-  std::sort(first.begin(), first.end());
-  std::sort(second.begin(), second.end());
-  EXPECT_EQ(first, second);
+  const DatasetSource source(data);
+  for (int64_t buffer : {8, 1000}) {
+    ShardedBatcher batcher(source, 1, 2, /*seed=*/3, buffer);
+    ASSERT_EQ(ShardedBatcher::ShardSize(100, 1, 2, 3), 50);
+    std::vector<int64_t> first = Take(&batcher, data, 50, 10);
+    EXPECT_EQ(batcher.epoch(), 0);
+    std::vector<int64_t> second = Take(&batcher, data, 50, 10);
+    EXPECT_EQ(batcher.epoch(), 1);
+    EXPECT_NE(first, second);
+    std::sort(first.begin(), first.end());
+    std::sort(second.begin(), second.end());
+    EXPECT_EQ(first, second);
+  }
+}
+
+TEST(ShardedBatcherTest, TheBufferBoundsHowFarARecordMoves) {
+  // With a buffer of k, the p-th record emitted is one of the shard's first
+  // p + k (0-based: its position in the shard is < p + k); k = 1 keeps
+  // file order.
+  const Dataset data = Synthetic(200);
+  const DatasetSource source(data);
+  for (int64_t k : {1, 5, 20}) {
+    ShardedBatcher batcher(source, 0, 1, /*seed=*/4, k);
+    const std::vector<int64_t> got = Take(&batcher, data, 200);
+    for (size_t p = 0; p < got.size(); ++p) {
+      EXPECT_LT(got[p], static_cast<int64_t>(p) + k) << "buffer " << k << ", position " << p;
+    }
+    if (k == 1) {
+      for (size_t p = 0; p < got.size(); ++p) EXPECT_EQ(got[p], static_cast<int64_t>(p));
+    } else {
+      std::vector<int64_t> sorted = got;
+      std::sort(sorted.begin(), sorted.end());
+      EXPECT_NE(got, sorted);
+      for (size_t p = 0; p < sorted.size(); ++p) EXPECT_EQ(sorted[p], static_cast<int64_t>(p));
+    }
+  }
 }
 
 TEST(ShardedBatcherTest, BatchWrapsIntoNextEpoch) {
   const Dataset data = Synthetic(30);
   ShardedBatcher batcher(data, 0, 3, /*seed=*/1);
-  ASSERT_EQ(batcher.shard_size(), 10);
+  ASSERT_EQ(ShardedBatcher::ShardSize(30, 0, 3, 1), 10);
   // 4 batches of 7 = 28 examples: epochs 0, 1 and part of 2.
   const std::vector<int64_t> got = Take(&batcher, data, 28, 7);
   EXPECT_EQ(batcher.epoch(), 2);
@@ -319,10 +366,136 @@ TEST(ShardedBatcherTest, BatchWrapsIntoNextEpoch) {
 
 TEST(ShardedBatcherTest, DeterministicForSeed) {
   const Dataset data = Synthetic(64);
-  ShardedBatcher a(data, 0, 2, 77), b(data, 0, 2, 77), c(data, 0, 2, 78);
-  const std::vector<int64_t> seq_a = Take(&a, data, 96, 8);
-  EXPECT_EQ(seq_a, Take(&b, data, 96, 8));
-  EXPECT_NE(seq_a, Take(&c, data, 96, 8));
+  const DatasetSource source(data);
+  for (int64_t buffer : {6, 64}) {
+    ShardedBatcher a(source, 0, 2, 77, buffer), b(source, 0, 2, 77, buffer),
+        c(source, 0, 2, 78, buffer);
+    const std::vector<int64_t> seq_a = Take(&a, data, 96, 8);
+    EXPECT_EQ(seq_a, Take(&b, data, 96, 8));
+    EXPECT_NE(seq_a, Take(&c, data, 96, 8));
+  }
+}
+
+TEST(ShardedBatcherTest, EmptyShardAndBadShardAreErrors) {
+  const Dataset data = Synthetic(2);
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  int empty = 0;
+  for (int shard = 0; shard < 3; ++shard) {
+    ShardedBatcher batcher(data, shard, 3, 1);
+    absl::Status s = batcher.Next(1, &x, &y);
+    if (!s.ok()) {
+      ++empty;
+      EXPECT_TRUE(Contains(std::string(s.message()), "has no records (the training set has 2"))
+          << s;
+    }
+  }
+  EXPECT_EQ(empty, 1);
+  ShardedBatcher bad(data, 3, 3, 1);
+  EXPECT_FALSE(bad.Next(1, &x, &y).ok());
+}
+
+// A source whose second pass fails after `good` records (a file that went
+// bad between passes).
+class FailingSource : public RecordSource {
+ public:
+  explicit FailingSource(const Dataset& data) : data_(data) {}
+  int64_t feature_dim() const override { return 1; }
+  bool has_targets() const override { return false; }
+  absl::StatusOr<std::unique_ptr<RecordReader>> Open() const override {
+    class Reader : public RecordReader {
+     public:
+      Reader(std::unique_ptr<RecordReader> inner, bool fail)
+          : inner_(std::move(inner)), fail_(fail) {}
+      absl::StatusOr<bool> Next(Record* r) override {
+        if (fail_ && ++n_ > 3) return absl::InvalidArgumentError("f.csv:4: column 'a': bad");
+        return inner_->Next(r);
+      }
+
+     private:
+      std::unique_ptr<RecordReader> inner_;
+      bool fail_;
+      int n_ = 0;
+    };
+    auto inner = DatasetSource(data_).Open();
+    return std::unique_ptr<RecordReader>(new Reader(std::move(*inner), opens_++ > 0));
+  }
+
+ private:
+  const Dataset& data_;
+  mutable int opens_ = 0;
+};
+
+TEST(ShardedBatcherTest, ADataErrorDuringAPassIsReturned) {
+  const Dataset data = Synthetic(10);
+  FailingSource source(data);
+  ShardedBatcher batcher(source, 0, 1, 1, 4);
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  ASSERT_TRUE(batcher.Next(10, &x, &y).ok());
+  absl::Status s = batcher.Next(10, &x, &y);
+  EXPECT_EQ(s.message(), "f.csv:4: column 'a': bad");
+}
+
+TEST(ShardedBatcherTest, IdxSourceStreamsWhatLoadIdxLoads) {
+  const std::string dir = TestDir();
+  WriteGzip(dir + "/train-images-idx3-ubyte.gz", ImagesIdx(3, 2, 3, kPixels));
+  WriteGzip(dir + "/train-labels-idx1-ubyte.gz", LabelsIdx(3, kLabels));
+  auto source = OpenIdxSource(dir, /*train=*/true);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ((*source)->feature_dim(), 6);
+  auto streamed = ReadRecords(**source);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  auto loaded = LoadFashionMnist(dir, true);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(streamed->size, 3);
+  EXPECT_EQ(streamed->images, loaded->images);
+  EXPECT_EQ(streamed->labels, loaded->labels);
+  auto two = ReadRecords(**source, 2);  // a second pass, cut short
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two->size, 2);
+
+  // Truncated files and bad labels show when a pass reaches them.
+  std::vector<uint8_t> short_pixels(kPixels.begin(), kPixels.begin() + 10);
+  WriteGzip(dir + "/train-images-idx3-ubyte.gz", ImagesIdx(3, 2, 3, short_pixels));
+  auto cut = ReadRecords(**OpenIdxSource(dir, true));
+  ASSERT_FALSE(cut.ok());
+  EXPECT_TRUE(Contains(std::string(cut.status().message()), "truncated: header promises 3 images"));
+  WriteGzip(dir + "/train-images-idx3-ubyte.gz", ImagesIdx(3, 2, 3, kPixels));
+  WriteGzip(dir + "/train-labels-idx1-ubyte.gz", LabelsIdx(3, {1, 12, 3}));
+  auto label = ReadRecords(**OpenIdxSource(dir, true));
+  ASSERT_FALSE(label.ok());
+  EXPECT_TRUE(
+      Contains(std::string(label.status().message()), "label 12 out of range [0,10) at index 1"));
+  WriteGzip(dir + "/train-labels-idx1-ubyte.gz", LabelsIdx(2, {1, 2}));
+  auto count = OpenIdxSource(dir, true);
+  ASSERT_FALSE(count.ok());
+  EXPECT_TRUE(Contains(std::string(count.status().message()), "!= label count 2"));
+}
+
+TEST(LineReaderTest, LinesAcrossChunksCrlfAndNoFinalNewline) {
+  const std::string dir = TestDir();
+  const std::string long_line(LineReader::kChunk + 123, 'x');  // spans two chunks
+  const std::string text = "a\r\n\nb,c\n" + long_line + "\r\nlast";
+  WriteRaw(dir + "/t.txt", text);
+  WriteGzip(dir + "/t.txt.gz", text);
+  for (const std::string& path : {dir + "/t.txt", dir + "/t.txt.gz"}) {
+    auto r = LineReader::Open(path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    std::vector<std::string> lines;
+    absl::string_view line;
+    while (true) {
+      auto more = (*r)->Next(&line);
+      ASSERT_TRUE(more.ok()) << more.status();
+      if (!*more) break;
+      lines.emplace_back(line);
+    }
+    EXPECT_EQ(lines, (std::vector<std::string>{"a", "", "b,c", long_line, "last"})) << path;
+    EXPECT_EQ((*r)->line_number(), 5);
+  }
+  auto missing = LineReader::Open(dir + "/nope.txt");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(Contains(std::string(missing.status().message()), dir + "/nope.txt: cannot open"));
 }
 
 TEST(ShardedBatcherTest, CopiesFeatureRows) {
@@ -334,7 +507,7 @@ TEST(ShardedBatcherTest, CopiesFeatureRows) {
   ShardedBatcher batcher(*data, 0, 1, 5);
   std::vector<float> x;
   std::vector<int32_t> y;
-  batcher.Next(3, &x, &y);
+  ASSERT_TRUE(batcher.Next(3, &x, &y).ok());
   ASSERT_EQ(x.size(), 18u);
   ASSERT_EQ(y.size(), 3u);
   for (int i = 0; i < 3; ++i) {

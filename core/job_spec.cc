@@ -470,11 +470,93 @@ absl::Status ParseLayer(const YAML::Node& node, const std::string& path, LayerSp
   return absl::OkStatus();
 }
 
-absl::Status ParseModel(const Fields& training, ModelSpec* out) {
+absl::Status ParseOptimizer(const Fields& parent, OptimizerSpec* out);
+absl::Status ReadStringList(const Fields& f, const std::string& key, std::vector<std::string>* out);
+
+// model.embeddings and model.wide (the columns are checked against the
+// dataset in ConnectModelToDataset).
+absl::Status ParseSparseFeatures(const Fields& f, ModelSpec* out,
+                                 std::optional<OptimizerSpec>* wide_optimizer) {
+  if (const YAML::Node* n = f.Get("embeddings")) {
+    const std::string path = f.PathOf("embeddings");
+    if (!n->IsSequence()) return TypeError(path, "a list of embeddings", *n);
+    for (size_t i = 0; i < n->size(); ++i) {
+      const std::string epath = absl::StrCat(path, "[", i, "]");
+      Fields e;
+      KT_RETURN_IF_ERROR(Fields::Read((*n)[i], epath, {"column", "dim", "combiner"}, &e));
+      EmbeddingSpec emb;
+      if (!e.Has("column")) return FieldError(e.PathOf("column"), "required");
+      KT_RETURN_IF_ERROR(ReadString(e, "column", &emb.column));
+      if (!e.Has("dim")) return FieldError(e.PathOf("dim"), "required");
+      KT_RETURN_IF_ERROR(ReadInt32(e, "dim", &emb.dim));
+      KT_RETURN_IF_ERROR(CheckRange(e.PathOf("dim"), emb.dim, 1, kMaxHiddenUnits));
+      std::string combiner = "mean";
+      KT_RETURN_IF_ERROR(ReadString(e, "combiner", &combiner));
+      KT_RETURN_IF_ERROR(CheckOneOf(e.PathOf("combiner"), combiner, {"sum", "mean", "sqrtn"}));
+      emb.combiner = *CombinerFromName(combiner);
+      for (const EmbeddingSpec& other : out->embeddings) {
+        if (other.column == emb.column) {
+          return FieldError(e.PathOf("column"),
+                            absl::StrCat("column ", Quote(emb.column), " is embedded twice"));
+        }
+      }
+      out->embeddings.push_back(emb);
+    }
+  }
+  Fields w;
+  bool present;
+  KT_RETURN_IF_ERROR(ReadSection(f, "wide", {"columns", "crossed", "optimizer"}, &w, &present));
+  if (!present) return absl::OkStatus();
+  KT_RETURN_IF_ERROR(ReadStringList(w, "columns", &out->wide.columns));
+  for (size_t i = 0; i < out->wide.columns.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (out->wide.columns[i] == out->wide.columns[j]) {
+        return FieldError(absl::StrCat(w.PathOf("columns"), "[", i, "]"),
+                          absl::StrCat("duplicate column ", Quote(out->wide.columns[i])));
+      }
+    }
+  }
+  if (const YAML::Node* n = w.Get("crossed")) {
+    const std::string path = w.PathOf("crossed");
+    if (!n->IsSequence()) return TypeError(path, "a list of crossed columns", *n);
+    for (size_t i = 0; i < n->size(); ++i) {
+      const std::string cpath = absl::StrCat(path, "[", i, "]");
+      Fields c;
+      KT_RETURN_IF_ERROR(Fields::Read((*n)[i], cpath, {"columns", "hashBuckets"}, &c));
+      CrossedSpec x;
+      if (!c.Has("columns")) return FieldError(c.PathOf("columns"), "required");
+      KT_RETURN_IF_ERROR(ReadStringList(c, "columns", &x.columns));
+      if (x.columns.size() < 2) {
+        return FieldError(
+            c.PathOf("columns"),
+            absl::StrCat("a crossed column needs 2 or more columns, got ", x.columns.size()));
+      }
+      if (!c.Has("hashBuckets")) return FieldError(c.PathOf("hashBuckets"), "required");
+      int64_t buckets = 0;
+      KT_RETURN_IF_ERROR(ReadInt64(c, "hashBuckets", &buckets));
+      KT_RETURN_IF_ERROR(CheckRange<int64_t>(c.PathOf("hashBuckets"), buckets, 1, 1 << 24));
+      x.hash_buckets = buckets;
+      out->wide.crossed.push_back(x);
+    }
+  }
+  if (out->wide.empty()) {
+    return FieldError(w.path(), "needs columns or crossed (the wide part's sparse columns)");
+  }
+  if (w.Has("optimizer")) {
+    OptimizerSpec opt;
+    KT_RETURN_IF_ERROR(ParseOptimizer(w, &opt));
+    *wide_optimizer = opt;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseModel(const Fields& training, ModelSpec* out,
+                        std::optional<OptimizerSpec>* wide_optimizer) {
   Fields f;
   bool present;
-  KT_RETURN_IF_ERROR(
-      ReadSection(training, "model", {"type", "hiddenUnits", "layers", "head"}, &f, &present));
+  KT_RETURN_IF_ERROR(ReadSection(training, "model",
+                                 {"type", "hiddenUnits", "layers", "head", "embeddings", "wide"},
+                                 &f, &present));
   if (!present) return absl::OkStatus();
   KT_RETURN_IF_ERROR(ReadString(f, "type", &out->type));
   if (const YAML::Node* n = f.Get("hiddenUnits")) {
@@ -506,12 +588,24 @@ absl::Status ParseModel(const Fields& training, ModelSpec* out) {
   if (f.Has("head")) {
     std::string head;
     KT_RETURN_IF_ERROR(ReadString(f, "head", &head));
-    KT_RETURN_IF_ERROR(
-        CheckOneOf(f.PathOf("head"), head, {"softmax", "sigmoid", "meanSquaredError"}));
+    KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("head"), head,
+                                  {"softmax", "sigmoid", "meanSquaredError", "wideAndDeep"}));
     out->head = *HeadTypeFromName(head);
     if (out->type != "layers") {
       return FieldError(f.PathOf("head"), "only applies to a layer list (model.layers)");
     }
+  }
+  if ((f.Has("embeddings") || f.Has("wide")) && out->type != "layers") {
+    return FieldError(f.PathOf(f.Has("embeddings") ? "embeddings" : "wide"),
+                      "only applies to a layer list (model.layers)");
+  }
+  KT_RETURN_IF_ERROR(ParseSparseFeatures(f, out, wide_optimizer));
+  if (out->head == HeadType::kWideAndDeep && out->wide.empty()) {
+    return FieldError(f.PathOf("wide"), "required for head wideAndDeep");
+  }
+  if (!out->wide.empty() && out->head != HeadType::kWideAndDeep) {
+    return FieldError(f.PathOf("head"), absl::StrCat("must be wideAndDeep with a wide part, got ",
+                                                     HeadTypeName(out->head)));
   }
   return absl::OkStatus();
 }
@@ -629,9 +723,9 @@ absl::Status ParseColumn(const YAML::Node& node, const std::string& path, Column
 
 const std::vector<std::string>& DatasetKeys() {
   static const auto* keys = new std::vector<std::string>{
-      "name",        "path",      "format",        "trainFiles",    "testPath",    "testFiles",
-      "header",      "delimiter", "commentPrefix", "missingValues", "onBadRecord", "columns",
-      "numFeatures", "indexBase", "labels",        "numClasses"};
+      "name",        "path",      "format",        "trainFiles",    "testPath",     "testFiles",
+      "header",      "delimiter", "commentPrefix", "missingValues", "onBadRecord",  "columns",
+      "numFeatures", "indexBase", "labels",        "numClasses",    "shuffleBuffer"};
   return *keys;
 }
 
@@ -700,6 +794,9 @@ absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
       return FieldError(f.PathOf(key), absl::StrCat("only applies to format ", formats));
     }
   }
+  KT_RETURN_IF_ERROR(ReadInt64(f, "shuffleBuffer", &out->shuffle_buffer));
+  KT_RETURN_IF_ERROR(
+      CheckRange(f.PathOf("shuffleBuffer"), out->shuffle_buffer, int64_t{1}, int64_t{1} << 26));
   if (out->dataset_format == "idx") {
     KT_RETURN_IF_ERROR(ReadString(f, "name", &out->dataset_name));
     KT_RETURN_IF_ERROR(ReadString(f, "path", &out->dataset_path));
@@ -798,6 +895,49 @@ absl::Status ParseDataset(const Fields& training, TrainingSpec* out) {
 // [28, 28, 1] with 10 classes.
 // CSV records are [features] with the label column's classes.
 absl::Status ConnectModelToDataset(TrainingSpec* t) {
+  const std::string mpath = "spec.training.model";
+  // Every column an embedding or the wide part names must be a categorical
+  // column of the dataset; those columns are read as ids.
+  std::vector<std::pair<std::string, std::string>> looked_up;  // column, field
+  for (size_t i = 0; i < t->model.embeddings.size(); ++i) {
+    looked_up.emplace_back(t->model.embeddings[i].column,
+                           absl::StrCat(mpath, ".embeddings[", i, "].column"));
+  }
+  for (size_t i = 0; i < t->model.wide.columns.size(); ++i) {
+    looked_up.emplace_back(t->model.wide.columns[i], absl::StrCat(mpath, ".wide.columns[", i, "]"));
+  }
+  for (size_t i = 0; i < t->model.wide.crossed.size(); ++i) {
+    for (size_t j = 0; j < t->model.wide.crossed[i].columns.size(); ++j) {
+      looked_up.emplace_back(t->model.wide.crossed[i].columns[j],
+                             absl::StrCat(mpath, ".wide.crossed[", i, "].columns[", j, "]"));
+    }
+  }
+  if (!looked_up.empty() && t->dataset_format != "csv") {
+    return FieldError(looked_up[0].second, "embeddings and wide need a csv dataset");
+  }
+  for (const auto& [name, field] : looked_up) {
+    auto col = std::find_if(t->tabular.columns.begin(), t->tabular.columns.end(),
+                            [&](const ColumnSpec& c) { return c.name == name; });
+    if (col == t->tabular.columns.end()) {
+      return FieldError(
+          field, absl::StrCat("no column ", Quote(name), " in spec.training.dataset.columns"));
+    }
+    if (col->type != ColumnType::kCategorical) {
+      return FieldError(field, absl::StrCat("column ", Quote(name), " is ",
+                                            col->type == ColumnType::kNumeric ? "numeric"
+                                            : col->type == ColumnType::kLabel ? "the label"
+                                                                              : "ignored",
+                                            "; embeddings and wide columns must be categorical"));
+    }
+    col->as_ids = true;
+  }
+  t->model.sparse_inputs.clear();
+  for (const ColumnSpec& c : t->tabular.columns) {
+    if (!c.as_ids) continue;
+    t->model.sparse_inputs.push_back(
+        {c.name, c.hash_buckets > 0 ? c.hash_buckets : static_cast<int64_t>(c.vocabulary.size()),
+         1});
+  }
   if (t->dataset_format != "idx") {
     const int64_t dim = FeatureDim(t->tabular);
     t->model.input_dim = static_cast<int>(dim);
@@ -834,12 +974,12 @@ absl::Status ParseOptimizer(const Fields& training, OptimizerSpec* out) {
   bool present;
   KT_RETURN_IF_ERROR(ReadSection(training, "optimizer",
                                  {"type", "learningRate", "momentum", "nesterov", "beta1", "beta2",
-                                  "epsilon", "initialAccumulator"},
+                                  "epsilon", "initialAccumulator", "l1", "l2"},
                                  &f, &present));
   if (!present) return absl::OkStatus();
   KT_RETURN_IF_ERROR(ReadString(f, "type", &out->type));
   KT_RETURN_IF_ERROR(
-      CheckOneOf(f.PathOf("type"), out->type, {"sgd", "momentum", "adam", "adagrad"}));
+      CheckOneOf(f.PathOf("type"), out->type, {"sgd", "momentum", "adam", "adagrad", "ftrl"}));
   // A hyperparameter of another optimizer is a mistake (e.g. `type: sgd` with
   // `momentum: 0.9` would silently train without momentum).
   static const std::vector<std::pair<std::string, std::vector<std::string>>> kAppliesTo = {
@@ -848,7 +988,9 @@ absl::Status ParseOptimizer(const Fields& training, OptimizerSpec* out) {
       {"beta1", {"adam"}},
       {"beta2", {"adam"}},
       {"epsilon", {"adam", "adagrad"}},
-      {"initialAccumulator", {"adagrad"}}};
+      {"initialAccumulator", {"adagrad", "ftrl"}},
+      {"l1", {"ftrl"}},
+      {"l2", {"ftrl"}}};
   for (const auto& [key, types] : kAppliesTo) {
     if (f.Has(key) && std::find(types.begin(), types.end(), out->type) == types.end()) {
       return FieldError(f.PathOf(key),
@@ -863,6 +1005,8 @@ absl::Status ParseOptimizer(const Fields& training, OptimizerSpec* out) {
   KT_RETURN_IF_ERROR(ReadDouble(f, "beta2", &out->beta2));
   KT_RETURN_IF_ERROR(ReadDouble(f, "epsilon", &out->epsilon));
   KT_RETURN_IF_ERROR(ReadDouble(f, "initialAccumulator", &out->initial_accumulator));
+  KT_RETURN_IF_ERROR(ReadDouble(f, "l1", &out->l1));
+  KT_RETURN_IF_ERROR(ReadDouble(f, "l2", &out->l2));
   return absl::OkStatus();
 }
 
@@ -891,7 +1035,7 @@ absl::Status ParseTraining(const Fields& spec, TrainingSpec* out) {
     }
   }
   KT_RETURN_IF_ERROR(ReadInt64(f, "maxStaleness", &out->max_staleness));
-  KT_RETURN_IF_ERROR(ParseModel(f, &out->model));
+  KT_RETURN_IF_ERROR(ParseModel(f, &out->model, &out->wide_optimizer));
   KT_RETURN_IF_ERROR(ParseDataset(f, out));
   KT_RETURN_IF_ERROR(ConnectModelToDataset(out));
   KT_RETURN_IF_ERROR(ParseOptimizer(f, &out->optimizer));
@@ -1087,10 +1231,56 @@ absl::Status ValidateModel(const ModelSpec& model) {
   absl::StatusOr<Model> created = Model::Create(model);
   if (!created.ok()) {
     const absl::string_view message = created.status().message();
-    if (absl::StartsWith(message, "layers")) {
+    if (absl::StartsWith(message, "layers") || absl::StartsWith(message, "embeddings[") ||
+        absl::StartsWith(message, "wide")) {
       return absl::InvalidArgumentError(absl::StrCat(path, ".", message));
     }
     return FieldError(path, message);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimizer(const OptimizerSpec& o, const std::string& opath) {
+  KT_RETURN_IF_ERROR(
+      CheckOneOf(opath + ".type", o.type, {"sgd", "momentum", "adam", "adagrad", "ftrl"}));
+  KT_RETURN_IF_ERROR(CheckFinite(opath + ".learningRate", o.learning_rate));
+  if (!(o.learning_rate > 0)) {
+    return FieldError(opath + ".learningRate", absl::StrCat("must be > 0, got ", o.learning_rate));
+  }
+  for (const auto& [name, value] : {std::pair<const char*, double>{"momentum", o.momentum},
+                                    {"beta1", o.beta1},
+                                    {"beta2", o.beta2}}) {
+    if (!(value >= 0 && value < 1)) {
+      return FieldError(opath + "." + name, absl::StrCat("must be in [0, 1), got ", value));
+    }
+  }
+  KT_RETURN_IF_ERROR(CheckFinite(opath + ".epsilon", o.epsilon));
+  if (!(o.epsilon > 0)) {
+    return FieldError(opath + ".epsilon", absl::StrCat("must be > 0, got ", o.epsilon));
+  }
+  KT_RETURN_IF_ERROR(CheckFinite(opath + ".initialAccumulator", o.initial_accumulator));
+  KT_RETURN_IF_ERROR(CheckAtLeast(opath + ".initialAccumulator", o.initial_accumulator, 0.0));
+  for (const auto& [name, value] : {std::pair<const char*, double>{"learningRate", o.learning_rate},
+                                    {"momentum", o.momentum},
+                                    {"beta1", o.beta1},
+                                    {"beta2", o.beta2},
+                                    {"epsilon", o.epsilon},
+                                    {"initialAccumulator", o.initial_accumulator}}) {
+    KT_RETURN_IF_ERROR(CheckFloat32(opath + "." + name, value));
+  }
+  // A decay that rounds to 1 in float32 never decays (and adam divides by 1 - beta^t).
+  for (const auto& [name, value] : {std::pair<const char*, double>{"momentum", o.momentum},
+                                    {"beta1", o.beta1},
+                                    {"beta2", o.beta2}}) {
+    if (!(static_cast<float>(value) < 1.0f)) {
+      return FieldError(opath + "." + name,
+                        absl::StrCat("must be < 1 as a float32 (", ShortestDouble(value),
+                                     " rounds to 1), got ", ShortestDouble(value)));
+    }
+  }
+  for (const auto& [name, value] : {std::pair<const char*, double>{"l1", o.l1}, {"l2", o.l2}}) {
+    KT_RETURN_IF_ERROR(CheckFinite(opath + "." + name, value));
+    KT_RETURN_IF_ERROR(CheckAtLeast(opath + "." + name, value, 0.0));
   }
   return absl::OkStatus();
 }
@@ -1132,43 +1322,9 @@ absl::Status ValidateTraining(const TrainingJob& job) {
     if (t.dataset_path.empty()) return FieldError(path + ".dataset.path", "must not be empty");
   }
 
-  const OptimizerSpec& o = t.optimizer;
-  const std::string opath = path + ".optimizer";
-  KT_RETURN_IF_ERROR(CheckOneOf(opath + ".type", o.type, {"sgd", "momentum", "adam", "adagrad"}));
-  KT_RETURN_IF_ERROR(CheckFinite(opath + ".learningRate", o.learning_rate));
-  if (!(o.learning_rate > 0)) {
-    return FieldError(opath + ".learningRate", absl::StrCat("must be > 0, got ", o.learning_rate));
-  }
-  for (const auto& [name, value] : {std::pair<const char*, double>{"momentum", o.momentum},
-                                    {"beta1", o.beta1},
-                                    {"beta2", o.beta2}}) {
-    if (!(value >= 0 && value < 1)) {
-      return FieldError(opath + "." + name, absl::StrCat("must be in [0, 1), got ", value));
-    }
-  }
-  KT_RETURN_IF_ERROR(CheckFinite(opath + ".epsilon", o.epsilon));
-  if (!(o.epsilon > 0)) {
-    return FieldError(opath + ".epsilon", absl::StrCat("must be > 0, got ", o.epsilon));
-  }
-  KT_RETURN_IF_ERROR(CheckFinite(opath + ".initialAccumulator", o.initial_accumulator));
-  KT_RETURN_IF_ERROR(CheckAtLeast(opath + ".initialAccumulator", o.initial_accumulator, 0.0));
-  for (const auto& [name, value] : {std::pair<const char*, double>{"learningRate", o.learning_rate},
-                                    {"momentum", o.momentum},
-                                    {"beta1", o.beta1},
-                                    {"beta2", o.beta2},
-                                    {"epsilon", o.epsilon},
-                                    {"initialAccumulator", o.initial_accumulator}}) {
-    KT_RETURN_IF_ERROR(CheckFloat32(opath + "." + name, value));
-  }
-  // A decay that rounds to 1 in float32 never decays (and adam divides by 1 - beta^t).
-  for (const auto& [name, value] : {std::pair<const char*, double>{"momentum", o.momentum},
-                                    {"beta1", o.beta1},
-                                    {"beta2", o.beta2}}) {
-    if (!(static_cast<float>(value) < 1.0f)) {
-      return FieldError(opath + "." + name,
-                        absl::StrCat("must be < 1 as a float32 (", ShortestDouble(value),
-                                     " rounds to 1), got ", ShortestDouble(value)));
-    }
+  KT_RETURN_IF_ERROR(ValidateOptimizer(t.optimizer, path + ".optimizer"));
+  if (t.wide_optimizer.has_value()) {
+    KT_RETURN_IF_ERROR(ValidateOptimizer(*t.wide_optimizer, path + ".model.wide.optimizer"));
   }
 
   KT_RETURN_IF_ERROR(CheckRange(path + ".batchSize", t.batch_size, 1, kMaxBatchSize));

@@ -45,14 +45,16 @@ struct RunPolicy {
 };
 
 struct OptimizerSpec {
-  std::string type = "sgd";  // "sgd" | "momentum" | "adam" | "adagrad"
+  std::string type = "sgd";  // "sgd" | "momentum" | "adam" | "adagrad" | "ftrl"
   double learning_rate = 0.01;
   double momentum = 0.9;             // momentum
   bool nesterov = false;             // momentum
   double beta1 = 0.9;                // adam
   double beta2 = 0.999;              // adam
   double epsilon = 1e-7;             // adam, adagrad
-  double initial_accumulator = 0.1;  // adagrad
+  double initial_accumulator = 0.1;  // adagrad, ftrl
+  double l1 = 0;                     // ftrl: L1 regularisation strength
+  double l2 = 0;                     // ftrl: L2 regularisation strength
 };
 
 struct TrainingSpec {
@@ -67,8 +69,11 @@ struct TrainingSpec {
   std::string dataset_path = "/usr/share/datasets/fashion-mnist";  // format idx: the directory
   std::string dataset_format = "idx";                              // "idx" | "csv"
   TabularSpec tabular;                                             // format csv
-  std::string dataset_yaml;  // the dataset section as written ("" if absent), for model files
+  std::string dataset_yaml;        // the dataset section as written ("" if absent), for model files
+  int64_t shuffle_buffer = 65536;  // records each worker's shuffle buffer holds (core/dataset.h)
   OptimizerSpec optimizer;
+  // The wide part's tables (model.wide.optimizer); unset: `optimizer`.
+  std::optional<OptimizerSpec> wide_optimizer;
   int batch_size = 100;  // per worker, per step
   // Exactly one of steps / epochs (validation enforces it).
   std::optional<int64_t> steps;

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -516,7 +517,7 @@ TEST(JobSpecErrors, OptimizerFields) {
             "but type is sgd");
   EXPECT_EQ(ErrorOf(Replace("type: momentum", "type: rmsprop")),
             "spec.training.optimizer.type: must be one of sgd, momentum, adam, "
-            "adagrad, got "
+            "adagrad, ftrl, got "
             "\"rmsprop\"");
 }
 
@@ -690,7 +691,8 @@ TEST(JobSpecLayers, ErrorsNameTheLayerField) {
             "spec.training.model.head: only applies to a layer list (model.layers)");
   EXPECT_EQ(ErrorOf(WithLayers("      - {type: flatten}\n      - {type: dense, units: 10}\n",
                                "      head: hinge\n")),
-            "spec.training.model.head: must be one of softmax, sigmoid, meanSquaredError, got "
+            "spec.training.model.head: must be one of softmax, sigmoid, meanSquaredError, "
+            "wideAndDeep, got "
             "\"hinge\"");
 }
 
@@ -757,6 +759,14 @@ TEST(JobSpecTest, LibsvmDataset) {
                                 "layers: [{type: dense, units: 1}], head: meanSquaredError"));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->training.model.num_classes, 0);
+  EXPECT_EQ(job->training.shuffle_buffer, 65536);
+  job = ParseTrainingJob(Libsvm(", numFeatures: 8, shuffleBuffer: 1000"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->training.shuffle_buffer, 1000);
+  job = ParseTrainingJob(
+      Replace("    optimizer:", "    dataset: {shuffleBuffer: 10}\n    optimizer:"));
+  ASSERT_TRUE(job.ok()) << job.status();  // every format streams
+  EXPECT_EQ(job->training.shuffle_buffer, 10);
 }
 
 TEST(JobSpecErrors, LibsvmDataset) {
@@ -766,6 +776,8 @@ TEST(JobSpecErrors, LibsvmDataset) {
                 "feature index, plus 1 with indexBase 0)");
   EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 0")),
             d + "numFeatures: must be in [1, 16777216], got 0");
+  EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, shuffleBuffer: 0")),
+            d + "shuffleBuffer: must be in [1, 67108864], got 0");
   EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, indexBase: 2")),
             d + "indexBase: must be 0 or 1, got 2");
   EXPECT_EQ(ErrorOf(Libsvm(", numFeatures: 4, labels: multi")),
@@ -870,6 +882,78 @@ TEST(JobSpecErrors, ValidateCatchesProgrammaticJobs) {
             "with maxStaleness");
   job.training.max_staleness = 4;  // a silent worker stops holding others back after 5 s
   EXPECT_TRUE(ValidateTrainingJob(job).ok()) << ValidateTrainingJob(job);
+}
+
+}  // namespace
+}  // namespace kubetrain
+
+namespace kubetrain {
+namespace {
+
+std::string WideDeepExample() {
+  std::ifstream in(ExamplePath("census-income-wide-deep.yaml"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string WideDeepWith(const std::string& from, const std::string& to) {
+  std::string s = WideDeepExample();
+  const size_t pos = s.find(from);
+  EXPECT_NE(pos, std::string::npos) << "test bug: " << from;
+  if (pos != std::string::npos) s.replace(pos, from.size(), to);
+  return s;
+}
+
+TEST(JobSpecSparseTest, WideDeepExampleReadsLookedUpColumnsAsIds) {
+  absl::StatusOr<TrainingJob> job = ParseTrainingJob(WideDeepExample());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const TrainingSpec& t = job->training;
+  EXPECT_EQ(t.model.head, HeadType::kWideAndDeep);
+  ASSERT_EQ(t.model.embeddings.size(), 10u);
+  EXPECT_EQ(t.model.embeddings[1].column, "education");
+  EXPECT_EQ(t.model.embeddings[1].combiner, Combiner::kMean);
+  ASSERT_EQ(t.model.wide.crossed.size(), 5u);
+  EXPECT_EQ(t.model.wide.crossed[4].columns.size(), 3u);
+  ASSERT_TRUE(t.wide_optimizer.has_value());
+  EXPECT_EQ(t.wide_optimizer->type, "adagrad");
+  // 10 looked-up columns in column order; 3 numeric features before their slots.
+  ASSERT_EQ(t.model.sparse_inputs.size(), 10u);
+  EXPECT_EQ(t.model.sparse_inputs[0].column, "workclass");
+  EXPECT_EQ(t.model.sparse_inputs[0].vocab, 8);
+  EXPECT_EQ(t.model.input_dim, 3 + 10);
+  absl::StatusOr<Model> model = Model::Create(t.model);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->tables().size(), 25u);  // 10 embeddings, 10 wide columns, 5 crossed
+}
+
+TEST(JobSpecSparseTest, BadSparseSpecsNameTheField) {
+  EXPECT_CONTAINS(ErrorOf(WideDeepWith("{column: education, dim: 8}", "{column: age, dim: 8}")),
+                  "spec.training.model.embeddings[1].column: column \"age\" is numeric");
+  EXPECT_CONTAINS(
+      ErrorOf(WideDeepWith("{column: education, dim: 8}", "{column: education, dim: 0}")),
+      "spec.training.model.embeddings[1].dim: must be in [1, 65536], got 0");
+  EXPECT_CONTAINS(ErrorOf(WideDeepWith("{column: education, dim: 8}", "{column: edu, dim: 8}")),
+                  "spec.training.model.embeddings[1].column: no column \"edu\"");
+  EXPECT_CONTAINS(ErrorOf(WideDeepWith("{column: sex, dim: 8}", "{column: income, dim: 8}")),
+                  "column \"income\" is the label");
+  EXPECT_CONTAINS(ErrorOf(WideDeepWith("{columns: [education, occupation], hashBuckets: 1000}",
+                                       "{columns: [education, nope], hashBuckets: 1000}")),
+                  "spec.training.model.wide.crossed[0].columns[1]: no column \"nope\"");
+  EXPECT_CONTAINS(ErrorOf(WideDeepWith("{columns: [education, occupation], hashBuckets: 1000}",
+                                       "{columns: [education, occupation], hashBuckets: 0}")),
+                  "spec.training.model.wide.crossed[0].hashBuckets");
+  EXPECT_CONTAINS(ErrorOf(WideDeepWith("head: wideAndDeep", "head: sigmoid")),
+                  "spec.training.model.head: must be wideAndDeep with a wide part, got sigmoid");
+  EXPECT_CONTAINS(ErrorOf(WideDeepWith("{column: education, dim: 8}",
+                                       "{column: education, dim: 8, combiner: max}")),
+                  "spec.training.model.embeddings[1].combiner");
+  EXPECT_CONTAINS(ErrorOf(WideDeepWith("          type: adagrad\n          learningRate: 0.05",
+                                       "          type: adagrad\n          learningRate: -1")),
+                  "spec.training.model.wide.optimizer.learningRate: must be > 0");
+  EXPECT_CONTAINS(ErrorOf(WideDeepWith("          type: adagrad\n",
+                                       "          type: sgd\n          l1: 0.1\n")),
+                  "spec.training.model.wide.optimizer.l1: only applies to type ftrl");
 }
 
 }  // namespace

@@ -75,6 +75,8 @@ const char* HeadTypeName(HeadType h) {
       return "sigmoid";
     case HeadType::kMeanSquaredError:
       return "meanSquaredError";
+    case HeadType::kWideAndDeep:
+      return "wideAndDeep";
     case HeadType::kSoftmax:
       break;
   }
@@ -98,7 +100,8 @@ std::optional<LayerType> LayerTypeFromName(const std::string& name) {
 }
 
 std::optional<HeadType> HeadTypeFromName(const std::string& name) {
-  for (HeadType h : {HeadType::kSoftmax, HeadType::kSigmoid, HeadType::kMeanSquaredError}) {
+  for (HeadType h : {HeadType::kSoftmax, HeadType::kSigmoid, HeadType::kMeanSquaredError,
+                     HeadType::kWideAndDeep}) {
     if (name == HeadTypeName(h)) return h;
   }
   return std::nullopt;

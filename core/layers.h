@@ -43,8 +43,10 @@ using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 enum class Activation { kLinear, kRelu, kTanh, kSigmoid };
 enum class LayerType { kDense, kConv2D, kMaxPool2D, kAvgPool2D, kFlatten, kDropout };
 // The loss on the last layer's output: softmax cross-entropy over classes,
-// sigmoid cross-entropy for binary (0/1) labels, or mean squared error.
-enum class HeadType { kSoftmax, kSigmoid, kMeanSquaredError };
+// sigmoid cross-entropy for binary (0/1) labels, or mean squared error;
+// wideAndDeep: sigmoid cross-entropy of the deep tower's logit plus the wide
+// (linear, sparse) part's logit (core/model.h).
+enum class HeadType { kSoftmax, kSigmoid, kMeanSquaredError, kWideAndDeep };
 
 struct LayerSpec {
   LayerType type = LayerType::kDense;

@@ -32,7 +32,7 @@ absl::Status BadToken(absl::string_view token, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("token ", QuoteDataValue(token), ": ", what));
 }
 
-absl::Status ParseLabel(const TabularSpec& spec, absl::string_view token, SparseRecord* out) {
+absl::Status ParseLabel(const TabularSpec& spec, absl::string_view token, Record* out) {
   const auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("label ", QuoteDataValue(token), ": ", what));
   };
@@ -68,15 +68,15 @@ absl::Status ParseLabel(const TabularSpec& spec, absl::string_view token, Sparse
 
 }  // namespace
 
-absl::StatusOr<bool> ParseLibsvmLine(const TabularSpec& spec, absl::string_view line,
-                                     SparseRecord* out) {
+absl::StatusOr<bool> ParseLibsvmLine(const TabularSpec& spec, absl::string_view line, Record* out) {
+  // Fills a fresh record, so a bad line leaves *out as it was.
   if (const size_t hash = line.find('#'); hash != absl::string_view::npos) {
     line = line.substr(0, hash);
   }
   absl::string_view rest = line;
   const absl::string_view label = NextToken(&rest);
   if (label.empty()) return false;
-  SparseRecord r;
+  Record r;
   if (absl::Status st = ParseLabel(spec, label, &r); !st.ok()) return st;
   const int64_t lo = spec.index_base, hi = spec.index_base + spec.num_features - 1;
   for (absl::string_view token = NextToken(&rest); !token.empty(); token = NextToken(&rest)) {
@@ -110,58 +110,6 @@ absl::StatusOr<bool> ParseLibsvmLine(const TabularSpec& spec, absl::string_view 
   }
   *out = std::move(r);
   return true;
-}
-
-absl::StatusOr<Dataset> LoadLibsvm(const TabularSpec& spec,
-                                   const std::vector<std::string>& patterns) {
-  auto files = ExpandFiles(patterns);
-  if (!files.ok()) return files.status();
-  std::vector<SparseRecord> records;
-  int64_t skipped = 0;
-  for (const std::string& path : *files) {
-    auto reader = LineReader::Open(path);
-    if (!reader.ok()) return reader.status();
-    absl::string_view line;
-    while (true) {
-      auto more = (*reader)->Next(&line);
-      if (!more.ok()) return more.status();
-      if (!*more) break;
-      SparseRecord r;
-      auto parsed = ParseLibsvmLine(spec, line, &r);
-      if (!parsed.ok()) {
-        if (!spec.skip_bad_records) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(path, ":", (*reader)->line_number(), ": ", parsed.status().message()));
-        }
-        ++skipped;
-        continue;
-      }
-      if (*parsed) records.push_back(std::move(r));
-    }
-  }
-  Dataset d;
-  if (records.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        files->size() == 1 ? (*files)[0]
-                           : absl::StrCat((*files)[0], " and ", files->size() - 1, " more"),
-        ": no records", skipped > 0 ? absl::StrCat(" (", skipped, " bad ones skipped)") : ""));
-  }
-  d.size = static_cast<int64_t>(records.size());
-  d.rows = 1;
-  d.cols = static_cast<int>(spec.num_features);
-  d.skipped_records = skipped;
-  const bool regression = spec.libsvm_labels == LibsvmLabels::kRegression;
-  d.images.assign(static_cast<size_t>(d.size) * d.cols, 0.0f);
-  d.labels.assign(d.size, 0);
-  if (regression) d.targets.assign(d.size, 0.0f);
-  for (int64_t i = 0; i < d.size; ++i) {
-    const SparseRecord& r = records[i];
-    float* x = d.images.data() + i * d.cols;
-    for (size_t k = 0; k < r.ids.size(); ++k) x[r.ids[k]] = r.values[k];
-    d.labels[i] = r.label;
-    if (regression) d.targets[i] = r.target;
-  }
-  return d;
 }
 
 }  // namespace kubetrain

@@ -32,25 +32,13 @@
 
 namespace kubetrain {
 
-// One parsed row: 0-based feature ids (in file order) with their values, so
-// a sparse model can take the ids as they are; dense models scatter them
-// into a num_features vector.
-struct SparseRecord {
-  std::vector<int32_t> ids;
-  std::vector<float> values;
-  int32_t label = 0;  // class (kBinary, kClasses)
-  float target = 0;   // kRegression
-};
-
-// Parses one line. False (and *out untouched) for a blank or comment-only
-// line; InvalidArgumentError "<what>" (no file:line) for a bad record.
-absl::StatusOr<bool> ParseLibsvmLine(const TabularSpec& spec, absl::string_view line,
-                                     SparseRecord* out);
-
-// Reads the files (paths or globs, plain or gzip) into a dense Dataset of
-// spec.num_features features per record. Errors name file:line.
-absl::StatusOr<Dataset> LoadLibsvm(const TabularSpec& spec,
-                                   const std::vector<std::string>& patterns);
+// Parses one line into r's ids (0-based, in file order, so a sparse model
+// can take them as they are; dense models scatter them into a
+// num_features vector), values and label or target; r->dense is cleared.
+// False (r untouched) for a blank or comment-only line;
+// InvalidArgumentError "<what>" (no file:line) for a bad record. Files are
+// read by LoadTabular / OpenTabularTrainingSet (core/tabular.h).
+absl::StatusOr<bool> ParseLibsvmLine(const TabularSpec& spec, absl::string_view line, Record* r);
 
 }  // namespace kubetrain
 

@@ -39,14 +39,14 @@ std::string WriteGzip(const std::string& dir, const std::string& name, const std
 }
 
 std::string ParseError(const TabularSpec& spec, const std::string& line) {
-  SparseRecord r;
+  Record r;
   auto got = ParseLibsvmLine(spec, line, &r);
   EXPECT_FALSE(got.ok()) << line;
   return got.ok() ? "" : std::string(got.status().message());
 }
 
 TEST(LibsvmTest, ParsesLabelsIdsAndValues) {
-  SparseRecord r;
+  Record r;
   auto got = ParseLibsvmLine(Spec(5), "+1 3:0.5\t1:2  5:-1e-3 # a comment 9:9", &r);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(*got);
@@ -63,7 +63,7 @@ TEST(LibsvmTest, ParsesLabelsIdsAndValues) {
 }
 
 TEST(LibsvmTest, IndexBaseClassesRegressionAndQid) {
-  SparseRecord r;
+  Record r;
   ASSERT_TRUE(ParseLibsvmLine(Spec(3, LibsvmLabels::kBinary, 0), "1 0:1 2:3", &r).ok());
   EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 2}));
   ASSERT_TRUE(ParseLibsvmLine(Spec(3, LibsvmLabels::kClasses), "2 qid:7 1:1", &r).ok());
@@ -74,7 +74,7 @@ TEST(LibsvmTest, IndexBaseClassesRegressionAndQid) {
 }
 
 TEST(LibsvmTest, BlankAndCommentLinesAreNotRecords) {
-  SparseRecord r;
+  Record r;
   for (const char* line : {"", "   ", "\t", "# only a comment", "  # indented 1:2"}) {
     auto got = ParseLibsvmLine(Spec(3), line, &r);
     ASSERT_TRUE(got.ok()) << line;
@@ -114,7 +114,7 @@ TEST(LibsvmTest, LoadsFilesGlobsGzipAndCrlfIntoDenseRows) {
   Write(dir, "a.svm", text);
   WriteGzip(dir, "b.svm.gz", text);
   for (const std::string& pattern : {dir + "/a.svm", dir + "/b.svm.gz"}) {
-    auto d = LoadLibsvm(Spec(3), {pattern});
+    auto d = LoadTabular(Spec(3), {pattern}, nullptr);
     ASSERT_TRUE(d.ok()) << d.status();
     ASSERT_EQ(d->size, 3);
     EXPECT_EQ(d->feature_dim(), 3);
@@ -122,11 +122,11 @@ TEST(LibsvmTest, LoadsFilesGlobsGzipAndCrlfIntoDenseRows) {
     EXPECT_EQ(d->labels, (std::vector<int32_t>{1, 0, 0}));
     EXPECT_TRUE(d->targets.empty());
   }
-  auto both = LoadLibsvm(Spec(3), {dir + "/*.svm*"});
+  auto both = LoadTabular(Spec(3), {dir + "/*.svm*"}, nullptr);
   ASSERT_TRUE(both.ok()) << both.status();
   EXPECT_EQ(both->size, 6);
-  auto reg =
-      LoadLibsvm(Spec(3, LibsvmLabels::kRegression), {Write(dir, "r.svm", "2.5 1:1\n-1 2:1\n")});
+  auto reg = LoadTabular(Spec(3, LibsvmLabels::kRegression),
+                         {Write(dir, "r.svm", "2.5 1:1\n-1 2:1\n")}, nullptr);
   ASSERT_TRUE(reg.ok()) << reg.status();
   EXPECT_EQ(reg->targets, (std::vector<float>{2.5f, -1.0f}));
 }
@@ -134,30 +134,30 @@ TEST(LibsvmTest, LoadsFilesGlobsGzipAndCrlfIntoDenseRows) {
 TEST(LibsvmTest, BadRecordFailsWithFileLineOrIsSkippedAndCounted) {
   const std::string dir = NewTestDir("libsvm");
   const std::string path = Write(dir, "bad.svm", "1 1:1\r\n# c\n1 2:x\n0 3:1\n5 1:1\n");
-  auto failed = LoadLibsvm(Spec(3), {path});
+  auto failed = LoadTabular(Spec(3), {path}, nullptr);
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.status().message(), path + ":3: token \"2:x\": expected a number after ':'");
   TabularSpec skip = Spec(3);
   skip.skip_bad_records = true;
-  auto d = LoadLibsvm(skip, {path});
+  auto d = LoadTabular(skip, {path}, nullptr);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->size, 2);
   EXPECT_EQ(d->skipped_records, 2);
-  auto none = LoadLibsvm(skip, {Write(dir, "none.svm", "x\n")});
+  auto none = LoadTabular(skip, {Write(dir, "none.svm", "x\n")}, nullptr);
   ASSERT_FALSE(none.ok());
   EXPECT_CONTAINS(std::string(none.status().message()), "no records (1 bad ones skipped)");
 }
 
 TEST(LibsvmTest, MissingAndCorruptFilesAreNamed) {
   const std::string dir = NewTestDir("libsvm");
-  auto missing = LoadLibsvm(Spec(3), {dir + "/nope.svm"});
+  auto missing = LoadTabular(Spec(3), {dir + "/nope.svm"}, nullptr);
   ASSERT_FALSE(missing.ok());
   EXPECT_CONTAINS(std::string(missing.status().message()), dir + "/nope.svm");
   std::string text;
   for (int i = 0; i < 5000; ++i) text += "1 1:0.25 2:0.5 3:0.75\n";
   const std::string gz = WriteGzip(dir, "cut.svm.gz", text);
   TruncateFile(gz, std::filesystem::file_size(gz) / 2);
-  auto cut = LoadLibsvm(Spec(3), {gz});
+  auto cut = LoadTabular(Spec(3), {gz}, nullptr);
   ASSERT_FALSE(cut.ok());
   EXPECT_CONTAINS(std::string(cut.status().message()), gz + ": corrupt gzip data");
 }

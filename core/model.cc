@@ -85,7 +85,77 @@ double Auc(const std::vector<double>& score, const std::vector<int32_t>& label) 
   return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives);
 }
 
+// Every combination of the members' ids, hashed (CrossedSpec).
+void CrossIds(const std::vector<std::vector<int64_t>>& members, int64_t buckets,
+              std::vector<int64_t>* out) {
+  for (const auto& m : members) {
+    if (m.empty()) return;  // a missing member: no crossed id
+  }
+  std::vector<size_t> pick(members.size(), 0);
+  while (true) {
+    uint64_t h = 14695981039346656037ULL;
+    for (size_t k = 0; k < members.size(); ++k) {
+      const uint64_t id = static_cast<uint64_t>(members[k][pick[k]]);
+      for (int b = 0; b < 8; ++b) {
+        h ^= (id >> (8 * b)) & 0xff;
+        h *= 1099511628211ULL;
+      }
+    }
+    out->push_back(static_cast<int64_t>(h % static_cast<uint64_t>(buckets)));
+    size_t k = 0;
+    while (k < members.size() && ++pick[k] == members[k].size()) pick[k++] = 0;
+    if (k == members.size()) return;
+  }
+}
+
+// The combiner's factor for n ids.
+float CombinerScale(Combiner c, int64_t n) {
+  if (n == 0) return 0.0f;
+  switch (c) {
+    case Combiner::kMean:
+      return 1.0f / static_cast<float>(n);
+    case Combiner::kSqrtn:
+      return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+    case Combiner::kSum:
+      break;
+  }
+  return 1.0f;
+}
+
 }  // namespace
+
+const char* CombinerName(Combiner c) {
+  switch (c) {
+    case Combiner::kSum:
+      return "sum";
+    case Combiner::kSqrtn:
+      return "sqrtn";
+    case Combiner::kMean:
+      break;
+  }
+  return "mean";
+}
+
+std::optional<Combiner> CombinerFromName(const std::string& name) {
+  for (Combiner c : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtn}) {
+    if (name == CombinerName(c)) return c;
+  }
+  return std::nullopt;
+}
+
+std::string CrossedSpec::name() const { return absl::StrJoin(columns, "_x_"); }
+
+std::vector<std::vector<int64_t>> CompactLookups(SparseBatch* batch) {
+  std::vector<std::vector<int64_t>> unique;
+  for (TableLookup& t : *batch) {
+    std::vector<int64_t> ids = t.ids;
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    for (int64_t& id : t.ids) id = std::lower_bound(ids.begin(), ids.end(), id) - ids.begin();
+    unique.push_back(std::move(ids));
+  }
+  return unique;
+}
 
 struct Model::Cache {
   std::vector<RowMatrix> out;  // out[i]: op i's output (after its activation)
@@ -156,6 +226,105 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
         "unknown model type \"", spec.type, "\" (expected \"softmax\", \"mlp\" or \"layers\")"));
   }
 
+  const bool has_sparse =
+      !spec.sparse_inputs.empty() || !spec.embeddings.empty() || !spec.wide.empty();
+  std::vector<VariableSpec> table_vars;  // appended after the layers' variables
+  if (has_sparse) {
+    if (spec.type != "layers") {
+      return absl::InvalidArgumentError("embeddings and wide need a layer list (model.layers)");
+    }
+    if (m.input_shape_.size() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("embeddings and wide need a 1-D input, got ", ShapeString(m.input_shape_)));
+    }
+    for (size_t i = 0; i < spec.sparse_inputs.size(); ++i) {
+      const SparseInput& in = spec.sparse_inputs[i];
+      if (in.vocab < 1 || in.slots < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("column '", in.column, "': a looked-up column needs ids and slots"));
+      }
+      m.slot_offset_.push_back(m.id_slots_);
+      m.id_slots_ += in.slots;
+    }
+    m.dense_dim_ = m.input_shape_[0] - m.id_slots_;
+    if (m.dense_dim_ < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("the input has ", m.input_shape_[0],
+                                                     " features, fewer than its ", m.id_slots_,
+                                                     " id slots"));
+    }
+    int64_t deep = m.dense_dim_;
+    auto input_of = [&](const std::string& column,
+                        const std::string& field) -> absl::StatusOr<int> {
+      const int k = m.SparseInputIndex(column);
+      if (k < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": '", column, "' is not a categorical column of the dataset"));
+      }
+      return k;
+    };
+    for (size_t e = 0; e < spec.embeddings.size(); ++e) {
+      const EmbeddingSpec& emb = spec.embeddings[e];
+      const std::string field = absl::StrCat("embeddings[", e, "]");
+      auto k = input_of(emb.column, field + ".column");
+      if (!k.ok()) return k.status();
+      if (emb.dim <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".dim: must be > 0, got ", emb.dim));
+      }
+      VariableSpec v{"embedding." + emb.column, spec.sparse_inputs[*k].vocab, emb.dim};
+      v.table = true;
+      table_vars.push_back(v);
+      m.table_uses_.push_back({{*k}, static_cast<int>(e), 0});
+      deep += emb.dim;
+    }
+    if (!spec.wide.empty() && spec.head != HeadType::kWideAndDeep) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("wide: needs head wideAndDeep, got ", HeadTypeName(spec.head)));
+    }
+    if (spec.head == HeadType::kWideAndDeep && spec.wide.empty()) {
+      return absl::InvalidArgumentError(
+          "head wideAndDeep needs a wide part (model.wide.columns or model.wide.crossed)");
+    }
+    for (size_t c = 0; c < spec.wide.columns.size(); ++c) {
+      auto k = input_of(spec.wide.columns[c], absl::StrCat("wide.columns[", c, "]"));
+      if (!k.ok()) return k.status();
+      VariableSpec v{"wide." + spec.wide.columns[c], spec.sparse_inputs[*k].vocab, 1};
+      v.table = v.wide = true;
+      table_vars.push_back(v);
+      m.table_uses_.push_back({{*k}, -1, 0});
+    }
+    for (size_t c = 0; c < spec.wide.crossed.size(); ++c) {
+      const CrossedSpec& x = spec.wide.crossed[c];
+      const std::string field = absl::StrCat("wide.crossed[", c, "]");
+      if (x.columns.size() < 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".columns: a crossed column needs 2 or more columns, got ", x.columns.size()));
+      }
+      if (x.hash_buckets <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".hashBuckets: must be > 0, got ", x.hash_buckets));
+      }
+      TableUse use;
+      use.buckets = x.hash_buckets;
+      for (size_t j = 0; j < x.columns.size(); ++j) {
+        auto k = input_of(x.columns[j], absl::StrCat(field, ".columns[", j, "]"));
+        if (!k.ok()) return k.status();
+        use.inputs.push_back(*k);
+      }
+      VariableSpec v{"wide." + x.name(), x.hash_buckets, 1};
+      v.table = v.wide = true;
+      table_vars.push_back(v);
+      m.table_uses_.push_back(use);
+    }
+    if (deep == 0) {
+      return absl::InvalidArgumentError(
+          "the deep tower has no input (no dense features, no embeddings)");
+    }
+    m.input_shape_ = {static_cast<int>(deep)};
+  } else if (spec.head == HeadType::kWideAndDeep) {
+    return absl::InvalidArgumentError(
+        "head wideAndDeep needs a wide part (model.wide.columns or model.wide.crossed)");
+  }
+
   const bool legacy = spec.type != "layers";
   Shape shape = m.input_shape_;
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -207,9 +376,12 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
       }
       want = spec.num_classes;
       why = absl::StrCat("one unit per class of the labels (", spec.num_classes, ")");
-    } else if (spec.head == HeadType::kSigmoid && spec.num_classes != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the sigmoid head needs binary labels (2 classes), the labels have ", spec.num_classes));
+    } else if ((spec.head == HeadType::kSigmoid || spec.head == HeadType::kWideAndDeep) &&
+               spec.num_classes != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("the ", HeadTypeName(spec.head),
+                                                     " head needs binary labels (2 classes), the "
+                                                     "labels have ",
+                                                     spec.num_classes));
     }
     if (tail.units != want) {
       return absl::InvalidArgumentError(absl::StrCat(last, "dense has ", tail.units, " units, the ",
@@ -217,7 +389,126 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
                                                      ": ", why));
     }
   }
+  for (VariableSpec& v : table_vars) {
+    m.tables_.push_back(static_cast<int>(m.variables_.size()));
+    m.variables_.push_back(std::move(v));
+  }
+  if (spec.head == HeadType::kWideAndDeep) {
+    m.wide_bias_ = static_cast<int>(m.variables_.size());
+    m.variables_.push_back({"wide.bias", 1, 1});
+  }
   return m;
+}
+
+int Model::SparseInputIndex(const std::string& column) const {
+  for (size_t i = 0; i < spec_.sparse_inputs.size(); ++i) {
+    if (spec_.sparse_inputs[i].column == column) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+SparseBatch Model::Lookups(const float* x, int64_t rows) const {
+  const int64_t raw = input_dim();
+  SparseBatch out(tables_.size());
+  std::vector<std::vector<int64_t>> members;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const TableUse& use = table_uses_[t];
+    TableLookup& l = out[t];
+    l.offsets.reserve(rows + 1);
+    l.offsets.push_back(0);
+    for (int64_t r = 0; r < rows; ++r) {
+      members.assign(use.inputs.size(), {});
+      for (size_t j = 0; j < use.inputs.size(); ++j) {
+        const int k = use.inputs[j];
+        const SparseInput& in = spec_.sparse_inputs[k];
+        const float* slots = x + r * raw + dense_dim_ + slot_offset_[k];
+        for (int s = 0; s < in.slots; ++s) {
+          // -1: none; anything outside the vocabulary is none as well.
+          if (slots[s] >= 0 && slots[s] < static_cast<float>(in.vocab)) {
+            members[j].push_back(static_cast<int64_t>(slots[s]));
+          }
+        }
+      }
+      if (use.buckets > 0) {
+        CrossIds(members, use.buckets, &l.ids);
+      } else {
+        l.ids.insert(l.ids.end(), members[0].begin(), members[0].end());
+      }
+      l.offsets.push_back(static_cast<int64_t>(l.ids.size()));
+    }
+  }
+  return out;
+}
+
+RowMatrix Model::ForwardSparse(const Params& params, const float* x, int64_t rows,
+                               const SparseBatch& lookups, uint64_t dropout_seed, Cache* cache,
+                               RowMatrix* deep) const {
+  const int64_t raw = input_dim();
+  deep->setZero(rows, input_shape_[0]);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(x + r * raw, dense_dim_, deep->data() + r * deep->cols());
+  }
+  int64_t col = dense_dim_;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    if (table_uses_[t].embedding < 0) continue;
+    const EmbeddingSpec& emb = spec_.embeddings[table_uses_[t].embedding];
+    const TableLookup& l = lookups[t];
+    const float* table = params[tables_[t]].data();
+    for (int64_t r = 0; r < rows; ++r) {
+      auto out = deep->row(r).segment(col, emb.dim);
+      for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
+        out += ConstRowVectorMap(table + l.ids[i] * emb.dim, emb.dim);
+      }
+      out *= CombinerScale(emb.combiner, l.offsets[r + 1] - l.offsets[r]);
+    }
+    col += emb.dim;
+  }
+  RowMatrix z = Forward(params, deep->data(), rows, dropout_seed, cache);
+  if (wide_bias_ >= 0) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float w = params[wide_bias_][0];
+      for (size_t t = 0; t < tables_.size(); ++t) {
+        if (table_uses_[t].embedding >= 0) continue;
+        const TableLookup& l = lookups[t];
+        const float* table = params[tables_[t]].data();
+        for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) w += table[l.ids[i]];
+      }
+      z(r, 0) += w;
+    }
+  }
+  return z;
+}
+
+void Model::SparseBackward(const Params& params, const SparseBatch& lookups,
+                           const RowMatrix& d_deep, const RowMatrix& d_logits,
+                           Params* grads) const {
+  const int64_t rows = d_logits.rows();
+  int64_t col = dense_dim_;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    std::vector<float>& g = (*grads)[tables_[t]];
+    g.assign(params[tables_[t]].size(), 0.0f);
+    const TableLookup& l = lookups[t];
+    if (table_uses_[t].embedding >= 0) {
+      const EmbeddingSpec& emb = spec_.embeddings[table_uses_[t].embedding];
+      for (int64_t r = 0; r < rows; ++r) {
+        const float scale = CombinerScale(emb.combiner, l.offsets[r + 1] - l.offsets[r]);
+        const float* d = d_deep.data() + r * d_deep.cols() + col;
+        for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
+          float* row = g.data() + l.ids[i] * emb.dim;
+          for (int k = 0; k < emb.dim; ++k) row[k] += scale * d[k];
+        }
+      }
+      col += emb.dim;
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) g[l.ids[i]] += d_logits(r, 0);
+      }
+    }
+  }
+  if (wide_bias_ >= 0) {
+    (*grads)[wide_bias_].resize(1);
+    ColumnSums(d_logits.data(), rows, 1, (*grads)[wide_bias_].data());
+  }
 }
 
 bool Model::has_dropout() const {
@@ -265,6 +556,14 @@ std::string Model::Summary() const {
     }
   }
   parts.push_back(HeadTypeName(spec_.head));
+  for (const EmbeddingSpec& e : spec_.embeddings) {
+    parts.push_back(
+        absl::StrCat("embedding(", e.column, ",", e.dim, ",", CombinerName(e.combiner), ")"));
+  }
+  if (!spec_.wide.empty()) {
+    parts.push_back(
+        absl::StrCat("wide(", spec_.wide.columns.size() + spec_.wide.crossed.size(), " columns)"));
+  }
   return absl::StrCat("layers ", absl::StrJoin(parts, " "));
 }
 
@@ -272,6 +571,13 @@ std::vector<float> Model::InitialValue(int index, uint64_t seed) const {
   if (index < 0 || index >= static_cast<int>(variables_.size())) return {};
   const VariableSpec& var = variables_[index];
   std::vector<float> value(var.num_elements(), 0.0f);
+  if (var.table && !var.wide) {
+    // Embeddings: uniform in +-1/sqrt(dim); the wide part's weights are zero.
+    const double limit = 1.0 / std::sqrt(static_cast<double>(var.cols));
+    std::mt19937_64 rng(Mix64(seed ^ Mix64(Fnv1a64(var.name))));
+    for (float& v : value) v = static_cast<float>((2.0 * Uniform01(&rng) - 1.0) * limit);
+    return value;
+  }
   const Op* owner = nullptr;
   for (const Op& op : ops_) {
     if (op.kernel == index) owner = &op;
@@ -393,7 +699,17 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
   }
 
   Cache cache;
-  RowMatrix logits = Forward(params, data.x, batch, dropout_seed, &cache);
+  SparseBatch own_lookups;
+  const SparseBatch* lookups = data.sparse;
+  if (sparse() && lookups == nullptr) {
+    own_lookups = Lookups(data.x, batch);
+    lookups = &own_lookups;
+  }
+  RowMatrix deep;  // sparse: the deep tower's input
+  RowMatrix logits =
+      sparse() ? ForwardSparse(params, data.x, batch, *lookups, dropout_seed, &cache, &deep)
+               : Forward(params, data.x, batch, dropout_seed, &cache);
+  const float* input0 = sparse() ? deep.data() : data.x;
 
   // The head's loss; logits becomes d(loss)/d(logits).
   const float inv_batch = 1.0f / static_cast<float>(batch);
@@ -417,6 +733,7 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
       }
       break;
     case HeadType::kSigmoid:
+    case HeadType::kWideAndDeep:
       for (int r = 0; r < batch; ++r) {
         const double z = logits(r, 0);
         const double label = data.labels[r] == 1 ? 1.0 : 0.0;
@@ -433,9 +750,12 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
       }
       break;
   }
+  RowMatrix d_logits;
+  if (sparse()) d_logits = logits;  // the wide part's gradient
   RowMatrix d = std::move(logits);
 
-  // No input gradient is needed at or before the first layer with variables.
+  // No input gradient is needed at or before the first layer with variables,
+  // unless embeddings feed the input.
   int first_with_vars = static_cast<int>(ops_.size());
   for (int i = 0; i < static_cast<int>(ops_.size()); ++i) {
     if (ops_[i].kernel >= 0) {
@@ -443,10 +763,12 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
       break;
     }
   }
+  const bool need_deep_grad = !spec_.embeddings.empty();
+  if (need_deep_grad) first_with_vars = 0;
   for (int i = static_cast<int>(ops_.size()) - 1; i >= 0 && i >= first_with_vars; --i) {
     const Op& op = ops_[i];
-    const float* in = i == 0 ? data.x : cache.out[i - 1].data();
-    const bool need_input_grad = i > first_with_vars;
+    const float* in = i == 0 ? input0 : cache.out[i - 1].data();
+    const bool need_input_grad = i > first_with_vars || need_deep_grad;
     RowMatrix din;
     switch (op.layer.type) {
       case LayerType::kDense: {
@@ -485,7 +807,14 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
     }
     d = std::move(din);
   }
+  if (sparse()) SparseBackward(params, *lookups, d, d_logits, grads);
   return static_cast<float>(loss / batch);
+}
+
+RowMatrix Model::Logits(const Params& params, const float* x, int64_t rows) const {
+  if (!sparse()) return Forward(params, x, rows, 0, nullptr);
+  RowMatrix deep;
+  return ForwardSparse(params, x, rows, Lookups(x, rows), 0, nullptr, &deep);
 }
 
 EvalMetrics Model::Evaluate(const Params& params, const Batch& data) const {
@@ -495,13 +824,13 @@ EvalMetrics Model::Evaluate(const Params& params, const Batch& data) const {
   const int64_t in_dim = input_dim();
   int64_t correct = 0;
   double loss = 0;
-  const bool binary = spec_.head == HeadType::kSigmoid ||
+  const bool binary = spec_.head == HeadType::kSigmoid || spec_.head == HeadType::kWideAndDeep ||
                       (spec_.head == HeadType::kSoftmax && ops_.back().out[0] == 2);
   std::vector<double> score;  // binary: P(class 1)
   std::vector<int32_t> labels;
   for (int64_t start = 0; start < data.size; start += kEvalBlock) {
     const int64_t rows = std::min(kEvalBlock, data.size - start);
-    RowMatrix z = Forward(params, data.x + start * in_dim, rows, 0, nullptr);
+    RowMatrix z = Logits(params, data.x + start * in_dim, rows);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t e = start + r;
       switch (spec_.head) {
@@ -517,7 +846,8 @@ EvalMetrics Model::Evaluate(const Params& params, const Batch& data) const {
           }
           break;
         }
-        case HeadType::kSigmoid: {
+        case HeadType::kSigmoid:
+        case HeadType::kWideAndDeep: {
           const double logit = z(r, 0);
           const int32_t y = data.labels[e] == 1 ? 1 : 0;
           if ((logit >= 0 ? 1 : 0) == y) ++correct;
@@ -559,7 +889,7 @@ double Model::Accuracy(const Params& params, const float* x, const int32_t* y, i
   int64_t correct = 0;
   for (int64_t start = 0; start < n; start += kEvalBlock) {
     const int64_t rows = std::min(kEvalBlock, n - start);
-    RowMatrix z = Forward(params, x + start * in_dim, rows, 0, nullptr);
+    RowMatrix z = Logits(params, x + start * in_dim, rows);
     for (int64_t r = 0; r < rows; ++r) {
       Eigen::Index arg = 0;
       z.row(r).maxCoeff(&arg);

@@ -38,8 +38,52 @@ struct VariableSpec {
   std::string name;
   int64_t rows = 0;
   int64_t cols = 0;
+  // An embedding table (rows: ids, cols: dim): sharded by row over every PS
+  // task and moved row by row (core/placement.h), never as a whole.
+  bool table = false;
+  // A table of the wide part: trained with model.wide.optimizer if given.
+  bool wide = false;
   int64_t num_elements() const { return rows * cols; }
   int64_t num_bytes() const { return num_elements() * 4; }
+};
+
+// Sparse features (spec.training.model.embeddings / .wide). The dataset puts
+// one id slot per example for each column the model looks up (after the
+// dense features, in `sparse_inputs` order; -1: missing or out of the
+// vocabulary); a table row is looked up per id.
+struct SparseInput {
+  std::string column;
+  int64_t vocab = 0;  // ids in [0, vocab)
+  int slots = 1;      // id values per example (a multi-valued column)
+};
+// How the rows of an example's ids are combined: their sum, their mean, or
+// their sum / sqrt(count) (TF's combiners); no ids give zeros.
+enum class Combiner { kSum, kMean, kSqrtn };
+const char* CombinerName(Combiner c);
+std::optional<Combiner> CombinerFromName(const std::string& name);
+// An embedding table "embedding.<column>" [vocab, dim] whose combined rows
+// are deep-tower inputs after the dense features, in this order.
+struct EmbeddingSpec {
+  std::string column;
+  int dim = 0;
+  Combiner combiner = Combiner::kMean;
+};
+// A crossed column: the ids of 2+ columns hashed together into
+// `hash_buckets` ids: FNV-1a 64 over the member ids (each as 8 bytes,
+// little-endian, in `columns` order) mod hash_buckets; multi-valued members
+// cross every combination.
+struct CrossedSpec {
+  std::vector<std::string> columns;
+  int64_t hash_buckets = 0;
+  std::string name() const;  // "a_x_b"
+};
+// The wide part of a wideAndDeep head: a linear model over sparse columns,
+// one weight table "wide.<column>" [vocab, 1] per column and crossed column
+// (their ids' weights summed), plus a bias "wide.bias" [1, 1].
+struct WideSpec {
+  std::vector<std::string> columns;
+  std::vector<CrossedSpec> crossed;
+  bool empty() const { return columns.empty() && crossed.empty(); }
 };
 
 struct ModelSpec {
@@ -53,7 +97,24 @@ struct ModelSpec {
   Shape input_shape;  // empty: [input_dim]
   std::vector<LayerSpec> layers;
   HeadType head = HeadType::kSoftmax;
+  // Sparse features (type "layers" only; the job spec fills sparse_inputs
+  // from the dataset's columns). input_dim counts the id slots too.
+  std::vector<SparseInput> sparse_inputs;
+  std::vector<EmbeddingSpec> embeddings;
+  WideSpec wide;
 };
+
+// The rows one batch looks up in each table (Model::tables() order):
+// example e uses ids[offsets[e] .. offsets[e+1]).
+struct TableLookup {
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> ids;
+};
+using SparseBatch = std::vector<TableLookup>;
+
+// Replaces the ids of each table by their positions among its distinct ids
+// and returns those distinct ids (sorted), per table: what a worker pulls.
+std::vector<std::vector<int64_t>> CompactLookups(SparseBatch* batch);
 
 // One flat row-major buffer per variable, in Model::variables() order.
 using Params = std::vector<std::vector<float>>;
@@ -65,6 +126,10 @@ struct Batch {
   const int32_t* labels = nullptr;
   const float* targets = nullptr;
   int64_t size = 0;
+  // Lookups of the batch into compact tables (CompactLookups): params of a
+  // table then hold only its looked-up rows. Null: the model computes the
+  // lookups from x, and params hold whole tables.
+  const SparseBatch* sparse = nullptr;
 };
 
 // Test-set figures per head: softmax accuracy and log loss (and AUC of class
@@ -87,9 +152,21 @@ class Model {
   static absl::StatusOr<Model> Create(const ModelSpec& spec);
 
   const std::vector<VariableSpec>& variables() const { return variables_; }
+  // Whether the model looks up ids (embeddings, the wide part).
+  bool sparse() const { return id_slots_ > 0 || !tables_.empty(); }
+  // Indices into variables() of the embedding tables, in order.
+  const std::vector<int>& tables() const { return tables_; }
+  // The head's input (logits) for `rows` examples of x (no dropout; params
+  // hold whole tables).
+  RowMatrix Logits(const Params& params, const float* x, int64_t rows) const;
+  // The table lookups of `rows` examples of x (global ids).
+  SparseBatch Lookups(const float* x, int64_t rows) const;
   const ModelSpec& spec() const { return spec_; }
   const Shape& input_shape() const { return input_shape_; }
-  int64_t input_dim() const { return NumElements(input_shape_); }
+  // Floats per example in x: dense features, then the id slots.
+  int64_t input_dim() const {
+    return sparse() ? dense_dim_ + id_slots_ : NumElements(input_shape_);
+  }
   HeadType head() const { return spec_.head; }
   bool has_dropout() const;
   // "mlp 784-256-128-10", "layers [28, 28, 1] conv2d(32,3) maxpool2d(2) ... softmax".
@@ -130,11 +207,36 @@ class Model {
   // With `cache`, keeps what Backward needs and applies dropout.
   RowMatrix Forward(const Params& params, const float* x, int64_t rows, uint64_t dropout_seed,
                     Cache* cache) const;
+  // Forward over raw rows x (dense features + id slots): builds the deep
+  // tower's input (dense features, then the combined embeddings) into *deep
+  // and adds the wide logit. `lookups` index into params of the tables.
+  RowMatrix ForwardSparse(const Params& params, const float* x, int64_t rows,
+                          const SparseBatch& lookups, uint64_t dropout_seed, Cache* cache,
+                          RowMatrix* deep) const;
+  // d(loss)/d(table rows, wide bias) from d(loss)/d(deep input) and
+  // d(loss)/d(logit).
+  void SparseBackward(const Params& params, const SparseBatch& lookups, const RowMatrix& d_deep,
+                      const RowMatrix& d_logits, Params* grads) const;
+  // Position in sparse_inputs of a column, -1 if none.
+  int SparseInputIndex(const std::string& column) const;
 
   ModelSpec spec_;
   Shape input_shape_;
   std::vector<Op> ops_;
   std::vector<VariableSpec> variables_;
+  std::vector<int> tables_;
+  int64_t id_slots_ = 0;   // per example, after the dense features
+  int64_t dense_dim_ = 0;  // dense features per example
+  // Per table (tables_ order): which sparse inputs it reads (crossed: 2+),
+  // its embedding (index into spec_.embeddings) or -1 for the wide part.
+  struct TableUse {
+    std::vector<int> inputs;
+    int embedding = -1;
+    int64_t buckets = 0;  // crossed: hash buckets (0: not crossed)
+  };
+  std::vector<TableUse> table_uses_;
+  std::vector<int64_t> slot_offset_;  // per sparse input: its first slot
+  int wide_bias_ = -1;
 };
 
 }  // namespace kubetrain

@@ -14,6 +14,10 @@ Placement PlaceVariables(const std::vector<VariableSpec>& variables, int num_sha
   std::vector<PartPlacement> units;
   for (int v = 0; v < static_cast<int>(variables.size()); ++v) {
     const VariableSpec& var = variables[v];
+    if (var.table) {
+      placement.tables.push_back({var.name, v, var.rows, var.cols, var.wide});
+      continue;
+    }
     int64_t pieces = 1;
     if (var.num_bytes() > split_threshold_bytes && num_shards > 1) {
       pieces = std::min<int64_t>(num_shards, var.rows);
@@ -57,6 +61,7 @@ std::vector<const PartPlacement*> Placement::PartsOfShard(int shard) const {
 int64_t Placement::ShardBytes(int shard) const {
   int64_t total = 0;
   for (const auto* p : PartsOfShard(shard)) total += p->num_bytes();
+  for (const auto& t : tables) total += t.LocalRows(shard, num_shards) * t.dim * 4;
   return total;
 }
 
@@ -66,6 +71,10 @@ std::string Placement::Fingerprint() const {
   for (const auto& p : parts) {
     absl::StrAppend(&canon, p.name, ",", p.variable, ",", p.row_begin, ",", p.row_end, ",", p.cols,
                     ",", p.shard, ";");
+  }
+  for (const auto& t : tables) {  // none: the fingerprints of dense-only models are unchanged
+    absl::StrAppend(&canon, "table:", t.name, ",", t.variable, ",", t.rows, ",", t.dim, ",", t.wide,
+                    ";");
   }
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : canon) {
@@ -83,6 +92,10 @@ std::string Placement::Describe() const {
     absl::StrAppend(&out, "ps:", s, " holds ", ShardBytes(s), " bytes:");
     for (const auto* p : PartsOfShard(s)) {
       absl::StrAppend(&out, " ", p->name, "[", p->row_end - p->row_begin, "x", p->cols, "]");
+    }
+    for (const auto& t : tables) {
+      absl::StrAppend(&out, " ", t.name, "[", t.LocalRows(s, num_shards), " of ", t.rows, "x",
+                      t.dim, " rows]");
     }
     absl::StrAppend(&out, "\n");
   }

@@ -30,9 +30,31 @@ struct PartPlacement {
   int64_t element_offset() const { return row_begin * cols; }
 };
 
+// An embedding table (VariableSpec::table) is never a part: row r lives on
+// PS task r mod num_shards, as local row r / num_shards there (TensorFlow's
+// "mod" partition strategy), whatever splitThresholdBytes is, so every task
+// holds ~1/num_shards of every table and ids hashed into buckets spread
+// evenly.
+struct TablePlacement {
+  std::string name;
+  int variable = 0;  // index into Model::variables()
+  int64_t rows = 0;
+  int64_t dim = 0;
+  bool wide = false;
+  // Rows of the table held by `shard` of `num_shards`.
+  int64_t LocalRows(int shard, int num_shards) const {
+    return rows > shard ? (rows - shard + num_shards - 1) / num_shards : 0;
+  }
+};
+inline int TableShardOfRow(int64_t row, int num_shards) {
+  return static_cast<int>(row % num_shards);
+}
+inline int64_t TableLocalRow(int64_t row, int num_shards) { return row / num_shards; }
+
 struct Placement {
   int num_shards = 0;
-  std::vector<PartPlacement> parts;  // sorted by (shard, name)
+  std::vector<PartPlacement> parts;    // sorted by (shard, name)
+  std::vector<TablePlacement> tables;  // in variable order, on every shard
 
   std::vector<const PartPlacement*> PartsOfShard(int shard) const;
   int64_t ShardBytes(int shard) const;

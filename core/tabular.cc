@@ -37,6 +37,7 @@ int64_t ColumnWidth(const ColumnSpec& c) {
     case ColumnType::kNumeric:
       return 1;
     case ColumnType::kCategorical:
+      if (c.as_ids) return 0;  // an id slot after the dense features
       return c.hash_buckets > 0 ? c.hash_buckets : static_cast<int64_t>(c.vocabulary.size());
     case ColumnType::kLabel:
     case ColumnType::kIgnore:
@@ -103,9 +104,67 @@ struct Parsed {
   std::vector<int32_t> indices;
 };
 
-class Reader {
+// The lines of a list of files, in order, each file streamed (LineReader).
+class TextLines {
  public:
-  Reader(const TabularSpec& spec) : spec_(spec) {
+  explicit TextLines(std::vector<std::string> files) : files_(std::move(files)) {}
+
+  // The next line; *new_file is set on a file's first line.
+  absl::StatusOr<bool> Next(absl::string_view* line, bool* new_file) {
+    *new_file = false;
+    while (true) {
+      if (reader_ == nullptr) {
+        if (next_file_ >= files_.size()) return false;
+        auto r = LineReader::Open(files_[next_file_++]);
+        if (!r.ok()) return r.status();
+        reader_ = std::move(*r);
+        *new_file = true;
+      }
+      auto more = reader_->Next(line);
+      if (!more.ok()) return more.status();
+      if (*more) return true;
+      reader_.reset();
+    }
+  }
+  std::string Where() const {
+    return absl::StrCat(reader_->path(), ":", reader_->line_number(), ": ");
+  }
+
+ private:
+  const std::vector<std::string> files_;
+  size_t next_file_ = 0;
+  std::unique_ptr<LineReader> reader_;
+};
+
+// The next line `parse` takes as a record (parse(line, new_file, out):
+// false for lines that are not records). A bad one fails with
+// "<file>:<line>: <what>", or under skip is passed over and counted.
+template <typename Out, typename Parse>
+absl::StatusOr<bool> NextGood(TextLines* lines, bool skip, int64_t* skipped, const Parse& parse,
+                              Out* out) {
+  absl::string_view line;
+  bool new_file;
+  while (true) {
+    auto more = lines->Next(&line, &new_file);
+    if (!more.ok()) return more.status();
+    if (!*more) return false;
+    auto parsed = parse(line, new_file, out);
+    if (parsed.ok()) {
+      if (*parsed) return true;
+      continue;
+    }
+    if (!skip) {
+      return absl::Status(parsed.status().code(),
+                          absl::StrCat(lines->Where(), parsed.status().message()));
+    }
+    ++*skipped;
+  }
+}
+
+// Parses CSV lines into per-column values, and encodes them as features.
+class CsvParser {
+ public:
+  explicit CsvParser(const TabularSpec& spec) : spec_(spec) {
     for (const ColumnSpec& c : spec.columns) {
       if (c.type == ColumnType::kLabel) {
         label_classes_ = !c.classes.empty() ? static_cast<int>(c.classes.size()) : c.num_classes;
@@ -113,127 +172,79 @@ class Reader {
     }
   }
 
-  // Parses one file's records into rows_; errors name path:line.
-  absl::Status ReadFile(const std::string& path) {
-    auto text = ReadDataFile(path);
-    if (!text.ok()) return text.status();
-    absl::string_view rest(*text);
-    int64_t line_number = 0;
-    bool header_pending = spec_.header;
-    std::vector<std::string> fields;
-    while (!rest.empty()) {
-      const size_t end = rest.find('\n');
-      absl::string_view line = rest.substr(0, end);
-      rest = end == absl::string_view::npos ? absl::string_view() : rest.substr(end + 1);
-      ++line_number;
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      if (absl::StripAsciiWhitespace(line).empty()) continue;
-      if (!spec_.comment_prefix.empty() && absl::StartsWith(line, spec_.comment_prefix)) continue;
-      if (header_pending) {
-        header_pending = false;
-        continue;
-      }
-      const std::string where = absl::StrCat(path, ":", line_number, ": ");
-      std::string error;
-      absl::Status st;
-      if (!SplitRecord(line, spec_.delimiter, &fields, &error)) {
-        st = absl::InvalidArgumentError(where + error);
-      } else if (fields.size() != spec_.columns.size()) {
-        st = absl::InvalidArgumentError(absl::StrCat(where, "expected ", spec_.columns.size(),
-                                                     " fields (one per column), got ",
-                                                     fields.size()));
-      } else {
-        st = ParseFields(fields, where);
-      }
-      if (!st.ok()) {
-        if (!spec_.skip_bad_records) return st;
-        ++skipped_;
-      }
+  bool regression() const { return label_classes_ == 0; }
+
+  // False for blank, comment and header lines.
+  absl::StatusOr<bool> ParseLine(absl::string_view line, bool new_file, Parsed* out) {
+    if (new_file) header_pending_ = spec_.header;
+    if (absl::StripAsciiWhitespace(line).empty()) return false;
+    if (!spec_.comment_prefix.empty() && absl::StartsWith(line, spec_.comment_prefix)) {
+      return false;
     }
-    return absl::OkStatus();
+    if (header_pending_) {
+      header_pending_ = false;
+      return false;
+    }
+    std::string error;
+    if (!SplitRecord(line, spec_.delimiter, &fields_, &error)) {
+      return absl::InvalidArgumentError(error);
+    }
+    if (fields_.size() != spec_.columns.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expected ", spec_.columns.size(), " fields (one per column), got ", fields_.size()));
+    }
+    if (absl::Status st = ParseFields(fields_, out); !st.ok()) return st;
+    return true;
   }
 
-  absl::StatusOr<Dataset> Finish(const std::string& what, const Dataset* norm) {
-    Dataset d;
-    d.size = static_cast<int64_t>(numbers_.size() / std::max<size_t>(1, spec_.columns.size()));
-    if (d.size == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": no records",
-                       skipped_ > 0 ? absl::StrCat(" (", skipped_, " bad ones skipped)") : ""));
-    }
-    const size_t ncols = spec_.columns.size();
-    d.rows = 1;
-    d.cols = static_cast<int>(FeatureDim(spec_));
-    d.skipped_records = skipped_;
-    if (norm != nullptr) {
-      d.norm_mean = norm->norm_mean;
-      d.norm_std = norm->norm_std;
-    } else {
-      d.norm_mean.assign(ncols, 0.0f);
-      d.norm_std.assign(ncols, 1.0f);
-      for (size_t c = 0; c < ncols; ++c) {
-        if (spec_.columns[c].type != ColumnType::kNumeric) continue;
-        double sum = 0, sum_sq = 0;
-        int64_t n = 0;
-        for (int64_t r = 0; r < d.size; ++r) {
-          const double v = numbers_[r * ncols + c];
-          if (std::isnan(v)) continue;
-          sum += v;
-          sum_sq += v * v;
-          ++n;
+  // The record's features (normalised with mean/std, per column).
+  void Encode(const Parsed& p, const std::vector<float>& mean, const std::vector<float>& std,
+              Record* r) const {
+    r->dense.assign(FeatureDim(spec_), 0.0f);
+    r->ids.clear();
+    r->values.clear();
+    r->label = 0;
+    r->target = 0;
+    float* x = r->dense.data();
+    int64_t offset = 0;
+    int64_t slot = 0;  // id slots follow the dense features
+    for (const ColumnSpec& col : spec_.columns) slot += ColumnWidth(col);
+    for (size_t c = 0; c < spec_.columns.size(); ++c) {
+      const ColumnSpec& col = spec_.columns[c];
+      const double v = p.numbers[c];
+      const int32_t index = p.indices[c];
+      switch (col.type) {
+        case ColumnType::kNumeric: {
+          float value =
+              std::isnan(v) ? (col.missing == "zero" ? 0.0f : mean[c]) : static_cast<float>(v);
+          if (col.normalize) value = (value - mean[c]) / std[c];
+          x[offset] = value;
+          break;
         }
-        if (n == 0) continue;
-        const double mean = sum / n;
-        const double var = std::max(0.0, sum_sq / n - mean * mean);
-        d.norm_mean[c] = static_cast<float>(mean);
-        d.norm_std[c] = var > 0 ? static_cast<float>(std::sqrt(var)) : 1.0f;
-      }
-    }
-    if (d.norm_mean.size() != ncols || d.norm_std.size() != ncols) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": normalisation has ", d.norm_mean.size(), " columns, the schema has ", ncols));
-    }
-    const bool regression = label_classes_ == 0;
-    d.images.assign(static_cast<size_t>(d.size) * d.cols, 0.0f);
-    d.labels.assign(d.size, 0);
-    if (regression) d.targets.assign(d.size, 0.0f);
-    for (int64_t r = 0; r < d.size; ++r) {
-      float* x = d.images.data() + r * d.cols;
-      int64_t offset = 0;
-      for (size_t c = 0; c < ncols; ++c) {
-        const ColumnSpec& col = spec_.columns[c];
-        const double v = numbers_[r * ncols + c];
-        const int32_t index = indices_[r * ncols + c];
-        switch (col.type) {
-          case ColumnType::kNumeric: {
-            float value = std::isnan(v) ? (col.missing == "zero" ? 0.0f : d.norm_mean[c])
-                                        : static_cast<float>(v);
-            if (col.normalize) value = (value - d.norm_mean[c]) / d.norm_std[c];
-            x[offset] = value;
-            break;
+        case ColumnType::kCategorical:
+          if (col.as_ids) {
+            x[slot++] = static_cast<float>(index);  // exact: ids < 2^24
+          } else if (index >= 0) {
+            x[offset + index] = 1.0f;
           }
-          case ColumnType::kCategorical:
-            if (index >= 0) x[offset + index] = 1.0f;
-            break;
-          case ColumnType::kLabel:
-            if (regression) {
-              d.targets[r] = static_cast<float>(v);
-            } else {
-              d.labels[r] = index;
-            }
-            break;
-          case ColumnType::kIgnore:
-            break;
-        }
-        offset += ColumnWidth(col);
+          break;
+        case ColumnType::kLabel:
+          if (regression()) {
+            r->target = static_cast<float>(v);
+          } else {
+            r->label = index;
+          }
+          break;
+        case ColumnType::kIgnore:
+          break;
       }
+      offset += ColumnWidth(col);
     }
-    return d;
   }
 
  private:
-  absl::Status Bad(const std::string& where, const ColumnSpec& col, const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "column '", col.name, "': ", what));
+  absl::Status Bad(const ColumnSpec& col, const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("column '", col.name, "': ", what));
   }
 
   bool IsMissing(const std::string& v) const {
@@ -241,10 +252,10 @@ class Reader {
            spec_.missing_values.end();
   }
 
-  absl::Status ParseFields(const std::vector<std::string>& fields, const std::string& where) {
+  absl::Status ParseFields(const std::vector<std::string>& fields, Parsed* out) {
     const size_t ncols = spec_.columns.size();
-    std::vector<double> numbers(ncols, std::numeric_limits<double>::quiet_NaN());
-    std::vector<int32_t> indices(ncols, -1);
+    out->numbers.assign(ncols, std::numeric_limits<double>::quiet_NaN());
+    out->indices.assign(ncols, -1);
     for (size_t c = 0; c < ncols; ++c) {
       const ColumnSpec& col = spec_.columns[c];
       const std::string& v = fields[c];
@@ -254,69 +265,221 @@ class Reader {
           break;
         case ColumnType::kNumeric: {
           if (missing) {
-            if (col.missing == "error") return Bad(where, col, "missing value");
+            if (col.missing == "error") return Bad(col, "missing value");
             break;
           }
           double number;
           if (!absl::SimpleAtod(v, &number) || !std::isfinite(number)) {
-            return Bad(where, col, absl::StrCat("expected a number, got ", QuoteDataValue(v)));
+            return Bad(col, absl::StrCat("expected a number, got ", QuoteDataValue(v)));
           }
-          numbers[c] = number;
+          out->numbers[c] = number;
           break;
         }
         case ColumnType::kCategorical:
           if (missing) {
-            if (col.missing == "error") return Bad(where, col, "missing value");
+            if (col.missing == "error") return Bad(col, "missing value");
             break;
           }
           if (col.hash_buckets > 0) {
-            indices[c] = static_cast<int32_t>(Fnv1a64(v) % static_cast<uint64_t>(col.hash_buckets));
+            out->indices[c] =
+                static_cast<int32_t>(Fnv1a64(v) % static_cast<uint64_t>(col.hash_buckets));
           } else {
             auto it = std::find(col.vocabulary.begin(), col.vocabulary.end(), v);
             if (it != col.vocabulary.end())
-              indices[c] = static_cast<int32_t>(it - col.vocabulary.begin());
+              out->indices[c] = static_cast<int32_t>(it - col.vocabulary.begin());
           }
           break;
         case ColumnType::kLabel: {
-          if (missing) return Bad(where, col, "missing label");
+          if (missing) return Bad(col, "missing label");
           if (!col.classes.empty()) {
             auto it = std::find_if(col.classes.begin(), col.classes.end(),
                                    [&](const auto& kv) { return kv.first == v; });
             if (it == col.classes.end()) {
-              return Bad(where, col,
+              return Bad(col,
                          absl::StrCat("label ", QuoteDataValue(v), " is not one of the classes"));
             }
-            indices[c] = it->second;
+            out->indices[c] = it->second;
           } else if (col.num_classes > 0) {
             int32_t label;
             if (!absl::SimpleAtoi(v, &label) || label < 0 || label >= col.num_classes) {
-              return Bad(where, col,
-                         absl::StrCat("expected a class index in [0, ", col.num_classes, "), got ",
-                                      QuoteDataValue(v)));
+              return Bad(col, absl::StrCat("expected a class index in [0, ", col.num_classes,
+                                           "), got ", QuoteDataValue(v)));
             }
-            indices[c] = label;
+            out->indices[c] = label;
           } else {
             double target;
             if (!absl::SimpleAtod(v, &target) || !std::isfinite(target)) {
-              return Bad(where, col, absl::StrCat("expected a number, got ", QuoteDataValue(v)));
+              return Bad(col, absl::StrCat("expected a number, got ", QuoteDataValue(v)));
             }
-            numbers[c] = target;
+            out->numbers[c] = target;
           }
           break;
         }
       }
     }
-    numbers_.insert(numbers_.end(), numbers.begin(), numbers.end());
-    indices_.insert(indices_.end(), indices.begin(), indices.end());
     return absl::OkStatus();
   }
 
   const TabularSpec& spec_;
   int label_classes_ = -1;
-  std::vector<double> numbers_;  // records x columns
-  std::vector<int32_t> indices_;
+  bool header_pending_ = false;
+  std::vector<std::string> fields_;
+};
+
+// One pass over CSV files, encoding with fixed normalisation figures.
+class CsvReader : public RecordReader {
+ public:
+  CsvReader(const TabularSpec& spec, std::vector<std::string> files, std::vector<float> mean,
+            std::vector<float> std)
+      : spec_(spec),
+        lines_(std::move(files)),
+        parser_(spec),
+        mean_(std::move(mean)),
+        std_(std::move(std)) {}
+
+  absl::StatusOr<bool> Next(Record* r) override {
+    auto more = NextGood(
+        &lines_, spec_.skip_bad_records, &skipped_,
+        [&](absl::string_view line, bool new_file, Parsed* p) {
+          return parser_.ParseLine(line, new_file, p);
+        },
+        &parsed_);
+    if (!more.ok() || !*more) return more;
+    parser_.Encode(parsed_, mean_, std_, r);
+    return true;
+  }
+  int64_t skipped() const override { return skipped_; }
+
+ private:
+  const TabularSpec& spec_;
+  TextLines lines_;
+  CsvParser parser_;
+  const std::vector<float> mean_, std_;
+  Parsed parsed_;
   int64_t skipped_ = 0;
 };
+
+// One pass over libsvm files.
+class LibsvmReader : public RecordReader {
+ public:
+  LibsvmReader(const TabularSpec& spec, std::vector<std::string> files)
+      : spec_(spec), lines_(std::move(files)) {}
+
+  absl::StatusOr<bool> Next(Record* r) override {
+    return NextGood(
+        &lines_, spec_.skip_bad_records, &skipped_,
+        [&](absl::string_view line, bool, Record* out) {
+          return ParseLibsvmLine(spec_, line, out);
+        },
+        r);
+  }
+  int64_t skipped() const override { return skipped_; }
+
+ private:
+  const TabularSpec& spec_;
+  TextLines lines_;
+  int64_t skipped_ = 0;
+};
+
+// The spec is copied: a source outlives the TrainingJob it came from.
+class TabularSource : public RecordSource {
+ public:
+  TabularSource(TabularSpec spec, std::vector<std::string> files, std::vector<float> mean,
+                std::vector<float> std)
+      : spec_(std::move(spec)),
+        files_(std::move(files)),
+        mean_(std::move(mean)),
+        std_(std::move(std)) {}
+  int64_t feature_dim() const override { return FeatureDim(spec_); }
+  bool has_targets() const override { return LabelClasses(spec_) == 0; }
+  absl::StatusOr<std::unique_ptr<RecordReader>> Open() const override {
+    if (spec_.libsvm) return std::unique_ptr<RecordReader>(new LibsvmReader(spec_, files_));
+    return std::unique_ptr<RecordReader>(new CsvReader(spec_, files_, mean_, std_));
+  }
+
+ private:
+  const TabularSpec spec_;
+  const std::vector<std::string> files_;
+  const std::vector<float> mean_, std_;
+};
+
+std::string Describe(const std::vector<std::string>& files) {
+  return files.size() == 1 ? files[0] : absl::StrCat(files[0], " and ", files.size() - 1, " more");
+}
+
+absl::Status NoRecords(const std::vector<std::string>& files, int64_t skipped) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(Describe(files), ": no records",
+                   skipped > 0 ? absl::StrCat(" (", skipped, " bad ones skipped)") : ""));
+}
+
+// One pass over the files: the records that load, the bad ones skipped and
+// (csv) each numeric column's mean and population stddev (1 when it is 0)
+// over the values present, summed in double in file order.
+absl::StatusOr<TrainingSet> Scan(const TabularSpec& spec, const std::vector<std::string>& files) {
+  TrainingSet set;
+  TextLines lines(files);
+  if (spec.libsvm) {
+    Record r;
+    while (true) {
+      auto more = NextGood(
+          &lines, spec.skip_bad_records, &set.skipped_records,
+          [&](absl::string_view line, bool, Record* out) {
+            return ParseLibsvmLine(spec, line, out);
+          },
+          &r);
+      if (!more.ok()) return more.status();
+      if (!*more) break;
+      ++set.size;
+    }
+  } else {
+    const size_t ncols = spec.columns.size();
+    std::vector<double> sum(ncols, 0.0), sum_sq(ncols, 0.0);
+    std::vector<int64_t> n(ncols, 0);
+    CsvParser parser(spec);
+    Parsed p;
+    while (true) {
+      auto more = NextGood(
+          &lines, spec.skip_bad_records, &set.skipped_records,
+          [&](absl::string_view line, bool new_file, Parsed* out) {
+            return parser.ParseLine(line, new_file, out);
+          },
+          &p);
+      if (!more.ok()) return more.status();
+      if (!*more) break;
+      ++set.size;
+      for (size_t c = 0; c < ncols; ++c) {
+        const double v = p.numbers[c];
+        if (spec.columns[c].type != ColumnType::kNumeric || std::isnan(v)) continue;
+        sum[c] += v;
+        sum_sq[c] += v * v;
+        ++n[c];
+      }
+    }
+    set.norm_mean.assign(ncols, 0.0f);
+    set.norm_std.assign(ncols, 1.0f);
+    for (size_t c = 0; c < ncols; ++c) {
+      if (n[c] == 0) continue;
+      const double mean = sum[c] / n[c];
+      const double var = std::max(0.0, sum_sq[c] / n[c] - mean * mean);
+      set.norm_mean[c] = static_cast<float>(mean);
+      set.norm_std[c] = var > 0 ? static_cast<float>(std::sqrt(var)) : 1.0f;
+    }
+  }
+  if (set.size == 0) return NoRecords(files, set.skipped_records);
+  return set;
+}
+
+// Reads every record into a Dataset (dense), with the given normalisation.
+absl::StatusOr<Dataset> ReadAll(const TabularSpec& spec, const std::vector<std::string>& files,
+                                const std::vector<float>& mean, const std::vector<float>& std) {
+  auto d = ReadRecords(TabularSource(spec, files, mean, std));
+  if (!d.ok()) return d.status();
+  if (d->size == 0) return NoRecords(files, d->skipped_records);
+  d->norm_mean = mean;
+  d->norm_std = std;
+  return d;
+}
 
 }  // namespace
 
@@ -328,7 +491,7 @@ std::string QuoteDataValue(absl::string_view v) {
 int64_t FeatureDim(const TabularSpec& spec) {
   if (spec.libsvm) return spec.num_features;
   int64_t dim = 0;
-  for (const ColumnSpec& c : spec.columns) dim += ColumnWidth(c);
+  for (const ColumnSpec& c : spec.columns) dim += ColumnWidth(c) + (c.as_ids ? 1 : 0);
   return dim;
 }
 
@@ -378,22 +541,39 @@ absl::StatusOr<std::vector<std::string>> ExpandFiles(const std::vector<std::stri
 
 absl::StatusOr<Dataset> LoadCsv(const TabularSpec& spec, const std::vector<std::string>& patterns,
                                 const Dataset* norm) {
-  auto files = ExpandFiles(patterns);
+  return LoadTabular(spec, patterns, norm);
+}
+
+absl::StatusOr<TrainingSet> OpenTabularTrainingSet(const TabularSpec& spec) {
+  auto files = ExpandFiles(spec.train_files);
   if (!files.ok()) return files.status();
-  Reader reader(spec);
-  for (const std::string& path : *files) {
-    if (absl::Status st = reader.ReadFile(path); !st.ok()) return st;
-  }
-  return reader.Finish(files->size() == 1
-                           ? (*files)[0]
-                           : absl::StrCat((*files)[0], " and ", files->size() - 1, " more"),
-                       norm);
+  auto set = Scan(spec, *files);
+  if (!set.ok()) return set.status();
+  set->source = std::make_shared<TabularSource>(spec, *files, set->norm_mean, set->norm_std);
+  return set;
 }
 
 absl::StatusOr<Dataset> LoadTabular(const TabularSpec& spec,
                                     const std::vector<std::string>& patterns, const Dataset* norm) {
-  if (spec.libsvm) return LoadLibsvm(spec, patterns);
-  return LoadCsv(spec, patterns, norm);
+  auto files = ExpandFiles(patterns);
+  if (!files.ok()) return files.status();
+  if (spec.libsvm) return ReadAll(spec, *files, {}, {});
+  std::vector<float> mean, std;
+  if (norm != nullptr) {
+    mean = norm->norm_mean;
+    std = norm->norm_std;
+  } else {
+    auto set = Scan(spec, *files);
+    if (!set.ok()) return set.status();
+    mean = set->norm_mean;
+    std = set->norm_std;
+  }
+  const size_t ncols = spec.columns.size();
+  if (mean.size() != ncols || std.size() != ncols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Describe(*files), ": normalisation has ", mean.size(), " columns, the schema has ", ncols));
+  }
+  return ReadAll(spec, *files, mean, std);
 }
 
 }  // namespace kubetrain

@@ -52,6 +52,11 @@ struct ColumnSpec {
   std::string missing;
   std::vector<std::string> vocabulary;  // categorical: one-hot over these
   int hash_buckets = 0;                 // categorical: one-hot over FNV-1a(value) % N
+  // categorical, set when the model looks the column up by id (an embedding
+  // or the wide part): no one-hot block; its id (vocabulary index or hash
+  // bucket, -1 when missing or out of the vocabulary) is one float after all
+  // the dense features, in column order.
+  bool as_ids = false;
   // label: value -> class index; or num_classes for integer labels
   // 0..num_classes-1; with neither, a numeric regression target.
   std::vector<std::pair<std::string, int>> classes;
@@ -92,7 +97,14 @@ absl::StatusOr<std::vector<std::string>> ExpandFiles(const std::vector<std::stri
 absl::StatusOr<Dataset> LoadCsv(const TabularSpec& spec, const std::vector<std::string>& patterns,
                                 const Dataset* norm);
 
-// LoadCsv, or for spec.libsvm LoadLibsvm (which has no normalisation).
+// The training set of `spec` (csv or libsvm): one scan of spec.train_files
+// (records that load, bad ones skipped, and for csv the means and stddevs;
+// under onBadRecord: fail the first bad record is the error, file:line),
+// and a source that streams them again for every pass.
+absl::StatusOr<TrainingSet> OpenTabularTrainingSet(const TabularSpec& spec);
+
+// The records of the files in memory (test sets, eval): LoadCsv, or for
+// spec.libsvm the libsvm reader (no normalisation).
 absl::StatusOr<Dataset> LoadTabular(const TabularSpec& spec,
                                     const std::vector<std::string>& patterns, const Dataset* norm);
 

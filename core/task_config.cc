@@ -15,24 +15,41 @@
 
 namespace kubetrain {
 
-absl::StatusOr<Dataset> LoadExamples(const TrainingSpec& training, bool train,
-                                     const Dataset* train_set) {
-  if (training.dataset_format == "idx") return LoadFashionMnist(training.dataset_path, train);
-  if (train) return LoadTabular(training.tabular, training.tabular.train_files, nullptr);
-  std::optional<Dataset> own;
+absl::StatusOr<TrainingSet> OpenTrainingSet(const TrainingSpec& training) {
+  if (training.dataset_format == "idx") {
+    auto source = OpenIdxSource(training.dataset_path, /*train=*/true);
+    if (!source.ok()) return source.status();
+    auto count = CountExamples(training.dataset_path, /*train=*/true);
+    if (!count.ok()) return count.status();
+    TrainingSet set;
+    set.size = *count;
+    set.source = std::move(*source);
+    return set;
+  }
+  return OpenTabularTrainingSet(training.tabular);
+}
+
+absl::StatusOr<Dataset> LoadTestSet(const TrainingSpec& training, const TrainingSet* train_set) {
+  if (training.dataset_format == "idx") return LoadFashionMnist(training.dataset_path, false);
+  std::optional<TrainingSet> own;
   if (train_set == nullptr && !training.tabular.libsvm) {  // csv: the training set's mean/std
-    auto loaded = LoadTabular(training.tabular, training.tabular.train_files, nullptr);
-    if (!loaded.ok()) return loaded.status();
-    own = std::move(*loaded);
+    auto opened = OpenTrainingSet(training);
+    if (!opened.ok()) return opened.status();
+    own = std::move(*opened);
     train_set = &*own;
   }
-  return LoadTabular(training.tabular, training.tabular.test_files, train_set);
+  Dataset norm;
+  if (train_set != nullptr) {
+    norm.norm_mean = train_set->norm_mean;
+    norm.norm_std = train_set->norm_std;
+  }
+  return LoadTabular(training.tabular, training.tabular.test_files, &norm);
 }
 
 absl::StatusOr<int64_t> TrainExamples(const TrainingSpec& training) {
   if (training.dataset_format != "idx") {
     // Records that load (bad ones skipped under onBadRecord: skip).
-    auto data = LoadExamples(training, /*train=*/true);
+    auto data = OpenTrainingSet(training);
     if (!data.ok()) {
       return absl::Status(data.status().code(), absl::StrCat("spec.training.dataset.trainFiles: ",
                                                              data.status().message()));

@@ -59,13 +59,19 @@ std::vector<std::string> FingerprintsIn(const std::string& text);
 // Errors name the field and the file.
 absl::StatusOr<int64_t> TrainExamples(const TrainingSpec& training);
 
-// The job's training set (train) or test set, as every task reads it: IDX
-// files from spec.training.dataset.path, or CSV files (core/tabular.h). A
-// CSV test set is normalised with the training set's figures: `train_set`
-// if given, else the training files are read for them. Errors name the
+// The job's training set as every task streams it: IDX files from
+// spec.training.dataset.path (its size from the label file's header), or CSV
+// / libsvm files scanned once (core/tabular.h: size, skipped records, CSV
+// normalisation; a bad record under onBadRecord: fail is the error, naming
+// file:line).
+absl::StatusOr<TrainingSet> OpenTrainingSet(const TrainingSpec& training);
+
+// The job's test set, in memory (the chief and evaluator evaluate all of
+// it). CSV is normalised with the training set's figures: `train_set` if
+// given, else the training files are scanned for them. Errors name the
 // file:line (data) or the field.
-absl::StatusOr<Dataset> LoadExamples(const TrainingSpec& training, bool train,
-                                     const Dataset* train_set = nullptr);
+absl::StatusOr<Dataset> LoadTestSet(const TrainingSpec& training,
+                                    const TrainingSet* train_set = nullptr);
 
 // The global steps `job` trains: `steps`, or its epochs converted with the
 // dataset's real size (TrainExamples). Reads the data only for epochs, and

@@ -12,6 +12,7 @@ class InProcessPs::Channel final : public ShardChannel {
  public:
   Channel(InProcessPs* ps, uint64_t max_chunk_bytes)
       : ps_(ps), max_chunk_bytes_(std::max<uint64_t>(4, max_chunk_bytes - max_chunk_bytes % 4)) {}
+  using ShardChannel::Push;
 
   absl::StatusOr<v1::ShardInfo> GetInfo(const v1::InfoRequest& request, absl::Duration) override {
     v1::ShardInfo info;
@@ -73,13 +74,18 @@ class InProcessPs::Channel final : public ShardChannel {
   }
 
   absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
-                                        const std::vector<ChunkRef>& chunks) override {
+                                        const std::vector<ChunkRef>& chunks,
+                                        const std::vector<SparseRef>& sparse) override {
     std::shared_ptr<Shard> shard = ps_->shard();
     PushAssembler assembler(shard.get());
     if (absl::Status s = assembler.SetHeader(header); !s.ok()) return s;
     for (const ChunkRef& c : chunks) {
       absl::string_view data(reinterpret_cast<const char*>(c.data), c.count * sizeof(float));
       if (absl::Status s = assembler.AddChunk(*c.part, c.offset, data); !s.ok()) return s;
+    }
+    for (const SparseRef& r : sparse) {
+      absl::string_view data(reinterpret_cast<const char*>(r.data), r.count * r.dim * 4);
+      if (absl::Status s = assembler.AddSparse(*r.table, r.ids, r.count, data); !s.ok()) return s;
     }
     auto r = assembler.Finish();
     if (!r.ok()) return r.status();
@@ -94,6 +100,14 @@ class InProcessPs::Channel final : public ShardChannel {
     response.set_staleness(r->staleness);
     response.set_incarnation(shard->incarnation());
     response.set_absent_workers(r->absent_workers);
+    return response;
+  }
+
+  absl::StatusOr<v1::SparsePullResponse> SparsePull(const v1::SparsePullRequest& request) override {
+    v1::SparsePullResponse response;
+    if (absl::Status s = ServeSparsePull(ps_->shard().get(), request, &response); !s.ok()) {
+      return s;
+    }
     return response;
   }
 
@@ -272,9 +286,16 @@ absl::StatusOr<v1::PullResponse::Header> FaultyShardChannel::Pull(const v1::Pull
 }
 
 absl::StatusOr<v1::PushResponse> FaultyShardChannel::Push(const v1::PushRequest::Header& header,
-                                                          const std::vector<ChunkRef>& chunks) {
+                                                          const std::vector<ChunkRef>& chunks,
+                                                          const std::vector<SparseRef>& sparse) {
   if (absl::Status s = Intercept(ShardRpc::kPush); !s.ok()) return s;
-  return ShardChannelWrapper::Push(header, chunks);
+  return ShardChannelWrapper::Push(header, chunks, sparse);
+}
+
+absl::StatusOr<v1::SparsePullResponse> FaultyShardChannel::SparsePull(
+    const v1::SparsePullRequest& request) {
+  if (absl::Status s = Intercept(ShardRpc::kSparsePull); !s.ok()) return s;
+  return ShardChannelWrapper::SparsePull(request);
 }
 
 absl::Status FaultyShardChannel::Leave(const v1::LeaveRequest& request) {

@@ -84,13 +84,14 @@ class InProcessPs {
   std::map<uint64_t, TaskRole> pulls_in_flight_ ABSL_GUARDED_BY(mu_);  // tickets on shard_
 };
 
-enum class ShardRpc { kGetInfo, kPull, kPush, kLeave, kShutdown };
+enum class ShardRpc { kGetInfo, kPull, kPush, kLeave, kShutdown, kSparsePull };
 
 // A ShardChannelWrapper with faults a test switches on per RPC. Faults run
 // before the call is forwarded, in the order they were added; the first one
 // that fails the call ends it (the PS never sees it). Thread-safe.
 class FaultyShardChannel : public ShardChannelWrapper {
  public:
+  using ShardChannelWrapper::Push;
   using ShardChannelWrapper::ShardChannelWrapper;
 
   // The next `n` calls of `rpc` fail with `status` (n < 0: every call).
@@ -115,7 +116,9 @@ class FaultyShardChannel : public ShardChannelWrapper {
   absl::StatusOr<v1::PullResponse::Header> Pull(const v1::PullRequest& request,
                                                 const ChunkSink& sink) override;
   absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
-                                        const std::vector<ChunkRef>& chunks) override;
+                                        const std::vector<ChunkRef>& chunks,
+                                        const std::vector<SparseRef>& sparse) override;
+  absl::StatusOr<v1::SparsePullResponse> SparsePull(const v1::SparsePullRequest& request) override;
   absl::Status Leave(const v1::LeaveRequest& request) override;
   absl::StatusOr<v1::ShardStats> Shutdown(const v1::ShutdownRequest& request) override;
 

@@ -1,5 +1,6 @@
 #include "ps/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -13,50 +14,54 @@ namespace {
 using Vec = Eigen::Map<Eigen::ArrayXf>;
 using ConstVec = Eigen::Map<const Eigen::ArrayXf>;
 
-// Per part, the current slot buffer and the staged one (swapped by Commit).
-class Slot {
- public:
-  Slot(const std::vector<int64_t>& sizes, float init) {
-    for (int64_t n : sizes) {
-      current_.emplace_back(n, init);
-      staged_.emplace_back(n, init);
-    }
-  }
-  ConstVec current(int part, int64_t n) const { return ConstVec(current_[part].data(), n); }
-  Vec staged(int part, int64_t n) { return Vec(staged_[part].data(), n); }
-  bool staged_finite(int part, int64_t n) { return staged(part, n).allFinite(); }
-  void Commit(int part) { std::swap(current_[part], staged_[part]); }
-  std::vector<float>* current_buffer(int part) { return &current_[part]; }
+// Correctly rounded sqrt per element. Eigen's packet sqrt (EIGEN_FAST_MATH)
+// is an rsqrt approximation while its scalar tail is exact, so which
+// elements got which would depend on buffer alignment; this keeps an update
+// a function of the values alone (dense parts and table rows agree bit for
+// bit).
+template <typename Expr>
+auto ExactSqrt(const Expr& e) {
+  return e.unaryExpr([](float v) { return std::sqrt(v); });
+}
 
- private:
-  std::vector<std::vector<float>> current_, staged_;
+// The element-wise update of one optimizer type: from a value, its gradient
+// and the current slots (in[k]: slot k), the new value and slots (out[k]).
+// Dense parts and embedding-table rows both run these, so a lazy (row-wise)
+// update is the dense update of the touched rows, by construction.
+class Rule {
+ public:
+  virtual ~Rule() = default;
+  virtual std::vector<float> slot_init() const = 0;  // one entry per slot
+  // Returns false if any new value or slot element is not finite.
+  virtual bool Update(const float* value, const float* grad, int64_t n, int64_t step,
+                      const float* const* in, float* const* out, float* value_out) const = 0;
 };
 
-class Sgd final : public Optimizer {
+class SgdRule final : public Rule {
  public:
-  explicit Sgd(float lr) : lr_(lr) {}
-  bool Stage(int, const float* value, const float* grad, int64_t n, int64_t,
-             float* value_out) override {
+  explicit SgdRule(float lr) : lr_(lr) {}
+  std::vector<float> slot_init() const override { return {}; }
+  bool Update(const float* value, const float* grad, int64_t n, int64_t, const float* const*,
+              float* const*, float* value_out) const override {
     Vec out(value_out, n);
     out = ConstVec(value, n) - lr_ * ConstVec(grad, n);
     return out.allFinite();
   }
-  void Commit(int) override {}
-  std::vector<std::vector<float>*> Slots(int) override { return {}; }
 
  private:
   const float lr_;
 };
 
-class Momentum final : public Optimizer {
+class MomentumRule final : public Rule {
  public:
-  Momentum(float lr, float momentum, bool nesterov, const std::vector<int64_t>& sizes)
-      : lr_(lr), momentum_(momentum), nesterov_(nesterov), accum_(sizes, 0) {}
-  bool Stage(int part, const float* value, const float* grad, int64_t n, int64_t,
-             float* value_out) override {
-    Vec a = accum_.staged(part, n);
+  MomentumRule(float lr, float momentum, bool nesterov)
+      : lr_(lr), momentum_(momentum), nesterov_(nesterov) {}
+  std::vector<float> slot_init() const override { return {0}; }
+  bool Update(const float* value, const float* grad, int64_t n, int64_t, const float* const* in,
+              float* const* out_slots, float* value_out) const override {
+    Vec a(out_slots[0], n);
     ConstVec g(grad, n);
-    a = momentum_ * accum_.current(part, n) + g;  // TF's MomentumOptimizer
+    a = momentum_ * ConstVec(in[0], n) + g;  // TF's MomentumOptimizer
     Vec out(value_out, n);
     if (nesterov_) {
       out = ConstVec(value, n) - lr_ * (g + momentum_ * a);
@@ -65,93 +70,198 @@ class Momentum final : public Optimizer {
     }
     return out.allFinite() && a.allFinite();
   }
-  void Commit(int part) override { accum_.Commit(part); }
-  std::vector<std::vector<float>*> Slots(int part) override {
-    return {accum_.current_buffer(part)};
-  }
 
  private:
   const float lr_, momentum_;
   const bool nesterov_;
-  Slot accum_;
 };
 
-class Adam final : public Optimizer {
+class AdamRule final : public Rule {
  public:
-  Adam(const OptimizerSpec& s, const std::vector<int64_t>& sizes)
-      : lr_(s.learning_rate),
-        b1_(s.beta1),
-        b2_(s.beta2),
-        eps_(s.epsilon),
-        m_(sizes, 0),
-        v_(sizes, 0) {}
-  bool Stage(int part, const float* value, const float* grad, int64_t n, int64_t step,
-             float* value_out) override {
-    Vec m = m_.staged(part, n), v = v_.staged(part, n);
+  explicit AdamRule(const OptimizerSpec& s)
+      : lr_(s.learning_rate), b1_(s.beta1), b2_(s.beta2), eps_(s.epsilon) {}
+  std::vector<float> slot_init() const override { return {0, 0}; }
+  bool Update(const float* value, const float* grad, int64_t n, int64_t step,
+              const float* const* in, float* const* out_slots, float* value_out) const override {
+    Vec m(out_slots[0], n), v(out_slots[1], n);
     ConstVec g(grad, n);
-    m = b1_ * m_.current(part, n) + (1 - b1_) * g;
-    v = b2_ * v_.current(part, n) + (1 - b2_) * g.square();
+    m = b1_ * ConstVec(in[0], n) + (1 - b1_) * g;
+    v = b2_ * ConstVec(in[1], n) + (1 - b2_) * g.square();
     double t = static_cast<double>(step);
     float alpha =
         static_cast<float>(lr_ * std::sqrt(1 - std::pow(b2_, t)) / (1 - std::pow(b1_, t)));
     Vec out(value_out, n);
-    out = ConstVec(value, n) - alpha * m / (v.sqrt() + static_cast<float>(eps_));
+    out = ConstVec(value, n) - alpha * m / (ExactSqrt(v) + static_cast<float>(eps_));
     return out.allFinite() && m.allFinite() && v.allFinite();
-  }
-  void Commit(int part) override {
-    m_.Commit(part);
-    v_.Commit(part);
-  }
-  std::vector<std::vector<float>*> Slots(int part) override {
-    return {m_.current_buffer(part), v_.current_buffer(part)};
   }
 
  private:
   const double lr_, b1_, b2_, eps_;
-  Slot m_, v_;
 };
 
-class Adagrad final : public Optimizer {
+class AdagradRule final : public Rule {
  public:
-  Adagrad(const OptimizerSpec& s, const std::vector<int64_t>& sizes)
-      : lr_(s.learning_rate),
-        eps_(s.epsilon),
-        accum_(sizes, static_cast<float>(s.initial_accumulator)) {}
-  bool Stage(int part, const float* value, const float* grad, int64_t n, int64_t,
-             float* value_out) override {
-    Vec a = accum_.staged(part, n);
+  explicit AdagradRule(const OptimizerSpec& s)
+      : lr_(s.learning_rate), eps_(s.epsilon), init_(s.initial_accumulator) {}
+  std::vector<float> slot_init() const override { return {init_}; }
+  bool Update(const float* value, const float* grad, int64_t n, int64_t, const float* const* in,
+              float* const* out_slots, float* value_out) const override {
+    Vec a(out_slots[0], n);
     ConstVec g(grad, n);
-    a = accum_.current(part, n) + g.square();
+    a = ConstVec(in[0], n) + g.square();
     Vec out(value_out, n);
-    out = ConstVec(value, n) - lr_ * g / (a.sqrt() + eps_);
+    out = ConstVec(value, n) - lr_ * g / (ExactSqrt(a) + eps_);
     return out.allFinite() && a.allFinite();
-  }
-  void Commit(int part) override { accum_.Commit(part); }
-  std::vector<std::vector<float>*> Slots(int part) override {
-    return {accum_.current_buffer(part)};
   }
 
  private:
-  const float lr_, eps_;
-  Slot accum_;
+  const float lr_, eps_, init_;
+};
+
+// FTRL-Proximal (McMahan et al. 2013; TF's FtrlOptimizer with
+// learning_rate_power -0.5): slots are the accumulated squared gradients n
+// and the linear term z.
+class FtrlRule final : public Rule {
+ public:
+  explicit FtrlRule(const OptimizerSpec& s)
+      : lr_(s.learning_rate), l1_(s.l1), l2_(s.l2), init_(s.initial_accumulator) {}
+  std::vector<float> slot_init() const override { return {init_, 0}; }
+  bool Update(const float* value, const float* grad, int64_t n, int64_t, const float* const* in,
+              float* const* out_slots, float* value_out) const override {
+    Vec acc(out_slots[0], n), z(out_slots[1], n);
+    ConstVec g(grad, n), w(value, n), old_acc(in[0], n);
+    acc = old_acc + g.square();
+    z = ConstVec(in[1], n) + g - (ExactSqrt(acc) - ExactSqrt(old_acc)) / lr_ * w;
+    Vec out(value_out, n);
+    const Eigen::ArrayXf quadratic = ExactSqrt(acc) / lr_ + 2 * l2_;
+    out = (z.abs() > l1_).select((z.sign() * l1_ - z) / quadratic, 0.0f);
+    return out.allFinite() && acc.allFinite() && z.allFinite();
+  }
+
+ private:
+  const float lr_, l1_, l2_, init_;
+};
+
+absl::StatusOr<std::unique_ptr<Rule>> CreateRule(const OptimizerSpec& spec) {
+  if (!(spec.learning_rate > 0) || !std::isfinite(spec.learning_rate)) {
+    return absl::InvalidArgumentError("optimizer.learningRate must be > 0");
+  }
+  if (spec.type == "sgd") return std::unique_ptr<Rule>(new SgdRule(spec.learning_rate));
+  if (spec.type == "momentum") {
+    return std::unique_ptr<Rule>(
+        new MomentumRule(spec.learning_rate, spec.momentum, spec.nesterov));
+  }
+  if (spec.type == "adam") return std::unique_ptr<Rule>(new AdamRule(spec));
+  if (spec.type == "adagrad") return std::unique_ptr<Rule>(new AdagradRule(spec));
+  if (spec.type == "ftrl") return std::unique_ptr<Rule>(new FtrlRule(spec));
+  return absl::InvalidArgumentError(absl::StrCat("optimizer.type: unknown \"", spec.type,
+                                                 "\" (sgd, momentum, adam, adagrad, ftrl)"));
+}
+
+// Per part, per slot: the current buffer and the staged one (swapped by Commit).
+class DenseOptimizer final : public Optimizer {
+ public:
+  DenseOptimizer(std::unique_ptr<Rule> rule, const std::vector<int64_t>& sizes)
+      : rule_(std::move(rule)) {
+    const std::vector<float> init = rule_->slot_init();
+    current_.resize(sizes.size());
+    staged_.resize(sizes.size());
+    for (size_t p = 0; p < sizes.size(); ++p) {
+      for (float v : init) {
+        current_[p].emplace_back(sizes[p], v);
+        staged_[p].emplace_back(sizes[p], v);
+      }
+    }
+  }
+  bool Stage(int part, const float* value, const float* grad, int64_t n, int64_t step,
+             float* value_out) override {
+    std::vector<const float*> in;
+    std::vector<float*> out;
+    for (size_t k = 0; k < current_[part].size(); ++k) {
+      in.push_back(current_[part][k].data());
+      out.push_back(staged_[part][k].data());
+    }
+    return rule_->Update(value, grad, n, step, in.data(), out.data(), value_out);
+  }
+  void Commit(int part) override { std::swap(current_[part], staged_[part]); }
+  std::vector<std::vector<float>*> Slots(int part) override {
+    std::vector<std::vector<float>*> slots;
+    for (auto& s : current_[part]) slots.push_back(&s);
+    return slots;
+  }
+
+ private:
+  const std::unique_ptr<Rule> rule_;
+  std::vector<std::vector<std::vector<float>>> current_, staged_;  // [part][slot]
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(const OptimizerSpec& spec,
                                                            const std::vector<int64_t>& sizes) {
-  if (!(spec.learning_rate > 0) || !std::isfinite(spec.learning_rate)) {
-    return absl::InvalidArgumentError("optimizer.learningRate must be > 0");
+  auto rule = CreateRule(spec);
+  if (!rule.ok()) return rule.status();
+  return std::unique_ptr<Optimizer>(new DenseOptimizer(std::move(*rule), sizes));
+}
+
+struct RowOptimizer::Impl {
+  std::unique_ptr<Rule> rule;
+  int64_t rows = 0, dim = 0;
+  std::vector<std::vector<float>> slots;   // [slot]: rows x dim
+  std::vector<std::vector<float>> staged;  // [slot]: the staged rows, in Stage's order
+};
+
+RowOptimizer::RowOptimizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RowOptimizer::~RowOptimizer() = default;
+
+absl::StatusOr<std::unique_ptr<RowOptimizer>> RowOptimizer::Create(const OptimizerSpec& spec,
+                                                                   int64_t rows, int64_t dim) {
+  auto rule = CreateRule(spec);
+  if (!rule.ok()) return rule.status();
+  auto impl = std::make_unique<Impl>();
+  impl->rule = std::move(*rule);
+  impl->rows = rows;
+  impl->dim = dim;
+  for (float v : impl->rule->slot_init()) {
+    impl->slots.emplace_back(rows * dim, v);
+    impl->staged.emplace_back();
   }
-  if (spec.type == "sgd") return std::unique_ptr<Optimizer>(new Sgd(spec.learning_rate));
-  if (spec.type == "momentum") {
-    return std::unique_ptr<Optimizer>(
-        new Momentum(spec.learning_rate, spec.momentum, spec.nesterov, sizes));
+  return std::unique_ptr<RowOptimizer>(new RowOptimizer(std::move(impl)));
+}
+
+bool RowOptimizer::Stage(const float* table, const std::vector<int64_t>& rows, const float* grad,
+                         int64_t step, float* value_out) {
+  Impl& s = *impl_;
+  const int64_t dim = s.dim;
+  for (auto& st : s.staged) st.resize(rows.size() * dim);
+  std::vector<const float*> in(s.slots.size());
+  std::vector<float*> out(s.slots.size());
+  bool finite = true;
+  for (size_t i = 0; i < rows.size() && finite; ++i) {
+    const int64_t r = rows[i];
+    for (size_t k = 0; k < s.slots.size(); ++k) {
+      in[k] = s.slots[k].data() + r * dim;
+      out[k] = s.staged[k].data() + i * dim;
+    }
+    finite = s.rule->Update(table + r * dim, grad + i * dim, dim, step, in.data(), out.data(),
+                            value_out + i * dim);
   }
-  if (spec.type == "adam") return std::unique_ptr<Optimizer>(new Adam(spec, sizes));
-  if (spec.type == "adagrad") return std::unique_ptr<Optimizer>(new Adagrad(spec, sizes));
-  return absl::InvalidArgumentError(
-      absl::StrCat("optimizer.type: unknown \"", spec.type, "\" (sgd, momentum, adam, adagrad)"));
+  return finite;
+}
+
+void RowOptimizer::Commit(const std::vector<int64_t>& rows) {
+  Impl& s = *impl_;
+  for (size_t k = 0; k < s.slots.size(); ++k) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::copy_n(s.staged[k].data() + i * s.dim, s.dim, s.slots[k].data() + rows[i] * s.dim);
+    }
+  }
+}
+
+std::vector<std::vector<float>*> RowOptimizer::Slots() {
+  std::vector<std::vector<float>*> out;
+  for (auto& s : impl_->slots) out.push_back(&s);
+  return out;
 }
 
 }  // namespace kubetrain

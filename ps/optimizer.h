@@ -48,6 +48,35 @@ class Optimizer {
 absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(const OptimizerSpec& spec,
                                                            const std::vector<int64_t>& part_sizes);
 
+// The row-wise ("lazy") form of an optimizer, for one PS shard's rows of an
+// embedding table (`rows` x `dim`, row-major): an update touches only the
+// rows it names, and runs exactly the element-wise rule of the dense
+// optimizer of the same type on them (one code path), so a touched row ends
+// as the dense optimizer would leave it and an untouched row, value and
+// slots, does not move (TF's LazyAdam and sparse apply). Adam's bias
+// correction uses the shard's step, as the dense Adam does. Staged and
+// committed like Optimizer; not thread-safe.
+class RowOptimizer {
+ public:
+  static absl::StatusOr<std::unique_ptr<RowOptimizer>> Create(const OptimizerSpec& spec,
+                                                              int64_t rows, int64_t dim);
+  ~RowOptimizer();
+  // value_out[i*dim, (i+1)*dim) = new value of row rows[i] of `table`, whose
+  // gradient is grad[i*dim, ...); the new slot rows are staged. `rows` must
+  // be distinct and < rows. Returns false if anything new is not finite.
+  bool Stage(const float* table, const std::vector<int64_t>& rows, const float* grad, int64_t step,
+             float* value_out);
+  // The slot rows of the last Stage (same `rows`) become current.
+  void Commit(const std::vector<int64_t>& rows);
+  // Current slot buffers (rows x dim each), in a fixed order (checkpoints).
+  std::vector<std::vector<float>*> Slots();
+
+ private:
+  struct Impl;
+  explicit RowOptimizer(std::unique_ptr<Impl> impl);
+  const std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace kubetrain
 
 #endif  // KUBETRAIN_PS_OPTIMIZER_H_

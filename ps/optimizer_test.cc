@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 
 namespace kubetrain {
 namespace {
@@ -68,6 +70,93 @@ TEST(OptimizerTest, RejectsUnknownTypeAndBadRate) {
   s.type = "sgd";
   s.learning_rate = -1;
   EXPECT_FALSE(CreateOptimizer(s, {1}).ok());
+}
+
+}  // namespace
+}  // namespace kubetrain
+
+namespace kubetrain {
+namespace {
+
+// The row-wise optimizer on the touched rows of a table equals the dense
+// optimizer on the whole table (zero gradient elsewhere), bit for bit, and
+// leaves the other rows' values and slots untouched. dim 16 is a whole
+// number of SIMD packets, so both run the same instructions per element.
+TEST(RowOptimizerTest, LazyEqualsDenseOnTouchedRowsAndLeavesOthers) {
+  const int64_t rows = 6, dim = 16;
+  for (const char* type : {"sgd", "momentum", "adam", "adagrad", "ftrl"}) {
+    OptimizerSpec s;
+    s.type = type;
+    s.learning_rate = 0.05;
+    s.l1 = 0.001;
+    s.l2 = 0.01;
+    std::mt19937_64 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> dense(rows * dim);
+    for (float& v : dense) v = normal(rng);
+    std::vector<float> table = dense;
+    auto full = CreateOptimizer(s, {rows * dim});
+    ASSERT_TRUE(full.ok());
+    auto lazy = RowOptimizer::Create(s, rows, dim);
+    ASSERT_TRUE(lazy.ok());
+    const std::vector<int64_t> touched = {4, 1};
+    const std::vector<float> initial = table;
+    for (int64_t step = 1; step <= 3; ++step) {
+      std::vector<float> row_grads(touched.size() * dim), dense_grads(rows * dim, 0.0f);
+      for (size_t i = 0; i < touched.size(); ++i) {
+        for (int64_t k = 0; k < dim; ++k) {
+          const float g = normal(rng);
+          row_grads[i * dim + k] = g;
+          dense_grads[touched[i] * dim + k] = g;
+        }
+      }
+      ASSERT_TRUE((*full)->Apply(0, dense.data(), dense_grads.data(), rows * dim, step));
+      std::vector<float> out(touched.size() * dim);
+      ASSERT_TRUE((*lazy)->Stage(table.data(), touched, row_grads.data(), step, out.data()));
+      (*lazy)->Commit(touched);
+      for (size_t i = 0; i < touched.size(); ++i) {
+        std::copy_n(out.data() + i * dim, dim, table.data() + touched[i] * dim);
+      }
+    }
+    auto dense_slots = (*full)->Slots(0);
+    auto lazy_slots = (*lazy)->Slots();
+    ASSERT_EQ(dense_slots.size(), lazy_slots.size()) << type;
+    for (int64_t r = 0; r < rows; ++r) {
+      const bool hit = r == 1 || r == 4;
+      for (int64_t k = 0; k < dim; ++k) {
+        const int64_t e = r * dim + k;
+        if (hit) {
+          EXPECT_EQ(table[e], dense[e]) << type << " row " << r;
+          for (size_t j = 0; j < lazy_slots.size(); ++j) {
+            EXPECT_EQ((*lazy_slots[j])[e], (*dense_slots[j])[e]) << type << " slot " << j;
+          }
+        } else {
+          EXPECT_EQ(table[e], initial[e]) << type << " untouched row " << r;
+        }
+      }
+    }
+    // Untouched slots keep their initial value.
+    auto fresh = RowOptimizer::Create(s, rows, dim);
+    for (size_t j = 0; j < lazy_slots.size(); ++j) {
+      EXPECT_EQ((*lazy_slots[j])[0], (*(*fresh)->Slots()[j])[0]) << type;
+    }
+  }
+}
+
+TEST(RowOptimizerTest, NonFiniteIsReported) {
+  OptimizerSpec s;
+  s.type = "adagrad";
+  auto lazy = RowOptimizer::Create(s, 2, 2);
+  ASSERT_TRUE(lazy.ok());
+  std::vector<float> table = {1, 2, 3, 4}, grad = {1e30f, 1e30f}, out(2);
+  EXPECT_FALSE((*lazy)->Stage(table.data(), {1}, grad.data(), 1, out.data()));
+}
+
+TEST(RowOptimizerTest, UnknownTypeNamesTheField) {
+  OptimizerSpec s;
+  s.type = "rmsprop";
+  EXPECT_NE(std::string(RowOptimizer::Create(s, 1, 1).status().message()).find("optimizer.type"),
+            std::string::npos);
 }
 
 }  // namespace

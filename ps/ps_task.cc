@@ -68,6 +68,8 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
   m.service.push_seconds = &rpc.Add({{"method", "Push"}, {"side", "server"}}, LatencyBuckets());
   m.service.pull_bytes = counter("kubetrain_pull_bytes_total", "Tensor bytes sent by pulls");
   m.service.push_bytes = counter("kubetrain_push_bytes_total", "Tensor bytes received by pushes");
+  m.service.sparse_pull_bytes = counter("kubetrain_sparse_pull_bytes_total",
+                                        "Embedding-table row bytes sent by sparse pulls");
   m.service.push_streams = gauge("kubetrain_push_streams", "Push streams open on this PS task");
   m.service.push_streams_refused =
       counter("kubetrain_push_streams_refused_total",
@@ -116,6 +118,17 @@ absl::StatusOr<std::unique_ptr<PsTask>> PsTask::Create(
                              c.placement, c.job.training.optimizer, clock, metrics.shard);
   if (!shard.ok()) return shard.status();
   task->shard_ = std::move(*shard);
+  if (!c.placement.tables.empty()) {
+    auto& rows =
+        prometheus::BuildGauge()
+            .Name("kubetrain_table_rows")
+            .Help("Rows of each embedding table held by this PS task (row id mod PS tasks)")
+            .Register(*task->registry_);
+    for (const TablePlacement& t : c.placement.tables) {
+      rows.Add({{"table", t.name}})
+          .Set(static_cast<double>(t.LocalRows(task->index_, c.placement.num_shards)));
+    }
+  }
   if (absl::Status s = task->Restore(); !s.ok()) return s;
   if (!task->options_.metrics_address.empty()) {
     auto m = MetricsServer::Start(task->options_.metrics_address, task->registry_);

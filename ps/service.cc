@@ -257,8 +257,9 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
           absl::Status(s.code(), absl::StrCat(s.message(), " (message ", messages_, ")"))));
       return;
     }
-    if (service_->metrics_.push_bytes && msg.has_chunk()) {
-      service_->metrics_.push_bytes->Increment(static_cast<double>(msg.chunk().data().size()));
+    if (service_->metrics_.push_bytes && (msg.has_chunk() || msg.has_sparse())) {
+      service_->metrics_.push_bytes->Increment(static_cast<double>(
+          msg.has_chunk() ? msg.chunk().data().size() : msg.sparse().data().size()));
     }
     StartRead(&in_);
   }
@@ -471,6 +472,22 @@ grpc::ServerUnaryReactor* PsService::Leave(grpc::CallbackServerContext* ctx,
   absl::StatusOr<TaskId> task = s.ok() ? TaskFromWire(req.task_type(), req.worker_index()) : s;
   s = task.ok() ? shard_->Leave(*task) : task.status();
   return Answer("Leave", ctx, s, v1::LeaveResponse(), out);
+}
+
+grpc::ServerUnaryReactor* PsService::SparsePull(grpc::CallbackServerContext* ctx,
+                                                const grpc::ByteBuffer* raw,
+                                                grpc::ByteBuffer* out) {
+  grpc::ByteBuffer copy(*raw);
+  v1::SparsePullRequest req;
+  v1::SparsePullResponse resp;
+  absl::Status s = Parse("SparsePull", &copy, &req);
+  if (s.ok()) s = ServeSparsePull(shard_, req, &resp);
+  if (s.ok() && metrics_.sparse_pull_bytes) {
+    double bytes = 0;
+    for (const auto& t : resp.tables()) bytes += static_cast<double>(t.data().size());
+    metrics_.sparse_pull_bytes->Increment(bytes);
+  }
+  return Answer("SparsePull", ctx, s, resp, out);
 }
 
 grpc::ServerUnaryReactor* PsService::Shutdown(grpc::CallbackServerContext* ctx,

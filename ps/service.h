@@ -71,9 +71,10 @@ void ConfigurePsServer(uint64_t max_chunk_bytes, grpc::ServerBuilder* builder);
 struct PsServiceMetrics {
   prometheus::Histogram* pull_seconds = nullptr;
   prometheus::Histogram* push_seconds = nullptr;
-  prometheus::Counter* pull_bytes = nullptr;  // sent to workers
-  prometheus::Counter* push_bytes = nullptr;  // received from workers
-  prometheus::Gauge* push_streams = nullptr;  // push streams open now
+  prometheus::Counter* pull_bytes = nullptr;         // sent to workers
+  prometheus::Counter* push_bytes = nullptr;         // received from workers (dense and sparse)
+  prometheus::Counter* sparse_pull_bytes = nullptr;  // table rows sent to workers
+  prometheus::Gauge* push_streams = nullptr;         // push streams open now
   // Push streams refused for a limit or closed as idle.
   prometheus::Counter* push_streams_refused = nullptr;
 };
@@ -84,7 +85,8 @@ using RawPsService = v1::ParameterServer::WithRawCallbackMethod_GetInfo<
         v1::ParameterServer::WithRawCallbackMethod_Leave<
             v1::ParameterServer::WithRawCallbackMethod_Shutdown<
                 v1::ParameterServer::WithRawCallbackMethod_GetStats<
-                    v1::ParameterServer::CallbackService>>>>>>;
+                    v1::ParameterServer::WithRawCallbackMethod_SparsePull<
+                        v1::ParameterServer::CallbackService>>>>>>>;
 }  // namespace internal
 
 class PsService final : public internal::RawPsService {
@@ -100,6 +102,9 @@ class PsService final : public internal::RawPsService {
                                                   grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                   grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* SparsePull(grpc::CallbackServerContext* ctx,
+                                       const grpc::ByteBuffer* req,
+                                       grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                      grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,

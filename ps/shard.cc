@@ -26,6 +26,7 @@ ShardOptions ShardOptions::ForTask(const TaskConfig& config, int64_t incarnation
   const TrainingJob& job = config.job;
   ShardOptions o;
   o.shard_index = config.tf.task_index;
+  o.num_shards = config.placement.num_shards;
   o.num_workers = config.num_workers;
   o.has_chief_task = job.has_chief_replica();
   auto evaluators = job.replica_specs.find("Evaluator");
@@ -42,6 +43,7 @@ ShardOptions ShardOptions::ForTask(const TaskConfig& config, int64_t incarnation
   o.job_name = job.name;
   o.fingerprint = config.placement.Fingerprint();
   o.optimizer_type = job.training.optimizer.type;
+  o.wide_optimizer = job.training.wide_optimizer;
   return o;
 }
 
@@ -60,8 +62,31 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options
   for (const auto& p : parts) sizes.push_back(p.num_elements());
   auto opt = CreateOptimizer(optimizer, sizes);
   if (!opt.ok()) return opt.status();
-  std::unique_ptr<Shard> shard(new Shard(options, parts, std::move(*opt), clock, metrics));
+  std::vector<std::unique_ptr<RowOptimizer>> row_opts;
+  for (const TablePlacement& t : placement.tables) {
+    const OptimizerSpec& spec =
+        t.wide && options.wide_optimizer.has_value() ? *options.wide_optimizer : optimizer;
+    auto ro =
+        RowOptimizer::Create(spec, t.LocalRows(options.shard_index, placement.num_shards), t.dim);
+    if (!ro.ok()) return ro.status();
+    row_opts.push_back(std::move(*ro));
+  }
+  ShardOptions with_shards = options;
+  with_shards.num_shards = placement.num_shards;
+  std::unique_ptr<Shard> shard(new Shard(with_shards, parts, std::move(*opt), placement.tables,
+                                         std::move(row_opts), clock, metrics));
   absl::MutexLock l(&shard->mu_);
+  for (size_t t = 0; t < placement.tables.size(); ++t) {
+    // Row r of the table is local row r / num_shards of shard r % num_shards.
+    const TablePlacement& table = placement.tables[t];
+    const std::vector<float> full = model.InitialValue(table.variable, options.seed);
+    std::vector<float>& local = shard->table_values_[t];
+    local.resize(shard->table_local_rows_[t] * table.dim);
+    for (int64_t i = 0; i < shard->table_local_rows_[t]; ++i) {
+      const int64_t row = i * placement.num_shards + options.shard_index;
+      std::copy_n(full.data() + row * table.dim, table.dim, local.data() + i * table.dim);
+    }
+  }
   std::map<int, std::vector<float>> initial;  // one full variable at a time is enough
   for (size_t i = 0; i < parts.size(); ++i) {
     const auto& p = parts[i];
@@ -76,9 +101,18 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options
 }
 
 Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique_ptr<Optimizer> opt,
-             const Clock* clock, ShardMetrics metrics)
+             std::vector<TablePlacement> tables,
+             std::vector<std::unique_ptr<RowOptimizer>> row_opts, const Clock* clock,
+             ShardMetrics metrics)
     : options_(std::move(options)),
       parts_(std::move(parts)),
+      tables_(std::move(tables)),
+      table_local_rows_([this] {
+        std::vector<int64_t> rows;
+        const int shards = std::max(1, options_.num_shards);
+        for (const auto& t : tables_) rows.push_back(t.LocalRows(options_.shard_index, shards));
+        return rows;
+      }()),
       gradient_bytes_([this] {
         uint64_t n = 0;
         for (const auto& p : parts_) n += p.num_bytes();
@@ -88,6 +122,8 @@ Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique
       metrics_(metrics) {
   absl::MutexLock l(&mu_);
   optimizer_ = std::move(opt);
+  row_opts_ = std::move(row_opts);
+  table_values_.resize(tables_.size());
   values_.resize(parts_.size());
   staged_values_.resize(parts_.size());
   for (size_t i = 0; i < parts_.size(); ++i) staged_values_[i].resize(parts_[i].num_elements());
@@ -124,6 +160,115 @@ int Shard::PartIndex(const std::string& name) const {
     if (parts_[i].name == name) return static_cast<int>(i);
   }
   return -1;
+}
+
+int Shard::TableIndex(const std::string& name) const {
+  for (size_t i = 0; i < tables_.size(); ++i) {
+    if (tables_[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+namespace {
+
+// INVALID_ARGUMENT unless every id is a row of `table` held by `shard`.
+absl::Status CheckIds(const TablePlacement& table, int shard, int num_shards,
+                      const std::vector<int64_t>& ids) {
+  for (int64_t id : ids) {
+    if (id < 0 || id >= table.rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", table.name, ": id ", id, " out of range [0, ", table.rows, ")"));
+    }
+    if (TableShardOfRow(id, num_shards) != shard) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table ", table.name, ": id ", id, " lives on ps:", TableShardOfRow(id, num_shards),
+          " (id mod ", num_shards, "), not on ps:", shard));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Shard::RowsResult> Shard::PullRows(
+    const TaskId& task, const std::vector<std::pair<int, std::vector<int64_t>>>& ids) {
+  if (absl::Status valid = CheckTask(task); !valid.ok()) return valid;
+  for (const auto& [t, list] : ids) {
+    if (t < 0 || t >= static_cast<int>(tables_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown table index ", t));
+    }
+    if (absl::Status s = CheckIds(tables_[t], options_.shard_index, options_.num_shards, list);
+        !s.ok()) {
+      return s;
+    }
+  }
+  RowsResult r;
+  absl::MutexLock l(&mu_);
+  if (task.role == TaskRole::kWorker) last_seen_[task.index] = clock_->Now();
+  r.version = version_;
+  r.incarnation = options_.incarnation;
+  for (const auto& [t, list] : ids) {
+    const int64_t dim = tables_[t].dim;
+    std::vector<float> rows(list.size() * dim);
+    for (size_t i = 0; i < list.size(); ++i) {
+      const int64_t local = TableLocalRow(list[i], options_.num_shards);
+      std::copy_n(table_values_[t].data() + local * dim, dim, rows.data() + i * dim);
+    }
+    r.rows.push_back(std::move(rows));
+  }
+  return r;
+}
+
+absl::Status Shard::ValidateSparse(const std::vector<SparseGrad>& sparse) const {
+  for (const SparseGrad& g : sparse) {
+    if (g.table < 0 || g.table >= static_cast<int>(tables_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown table index ", g.table));
+    }
+    const TablePlacement& t = tables_[g.table];
+    if (absl::Status s = CheckIds(t, options_.shard_index, options_.num_shards, g.ids); !s.ok()) {
+      return s;
+    }
+    if (g.rows.size() != g.ids.size() * t.dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient rows of table ", t.name, ": ", g.rows.size(), " values for ", g.ids.size(),
+          " ids of dim ", t.dim, " (expected ", g.ids.size() * t.dim, ")"));
+    }
+    Eigen::Map<const Eigen::ArrayXf> v(g.rows.data(), static_cast<Eigen::Index>(g.rows.size()));
+    if (!((v - v) == (v - v)).all()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient rows of table ", t.name, " have a non-finite value"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<Shard::SparseGrad> Shard::AggregateSparse(
+    const std::vector<const std::vector<SparseGrad>*>& pushes, double n) const {
+  std::vector<SparseGrad> out;
+  for (int t = 0; t < static_cast<int>(tables_.size()); ++t) {
+    const int64_t dim = tables_[t].dim;
+    // id -> its sum, in double; pushes (and rows within one) added in order.
+    std::map<int64_t, std::vector<double>> sums;
+    for (const auto* push : pushes) {
+      for (const SparseGrad& g : *push) {
+        if (g.table != t) continue;
+        for (size_t i = 0; i < g.ids.size(); ++i) {
+          auto& acc = sums[g.ids[i]];
+          if (acc.empty()) acc.assign(dim, 0.0);
+          for (int64_t k = 0; k < dim; ++k) acc[k] += g.rows[i * dim + k];
+        }
+      }
+    }
+    if (sums.empty()) continue;
+    SparseGrad agg;
+    agg.table = t;
+    for (const auto& [id, acc] : sums) {
+      agg.ids.push_back(id);
+      for (double v : acc) agg.rows.push_back(static_cast<float>(v / n));
+    }
+    out.push_back(std::move(agg));
+  }
+  return out;
 }
 
 bool Shard::Done() const { return version_ >= options_.target_steps; }
@@ -341,12 +486,24 @@ absl::Status Shard::ValidatePush(const PushHeader& h,
   return absl::OkStatus();
 }
 
-bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads) {
+bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
+                        const std::vector<SparseGrad>& sparse) {
   const int64_t step = version_ + 1;
   bool finite = true;
   for (size_t i = 0; i < parts_.size() && finite; ++i) {
     finite = optimizer_->Stage(static_cast<int>(i), values_[i].data(), grads[i].data(),
                                parts_[i].num_elements(), step, staged_values_[i].data());
+  }
+  // Per sparse entry: its local rows and their staged values.
+  std::vector<std::vector<int64_t>> local(sparse.size());
+  std::vector<std::vector<float>> staged_rows(sparse.size());
+  for (size_t j = 0; j < sparse.size() && finite; ++j) {
+    const SparseGrad& g = sparse[j];
+    for (int64_t id : g.ids) local[j].push_back(TableLocalRow(id, options_.num_shards));
+    staged_rows[j].resize(g.rows.size());
+    finite = row_opts_[g.table]->Stage(table_values_[g.table].data(), local[j], g.rows.data(), step,
+                                       staged_rows[j].data());
+    // A table appears once in `sparse`, so its staged slots are still these at commit.
   }
   if (!finite) {
     // Nothing was committed: values and optimizer state are as they were.
@@ -364,6 +521,15 @@ bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads) {
   for (size_t i = 0; i < parts_.size(); ++i) {
     std::swap(values_[i], staged_values_[i]);
     optimizer_->Commit(static_cast<int>(i));
+  }
+  for (size_t j = 0; j < sparse.size(); ++j) {
+    const int t = sparse[j].table;
+    const int64_t dim = tables_[t].dim;
+    for (size_t i = 0; i < local[j].size(); ++i) {
+      std::copy_n(staged_rows[j].data() + i * dim, dim,
+                  table_values_[t].data() + local[j][i] * dim);
+    }
+    row_opts_[t]->Commit(local[j]);
   }
   return true;
 }
@@ -396,7 +562,11 @@ void Shard::ApplyPendingLocked(std::vector<std::vector<std::vector<float>>>* fre
           (acc / static_cast<double>(n)).cast<float>();
     }
   }
-  if (ApplyLocked(mean)) {
+  std::vector<const std::vector<SparseGrad>*> pushes;
+  for (const auto& [worker, g] : pending_sparse_) pushes.push_back(&g);  // worker order
+  const std::vector<SparseGrad> sparse_mean = AggregateSparse(pushes, static_cast<double>(n));
+  pending_sparse_.clear();
+  if (ApplyLocked(mean, sparse_mean)) {
     stats_.gradients_applied += n;
     if (metrics_.applied) metrics_.applied->Increment(static_cast<double>(n));
   }
@@ -412,9 +582,10 @@ void Shard::SetVersionLocked(int64_t v) {
 }
 
 absl::StatusOr<Shard::PushResult> Shard::Push(const PushHeader& header,
-                                              std::vector<std::vector<float>> grads) {
+                                              std::vector<std::vector<float>> grads,
+                                              std::vector<SparseGrad> sparse) {
   std::vector<std::vector<std::vector<float>>> freed;
-  auto result = PushImpl(header, &grads, &freed);
+  auto result = PushImpl(header, &grads, &sparse, &freed);
   if (!grads.empty()) ReleaseGradientBuffers(std::move(grads));
   for (auto& buffers : freed) ReleaseGradientBuffers(std::move(buffers));
   return result;
@@ -422,7 +593,7 @@ absl::StatusOr<Shard::PushResult> Shard::Push(const PushHeader& header,
 
 absl::StatusOr<Shard::PushResult> Shard::PushImpl(
     const PushHeader& header, std::vector<std::vector<float>>* grads_in,
-    std::vector<std::vector<std::vector<float>>>* freed) {
+    std::vector<SparseGrad>* sparse, std::vector<std::vector<std::vector<float>>>* freed) {
   const std::vector<std::vector<float>>& grads = *grads_in;
   std::vector<std::pair<Waiter, Snapshot>> ready;
   PushResult result;
@@ -455,6 +626,7 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
       }
     }
     absl::Status valid = ValidatePush(header, grads);
+    if (valid.ok()) valid = ValidateSparse(*sparse);
     if (!valid.ok()) {
       ++stats_.pushes_rejected;
       if (metrics_.rejected) metrics_.rejected->Increment();
@@ -478,6 +650,7 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
         if (pending_.empty()) accum_started_ = now;
         pending_[header.worker] = std::move(*grads_in);  // kept until the step is applied
         grads_in->clear();
+        pending_sparse_[header.worker] = std::move(*sparse);
         if (static_cast<int>(pending_.size()) >= NeededLocked()) {
           const int64_t refused = stats_.nonfinite_updates;
           ApplyPendingLocked(freed);
@@ -489,7 +662,7 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
       if (metrics_.staleness) metrics_.staleness->Observe(static_cast<double>(result.staleness));
       stats_.staleness_sum += result.staleness;
       stats_.staleness_max = std::max(stats_.staleness_max, result.staleness);
-      if (ApplyLocked(grads)) {
+      if (ApplyLocked(grads, AggregateSparse({sparse}, 1.0))) {
         StepLocked();
         ++stats_.gradients_applied;
         if (metrics_.applied) metrics_.applied->Increment();
@@ -609,15 +782,22 @@ ShardCheckpoint Shard::CheckpointLocked() const {
     for (auto* s : optimizer_->Slots(static_cast<int>(i))) slots.push_back(*s);
     c.slots.push_back(std::move(slots));
   }
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    c.part_names.push_back(tables_[t].name + "@rows");
+    c.values.push_back(table_values_[t]);
+    std::vector<std::vector<float>> slots;
+    for (auto* s : row_opts_[t]->Slots()) slots.push_back(*s);
+    c.slots.push_back(std::move(slots));
+  }
   c.worker_clocks = worker_clock_;
   return c;
 }
 
 absl::Status Shard::Restore(const ShardCheckpoint& c) {
-  if (c.part_names.size() != parts_.size() || c.values.size() != parts_.size() ||
-      c.slots.size() != parts_.size()) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint has ", c.part_names.size(),
-                                                      " parts, shard holds ", parts_.size()));
+  const size_t all = parts_.size() + tables_.size();  // the tables' rows come last
+  if (c.part_names.size() != all || c.values.size() != all || c.slots.size() != all) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint has ", c.part_names.size(), " parts, shard holds ", all));
   }
   absl::MutexLock l(&mu_);
   for (size_t i = 0; i < parts_.size(); ++i) {
@@ -635,10 +815,27 @@ absl::Status Shard::Restore(const ShardCheckpoint& c) {
       }
     }
   }
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const size_t i = parts_.size() + t;
+    auto slots = row_opts_[t]->Slots();
+    bool ok = c.part_names[i] == tables_[t].name + "@rows" &&
+              c.values[i].size() == table_values_[t].size() && c.slots[i].size() == slots.size();
+    for (size_t k = 0; ok && k < slots.size(); ++k) ok = c.slots[i][k].size() == slots[k]->size();
+    if (!ok) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint part ", c.part_names[i], " does not match the rows of ", tables_[t].name));
+    }
+  }
   // Everything matches: now load.
   for (size_t i = 0; i < parts_.size(); ++i) {
     values_[i] = c.values[i];
     auto slots = optimizer_->Slots(static_cast<int>(i));
+    for (size_t k = 0; k < slots.size(); ++k) *slots[k] = c.slots[i][k];
+  }
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const size_t i = parts_.size() + t;
+    table_values_[t] = c.values[i];
+    auto slots = row_opts_[t]->Slots();
     for (size_t k = 0; k < slots.size(); ++k) *slots[k] = c.slots[i][k];
   }
   for (const auto& [worker, clock] : c.worker_clocks) {

@@ -47,6 +47,21 @@
 // bound or the worker clocks, and their Leave is not a worker's. Only the task
 // that does the chief's duties (the chief, else worker 0) may end the job.
 //
+// Embedding tables: the shard holds rows r = shard_index (mod num_shards) of
+// every table (core/placement.h TablePlacement), each with a row-wise
+// optimizer (ps/optimizer.h RowOptimizer; the wide part's tables use
+// model.wide.optimizer when the job gives one). PullRows reads rows by id at
+// once (no hold). A push may carry gradient rows (ids + rows) besides the
+// dense gradient; they ride the same version, staleness and sync rules. In
+// sync mode the rows of a step's workers are summed by id in double, in
+// worker-index order, and divided by the number of gradients, exactly as the
+// dense mean is (a row a worker did not touch adds 0), then applied once,
+// to the touched rows only; in async mode a push's rows are applied on
+// arrival (duplicate ids in one push are summed). The dense and sparse
+// updates of a step are staged together and committed together (or refused
+// together as non-finite). Tables are checkpointed and restored with the
+// dense parts, as extra parts named "<table>@rows".
+//
 // Thread safety: all methods are thread-safe. Pull callbacks run without the
 // shard's lock held, exactly once per Pull.
 #ifndef KUBETRAIN_PS_SHARD_H_
@@ -92,6 +107,7 @@ std::string TaskName(const TaskId& task);
 
 struct ShardOptions {
   int shard_index = 0;
+  int num_shards = 1;  // PS tasks of the job (Shard::Create takes it from the placement)
   int num_workers = 1;
   // The job has a Chief replica: its task ("chief", 0) does the chief's
   // duties and is the only one that may end the job; else worker 0 is.
@@ -110,6 +126,8 @@ struct ShardOptions {
   std::string job_name;
   std::string fingerprint;
   std::string optimizer_type;
+  // The wide part's tables' optimizer (model.wide.optimizer), if the job sets one.
+  std::optional<OptimizerSpec> wide_optimizer;
 
   // The options of PS task config.tf.task_index of a job, as kubetrain-ps
   // uses them.
@@ -170,6 +188,18 @@ class Shard {
     int64_t incarnation = 0;  // 0: do not check
     uint64_t push_id = 0;     // 0: none (see Push)
   };
+  // Gradient rows of one table in a push: ids (global, held by this shard)
+  // and ids.size() x dim floats.
+  struct SparseGrad {
+    int table = 0;  // index into tables()
+    std::vector<int64_t> ids;
+    std::vector<float> rows;
+  };
+  struct RowsResult {
+    int64_t version = 0;
+    int64_t incarnation = 0;
+    std::vector<std::vector<float>> rows;  // per request table: ids.size() x dim
+  };
   struct PushResult {
     int64_t version = 0;
     bool dropped = false;
@@ -187,6 +217,14 @@ class Shard {
                                                        const Clock* clock, ShardMetrics metrics);
 
   const std::vector<PartPlacement>& parts() const { return parts_; }
+  const std::vector<TablePlacement>& tables() const { return tables_; }
+  // Index into tables() of the table with this name, or -1.
+  int TableIndex(const std::string& name) const;
+  // Rows of this shard's tables, by table and global id. INVALID_ARGUMENT
+  // (nothing read) for an unknown task or table, an id out of range or
+  // held by another shard.
+  absl::StatusOr<RowsResult> PullRows(const TaskId& task,
+                                      const std::vector<std::pair<int, std::vector<int64_t>>>& ids);
   // Index into parts() of the part with this name, or -1.
   int PartIndex(const std::string& name) const;
   const ShardOptions& options() const { return options_; }
@@ -207,7 +245,10 @@ class Shard {
   // push leaves the shard unchanged. A push whose push_id (non-zero) is the
   // last one this worker's pushes had is a retry: it is answered as the first
   // was (with the current version) and not applied again.
-  absl::StatusOr<PushResult> Push(const PushHeader& header, std::vector<std::vector<float>> grads);
+  // `sparse`: gradient rows of tables (validated likewise: known table, ids in
+  // range and held here, ids.size() x dim finite values).
+  absl::StatusOr<PushResult> Push(const PushHeader& header, std::vector<std::vector<float>> grads,
+                                  std::vector<SparseGrad> sparse = {});
   // A push refused before it reached Push (malformed on the wire): counted
   // with the rejected pushes.
   void RecordRejectedPush();
@@ -256,6 +297,7 @@ class Shard {
     PullCallback done;
   };
   Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique_ptr<Optimizer> opt,
+        std::vector<TablePlacement> tables, std::vector<std::unique_ptr<RowOptimizer>> row_opts,
         const Clock* clock, ShardMetrics metrics);
 
   bool Done() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -275,7 +317,14 @@ class Shard {
   // Stages the optimizer's update for every part and commits it only if every
   // new value and slot is finite (else counts and logs it). Returns whether
   // it was applied. Does not change the version.
-  bool ApplyLocked(const std::vector<std::vector<float>>& grads) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `sparse`: per table, distinct ids (sorted) and their gradient rows.
+  bool ApplyLocked(const std::vector<std::vector<float>>& grads,
+                   const std::vector<SparseGrad>& sparse) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sums the rows of `pushes` (in order) by id per table, in double, and
+  // divides by `n`: distinct sorted ids per table.
+  std::vector<SparseGrad> AggregateSparse(const std::vector<const std::vector<SparseGrad>*>& pushes,
+                                          double n) const;
+  absl::Status ValidateSparse(const std::vector<SparseGrad>& sparse) const;
   // The version advances by one optimizer step (applied or skipped).
   void StepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetVersionLocked(int64_t v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -287,10 +336,13 @@ class Shard {
   // puts the buffers it is done with in *freed.
   absl::StatusOr<PushResult> PushImpl(const PushHeader& header,
                                       std::vector<std::vector<float>>* grads,
+                                      std::vector<SparseGrad>* sparse,
                                       std::vector<std::vector<std::vector<float>>>* freed);
 
   const ShardOptions options_;
   const std::vector<PartPlacement> parts_;
+  const std::vector<TablePlacement> tables_;
+  const std::vector<int64_t> table_local_rows_;  // per table: rows held here
   const uint64_t gradient_bytes_;
   const Clock* const clock_;
   const ShardMetrics metrics_;
@@ -298,6 +350,9 @@ class Shard {
   mutable absl::Mutex mu_;
   std::vector<std::vector<float>> values_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  // Per table: its local rows (local_rows x dim) and their row-wise optimizer.
+  std::vector<std::vector<float>> table_values_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<RowOptimizer>> row_opts_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   // The next values, written by the optimizer's Stage and swapped with
   // values_ when an update is committed.
@@ -305,6 +360,7 @@ class Shard {
   // Sync aggregation for the current version: each contributing worker's
   // gradient, by worker index (the order they are summed in).
   std::map<int, std::vector<std::vector<float>>> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::vector<SparseGrad>> pending_sparse_ ABSL_GUARDED_BY(mu_);  // same keys
   absl::Time accum_started_ ABSL_GUARDED_BY(mu_);  // first gradient of the current step
   std::map<int, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
   // Steps completed per worker (bounded staleness); left workers are removed.

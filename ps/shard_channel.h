@@ -34,6 +34,16 @@ struct ChunkRef {
   uint64_t count;  // elements
 };
 
+// Gradient rows of one embedding table (not owned): `count` ids and
+// count x dim floats.
+struct SparseRef {
+  const std::string* table;
+  const uint64_t* ids;
+  uint64_t count;
+  const float* data;
+  uint64_t dim;
+};
+
 // One PS task. Implementations must be thread-safe.
 class ShardChannel {
  public:
@@ -47,8 +57,18 @@ class ShardChannel {
   // hold. An error from `sink` ends the pull with that error.
   virtual absl::StatusOr<v1::PullResponse::Header> Pull(const v1::PullRequest& request,
                                                         const ChunkSink& sink) = 0;
+  // The dense chunks, then the sparse rows (each a message of its own).
   virtual absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
-                                                const std::vector<ChunkRef>& chunks) = 0;
+                                                const std::vector<ChunkRef>& chunks,
+                                                const std::vector<SparseRef>& sparse) = 0;
+  // A push of dense chunks only.
+  absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
+                                        const std::vector<ChunkRef>& chunks) {
+    return Push(header, chunks, {});
+  }
+  // Rows of embedding tables by id (no hold).
+  virtual absl::StatusOr<v1::SparsePullResponse> SparsePull(
+      const v1::SparsePullRequest& request) = 0;
   virtual absl::Status Leave(const v1::LeaveRequest& request) = 0;
   virtual absl::StatusOr<v1::ShardStats> Shutdown(const v1::ShutdownRequest& request) = 0;
 };
@@ -59,6 +79,7 @@ class ShardChannelWrapper : public ShardChannel {
  public:
   explicit ShardChannelWrapper(std::unique_ptr<ShardChannel> target) : target_(std::move(target)) {}
   ShardChannel* target() const { return target_.get(); }
+  using ShardChannel::Push;
 
   absl::StatusOr<v1::ShardInfo> GetInfo(const v1::InfoRequest& request,
                                         absl::Duration timeout) override {
@@ -69,8 +90,12 @@ class ShardChannelWrapper : public ShardChannel {
     return target_->Pull(request, sink);
   }
   absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
-                                        const std::vector<ChunkRef>& chunks) override {
-    return target_->Push(header, chunks);
+                                        const std::vector<ChunkRef>& chunks,
+                                        const std::vector<SparseRef>& sparse) override {
+    return target_->Push(header, chunks, sparse);
+  }
+  absl::StatusOr<v1::SparsePullResponse> SparsePull(const v1::SparsePullRequest& request) override {
+    return target_->SparsePull(request);
   }
   absl::Status Leave(const v1::LeaveRequest& request) override { return target_->Leave(request); }
   absl::StatusOr<v1::ShardStats> Shutdown(const v1::ShutdownRequest& request) override {

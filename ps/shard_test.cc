@@ -585,3 +585,204 @@ TEST(ShardTest, APushIdIsAppliedAtMostOncePerWorker) {
 
 }  // namespace
 }  // namespace kubetrain
+
+namespace kubetrain {
+namespace {
+
+// A model with one embedding table "embedding.c" [10 x 16] (and a small
+// dense tower), placed over 2 PS tasks: shard 0 holds rows 0, 2, 4, 6, 8.
+struct TableFixture {
+  explicit TableFixture(const std::string& optimizer, int workers = 2,
+                        TrainingMode mode = TrainingMode::kSync) {
+    ModelSpec spec;
+    spec.type = "layers";
+    spec.input_shape = {2};  // one dense feature, one id slot
+    LayerSpec dense;
+    dense.units = 1;
+    spec.layers = {dense};
+    spec.head = HeadType::kSigmoid;
+    spec.num_classes = 2;
+    spec.sparse_inputs = {{"c", 10, 1}};
+    spec.embeddings = {{"c", 16, Combiner::kSum}};
+    model = std::make_unique<Model>(*Model::Create(spec));
+    placement = PlaceVariables(model->variables(), 2, 1 << 20);
+    options.num_workers = workers;
+    options.mode = mode;
+    options.replicas_to_aggregate = mode == TrainingMode::kSync ? workers : 1;
+    options.target_steps = 100;
+    opt.type = optimizer;
+    opt.learning_rate = 0.1;
+    shard = Make();
+  }
+  std::unique_ptr<Shard> Make() {
+    auto s = Shard::Create(options, *model, placement, opt, &clock, ShardMetrics{});
+    EXPECT_TRUE(s.ok()) << s.status();
+    return std::move(*s);
+  }
+  std::vector<std::vector<float>> DenseGrads() const {
+    std::vector<std::vector<float>> g;
+    for (const auto& p : shard->parts()) g.emplace_back(p.num_elements(), 0.0f);
+    return g;
+  }
+  // Rows of the table for `ids` (held by shard 0).
+  std::vector<float> Rows(const std::vector<int64_t>& ids, Shard* s = nullptr) {
+    auto r = (s ? s : shard.get())->PullRows({TaskRole::kWorker, 0}, {{0, ids}});
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->rows[0] : std::vector<float>();
+  }
+  FakeClock clock;
+  std::unique_ptr<Model> model;
+  Placement placement;
+  ShardOptions options;
+  OptimizerSpec opt;
+  std::unique_ptr<Shard> shard;
+};
+
+const std::vector<int64_t> kLocalIds = {0, 2, 4, 6, 8};
+
+TEST(ShardTableTest, HoldsTheRowsOfItsShardByIdModShards) {
+  TableFixture f("sgd");
+  ASSERT_EQ(f.shard->tables().size(), 1u);
+  EXPECT_EQ(f.shard->tables()[0].name, "embedding.c");
+  const std::vector<float> init = f.model->InitialValue(f.model->tables()[0], 1);
+  std::vector<float> rows = f.Rows({8, 2});
+  ASSERT_EQ(rows.size(), 32u);
+  for (int k = 0; k < 16; ++k) {
+    EXPECT_EQ(rows[k], init[8 * 16 + k]);
+    EXPECT_EQ(rows[16 + k], init[2 * 16 + k]);
+  }
+}
+
+// Sync: per-worker sparse gradients (overlapping ids, a duplicate id within
+// one push, arrival in either order) aggregate to exactly what the dense
+// computation gives: the mean over workers of full-size gradients (zeros
+// where a worker did not touch), summed in double in worker order, then the
+// dense optimizer over the whole table.
+TEST(ShardTableTest, SyncSparseAggregationEqualsTheDenseComputationBitForBit) {
+  for (const char* type : {"sgd", "adagrad"}) {
+    for (bool reversed : {false, true}) {
+      TableFixture f(type, 3);
+      const int64_t dim = 16;
+      std::vector<float> dense = f.model->InitialValue(f.model->tables()[0], 1);
+      auto full = CreateOptimizer(f.opt, {10 * dim});
+      ASSERT_TRUE(full.ok());
+      std::mt19937_64 rng(7);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      const std::vector<std::vector<std::vector<int64_t>>> touched = {
+          {{2, 4, 2}, {4}, {8, 0}}, {{6}, {6, 2}, {}}, {{0}, {0}, {0}}};
+      for (int64_t step = 1; step <= 3; ++step) {
+        std::vector<Shard::SparseGrad> pushes(3);
+        std::vector<std::vector<double>> sum_by_worker;
+        std::vector<double> sum(10 * dim, 0.0);
+        for (int w = 0; w < 3; ++w) {
+          pushes[w].table = 0;
+          pushes[w].ids = touched[step - 1][w];
+          for (int64_t id : pushes[w].ids) {
+            for (int64_t k = 0; k < dim; ++k) {
+              const float g = normal(rng);
+              pushes[w].rows.push_back(g);
+              sum[id * dim + k] += g;
+            }
+          }
+        }
+        std::vector<float> mean(10 * dim);
+        for (size_t e = 0; e < mean.size(); ++e) mean[e] = static_cast<float>(sum[e] / 3.0);
+        ASSERT_TRUE((*full)->Apply(0, dense.data(), mean.data(), 10 * dim, step));
+        for (int i = 0; i < 3; ++i) {
+          const int w = reversed ? 2 - i : i;
+          auto r = f.shard->Push({w, step - 1, step}, f.DenseGrads(), {pushes[w]});
+          ASSERT_TRUE(r.ok()) << r.status();
+          EXPECT_FALSE(r->dropped);
+        }
+        EXPECT_EQ(f.shard->version(), step);
+      }
+      std::vector<float> rows = f.Rows(kLocalIds);
+      for (size_t i = 0; i < kLocalIds.size(); ++i) {
+        for (int64_t k = 0; k < dim; ++k) {
+          EXPECT_EQ(rows[i * dim + k], dense[kLocalIds[i] * dim + k])
+              << type << " id " << kLocalIds[i] << (reversed ? " reversed" : "");
+        }
+      }
+    }
+  }
+}
+
+TEST(ShardTableTest, LazyAdamTouchesOnlyPushedRowsAsync) {
+  TableFixture f("adam", 1, TrainingMode::kAsync);
+  const std::vector<float> before = f.Rows(kLocalIds);
+  Shard::SparseGrad g{0, {4}, std::vector<float>(16, 1.0f)};
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.DenseGrads(), {g}).ok());
+  g.ids = {2};
+  ASSERT_TRUE(f.shard->Push({0, 1, 2}, f.DenseGrads(), {g}).ok());
+  const std::vector<float> after = f.Rows(kLocalIds);
+  for (size_t i = 0; i < kLocalIds.size(); ++i) {
+    for (int k = 0; k < 16; ++k) {
+      const float b = before[i * 16 + k], a = after[i * 16 + k];
+      if (kLocalIds[i] == 4) {
+        EXPECT_NEAR(a, b - 0.1f, 1e-5);  // Adam's first step: lr x sign
+      } else if (kLocalIds[i] == 2) {
+        // First touched at the shard's step 2: bias correction of step 2
+        // (TF's LazyAdam), m = 0.1, v = 0.001.
+        const double alpha = 0.1 * std::sqrt(1 - 0.999 * 0.999) / (1 - 0.9 * 0.9);
+        EXPECT_NEAR(a, b - alpha * 0.1 / (std::sqrt(0.001) + 1e-7), 1e-5);
+      } else {
+        EXPECT_EQ(a, b) << kLocalIds[i];
+      }
+    }
+  }
+  EXPECT_EQ(f.shard->version(), 2);
+}
+
+TEST(ShardTableTest, BadIdsWidthsAndValuesAreRefusedAndChangeNothing) {
+  TableFixture f("sgd", 1, TrainingMode::kAsync);
+  const std::vector<float> before = f.Rows(kLocalIds);
+  auto code = [&](Shard::SparseGrad g) {
+    auto r = f.shard->Push({0, 0, 1}, f.DenseGrads(), {g});
+    return r.status();
+  };
+  absl::Status s = code({0, {3}, std::vector<float>(16, 1.0f)});  // row 3 lives on ps:1
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("lives on ps:1"), absl::string_view::npos) << s;
+  s = code({0, {12}, std::vector<float>(16, 1.0f)});
+  EXPECT_NE(s.message().find("out of range"), absl::string_view::npos) << s;
+  s = code({0, {2}, std::vector<float>(15, 1.0f)});
+  EXPECT_NE(s.message().find("expected 16"), absl::string_view::npos) << s;
+  std::vector<float> nan(16, 1.0f);
+  nan[3] = std::nanf("");
+  s = code({0, {2}, nan});
+  EXPECT_NE(s.message().find("non-finite"), absl::string_view::npos) << s;
+  s = code({5, {2}, std::vector<float>(16, 1.0f)});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.shard->version(), 0);
+  EXPECT_EQ(f.shard->stats().pushes_rejected, 5);
+  EXPECT_EQ(f.Rows(kLocalIds), before);
+  auto pull = f.shard->PullRows({TaskRole::kWorker, 0}, {{0, {1}}});
+  EXPECT_EQ(pull.status().code(), absl::StatusCode::kInvalidArgument);
+  pull = f.shard->PullRows({TaskRole::kWorker, 0}, {{1, {0}}});
+  EXPECT_EQ(pull.status().code(), absl::StatusCode::kInvalidArgument);
+  pull = f.shard->PullRows({TaskRole::kWorker, 7}, {{0, {0}}});
+  EXPECT_EQ(pull.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ShardTableTest, CheckpointRestoresTableRowsAndSlots) {
+  TableFixture f("adagrad", 1, TrainingMode::kAsync);
+  Shard::SparseGrad g{0, {6, 0}, std::vector<float>(32, 0.5f)};
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.DenseGrads(), {g}).ok());
+  ShardCheckpoint c = f.shard->Checkpoint();
+  EXPECT_EQ(c.part_names.back(), "embedding.c@rows");
+  std::unique_ptr<Shard> restarted = f.Make();
+  EXPECT_NE(f.Rows(kLocalIds, restarted.get()), f.Rows(kLocalIds));
+  ASSERT_TRUE(restarted->Restore(c).ok());
+  EXPECT_EQ(f.Rows(kLocalIds, restarted.get()), f.Rows(kLocalIds));
+  EXPECT_EQ(restarted->version(), 1);
+  // The same push on both gives the same rows: the accumulators came back too.
+  ASSERT_TRUE(f.shard->Push({0, 1, 2}, f.DenseGrads(), {g}).ok());
+  ASSERT_TRUE(restarted->Push({0, 1, 2}, f.DenseGrads(), {g}).ok());
+  EXPECT_EQ(f.Rows(kLocalIds, restarted.get()), f.Rows(kLocalIds));
+  // A checkpoint whose table rows do not match is refused.
+  c.values.back().pop_back();
+  EXPECT_EQ(restarted->Restore(c).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace kubetrain

@@ -42,6 +42,13 @@ absl::Status FillShardInfo(Shard* shard, const std::string& model_fingerprint,
     part->set_cols(p.cols);
     part->set_row_offset(p.row_begin);
   }
+  for (const auto& t : shard->tables()) {
+    auto* table = info->add_tables();
+    table->set_name(t.name);
+    table->set_rows(t.rows);
+    table->set_dim(t.dim);
+    table->set_local_rows(t.LocalRows(o.shard_index, o.num_shards));
+  }
   info->set_version(shard->version());
   info->set_target_steps(o.target_steps);
   info->set_max_chunk_bytes(max_chunk_bytes);
@@ -66,6 +73,38 @@ void FillShardStats(const ShardStatsSnapshot& s, v1::ShardStats* out) {
   out->set_absent_workers(s.absent_workers);
 }
 
+absl::Status ServeSparsePull(Shard* shard, const v1::SparsePullRequest& request,
+                             v1::SparsePullResponse* response) {
+  auto task = TaskFromWire(request.task_type(), request.worker_index());
+  if (!task.ok()) return task.status();
+  std::vector<std::pair<int, std::vector<int64_t>>> ids;
+  for (const v1::SparseRows& rows : request.tables()) {
+    const int t = shard->TableIndex(rows.table());
+    if (t < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sparse pull: unknown table \"", rows.table(), "\" on this PS shard"));
+    }
+    if (!rows.data().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sparse pull: table ", rows.table(), ": a request carries ids, no data"));
+    }
+    ids.emplace_back(t, std::vector<int64_t>(rows.ids().begin(), rows.ids().end()));
+  }
+  auto r = shard->PullRows(*task, ids);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(), absl::StrCat("sparse pull: ", r.status().message()));
+  }
+  response->set_version(r->version);
+  response->set_incarnation(r->incarnation);
+  for (int i = 0; i < request.tables_size(); ++i) {
+    v1::SparseRows* out = response->add_tables();
+    out->set_table(request.tables(i).table());
+    *out->mutable_ids() = request.tables(i).ids();
+    out->set_data(reinterpret_cast<const char*>(r->rows[i].data()), r->rows[i].size() * 4);
+  }
+  return absl::OkStatus();
+}
+
 PushAssembler::PushAssembler(Shard* shard) : shard_(shard), filled_(shard->parts().size(), 0) {}
 
 absl::Status PushAssembler::Refuse(const std::string& message) {
@@ -82,14 +121,15 @@ void PushAssembler::Abandon() {
 }
 
 absl::Status PushAssembler::Add(const v1::PushRequest& message) {
-  if (message.has_header()) {
-    if (message.has_chunk()) {
-      return Refuse("push: malformed message: both a header and a chunk");
-    }
-    return SetHeader(message.header());
+  const int kinds = message.has_header() + message.has_chunk() + message.has_sparse();
+  if (kinds != 1) {
+    return Refuse(kinds == 0 ? "push: malformed message: neither a header, a chunk nor rows"
+                             : "push: malformed message: more than one of header, chunk, rows");
   }
-  if (!message.has_chunk()) {
-    return Refuse("push: malformed message: neither a header nor a chunk");
+  if (message.has_header()) return SetHeader(message.header());
+  if (message.has_sparse()) {
+    const auto& sp = message.sparse();
+    return AddSparse(sp.table(), sp.ids().data(), sp.ids_size(), sp.data());
   }
   const auto& c = message.chunk();
   return AddChunk(c.part(), c.offset(), c.data());
@@ -147,6 +187,33 @@ absl::Status PushAssembler::AddChunk(const std::string& part_name, uint64_t offs
   return absl::OkStatus();
 }
 
+absl::Status PushAssembler::AddSparse(const std::string& table, const uint64_t* ids, size_t count,
+                                      absl::string_view data) {
+  if (!have_header_) return Refuse("push: malformed: rows before the header");
+  const int t = shard_->TableIndex(table);
+  if (t < 0) {
+    return Refuse(
+        absl::StrCat("push: malformed rows: unknown table \"", table, "\" on this PS shard"));
+  }
+  const uint64_t dim = shard_->tables()[t].dim;
+  if (data.size() != count * dim * 4) {
+    return Refuse(absl::StrCat("push: malformed rows of ", table, ": ", data.size(), " bytes for ",
+                               count, " ids of dim ", dim, " (expected ", count * dim * 4, ")"));
+  }
+  Shard::SparseGrad g;
+  g.table = t;
+  g.ids.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    // Larger than any table: the shard refuses it as out of range.
+    g.ids.push_back(ids[i] > static_cast<uint64_t>(INT64_MAX) ? -1 : static_cast<int64_t>(ids[i]));
+  }
+  g.rows.resize(count * dim);
+  std::memcpy(g.rows.data(), data.data(), data.size());
+  received_bytes_ += data.size();
+  sparse_.push_back(std::move(g));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Shard::PushResult> PushAssembler::Finish() {
   if (!have_header_) return Refuse("push: incomplete: no header");
   const auto& parts = shard_->parts();
@@ -157,7 +224,7 @@ absl::StatusOr<Shard::PushResult> PushAssembler::Finish() {
     }
   }
   if (grads_.empty()) grads_.resize(parts.size());  // a shard whose parts are all empty
-  return shard_->Push(header_, std::move(grads_));
+  return shard_->Push(header_, std::move(grads_), std::move(sparse_));
 }
 
 }  // namespace kubetrain

@@ -30,6 +30,12 @@ absl::Status FillShardInfo(Shard* shard, const std::string& model_fingerprint,
 
 void FillShardStats(const ShardStatsSnapshot& stats, v1::ShardStats* out);
 
+// Answers a SparsePull: the rows of the request's ids, table by table.
+// INVALID_ARGUMENT naming the table (unknown table, id out of range or held
+// by another shard, data in the request) with nothing read.
+absl::Status ServeSparsePull(Shard* shard, const v1::SparsePullRequest& request,
+                             v1::SparsePullResponse* response);
+
 // Reassembles one push: the header first, then every part's chunks in order,
 // each part covered exactly once. A bad message is refused at once
 // (INVALID_ARGUMENT: "push: malformed ..." for a message or chunk that is
@@ -47,6 +53,10 @@ class PushAssembler {
   absl::Status Add(const v1::PushRequest& message);
   absl::Status SetHeader(const v1::PushRequest::Header& header);
   absl::Status AddChunk(const std::string& part, uint64_t offset, absl::string_view data);
+  // Gradient rows of a table: known table, data of ids x dim float32
+  // (ids and values are checked by the shard at Finish).
+  absl::Status AddSparse(const std::string& table, const uint64_t* ids, size_t count,
+                         absl::string_view data);
   // Checks that every part is complete, then hands the gradient to the shard.
   absl::StatusOr<Shard::PushResult> Finish();
   // Gives the buffers back to the shard's pool; the push cannot complete.
@@ -64,6 +74,7 @@ class PushAssembler {
   std::vector<std::vector<float>> grads_;  // empty until the first chunk
   bool pooled_ = false;                    // grads_ are full-size buffers from the pool
   std::vector<uint64_t> filled_;           // elements received per part
+  std::vector<Shard::SparseGrad> sparse_;
   uint64_t received_bytes_ = 0;
 };
 

@@ -17,6 +17,7 @@ absl::Status FromGrpc(const grpc::Status& s) {
 
 class GrpcShardChannel final : public ShardChannel {
  public:
+  using ShardChannel::Push;
   GrpcShardChannel(const std::string& address, int64_t chunk_bytes) : address_(address) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(chunk_bytes + (64 << 10)));
@@ -77,7 +78,8 @@ class GrpcShardChannel final : public ShardChannel {
   }
 
   absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
-                                        const std::vector<ChunkRef>& chunks) override {
+                                        const std::vector<ChunkRef>& chunks,
+                                        const std::vector<SparseRef>& sparse) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
     v1::PushResponse resp;
@@ -93,8 +95,26 @@ class GrpcShardChannel final : public ShardChannel {
       c->set_data(reinterpret_cast<const char*>(chunks[i].data), chunks[i].count * sizeof(float));
       ok = writer->Write(msg);
     }
+    for (size_t i = 0; ok && i < sparse.size(); ++i) {
+      msg.Clear();
+      auto* r = msg.mutable_sparse();
+      r->set_table(*sparse[i].table);
+      r->mutable_ids()->Add(sparse[i].ids, sparse[i].ids + sparse[i].count);
+      r->set_data(reinterpret_cast<const char*>(sparse[i].data),
+                  sparse[i].count * sparse[i].dim * sizeof(float));
+      ok = writer->Write(msg);
+    }
     if (ok) writer->WritesDone();
     auto s = writer->Finish();
+    if (!s.ok()) return Annotate(s);
+    return resp;
+  }
+
+  absl::StatusOr<v1::SparsePullResponse> SparsePull(const v1::SparsePullRequest& request) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::SparsePullResponse resp;
+    auto s = stub_->SparsePull(&ctx, request, &resp);
     if (!s.ok()) return Annotate(s);
     return resp;
   }

@@ -223,7 +223,7 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
     const std::vector<VariableSpec>& variables, Params* params, absl::Duration hold, bool reask) {
   params->resize(variables.size());
   for (size_t v = 0; v < variables.size(); ++v) {
-    (*params)[v].resize(variables[v].num_elements());
+    if (!variables[v].table) (*params)[v].resize(variables[v].num_elements());  // tables: PullRows
   }
   std::vector<v1::PullResponse::Header> headers(channels_.size());
   std::vector<int64_t> lost(channels_.size(), 0);
@@ -321,6 +321,144 @@ absl::StatusOr<PsClient::StepResult> PsClient::PollStep() {
 }
 
 absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t worker_clock) {
+  return Push(grads, worker_clock, TableIds(placement_->tables.size()));
+}
+
+absl::Status PsClient::PullRows(const TableIds& ids, Params* params) {
+  const auto& tables = placement_->tables;
+  const int shards = static_cast<int>(channels_.size());
+  if (ids.size() != tables.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ids for ", ids.size(), " tables, the model has ", tables.size()));
+  }
+  // Per shard: per table, the positions (in ids[t]) of the ids it holds.
+  std::vector<std::vector<std::vector<size_t>>> where(shards,
+                                                      std::vector<std::vector<size_t>>(ids.size()));
+  for (size_t t = 0; t < tables.size(); ++t) {
+    (*params)[tables[t].variable].resize(ids[t].size() * tables[t].dim);
+    for (size_t i = 0; i < ids[t].size(); ++i) {
+      where[TableShardOfRow(ids[t][i], shards)][t].push_back(i);
+    }
+  }
+  absl::Time start = clock_->Now();
+  absl::Status st = ForEachShard([&](int s) {
+    // One request, unless the rows would pass the chunk size: then several.
+    std::vector<std::pair<v1::SparsePullRequest, std::vector<size_t>>> requests;  // + table of each
+    uint64_t bytes = 0;
+    for (size_t t = 0; t < tables.size(); ++t) {
+      const auto& pos = where[s][t];
+      for (size_t k = 0; k < pos.size(); ++k) {
+        const uint64_t row_bytes = tables[t].dim * 4 + 10;
+        if (requests.empty() || bytes + row_bytes > static_cast<uint64_t>(options_.chunk_bytes)) {
+          requests.emplace_back();
+          requests.back().first.set_worker_index(options_.task_index);
+          requests.back().first.set_task_type(options_.task_type);
+          bytes = 0;
+        }
+        auto& [req, table_of] = requests.back();
+        if (table_of.empty() || table_of.back() != t || k == 0) {
+          req.add_tables()->set_table(tables[t].name);
+          table_of.push_back(t);
+        }
+        req.mutable_tables(req.tables_size() - 1)->add_ids(ids[t][pos[k]]);
+        bytes += row_bytes;
+      }
+    }
+    std::vector<size_t> next(tables.size(), 0);  // per table: positions filled so far
+    for (const auto& [req, table_of] : requests) {
+      absl::StatusOr<v1::SparsePullResponse> resp;
+      absl::Status rs = WithRetry("sparse pull", s, [&] {
+        resp = channels_[s]->SparsePull(req);
+        return resp.status();
+      });
+      if (!rs.ok()) return rs;
+      if (resp->tables_size() != req.tables_size()) {
+        return absl::DataLossError(absl::StrCat("ps:", s, " answered a sparse pull of ",
+                                                req.tables_size(), " tables with ",
+                                                resp->tables_size()));
+      }
+      for (int j = 0; j < req.tables_size(); ++j) {
+        const size_t t = table_of[j];
+        const uint64_t dim = tables[t].dim;
+        const auto& got = resp->tables(j);
+        if (got.data().size() != static_cast<size_t>(req.tables(j).ids_size()) * dim * 4) {
+          return absl::DataLossError(absl::StrCat("ps:", s, " sent ", got.data().size(),
+                                                  " bytes of rows of ", tables[t].name, " for ",
+                                                  req.tables(j).ids_size(), " ids"));
+        }
+        float* dst = (*params)[tables[t].variable].data();
+        const float* src = reinterpret_cast<const float*>(got.data().data());
+        for (int k = 0; k < req.tables(j).ids_size(); ++k) {
+          std::memcpy(dst + where[s][t][next[t]++] * dim, src + k * dim, dim * 4);
+        }
+        if (metrics_.sparse_pull_bytes) {
+          metrics_.sparse_pull_bytes->Increment(static_cast<double>(got.data().size()));
+        }
+      }
+    }
+    return absl::OkStatus();
+  });
+  if (metrics_.pull_seconds)
+    metrics_.pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
+  return st;
+}
+
+absl::Status PsClient::PullTables(Params* params) {
+  TableIds ids(placement_->tables.size());
+  for (size_t t = 0; t < ids.size(); ++t) {
+    ids[t].resize(placement_->tables[t].rows);
+    for (int64_t r = 0; r < placement_->tables[t].rows; ++r) ids[t][r] = r;
+  }
+  return PullRows(ids, params);
+}
+
+absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t worker_clock,
+                                                    const TableIds& ids) {
+  const auto& tables = placement_->tables;
+  if (ids.size() != tables.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ids for ", ids.size(), " tables, the model has ", tables.size()));
+  }
+  const int shards = static_cast<int>(channels_.size());
+  // Per shard and table: the ids it holds and their gradient rows, copied
+  // contiguous (one message each).
+  std::vector<std::vector<std::vector<uint64_t>>> shard_ids(
+      shards, std::vector<std::vector<uint64_t>>(tables.size()));
+  std::vector<std::vector<std::vector<float>>> shard_rows(
+      shards, std::vector<std::vector<float>>(tables.size()));
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const int64_t dim = tables[t].dim;
+    const std::vector<float>& g = grads[tables[t].variable];
+    if (g.size() != ids[t].size() * dim) {
+      return absl::InvalidArgumentError(absl::StrCat("gradient of table ", tables[t].name, " has ",
+                                                     g.size(), " values for ", ids[t].size(),
+                                                     " ids of dim ", dim));
+    }
+    for (size_t i = 0; i < ids[t].size(); ++i) {
+      const int s = TableShardOfRow(ids[t][i], shards);
+      shard_ids[s][t].push_back(static_cast<uint64_t>(ids[t][i]));
+      shard_rows[s][t].insert(shard_rows[s][t].end(), g.begin() + i * dim,
+                              g.begin() + (i + 1) * dim);
+    }
+  }
+  std::vector<std::vector<SparseRef>> refs(shards);
+  for (int s = 0; s < shards; ++s) {
+    for (size_t t = 0; t < tables.size(); ++t) {
+      // At most ~chunk_bytes of rows per message.
+      const uint64_t dim = tables[t].dim;
+      const uint64_t per = std::max<uint64_t>(1, options_.chunk_bytes / (dim * 4 + 10));
+      for (uint64_t i = 0; i < shard_ids[s][t].size(); i += per) {
+        const uint64_t n = std::min<uint64_t>(per, shard_ids[s][t].size() - i);
+        refs[s].push_back({&tables[t].name, shard_ids[s][t].data() + i, n,
+                           shard_rows[s][t].data() + i * dim, dim});
+      }
+    }
+  }
+  return PushImpl(grads, worker_clock, refs);
+}
+
+absl::StatusOr<PsClient::PushResult> PsClient::PushImpl(
+    const Params& grads, int64_t worker_clock, const std::vector<std::vector<SparseRef>>& sparse) {
   if (!is_worker()) {
     return absl::FailedPreconditionError(
         absl::StrCat(TaskName(), " only reads: it cannot push gradients"));
@@ -348,12 +486,17 @@ absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t
     h.set_total_bytes(bytes);
     absl::StatusOr<v1::PushResponse> r;
     absl::Status rs = WithRetry("push", s, [&] {
-      r = channels_[s]->Push(h, chunks);
+      r = channels_[s]->Push(h, chunks, sparse[s]);
       return r.status();
     });
     if (!rs.ok()) return rs;
     responses[s] = *r;
     if (metrics_.push_bytes) metrics_.push_bytes->Increment(static_cast<double>(bytes));
+    if (metrics_.sparse_push_bytes) {
+      double sparse_bytes = 0;
+      for (const SparseRef& ref : sparse[s]) sparse_bytes += ref.count * ref.dim * 4.0;
+      metrics_.sparse_push_bytes->Increment(sparse_bytes);
+    }
     return absl::OkStatus();
   });
   if (!st.ok()) return st;

@@ -3,10 +3,16 @@
 // PsClient that fans pulls and pushes out over all shards at once and maps
 // parts onto whole variables. No gRPC here.
 //
-// Key contract (as in ps-lite): every variable of the model lives on exactly
-// one shard or is split by rows over several (core/placement.h); a pull fills
-// every element of every variable, a push sends every element of every
-// gradient. Params/grads are laid out as Model::variables().
+// Key contract (as in ps-lite): every dense variable of the model lives on
+// exactly one shard or is split by rows over several (core/placement.h); a
+// pull fills every element of every dense variable, a push sends every
+// element of every dense gradient. Params/grads are laid out as
+// Model::variables(). Embedding tables (VariableSpec::table) are never moved
+// whole: row r lives on shard r mod (PS tasks); PullRows fetches the rows of
+// given ids (one request per shard that holds any, split only if the answer
+// would pass the chunk size), and a push carries the gradient rows of the
+// same ids. For a table, params/grads hold ids.size() x dim floats, the rows
+// in the order of the ids; Pull and the dense part of Push leave tables alone.
 //
 // A client speaks for one task: a training worker, or a chief/evaluator that
 // only reads (its pulls never count as a worker's; it cannot push).
@@ -44,7 +50,13 @@ struct PsClientMetrics {  // any pointer may be null
   prometheus::Histogram* push_seconds = nullptr;
   prometheus::Counter* pull_bytes = nullptr;
   prometheus::Counter* push_bytes = nullptr;
+  prometheus::Counter* sparse_pull_bytes = nullptr;  // table rows received
+  prometheus::Counter* sparse_push_bytes = nullptr;  // table gradient rows sent
 };
+
+// Per table of the placement (Placement::tables order): the distinct global
+// ids a step touches.
+using TableIds = std::vector<std::vector<int64_t>>;
 
 class PsClient {
  public:
@@ -118,6 +130,13 @@ class PsClient {
   // incarnation last pulled from that shard and an id of this push, which a
   // retry repeats so a shard applies it at most once. Workers only.
   absl::StatusOr<PushResult> Push(const Params& grads, int64_t worker_clock);
+  // The same, with the gradient rows of the tables' `ids` (grads of a table:
+  // ids.size() x dim, in the order of its ids) to the shards holding them.
+  absl::StatusOr<PushResult> Push(const Params& grads, int64_t worker_clock, const TableIds& ids);
+  // params of each table = the current rows of its `ids`, in order (no hold).
+  absl::Status PullRows(const TableIds& ids, Params* params);
+  // params of each table = the whole table (ids 0..rows-1): evaluation, export.
+  absl::Status PullTables(Params* params);
   // A worker stops training; an evaluator stops reading.
   absl::Status Leave();
   // The chief only: ends training on every shard and returns the summed stats.
@@ -145,6 +164,9 @@ class PsClient {
                                       int64_t worker_clock,
                                       const std::vector<VariableSpec>& variables, Params* params,
                                       absl::Duration hold, bool reask);
+  // Push with sparse[s]: the table rows for shard s.
+  absl::StatusOr<PushResult> PushImpl(const Params& grads, int64_t worker_clock,
+                                      const std::vector<std::vector<SparseRef>>& sparse);
   // The versions shard `s` lost if `incarnation` is a restart of it; records
   // the shard's new state.
   int64_t Observe(int s, int64_t incarnation, int64_t version, bool done);

@@ -70,6 +70,13 @@ absl::Status Export(const TaskConfig& config, const Params& params, int64_t vers
                     const Dataset& test, const std::string& path, const ExportPolicy& policy,
                     const Clock* clock, TrainResult* result) {
   if (path.empty()) return absl::OkStatus();
+  if (config.model->sparse()) {
+    // Model files do not record embeddings or the wide part yet; the PS
+    // checkpoints hold the tables.
+    Log("warning: chief: not exporting to ", path, " (", policy.field,
+        "): model files cannot hold embedding tables yet; the PS checkpoints keep them");
+    return absl::OkStatus();
+  }
   ModelFile file{config.model->spec(), params, version, config.job.name};
   file.dataset_yaml = config.job.training.dataset_yaml;
   file.norm_mean = test.norm_mean;
@@ -99,7 +106,7 @@ absl::Status Export(const TaskConfig& config, const Params& params, int64_t vers
 }  // namespace
 
 absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions& options,
-                                  PsClient* client, const Dataset& train, const Dataset* test,
+                                  PsClient* client, const RecordSource& train, const Dataset* test,
                                   const Clock* clock, TrainerMetrics metrics,
                                   const std::function<void(const Progress&)>& on_progress) {
   const TrainingSpec& spec = config.job.training;
@@ -110,8 +117,11 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   if (options.is_chief && test == nullptr)
     return absl::InvalidArgumentError("chief needs a test set");
 
-  ShardedBatcher batcher(train, options.worker_index, config.num_workers, spec.seed);
+  ShardedBatcher batcher(train, options.worker_index, config.num_workers, spec.seed,
+                         spec.shuffle_buffer);
   Params params, grads;
+  SparseBatch lookups;  // sparse models: this step's lookups, into compact tables
+  TableIds table_ids;
   std::vector<float> x;
   std::vector<int32_t> y;
   std::vector<float> targets;
@@ -149,13 +159,18 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     if (pulled->done || pulled->version >= target) break;
 
     if (options.is_chief && pulled->version >= next_eval) {
+      if (model.sparse()) {
+        if (absl::Status s = client->PullTables(&params); !s.ok()) return s;
+      }
       Evaluate(config, params, *test, pulled->version, "chief", metrics, &progress);
       next_eval = (pulled->version / spec.eval_every_steps + 1) * spec.eval_every_steps;
     }
 
     if (options.step_delay > absl::ZeroDuration()) clock->SleepFor(options.step_delay);
     absl::Time t0 = clock->Now();
-    batcher.Next(spec.batch_size, &x, &y, &targets);
+    if (absl::Status s = batcher.Next(spec.batch_size, &x, &y, &targets); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("training data: ", s.message()));
+    }
     // Dropout masks differ per worker and step, and repeat exactly on a rerun.
     const uint64_t dropout_seed = spec.seed ^
                                   (uint64_t{static_cast<uint32_t>(options.worker_index)} << 40) ^
@@ -165,13 +180,26 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     batch.labels = y.data();
     batch.targets = targets.empty() ? nullptr : targets.data();
     batch.size = spec.batch_size;
+    if (model.sparse()) {
+      // Only the rows this batch looks up: its distinct ids per table.
+      lookups = model.Lookups(x.data(), spec.batch_size);
+      table_ids = CompactLookups(&lookups);
+      if (absl::Status s = client->PullRows(table_ids, &params); !s.ok()) return s;
+      batch.sparse = &lookups;
+      if (metrics.unique_ids) {
+        int64_t n = 0;
+        for (const auto& ids : table_ids) n += static_cast<int64_t>(ids.size());
+        metrics.unique_ids->Observe(static_cast<double>(n));
+      }
+    }
     float loss = model.LossAndGradients(params, batch, dropout_seed, &grads);
     if (metrics.compute_seconds)
       metrics.compute_seconds->Observe(absl::ToDoubleSeconds(clock->Now() - t0));
     recent_losses.push_back(loss);
     if (recent_losses.size() > 50) recent_losses.pop_front();
 
-    auto push = client->Push(grads, result.local_steps + 1);
+    auto push = model.sparse() ? client->Push(grads, result.local_steps + 1, table_ids)
+                               : client->Push(grads, result.local_steps + 1);
     if (!push.ok()) return push.status();
     pushed = true;
     ++result.local_steps;
@@ -206,6 +234,9 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     // The final model: every shard at the target version.
     auto final_pull = client->PullAtLeast(target, result.local_steps, model.variables(), &params);
     if (!final_pull.ok()) return final_pull.status();
+    if (model.sparse()) {
+      if (absl::Status s = client->PullTables(&params); !s.ok()) return s;
+    }
     CountLost(final_pull->steps_lost, &result, metrics);
     result.global_step = final_pull->version;
     result.test_metrics =
@@ -257,6 +288,12 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
 
   // Evaluates the values in `params` (read at `version`).
   auto evaluate = [&](int64_t version) {
+    if (model.sparse()) {
+      // Whole tables, read right after the dense values (not held: training goes on).
+      if (absl::Status s = client->PullTables(&params); !s.ok()) {
+        Log("warning: ", who, ": reading the embedding tables failed: ", s.message());
+      }
+    }
     result.test_metrics = Evaluate(config, params, test, version, who, metrics, &progress);
     const double acc = result.test_metrics.accuracy.value_or(-1);
     if (loss_sample != nullptr && loss_sample->size > 0) {

@@ -55,6 +55,7 @@ struct TrainerMetrics {                                     // any pointer may b
   prometheus::Gauge* examples_per_second = nullptr;  // chief: global, at each progress report
   prometheus::Counter* steps_lost = nullptr;         // global steps lost to PS restarts
   prometheus::Counter* records_skipped = nullptr;    // bad data records dropped at load
+  prometheus::Histogram* unique_ids = nullptr;       // sparse: distinct table ids per batch
 };
 
 struct TrainResult {
@@ -100,7 +101,7 @@ struct TrainerOptions {
 // `test` may be null unless options.is_chief. `on_progress` (chief) is called
 // every progress_interval and once at the end.
 absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions& options,
-                                  PsClient* client, const Dataset& train, const Dataset* test,
+                                  PsClient* client, const RecordSource& train, const Dataset* test,
                                   const Clock* clock, TrainerMetrics metrics,
                                   const std::function<void(const Progress&)>& on_progress);
 

@@ -65,8 +65,9 @@ class JobTest : public ::testing::Test {
           results[i] = s;
           return;
         }
-        results[i] = Train(*config_, o, clients_[i].get(), train_, o.is_chief ? &test_ : nullptr,
-                           &clock_, TrainerMetrics{}, [](const Progress&) {});
+        results[i] =
+            Train(*config_, o, clients_[i].get(), train_source_, o.is_chief ? &test_ : nullptr,
+                  &clock_, TrainerMetrics{}, [](const Progress&) {});
       });
     }
     for (auto& t : threads) t.join();
@@ -76,6 +77,7 @@ class JobTest : public ::testing::Test {
 
   FakeClock clock_;
   Dataset train_ = TinyDataset(600, 1);
+  DatasetSource train_source_{train_};
   Dataset test_ = TinyDataset(300, 2);
   std::unique_ptr<TaskConfig> config_;
   std::unique_ptr<InProcessCluster> cluster_;

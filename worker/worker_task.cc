@@ -15,20 +15,30 @@
 namespace kubetrain {
 namespace {
 
-absl::StatusOr<std::shared_ptr<const Dataset>> LoadSet(const TaskConfig& config, bool train,
-                                                       const Dataset* train_set) {
-  const TrainingSpec& spec = config.job.training;
-  auto data = LoadExamples(spec, train, train_set);
-  if (!data.ok()) return data.status();
-  if (data->skipped_records > 0) {
-    Log("skipped ", data->skipped_records, " bad records in the ", train ? "training" : "test",
-        " files (onBadRecord: skip)");
+void LogSkipped(int64_t skipped, const char* which) {
+  if (skipped > 0) {
+    Log("skipped ", skipped, " bad records in the ", which, " files (onBadRecord: skip)");
   }
-  if (train && data->size != config.train_examples) {
+}
+
+absl::StatusOr<std::shared_ptr<const TrainingSet>> OpenTrain(const TaskConfig& config) {
+  const TrainingSpec& spec = config.job.training;
+  auto data = OpenTrainingSet(spec);
+  if (!data.ok()) return data.status();
+  LogSkipped(data->skipped_records, "training");
+  if (data->size != config.train_examples) {
     return absl::InvalidArgumentError(
         absl::StrCat(spec.dataset_path, " has ", data->size, " training examples, expected ",
                      config.train_examples, " for ", spec.dataset_name));
   }
+  return std::make_shared<const TrainingSet>(std::move(*data));
+}
+
+absl::StatusOr<std::shared_ptr<const Dataset>> LoadTest(const TaskConfig& config,
+                                                        const TrainingSet* train_set) {
+  auto data = LoadTestSet(config.job.training, train_set);
+  if (!data.ok()) return data.status();
+  LogSkipped(data->skipped_records, "test");
   return std::make_shared<const Dataset>(std::move(*data));
 }
 
@@ -99,19 +109,24 @@ absl::StatusOr<std::unique_ptr<WorkerTask>> WorkerTask::Create(
   const bool needs_test = task->is_chief_ || type == "evaluator";
   task->data_ = std::move(data);
   if (needs_train && task->data_.train == nullptr) {
-    auto train = LoadSet(c, /*train=*/true, nullptr);
+    auto train = OpenTrain(c);
     if (!train.ok()) return train.status();
     task->data_.train = std::move(*train);
   }
+  if (needs_train && !task->trains_) {
+    auto sample = ReadRecords(*task->data_.train->source, kLossSampleExamples);
+    if (!sample.ok()) return sample.status();
+    task->loss_sample_ = std::make_shared<const Dataset>(std::move(*sample));
+  }
   if (needs_test && task->data_.test == nullptr) {
-    auto test = LoadSet(c, /*train=*/false, task->data_.train.get());
+    auto test = LoadTest(c, task->data_.train.get());
     if (!test.ok()) return test.status();
     task->data_.test = std::move(*test);
   }
-  for (const auto* set : {task->data_.train.get(), task->data_.test.get()}) {
-    if (set != nullptr && task->trainer_metrics_.records_skipped) {
-      task->trainer_metrics_.records_skipped->Increment(static_cast<double>(set->skipped_records));
-    }
+  if (task->trainer_metrics_.records_skipped) {
+    const int64_t skipped = (task->data_.train ? task->data_.train->skipped_records : 0) +
+                            (task->data_.test ? task->data_.test->skipped_records : 0);
+    task->trainer_metrics_.records_skipped->Increment(static_cast<double>(skipped));
   }
   PsClient::Options client_options;
   client_options.task_type = type == "chief"       ? v1::TASK_TYPE_CHIEF
@@ -153,7 +168,11 @@ void WorkerTask::RegisterMetrics() {
       PsClientMetrics{&rpc.Add({{"method", "Pull"}, {"side", "client"}}, LatencyBuckets()),
                       &rpc.Add({{"method", "Push"}, {"side", "client"}}, LatencyBuckets()),
                       counter("kubetrain_pull_bytes_total", "Tensor bytes received by pulls"),
-                      counter("kubetrain_push_bytes_total", "Tensor bytes sent by pushes")};
+                      counter("kubetrain_push_bytes_total", "Tensor bytes sent by pushes"),
+                      counter("kubetrain_sparse_pull_bytes_total",
+                              "Embedding-table row bytes received by sparse pulls"),
+                      counter("kubetrain_sparse_push_bytes_total",
+                              "Embedding-table gradient row bytes sent by pushes")};
   TrainerMetrics& m = trainer_metrics_;
   m.barrier_wait_seconds =
       histogram("kubetrain_sync_barrier_wait_seconds",
@@ -182,6 +201,12 @@ void WorkerTask::RegisterMetrics() {
   m.records_skipped =
       counter("kubetrain_data_records_skipped_total",
               "Bad data records this task dropped while loading (onBadRecord: skip)");
+  m.unique_ids =
+      &prometheus::BuildHistogram()
+           .Name("kubetrain_sparse_unique_ids")
+           .Help("Distinct embedding-table ids one batch looks up (all tables)")
+           .Register(registry)
+           .Add({}, prometheus::Histogram::BucketBoundaries{1, 10, 100, 1000, 1e4, 1e5, 1e6});
   m.steps_lost = counter("kubetrain_steps_lost_total",
                          "Global steps lost because a PS restarted from an older checkpoint");
   if (is_chief_) {
@@ -247,7 +272,8 @@ absl::Status WorkerTask::Run() {
   if (trains_) {
     Log(name_, " training ", config_.job.name, ": ", TrainingModeName(spec.mode), ", ",
         spec.model.type, ", ", config_.target_steps, " global steps, shard of ",
-        data_.train->size / config_.num_workers, " examples");
+        ShardedBatcher::ShardSize(data_.train->size, index, config_.num_workers, spec.seed),
+        " examples (shuffle buffer ", spec.shuffle_buffer, " records)");
     TrainerOptions options;
     options.worker_index = index;
     options.is_chief = is_chief_;
@@ -257,7 +283,7 @@ absl::Status WorkerTask::Run() {
       options.export_model = options_.export_model;
       options.export_policy = options_.export_policy;
     }
-    result = Train(config_, options, client_.get(), *data_.train, data_.test.get(), clock_,
+    result = Train(config_, options, client_.get(), *data_.train->source, data_.test.get(), clock_,
                    trainer_metrics_, on_progress);
   } else {
     Log(name_, " following ", config_.job.name, ": ", TrainingModeName(spec.mode), ", ",
@@ -271,7 +297,7 @@ absl::Status WorkerTask::Run() {
       options.export_model = options_.export_model;
       options.export_policy = options_.export_policy;
     }
-    result = Follow(config_, options, client_.get(), *data_.test, data_.train.get(), clock_,
+    result = Follow(config_, options, client_.get(), *data_.test, loss_sample_.get(), clock_,
                     trainer_metrics_, on_progress);
   }
   if (!result.ok()) {

@@ -57,10 +57,11 @@ struct WorkerTaskOptions {
   std::function<void(const std::string& line)> report_sink;
 };
 
-// Datasets already in memory (e.g. shared by tasks in one process); a null
-// one is loaded from the job's dataset path when the task needs it.
+// Data already opened (e.g. shared by tasks in one process; in memory:
+// InMemoryTrainingSet); a null one is opened from the job's dataset section
+// when the task needs it. Workers stream the training set (core/dataset.h).
 struct WorkerData {
-  std::shared_ptr<const Dataset> train;
+  std::shared_ptr<const TrainingSet> train;
   std::shared_ptr<const Dataset> test;
 };
 
@@ -112,6 +113,8 @@ class WorkerTask {
   prometheus::Gauge* target_steps_ = nullptr;  // chief only
   std::unique_ptr<MetricsServer> metrics_server_;
   WorkerData data_;
+  // A Chief replica's: the first kLossSampleExamples training records.
+  std::shared_ptr<const Dataset> loss_sample_;
   std::unique_ptr<PsClient> client_;
 
   // Run's thread only.

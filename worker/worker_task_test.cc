@@ -98,7 +98,7 @@ class WorkerTaskTest : public ::testing::Test {
   }
 
   FakeClock clock_;
-  WorkerData data_{std::make_shared<const Dataset>(TinyDataset(600, 1)),
+  WorkerData data_{std::make_shared<const TrainingSet>(InMemoryTrainingSet(TinyDataset(600, 1))),
                    std::make_shared<const Dataset>(TinyDataset(300, 2))};
   std::string yaml_;
   std::unique_ptr<TaskConfig> ps_config_;

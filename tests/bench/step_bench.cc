@@ -156,7 +156,7 @@ int Run(const Flags& f) {
     std::vector<int32_t> y;
     for (int i = 0; i < total; ++i) {
       const double t0 = NowSeconds();
-      batcher.Next(batch, &x, &y);
+      if (auto s = batcher.Next(batch, &x, &y); !s.ok()) return Fail("data: ", s);
       float loss = model.LossAndGradients(params, x.data(), y.data(), batch, &grads);
       const double t2 = NowSeconds();
       for (size_t v = 0; v < params.size(); ++v) {
@@ -202,7 +202,7 @@ int Run(const Flags& f) {
       auto pulled = client.Pull(/*next_version=*/i > 0, i, model.variables(), &params);
       if (!pulled.ok()) return Fail("pull: ", pulled.status());
       const double t1 = NowSeconds();
-      batcher.Next(batch, &x, &y);
+      if (auto s = batcher.Next(batch, &x, &y); !s.ok()) return Fail("data: ", s);
       float loss = model.LossAndGradients(params, x.data(), y.data(), batch, &grads);
       const double t2 = NowSeconds();
       auto pushed = client.Push(grads, i + 1);
