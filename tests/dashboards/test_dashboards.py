@@ -423,8 +423,12 @@ def env():
         write_targets(tasks_sd, list(groups.values()))
 
         # A PS task dies mid-run: the launcher restarts it and it restores its checkpoint.
-        wait_for(lambda: os.path.isdir(os.path.join(ckpt, "ps-1")) and os.listdir(os.path.join(ckpt, "ps-1")),
-                 60, "a checkpoint of dash-sync ps-1")
+        # A finished checkpoint, not the directory's README or a file still being written
+        # (ckpt-N.ktc.tmp.*): killed before one exists, ps-1 would start fresh and never restore.
+        wait_for(lambda: any(re.fullmatch(r"ckpt-\d+\.ktc", n)
+                             for n in (os.listdir(os.path.join(ckpt, "ps-1"))
+                                       if os.path.isdir(os.path.join(ckpt, "ps-1")) else [])),
+                 60, "a finished checkpoint of dash-sync ps-1")
         pid = subprocess.run(["pgrep", "-f", "--", f"--metrics_address=127.0.0.1:{sync.ports()['ps-1']}"],
                              capture_output=True, text=True).stdout.split()
         assert len(pid) == 1, pid
