@@ -70,7 +70,14 @@ def test_worker_killed_mid_run_is_restarted_and_the_job_finishes(tmp_path, live_
         # The barrier does not hang on the dead worker: steps go on without it.
         run.wait_for_step("ps-0", STEPS // 3 + 20, timeout=30)
     code, summary = run.finish()
-    assert_recovered(code, summary, run, baseline, "worker-1", tolerance=TOLERANCE[mode])
+    # One-sided in sync mode too: while worker-1 is down the barrier times out
+    # and steps aggregate one worker's gradient, and the restarted worker starts
+    # its pass again, so the trajectory differs from the undisturbed one; CI saw
+    # it end 1.1 points *above* (0.8773 vs 0.8662). Not worse is what surviving
+    # a dead worker must guarantee; async stays two-sided (its spread is noise).
+    assert_recovered(code, summary, run, baseline, "worker-1", two_sided=(mode == "async"),
+                     tolerance=TOLERANCE[mode])
+    print(f"worker restart ({mode}): accuracy {summary['test_accuracy']} vs undisturbed {baseline}")
     out = run.output()
     assert "worker-1 exited with code 137; restarting" in out
     if mode == "sync":
