@@ -49,10 +49,10 @@ absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path,
                              [&c](const SparseInput& in) { return in.column == c.name; });
     }
     if (FeatureDim(training.tabular) != model->input_dim()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          model_path, ": the model takes ", model->input_dim(),
-          " input values per example, its recorded dataset columns make ",
-          FeatureDim(training.tabular)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(model_path, ": the model takes ", model->input_dim(),
+                       " input values per example, its recorded dataset columns make ",
+                       FeatureDim(training.tabular)));
     }
     Dataset norm;
     norm.norm_mean = file->norm_mean;

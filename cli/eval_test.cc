@@ -94,8 +94,10 @@ spec:
       head: wideAndDeep
     dataset:
       format: csv
-      trainFiles: [)", dir, R"(/test.csv]
-      testFiles: [)", dir, R"(/test.csv]
+      trainFiles: [)",
+                                        dir, R"(/test.csv]
+      testFiles: [)",
+                                        dir, R"(/test.csv]
       columns:
         - {name: x, type: numeric, normalize: true}
         - {name: color, type: categorical, vocabulary: [red, green, blue]}
