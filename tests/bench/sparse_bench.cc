@@ -62,7 +62,7 @@ struct Flags {
   int64_t train_examples = 400000;
   int64_t test_examples = 50000;
   int64_t batch = 256;
-  int64_t epochs = 1;
+  int64_t epochs = 2;
   int64_t dim = 8;
   int64_t buckets = 1 << 17;
   double max_space = 1e8;
@@ -70,6 +70,8 @@ struct Flags {
   double sigma = 0.6;
   double rank_scale = 200;
   int64_t seed = 7;
+  double lr = 0.02;       // adagrad: dense layers and embeddings
+  double wide_lr = 1.0;   // ftrl: the wide part
   bool big = false;
   bool keep_temp = false;
 };
@@ -168,7 +170,8 @@ spec:
                       embeddings, R"(      wide:
         columns: [)",
                       wide, R"(]
-        optimizer: {type: ftrl, learningRate: 0.05, l2: 0.001}
+        optimizer: {type: ftrl, learningRate: )",
+                      f.wide_lr, R"(, l2: 0.001}
       layers:
         - {type: dense, units: 32, activation: relu}
         - {type: dense, units: 1}
@@ -183,7 +186,8 @@ spec:
       columns:
 )",
                       columns, R"(        - {name: label, type: label, classes: {"0": 0, "1": 1}}
-    optimizer: {type: adagrad, learningRate: 0.05}
+    optimizer: {type: adagrad, learningRate: )",
+                      f.lr, R"(}
     batchSize: )",
                       f.batch, R"(
     steps: )",
@@ -482,6 +486,8 @@ int main(int argc, char** argv) {
   parser.Double("rank_scale", &flags.rank_scale,
                 "rank at which planted weights have shrunk by 1/sqrt(2)");
   parser.Int("seed", &flags.seed, "data and model seed");
+  parser.Double("lr", &flags.lr, "adagrad learning rate (dense layers, embeddings)");
+  parser.Double("wide_lr", &flags.wide_lr, "ftrl learning rate (the wide part)");
   parser.Bool("big", &flags.big,
               "a bigger run: >= 4M training examples, 200k test, 2^20 buckets per column");
   parser.Bool("keep_temp", &flags.keep_temp, "keep the temp dir (data, job files, PS logs)");
