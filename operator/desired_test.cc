@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/match.h"
+#include "operator/status.h"
 
 namespace kubetrain {
 namespace {
