@@ -71,12 +71,12 @@ struct JobRunResult {
   // the tasks' stopping).
   absl::Duration decided_after;
   double wall_seconds = 0;
-  std::optional<JobResult> result;  // the chief's report, if it gave one
+  std::optional<JobResult> result;   // the chief's report, if it gave one
   std::optional<Progress> progress;  // the chief's last progress report, if any
   // The PS tasks' figures at the end: the result's (FinalProgress), else the
   // last progress report's (a job that failed), else none.
   Progress LastKnown() const;
-  std::vector<TaskOutcome> tasks;   // JobTasks order
+  std::vector<TaskOutcome> tasks;  // JobTasks order
   std::map<std::string, ReplicaCounts> replicas;
   int64_t total_restarts = 0;
 

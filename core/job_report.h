@@ -99,9 +99,9 @@ struct JobResult {
   int64_t ps_restarts_seen = 0;
   int64_t max_staleness = 0;
   double mean_staleness = 0;
-  std::string model_path;       // where the chief exported the final model ("" = not exported)
-  int64_t export_failures = 0;  // failed attempts at writing it before it was written
-  int64_t absent_workers = 0;   // as in Progress, when the chief ended the job
+  std::string model_path;           // where the chief exported the final model ("" = not exported)
+  int64_t export_failures = 0;      // failed attempts at writing it before it was written
+  int64_t absent_workers = 0;       // as in Progress, when the chief ended the job
   int64_t checkpoint_failures = 0;  // as in Progress, when the chief ended the job
   int64_t checkpoints_failing = 0;
   std::string checkpoint_error;

@@ -410,12 +410,12 @@ TEST(DesiredTest, LiveProgressIsTheCamelCaseProjection) {
   // absentWorkers and the checkpoint figures are always known (0: every
   // worker is at the barrier, no checkpoint write failed).
   EXPECT_EQ(a.status["progress"], (json{{"globalStep", 120},
-                                         {"targetSteps", 3750},
-                                         {"loss", 0.5},
-                                         {"absentWorkers", 0},
-                                         {"checkpointFailures", 0},
-                                         {"checkpointsFailing", 0},
-                                         {"checkpointError", ""}}));
+                                        {"targetSteps", 3750},
+                                        {"loss", 0.5},
+                                        {"absentWorkers", 0},
+                                        {"checkpointFailures", 0},
+                                        {"checkpointsFailing", 0},
+                                        {"checkpointError", ""}}));
   EXPECT_EQ(FindCondition(a.status, condition::kCheckpointFailing), nullptr);
 }
 

@@ -249,8 +249,8 @@ void WorkerTask::ReportProgress(const Progress& trainer) {
   if (auto stats = client_->Stats(); stats.ok()) {
     ps_stats_ = *stats;
   } else {
-    Log("warning: ", name_, " cannot read the PS tasks' stats for its report: ",
-        stats.status().message());
+    Log("warning: ", name_,
+        " cannot read the PS tasks' stats for its report: ", stats.status().message());
   }
   p.absent_workers = std::max<int64_t>(p.absent_workers, ps_stats_.absent_workers());
   p.checkpoint_failures = ps_stats_.checkpoint_failures();

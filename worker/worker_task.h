@@ -130,7 +130,7 @@ class WorkerTask {
 
   // Run's thread only.
   std::optional<JobResult> result_;
-  v1::ShardStats ps_stats_;  // the last the chief read (ReportProgress)
+  v1::ShardStats ps_stats_;                      // the last the chief read (ReportProgress)
   prometheus::Gauge* failing_series_ = nullptr;  // of job_checkpoints_failing_
   std::string failing_label_;                    // its last_error
 };

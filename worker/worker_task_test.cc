@@ -193,7 +193,8 @@ TEST_F(WorkerTaskTest, TheChiefReportsThePsTasksCheckpointFailuresWithTheOsError
     SCOPED_TRACE(chief_replica ? "Chief replica" : "worker 0 is the chief");
     tasks_.clear();
     Make({.ps = 2, .workers = 1, .chief = chief_replica, .steps = 20});
-    const std::string error = "ps:1 at version 0: cannot create /ckpt/ps-1/x: No space left on device";
+    const std::string error =
+        "ps:1 at version 0: cannot create /ckpt/ps-1/x: No space left on device";
     cluster_->ps(1)->shard()->RecordCheckpointWrite(absl::ResourceExhaustedError(error));
     const std::string chief_name = chief_replica ? "chief:0" : "worker:0";
     if (chief_replica) Add("chief", 0);
