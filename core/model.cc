@@ -122,7 +122,6 @@ double Auc(const std::vector<double>& score, const std::vector<int32_t>& label) 
   return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives);
 }
 
-
 const char* CombinerName(Combiner c) {
   switch (c) {
     case Combiner::kSum:

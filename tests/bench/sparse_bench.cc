@@ -70,8 +70,8 @@ struct Flags {
   double sigma = 0.6;
   double rank_scale = 200;
   int64_t seed = 7;
-  double lr = 0.02;       // adagrad: dense layers and embeddings
-  double wide_lr = 1.0;   // ftrl: the wide part
+  double lr = 0.02;      // adagrad: dense layers and embeddings
+  double wide_lr = 1.0;  // ftrl: the wide part
   bool big = false;
   bool keep_temp = false;
 };
@@ -95,8 +95,8 @@ struct Generator {
 
   explicit Generator(const Flags& flags) : f(flags) {
     for (int c = 0; c < kCategorical; ++c) {
-      space.push_back(std::round(std::pow(10.0, 1 + std::log10(f.max_space / 10) * c /
-                                                        (kCategorical - 1))));
+      space.push_back(
+          std::round(std::pow(10.0, 1 + std::log10(f.max_space / 10) * c / (kCategorical - 1))));
     }
     for (int j = 0; j < kNumeric; ++j) {
       numeric_weight.push_back(0.3 * Normal(Mix(f.seed * 1000 + j)));
@@ -110,10 +110,12 @@ struct Generator {
     const double s = f.zipf, k = space[c];
     const double a = std::pow(k + 1, 1 - s) - 1;
     const double r = std::pow(a * Unit(h) + 1, 1 / (1 - s));
-    return std::min<int64_t>(static_cast<int64_t>(k), std::max<int64_t>(1, static_cast<int64_t>(r)));
+    return std::min<int64_t>(static_cast<int64_t>(k),
+                             std::max<int64_t>(1, static_cast<int64_t>(r)));
   }
   double Weight(int c, int64_t rank) const {
-    const uint64_t h = Mix(Mix(static_cast<uint64_t>(f.seed) * 131 + c) ^ static_cast<uint64_t>(rank));
+    const uint64_t h =
+        Mix(Mix(static_cast<uint64_t>(f.seed) * 131 + c) ^ static_cast<uint64_t>(rank));
     return f.sigma * Normal(h) / std::sqrt(1 + rank / f.rank_scale);
   }
   // One CSV line of example n of a stream, and its planted logit.
@@ -131,8 +133,9 @@ struct Generator {
     for (int c = 0; c < kCategorical; ++c) {
       const int64_t rank = Rank(c, Mix(base + 100 + c));
       logit += Weight(c, rank);
-      std::snprintf(buf, sizeof(buf), "%08" PRIx64 ",",
-                    Mix(static_cast<uint64_t>(c) << 40 ^ static_cast<uint64_t>(rank)) & 0xffffffffu);
+      std::snprintf(
+          buf, sizeof(buf), "%08" PRIx64 ",",
+          Mix(static_cast<uint64_t>(c) << 40 ^ static_cast<uint64_t>(rank)) & 0xffffffffu);
       line->append(buf);
     }
     const int label = Unit(Mix(base + 999)) < 1 / (1 + std::exp(-logit)) ? 1 : 0;
@@ -148,8 +151,8 @@ std::string JobYaml(const Flags& f, const Generator& g, const std::string& dir, 
     absl::StrAppend(&columns, "        - {name: I", j + 1, ", type: numeric}\n");
   }
   for (int c = 0; c < kCategorical; ++c) {
-    absl::StrAppend(&columns, "        - {name: C", c + 1, ", type: categorical, hashBuckets: ",
-                    tiny_tables ? 16 : g.Buckets(c), "}\n");
+    absl::StrAppend(&columns, "        - {name: C", c + 1,
+                    ", type: categorical, hashBuckets: ", tiny_tables ? 16 : g.Buckets(c), "}\n");
     absl::StrAppend(&embeddings, "        - {column: C", c + 1, ", dim: ", f.dim, "}\n");
     absl::StrAppend(&wide, c ? ", " : "", "C", c + 1);
   }
@@ -209,9 +212,9 @@ int64_t RssBytes(pid_t pid) {
   for (absl::string_view line : absl::StrSplit(status, '\n')) {
     if (!absl::ConsumePrefix(&line, "VmRSS:")) continue;
     int64_t kib = 0;
-    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(
-                             absl::StripAsciiWhitespace(line), "kB")),
-                         &kib)) {
+    if (absl::SimpleAtoi(
+            absl::StripAsciiWhitespace(absl::StripSuffix(absl::StripAsciiWhitespace(line), "kB")),
+            &kib)) {
       return kib * 1024;
     }
   }
@@ -223,8 +226,7 @@ int64_t RssBytes(pid_t pid) {
 int64_t WireBytes(const std::vector<int>& ports) {
   std::string filter;
   for (int p : ports) absl::StrAppend(&filter, filter.empty() ? "" : " or ", "dport = :", p);
-  const std::string cmd =
-      absl::StrCat("ss -tinH state established '( ", filter, " )' 2>/dev/null");
+  const std::string cmd = absl::StrCat("ss -tinH state established '( ", filter, " )' 2>/dev/null");
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe == nullptr) return -1;
   std::string out;
@@ -290,8 +292,10 @@ int Run(Flags f) {
   auto base_worker_port = FreeLoopbackPort();
   if (!worker_port.ok() || !base_worker_port.ok()) return Fail("", worker_port.status());
   const std::string job_file = *dir + "/job.yaml", base_file = *dir + "/baseline.yaml";
-  if (auto s = WriteFile(job_file, JobYaml(f, gen, *dir, steps, false)); !s.ok()) return Fail("", s);
-  if (auto s = WriteFile(base_file, JobYaml(f, gen, *dir, steps, true)); !s.ok()) return Fail("", s);
+  if (auto s = WriteFile(job_file, JobYaml(f, gen, *dir, steps, false)); !s.ok())
+    return Fail("", s);
+  if (auto s = WriteFile(base_file, JobYaml(f, gen, *dir, steps, true)); !s.ok())
+    return Fail("", s);
   std::vector<PsProcess> ps(num_ps), base(num_ps);
   for (int i = 0; i < num_ps; ++i) {
     if (auto s = ps[i].Start(f.ps_binary, job_file, TfConfigJson(ps_ports, *worker_port, "ps", i),
