@@ -1,5 +1,6 @@
 #include "cli/eval.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,18 @@ absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path,
   absl::StatusOr<Dataset> test;
   if (training.dataset_format != "idx") {
     if (!data.empty()) training.tabular.test_files = {data};
+    // The columns the model looks up by id (embeddings, the wide part) are
+    // read as id slots, as the job's spec marked them.
+    for (ColumnSpec& c : training.tabular.columns) {
+      c.as_ids = std::any_of(file->spec.sparse_inputs.begin(), file->spec.sparse_inputs.end(),
+                             [&c](const SparseInput& in) { return in.column == c.name; });
+    }
+    if (FeatureDim(training.tabular) != model->input_dim()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(model_path, ": the model takes ", model->input_dim(),
+                       " input values per example, its recorded dataset columns make ",
+                       FeatureDim(training.tabular)));
+    }
     Dataset norm;
     norm.norm_mean = file->norm_mean;
     norm.norm_std = file->norm_std;

@@ -1,5 +1,6 @@
 #include "cli/eval.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,8 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "core/job_spec.h"
 #include "core/model.h"
 #include "core/model_file.h"
+#include "core/tabular.h"
 #include "core/testing/temp_files.h"
 #include "gtest/gtest.h"
 
@@ -61,6 +64,84 @@ std::string WriteZeroSoftmax(const std::string& path) {
   f.job_name = "zero";
   EXPECT_TRUE(WriteModelFile(path, f).ok());
   return path;
+}
+
+// A wide & deep CSV model (embeddings and a wide part over categorical
+// columns): eval reads the test set as training does (id slots for the
+// looked-up columns, normalisation) and reports the job's own figures.
+TEST(EvalTest, WideAndDeepCsvModelReportsWhatTheJobComputes) {
+  const std::string dir = NewTestDir("eval");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::string csv;
+  const char* colors[] = {"red", "green", "blue"};
+  for (int i = 0; i < 60; ++i) {
+    absl::StrAppend(&csv, 0.1 * i, ",", colors[i % 3], ",s", (i * 7) % 11, ",", i % 3 == 0 ? 1 : 0,
+                    "\n");
+  }
+  WriteFile(dir + "/test.csv", csv);
+  const std::string yaml = absl::StrCat(R"(apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata: {name: wd}
+spec:
+  replicaSpecs: {PS: {replicas: 1}, Worker: {replicas: 1}}
+  training:
+    model:
+      embeddings: [{column: color, dim: 3}, {column: shop, dim: 2, combiner: sum}]
+      wide:
+        columns: [color]
+        crossed: [{columns: [color, shop], hashBuckets: 13}]
+      layers: [{type: dense, units: 4, activation: relu}, {type: dense, units: 1}]
+      head: wideAndDeep
+    dataset:
+      format: csv
+      trainFiles: [)",
+                                        dir, R"(/test.csv]
+      testFiles: [)",
+                                        dir, R"(/test.csv]
+      columns:
+        - {name: x, type: numeric, normalize: true}
+        - {name: color, type: categorical, vocabulary: [red, green, blue]}
+        - {name: shop, type: categorical, hashBuckets: 5}
+        - {name: y, type: label, classes: {"0": 0, "1": 1}}
+    steps: 1
+)");
+  auto job = ParseTrainingJob(yaml);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const TrainingSpec& t = job->training;
+  auto model = Model::Create(t.model);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE(model->sparse());
+  Dataset norm;
+  norm.norm_mean = {3.0f, 0, 0, 0};  // per column; only x is normalised
+  norm.norm_std = {1.5f, 1, 1, 1};
+  auto test = LoadTabular(t.tabular, t.tabular.test_files, &norm);
+  ASSERT_TRUE(test.ok()) << test.status();
+  ModelFile f;
+  f.spec = t.model;
+  f.params = model->InitialParams(3);
+  for (auto& v : f.params) {
+    for (size_t k = 0; k < v.size(); ++k) v[k] += 0.05f * static_cast<float>((k * 5) % 7) - 0.1f;
+  }
+  f.global_step = 9;
+  f.job_name = "wd";
+  f.dataset_yaml = t.dataset_yaml;
+  f.norm_mean = norm.norm_mean;
+  f.norm_std = norm.norm_std;
+  const std::string path = dir + "/wd.ktm";
+  ASSERT_TRUE(WriteModelFile(path, f).ok());
+  Batch all;
+  all.x = test->images.data();
+  all.labels = test->labels.data();
+  all.size = test->size;
+  const EvalMetrics expected = model->Evaluate(f.params, all);
+  ASSERT_TRUE(expected.auc.has_value());
+
+  auto result = EvaluateModelFile(path, "");
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->examples, 60);
+  EXPECT_EQ(result->test_accuracy, expected.accuracy.value());
+  EXPECT_EQ(result->test_auc, expected.auc);
+  EXPECT_EQ(result->test_log_loss, expected.log_loss);
 }
 
 TEST(EvalTest, ModelSummary) {

@@ -30,6 +30,10 @@ std::string ProgressText(const std::optional<Progress>& p) {
                       p->loss.value_or(0), p->examples_per_second.value_or(0));
   if (p->accuracy) absl::StrAppend(&s, absl::StrFormat("  accuracy %.4f", *p->accuracy));
   if (p->absent_workers > 0) absl::StrAppend(&s, "  absent workers ", p->absent_workers);
+  if (p->checkpoint_failures > 0) {
+    absl::StrAppend(&s, "  checkpoint failures ", p->checkpoint_failures,
+                    p->checkpoints_failing > 0 ? " (failing now)" : "");
+  }
   return s;
 }
 
@@ -51,6 +55,11 @@ std::string FailureReason(const Failure& f) {
 }
 
 }  // namespace
+
+Progress JobRunResult::LastKnown() const {
+  if (result) return FinalProgress(*result);
+  return progress.value_or(Progress{});
+}
 
 int JobRunResult::ExitCode() const {
   if (status == "Succeeded") return 0;
@@ -261,6 +270,7 @@ JobRunResult JobRunner::Run(const std::atomic<bool>* interrupted) {
   {
     absl::MutexLock l(&report_mu_);
     out.result = result_;
+    out.progress = progress_;
   }
   if (out.status == "Succeeded" && !out.result) {
     std::string chief;
@@ -275,6 +285,13 @@ JobRunResult JobRunner::Run(const std::atomic<bool>* interrupted) {
 
 nlohmann::json SummaryJson(const TrainingJob& job, int64_t target_steps, const JobRunResult& r) {
   nlohmann::json s = r.result ? ToJson(*r.result) : nlohmann::json::object();
+  if (!r.result && r.progress) {
+    const Progress& p = *r.progress;
+    s["absent_workers"] = p.absent_workers;
+    s["checkpoint_failures"] = p.checkpoint_failures;
+    s["checkpoints_failing"] = p.checkpoints_failing;
+    s["checkpoint_error"] = p.checkpoint_error;
+  }
   if (s.contains("wall_seconds")) {
     s["training_seconds"] = s["wall_seconds"];  // the chief's; wall_seconds is the whole run
   }
@@ -331,6 +348,16 @@ std::string SummaryText(const TrainingJob& job, int64_t target_steps, const JobR
       absl::StrAppend(&text, "  model: ", res.model_path, " (kubetrain eval ", res.model_path,
                       ")\n");
     }
+  }
+  const Progress last = r.LastKnown();
+  if (last.absent_workers > 0) {
+    absl::StrAppend(&text, "  absent workers: ", last.absent_workers,
+                    " (missed a barrier, not waited for: barrierTimeoutSeconds)\n");
+  }
+  if (const std::string storage = CheckpointHealthText(
+          last.checkpoint_failures, last.checkpoints_failing, last.checkpoint_error);
+      !storage.empty()) {
+    absl::StrAppend(&text, "  storage: ", storage, "\n");
   }
   return text;
 }

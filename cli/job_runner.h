@@ -71,8 +71,12 @@ struct JobRunResult {
   // the tasks' stopping).
   absl::Duration decided_after;
   double wall_seconds = 0;
-  std::optional<JobResult> result;  // the chief's report, if it gave one
-  std::vector<TaskOutcome> tasks;   // JobTasks order
+  std::optional<JobResult> result;   // the chief's report, if it gave one
+  std::optional<Progress> progress;  // the chief's last progress report, if any
+  // The PS tasks' figures at the end: the result's (FinalProgress), else the
+  // last progress report's (a job that failed), else none.
+  Progress LastKnown() const;
+  std::vector<TaskOutcome> tasks;  // JobTasks order
   std::map<std::string, ReplicaCounts> replicas;
   int64_t total_restarts = 0;
 
@@ -119,9 +123,12 @@ class JobRunner {
 // The --summary-json document: the chief's JobResult (snake_case, its own
 // `wall_seconds` as `training_seconds`) plus what only the launcher knows:
 // name, status, reason, model, task counts, target_steps, wall_seconds,
-// exit_codes, restarts (per task) and total_restarts.
+// exit_codes, restarts (per task) and total_restarts. Without a result (the
+// job failed), absent_workers and the checkpoint_* fields come from the last
+// progress report.
 nlohmann::json SummaryJson(const TrainingJob& job, int64_t target_steps, const JobRunResult& r);
-// The summary printed at the end (README.md shows it).
+// The summary printed at the end (README.md shows it), with a "storage:"
+// line when checkpoint writes failed and the absent workers when there are.
 std::string SummaryText(const TrainingJob& job, int64_t target_steps, const JobRunResult& r);
 
 }  // namespace kubetrain

@@ -145,6 +145,57 @@ TEST_F(JobRunnerTest, TheChiefsReportMakesTheSummary) {
   EXPECT_CONTAINS(SummaryText(job, 100, r), "model: /tmp/m.ktm (kubetrain eval /tmp/m.ktm)");
 }
 
+TEST_F(JobRunnerTest, TheSummaryShowsCheckpointFailuresAndAbsentWorkers) {
+  TrainingJob job = Job();
+  JobResult result = Result();
+  result.checkpoint_failures = 2;
+  result.checkpoints_failing = 0;
+  result.checkpoint_error = "ps:1 at version 40: cannot create /ckpt/x: Read-only file system";
+  result.absent_workers = 1;
+  launcher_.PrintOnExit("worker-0", 0, FormatReportLine(result));
+  launcher_.ExitAt("worker-0", At(20), 0);
+  for (const char* t : {"worker-1", "ps-0", "ps-1"}) launcher_.ExitAt(t, At(21), 0);
+  JobRunResult r = Run(job);
+  ASSERT_EQ(r.status, "Succeeded");
+  nlohmann::json s = SummaryJson(job, 100, r);
+  EXPECT_EQ(s["checkpoint_failures"], 2);
+  EXPECT_EQ(s["checkpoints_failing"], 0);
+  EXPECT_EQ(s["checkpoint_error"], result.checkpoint_error);
+  EXPECT_EQ(s["absent_workers"], 1);
+  const std::string text = SummaryText(job, 100, r);
+  EXPECT_CONTAINS(text,
+                  "  storage: 2 checkpoint writes failed, the latest ones written; last: ps:1 at "
+                  "version 40: cannot create /ckpt/x: Read-only file system\n");
+  EXPECT_CONTAINS(text, "  absent workers: 1 (missed a barrier");
+}
+
+TEST_F(JobRunnerTest, AFailedJobsSummaryShowsTheLastReportedCheckpointFailures) {
+  Progress p;
+  p.global_step = 40;
+  p.target_steps = 100;
+  p.checkpoint_failures = 5;
+  p.checkpoints_failing = 2;
+  p.checkpoint_error = "ps:0 at version 40: cannot create /ckpt/y: No space left on device";
+  launcher_.PrintOnExit("worker-0", 1, FormatReportLine(p));
+  launcher_.ExitAt("worker-0", At(4), 1);
+  JobRunResult r = Run(Job());
+  ASSERT_EQ(r.status, "Failed");
+  nlohmann::json s = SummaryJson(Job(), 100, r);
+  EXPECT_FALSE(s.contains("global_step"));
+  EXPECT_EQ(s["checkpoint_failures"], 5);
+  EXPECT_EQ(s["checkpoints_failing"], 2);
+  EXPECT_EQ(s["checkpoint_error"], p.checkpoint_error);
+  EXPECT_CONTAINS(SummaryText(Job(), 100, r),
+                  "  storage: 5 checkpoint writes failed, 2 PS tasks failing now; last: ps:0 at "
+                  "version 40: cannot create /ckpt/y: No space left on device\n");
+  // Without failures there is no storage line.
+  JobRunResult clean;
+  clean.status = "Succeeded";
+  clean.result = Result();
+  EXPECT_EQ(SummaryText(Job(), 100, clean).find("storage:"), std::string::npos);
+  EXPECT_EQ(SummaryText(Job(), 100, clean).find("absent workers"), std::string::npos);
+}
+
 TEST_F(JobRunnerTest, TasksStillRunningAfterTheGraceAreStopped) {
   launcher_.PrintOnExit("worker-0", 0, FormatReportLine(Result()));
   launcher_.ExitAt("worker-0", At(20), 0);

@@ -25,7 +25,7 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
-absl::Status WriteAll(int fd, const std::string& data, const std::string& path) {
+absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
   size_t off = 0;
   while (off < data.size()) {
     ssize_t n = ::write(fd, data.data() + off, data.size() - off);
@@ -61,12 +61,33 @@ class PosixFileEnv final : public FileEnv {
   }
 
   absl::Status WriteFileAtomically(const std::string& path, const std::string& data) override {
+    return WriteFileAtomically(path, [&data](const ByteSink& sink) { return sink(data); });
+  }
+
+  absl::Status WriteFileAtomically(
+      const std::string& path,
+      const std::function<absl::Status(const ByteSink&)>& produce) override {
     const std::string dir = DirName(path);
     if (absl::Status st = CreateDirs(dir); !st.ok()) return st;
     const std::string tmp = absl::StrCat(path, kTempFileInfix, ::getpid());
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return OsError(errno, absl::StrCat("cannot create ", tmp));
-    absl::Status st = WriteAll(fd, data, tmp);
+    // Small pieces are gathered into write()s of about kWriteBuffer bytes.
+    constexpr size_t kWriteBuffer = 1 << 20;
+    std::string buffer;
+    auto sink = [&](std::string_view bytes) -> absl::Status {
+      if (buffer.size() + bytes.size() < kWriteBuffer) {
+        buffer.append(bytes.data(), bytes.size());
+        return absl::OkStatus();
+      }
+      if (absl::Status st = WriteAll(fd, buffer, tmp); !st.ok()) return st;
+      buffer.clear();
+      if (bytes.size() >= kWriteBuffer) return WriteAll(fd, bytes, tmp);
+      buffer.append(bytes.data(), bytes.size());
+      return absl::OkStatus();
+    };
+    absl::Status st = produce(sink);
+    if (st.ok()) st = WriteAll(fd, buffer, tmp);
     if (st.ok() && ::fsync(fd) != 0) st = OsError(errno, absl::StrCat("cannot fsync ", tmp));
     if (::close(fd) != 0 && st.ok()) st = OsError(errno, absl::StrCat("cannot close ", tmp));
     if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -112,6 +133,17 @@ class PosixFileEnv final : public FileEnv {
 };
 
 }  // namespace
+
+absl::Status FileEnv::WriteFileAtomically(
+    const std::string& path, const std::function<absl::Status(const ByteSink&)>& produce) {
+  std::string data;
+  absl::Status st = produce([&data](std::string_view bytes) {
+    data.append(bytes.data(), bytes.size());
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
+  return WriteFileAtomically(path, data);
+}
 
 FileEnv* FileEnv::Default() {
   static FileEnv* const env = new PosixFileEnv();

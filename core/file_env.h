@@ -11,7 +11,9 @@
 #ifndef KUBETRAIN_CORE_FILE_ENV_H_
 #define KUBETRAIN_CORE_FILE_ENV_H_
 
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -32,6 +34,15 @@ class FileEnv {
   // and renamed over `path`, then the directory is fsynced. On failure `path`
   // is untouched and the temp file removed.
   virtual absl::Status WriteFileAtomically(const std::string& path, const std::string& data) = 0;
+  // The same, with the bytes made by `produce`, which passes them to the
+  // sink it is given in pieces (a large file need not exist in memory as a
+  // whole). An error from `produce` (or from a sink call, which `produce`
+  // must return) fails the write as above. POSIX writes the pieces as they
+  // come (buffered); this default collects them and calls
+  // WriteFileAtomically, so a test env that overrides only that sees them.
+  using ByteSink = std::function<absl::Status(std::string_view)>;
+  virtual absl::Status WriteFileAtomically(
+      const std::string& path, const std::function<absl::Status(const ByteSink&)>& produce);
   // NotFoundError if there is no such file.
   virtual absl::Status DeleteFile(const std::string& path) = 0;
   // Names in `dir` except "." and ".."; NotFoundError if it does not exist.
@@ -51,6 +62,9 @@ class EnvWrapper : public FileEnv {
   absl::Status WriteFileAtomically(const std::string& path, const std::string& data) override {
     return target_->WriteFileAtomically(path, data);
   }
+  // The streamed write is not forwarded: FileEnv's default collects the
+  // bytes and calls the string version above, which a test may override.
+  using FileEnv::WriteFileAtomically;
   absl::Status DeleteFile(const std::string& path) override { return target_->DeleteFile(path); }
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
     return target_->ListDir(dir);

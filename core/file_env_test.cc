@@ -37,6 +37,48 @@ TEST(FileEnvTest, WritesAtomicallyListsAndDeletes) {
   EXPECT_TRUE(absl::IsNotFound(env->ListDir(dir + "/none").status()));
 }
 
+TEST(FileEnvTest, StreamedWriteTakesPiecesAndAFailedOneLeavesNothing) {
+  const std::string dir = NewTestDir("env");
+  FileEnv* env = FileEnv::Default();
+  // Small pieces and one larger than the write buffer (1 MiB).
+  const std::string big(3 << 20, 'x');
+  std::string expected;
+  auto produce = [&](const FileEnv::ByteSink& sink) -> absl::Status {
+    for (std::string_view piece : {std::string_view("ab"), std::string_view(big),
+                                   std::string_view("c"), std::string_view("")}) {
+      if (absl::Status st = sink(piece); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  };
+  expected = "ab" + big + "c";
+  ASSERT_TRUE(env->WriteFileAtomically(dir + "/f", produce).ok());
+  EXPECT_EQ(ReadFile(dir + "/f"), expected);
+
+  // A producer that fails: the old file stays, no temp file is left.
+  absl::Status st = env->WriteFileAtomically(dir + "/f", [](const FileEnv::ByteSink& sink) {
+    (void)sink("partial");
+    return absl::DataLossError("the producer broke");
+  });
+  EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+  EXPECT_EQ(ReadFile(dir + "/f"), expected);
+  EXPECT_EQ(ListDir(dir), std::vector<std::string>{"f"});
+
+  // A wrapper that overrides only the string write sees the streamed bytes.
+  class Recording : public EnvWrapper {
+   public:
+    Recording() : EnvWrapper(FileEnv::Default()) {}
+    absl::Status WriteFileAtomically(const std::string& path, const std::string& data) override {
+      seen = data;
+      return target()->WriteFileAtomically(path, data);
+    }
+    std::string seen;
+  } recording;
+  FileEnv* as_env = &recording;
+  ASSERT_TRUE(as_env->WriteFileAtomically(dir + "/g", produce).ok());
+  EXPECT_EQ(recording.seen, expected);
+  EXPECT_EQ(ReadFile(dir + "/g"), expected);
+}
+
 TEST(FileEnvTest, ProbeLeavesNothingBehind) {
   const std::string dir = NewTestDir("env");
   ASSERT_TRUE(ProbeWritableDir(FileEnv::Default(), dir).ok());

@@ -64,13 +64,37 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 
 absl::Status WriteFramedFile(const std::string& path, std::string_view magic, uint32_t version,
                              const std::string& payload, FileEnv* env) {
-  BinaryWriter file;
-  file.PutBytes(magic);
-  file.PutU32(version);
-  file.PutU64(payload.size());
-  file.PutBytes(payload);
-  file.PutU32(Crc32(payload));
-  return env->WriteFileAtomically(path, file.data());
+  return WriteFramedFile(
+      path, magic, version, [&payload](BinaryWriter& w) { w.PutBytes(payload); }, env);
+}
+
+absl::Status WriteFramedFile(const std::string& path, std::string_view magic, uint32_t version,
+                             const std::function<void(BinaryWriter&)>& encode, FileEnv* env) {
+  BinaryWriter counter = BinaryWriter::Counting();
+  encode(counter);
+  const uint64_t payload_bytes = counter.size();
+  return env->WriteFileAtomically(path, [&](const FileEnv::ByteSink& sink) -> absl::Status {
+    BinaryWriter header;
+    header.PutBytes(magic);
+    header.PutU32(version);
+    header.PutU64(payload_bytes);
+    if (absl::Status st = sink(header.data()); !st.ok()) return st;
+    uLong crc = ::crc32_z(0L, Z_NULL, 0);
+    const FileEnv::ByteSink payload_sink = [&](std::string_view bytes) {
+      crc = ::crc32_z(crc, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size());
+      return sink(bytes);
+    };
+    BinaryWriter w(&payload_sink);
+    encode(w);
+    if (absl::Status st = w.Finish(); !st.ok()) return st;
+    if (w.size() != payload_bytes) {
+      return absl::InternalError(absl::StrCat("cannot write ", path, ": the payload came out ",
+                                              w.size(), " bytes, counted ", payload_bytes));
+    }
+    BinaryWriter trailer;
+    trailer.PutU32(static_cast<uint32_t>(crc));
+    return sink(trailer.data());
+  });
 }
 
 absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_view magic,
@@ -131,12 +155,43 @@ absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_
 // ---------------------------------------------------------------------------
 // BinaryWriter.
 
+namespace {
+constexpr size_t kWriterPiece = 1 << 20;
+}  // namespace
+
+void BinaryWriter::PutBytes(std::string_view bytes) {
+  size_ += bytes.size();
+  if (counting_ || !sink_status_.ok()) return;
+  if (sink_ != nullptr && out_.size() + bytes.size() >= kWriterPiece) {
+    // Large pieces go on as they are, without a copy.
+    if (!out_.empty()) sink_status_ = (*sink_)(out_);
+    out_.clear();
+    if (sink_status_.ok() && bytes.size() >= kWriterPiece) {
+      sink_status_ = (*sink_)(bytes);
+      return;
+    }
+  }
+  out_.append(bytes.data(), bytes.size());
+}
+
+absl::Status BinaryWriter::Finish() {
+  if (sink_ != nullptr && sink_status_.ok() && !out_.empty()) {
+    sink_status_ = (*sink_)(out_);
+    out_.clear();
+  }
+  return sink_status_;
+}
+
 void BinaryWriter::PutU32(uint32_t v) {
-  for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  char b[4];
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  PutBytes(std::string_view(b, 4));
 }
 
 void BinaryWriter::PutU64(uint64_t v) {
-  for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  PutBytes(std::string_view(b, 8));
 }
 
 void BinaryWriter::PutString(std::string_view s) {
@@ -146,11 +201,23 @@ void BinaryWriter::PutString(std::string_view s) {
 
 void BinaryWriter::PutFloats(const std::vector<float>& v) {
   PutU64(v.size());
+  if (counting_) {
+    size_ += 4 * v.size();
+    return;
+  }
+  // Little-endian IEEE-754 bits, in pieces of at most 64 KiB.
+  char piece[1 << 16];
+  size_t n = 0;
   for (float f : v) {
     uint32_t bits = 0;
     std::memcpy(&bits, &f, 4);
-    PutU32(bits);
+    for (int i = 0; i < 4; ++i) piece[n++] = static_cast<char>((bits >> (8 * i)) & 0xff);
+    if (n == sizeof(piece)) {
+      PutBytes(std::string_view(piece, n));
+      n = 0;
+    }
   }
+  if (n > 0) PutBytes(std::string_view(piece, n));
 }
 
 // ---------------------------------------------------------------------------

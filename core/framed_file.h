@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,16 @@ namespace kubetrain {
 // name the file or directory that failed and carry the errno (ErrnoOf).
 absl::Status WriteFramedFile(const std::string& path, std::string_view magic, uint32_t version,
                              const std::string& payload, FileEnv* env = FileEnv::Default());
+
+class BinaryWriter;
+// The same, with the payload written by `encode` straight to the file, so a
+// large payload never exists in memory as a whole: `encode` is called twice,
+// first on a writer that only counts bytes (for the header's length), then
+// on one that passes the bytes on in pieces while the CRC is computed; it
+// must write the same fields both times. Errors as WriteFramedFile's.
+absl::Status WriteFramedFile(const std::string& path, std::string_view magic, uint32_t version,
+                             const std::function<void(BinaryWriter&)>& encode,
+                             FileEnv* env = FileEnv::Default());
 
 // Infix of WriteFramedFile's temp file name, for code that cleans up after
 // writers that died ("ckpt-1.ktc.tmp.1234").
@@ -54,24 +65,46 @@ inline constexpr const char* kFramedFileTempInfix = kTempFileInfix;
 absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_view magic,
                                            uint32_t version, std::string_view what);
 
-// Appends little-endian fields to a payload.
+// Appends little-endian fields to a payload: in memory (data()), or passed
+// on to a sink in pieces of about 1 MiB, or only counted (size()).
 class BinaryWriter {
  public:
+  BinaryWriter() = default;
+  // Passes the bytes to `sink` (which must outlive the writer); after the
+  // first failed sink call nothing more is written and Finish returns it.
+  explicit BinaryWriter(const FileEnv::ByteSink* sink) : sink_(sink) {}
+  // Counts bytes without keeping them.
+  static BinaryWriter Counting() {
+    BinaryWriter w;
+    w.counting_ = true;
+    return w;
+  }
+  BinaryWriter(BinaryWriter&&) = default;
+
   void PutU32(uint32_t v);
   void PutU64(uint64_t v);
   void PutI32(int32_t v) { PutU32(static_cast<uint32_t>(v)); }
   void PutI64(int64_t v) { PutU64(static_cast<uint64_t>(v)); }
-  void PutBytes(std::string_view bytes) { out_.append(bytes.data(), bytes.size()); }
+  void PutBytes(std::string_view bytes);
   // u32 length, then the bytes.
   void PutString(std::string_view s);
   // u64 count, then each float's IEEE-754 bits as a u32 (so -0.0, NaN, ...
   // survive exactly).
   void PutFloats(const std::vector<float>& v);
 
+  // The payload (in-memory writers only).
   const std::string& data() const { return out_; }
+  // Bytes written so far.
+  uint64_t size() const { return size_; }
+  // A sink writer: passes on what is still buffered; the first sink error.
+  absl::Status Finish();
 
  private:
   std::string out_;
+  uint64_t size_ = 0;
+  bool counting_ = false;
+  const FileEnv::ByteSink* sink_ = nullptr;
+  absl::Status sink_status_;
 };
 
 // Reads the fields BinaryWriter writes, in order, from a payload it does not

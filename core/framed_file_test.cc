@@ -48,6 +48,42 @@ TEST(FramedFileTest, RoundTripCreatesDirsAndLeavesNoTemp) {
   EXPECT_EQ(data.substr(20 + payload.size()), w.data());
 }
 
+TEST(FramedFileTest, StreamedPayloadIsTheSameFile) {
+  const std::string dir = NewTestDir("framed");
+  // Fields of every kind, floats past the writer's 1 MiB pieces.
+  std::vector<float> floats(700000);
+  for (size_t i = 0; i < floats.size(); ++i) floats[i] = 0.5f * static_cast<float>(i) - 7;
+  auto encode = [&](BinaryWriter& w) {
+    w.PutString("job");
+    w.PutI64(-5);
+    w.PutFloats(floats);
+    w.PutU32(7);
+    w.PutFloats({});
+  };
+  BinaryWriter memory;
+  encode(memory);
+  ASSERT_TRUE(WriteFramedFile(dir + "/a", kMagic, kVersion, memory.data()).ok());
+  ASSERT_TRUE(WriteFramedFile(dir + "/b", kMagic, kVersion, encode).ok());
+  EXPECT_EQ(ReadFile(dir + "/a"), ReadFile(dir + "/b"));
+  auto read = Read(dir + "/b");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, memory.data());
+  BinaryWriter counter = BinaryWriter::Counting();
+  encode(counter);
+  EXPECT_EQ(counter.size(), memory.data().size());
+  EXPECT_TRUE(counter.data().empty());
+
+  // An encoder that does not write the same bytes twice is refused.
+  int calls = 0;
+  absl::Status st = WriteFramedFile(dir + "/c", kMagic, kVersion, [&](BinaryWriter& w) {
+    w.PutU32(++calls);
+    if (calls > 1) w.PutU32(0);
+  });
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(std::string(st.message()).find("counted 4"), std::string::npos) << st;
+  EXPECT_TRUE(absl::IsNotFound(Read(dir + "/c").status()));
+}
+
 TEST(FramedFileTest, EmptyPayloadAndOverwrite) {
   const std::string path = NewTestDir("framed") + "/f.bin";
   ASSERT_TRUE(WriteFramedFile(path, kMagic, kVersion, "first").ok());

@@ -1,6 +1,7 @@
 #include "core/job_report.h"
 
 #include <cctype>
+#include <map>
 #include <sstream>
 #include <variant>
 #include <vector>
@@ -28,6 +29,9 @@ const std::vector<Field<Progress>>& ProgressFields() {
       {"examples_per_second", &Progress::examples_per_second},
       {"accuracy", &Progress::accuracy},
       {"absent_workers", &Progress::absent_workers},
+      {"checkpoint_failures", &Progress::checkpoint_failures},
+      {"checkpoints_failing", &Progress::checkpoints_failing},
+      {"checkpoint_error", &Progress::checkpoint_error},
   };
   return *fields;
 }
@@ -57,6 +61,10 @@ const std::vector<Field<JobResult>>& JobResultFields() {
       {"mean_staleness", &JobResult::mean_staleness},
       {"model_path", &JobResult::model_path},
       {"export_failures", &JobResult::export_failures},
+      {"absent_workers", &JobResult::absent_workers},
+      {"checkpoint_failures", &JobResult::checkpoint_failures},
+      {"checkpoints_failing", &JobResult::checkpoints_failing},
+      {"checkpoint_error", &JobResult::checkpoint_error},
   };
   return *fields;
 }
@@ -121,6 +129,41 @@ absl::StatusOr<T> Read(const json& j, const std::vector<Field<T>>& fields, const
   return out;
 }
 
+// One sample line of the text exposition format: `name{label="value",...} v`
+// (label values with \\, \" and \n escapes; an optional timestamp after v).
+bool ParseSample(const std::string& line, std::string* name,
+                 std::map<std::string, std::string>* labels, double* value) {
+  size_t i = 0;
+  while (i < line.size() && line[i] != '{' && line[i] != ' ') ++i;
+  *name = line.substr(0, i);
+  if (name->empty()) return false;
+  if (i < line.size() && line[i] == '{') {
+    ++i;
+    while (i < line.size() && line[i] != '}') {
+      const size_t eq = line.find('=', i);
+      if (eq == std::string::npos || eq + 1 >= line.size() || line[eq + 1] != '"') return false;
+      std::string key = line.substr(i, eq - i), val;
+      for (i = eq + 2; i < line.size() && line[i] != '"'; ++i) {
+        if (line[i] == '\\' && i + 1 < line.size()) {
+          ++i;
+          val += line[i] == 'n' ? '\n' : line[i];
+        } else {
+          val += line[i];
+        }
+      }
+      if (i >= line.size()) return false;  // unterminated value
+      ++i;                                 // the closing quote
+      if (i < line.size() && line[i] == ',') ++i;
+      (*labels)[key] = val;
+    }
+    if (i >= line.size()) return false;
+    ++i;  // '}'
+  }
+  while (i < line.size() && line[i] == ' ') ++i;
+  const size_t end = line.find(' ', i);
+  return absl::SimpleAtod(line.substr(i, end == std::string::npos ? end : end - i), value);
+}
+
 // The JSON after `tag` and one space, if `line` starts with them.
 std::optional<json> Tagged(const std::string& line, const char* tag) {
   const std::string prefix = absl::StrCat(tag, " ");
@@ -163,7 +206,24 @@ Progress FinalProgress(const JobResult& r) {
   p.loss = r.final_loss;
   p.examples_per_second = r.examples_per_second;
   if (r.test_accuracy >= 0) p.accuracy = r.test_accuracy;
+  p.absent_workers = r.absent_workers;
+  p.checkpoint_failures = r.checkpoint_failures;
+  p.checkpoints_failing = r.checkpoints_failing;
+  p.checkpoint_error = r.checkpoint_error;
   return p;
+}
+
+std::string CheckpointHealthText(int64_t failures, int64_t failing, const std::string& error) {
+  if (failures <= 0) return "";
+  std::string s = absl::StrCat(failures, failures == 1 ? " checkpoint write" : " checkpoint writes",
+                               " failed, ");
+  if (failing > 0) {
+    absl::StrAppend(&s, failing, failing == 1 ? " PS task" : " PS tasks", " failing now");
+  } else {
+    absl::StrAppend(&s, "the latest ones written");
+  }
+  if (!error.empty()) absl::StrAppend(&s, "; last: ", error);
+  return s;
 }
 
 std::string FormatReportLine(const Progress& p) {
@@ -194,14 +254,18 @@ std::optional<Progress> ProgressFromMetrics(const std::string& text) {
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty() || line[0] == '#') continue;
-    auto space = line.rfind(' ');
-    if (space == std::string::npos) continue;
-    std::string name = line.substr(0, space);
-    if (name.size() > 2 && name.compare(name.size() - 2, 2, "{}") == 0)
-      name.resize(name.size() - 2);
+    std::string name;
+    std::map<std::string, std::string> labels;
     double v = 0;
-    if (!absl::SimpleAtod(line.substr(space + 1), &v)) continue;
-    if (name == kGlobalStepMetric) {
+    if (!ParseSample(line, &name, &labels, &v)) continue;
+    if (name == kAbsentWorkersMetric) {
+      p.absent_workers = static_cast<int64_t>(v);
+    } else if (name == kCheckpointFailuresMetric) {
+      p.checkpoint_failures = static_cast<int64_t>(v);
+    } else if (name == kCheckpointsFailingMetric) {
+      p.checkpoints_failing = static_cast<int64_t>(v);
+      p.checkpoint_error = labels[kCheckpointErrorLabel];
+    } else if (name == kGlobalStepMetric) {
       p.global_step = static_cast<int64_t>(v);
       have_step = true;
     } else if (name == kTargetStepsMetric) {

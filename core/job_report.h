@@ -36,6 +36,15 @@ inline constexpr char kTrainingLossMetric[] = "kubetrain_training_loss";
 inline constexpr char kEvalAccuracyMetric[] = "kubetrain_eval_accuracy";
 inline constexpr char kTargetStepsMetric[] = "kubetrain_target_steps";
 inline constexpr char kExamplesPerSecondMetric[] = "kubetrain_examples_per_second";
+// The chief's view of the PS tasks (from their GetStats), for the operator:
+// absent sync workers (most over PS tasks), failed checkpoint writes (summed),
+// and the PS tasks whose latest write failed, labelled with the latest
+// failure's message (kCheckpointErrorLabel; one series, replaced when the
+// message changes; absent until a write has failed).
+inline constexpr char kAbsentWorkersMetric[] = "kubetrain_job_absent_workers";
+inline constexpr char kCheckpointFailuresMetric[] = "kubetrain_job_checkpoint_failures";
+inline constexpr char kCheckpointsFailingMetric[] = "kubetrain_job_checkpoints_failing";
+inline constexpr char kCheckpointErrorLabel[] = "last_error";
 
 // Stdout tags of the chief's report lines.
 inline constexpr char kProgressTag[] = "kubetrain-progress";
@@ -56,6 +65,13 @@ struct Progress {
   // Sync workers the PS tasks no longer wait for: they missed a barrier
   // (barrierTimeoutSeconds) and have not pushed since.
   int64_t absent_workers = 0;
+  // Checkpoint writes of the PS tasks (docs/trainingjob.md, "Full, read-only
+  // and failing disks"): failed ones, summed over PS tasks since they started;
+  // PS tasks whose latest write failed; the latest failure's message, naming
+  // the task, the version and the OS error ("" if none failed).
+  int64_t checkpoint_failures = 0;
+  int64_t checkpoints_failing = 0;
+  std::string checkpoint_error;
 };
 
 // How a job ended, as the chief saw it.
@@ -83,9 +99,19 @@ struct JobResult {
   int64_t ps_restarts_seen = 0;
   int64_t max_staleness = 0;
   double mean_staleness = 0;
-  std::string model_path;       // where the chief exported the final model ("" = not exported)
-  int64_t export_failures = 0;  // failed attempts at writing it before it was written
+  std::string model_path;           // where the chief exported the final model ("" = not exported)
+  int64_t export_failures = 0;      // failed attempts at writing it before it was written
+  int64_t absent_workers = 0;       // as in Progress, when the chief ended the job
+  int64_t checkpoint_failures = 0;  // as in Progress, when the chief ended the job
+  int64_t checkpoints_failing = 0;
+  std::string checkpoint_error;
 };
+
+// One line on the PS tasks' checkpoint writes, "" if none failed:
+// "3 checkpoint writes failed, 1 PS task failing now; last: ps:0 at version
+// 400: <path>: No space left on device" (the summary's storage line, the
+// operator's CheckpointFailing condition).
+std::string CheckpointHealthText(int64_t failures, int64_t failing, const std::string& error);
 
 nlohmann::json ToJson(const Progress& p, NameStyle style = NameStyle::kSnake);
 nlohmann::json ToJson(const JobResult& r, NameStyle style = NameStyle::kSnake);
@@ -112,8 +138,8 @@ struct ReportLine {
 // whose JSON does not parse is not a report line either.
 std::optional<ReportLine> ParseReportLine(const std::string& line);
 
-// Progress from Prometheus text exposition (the chief's /metrics); nullopt
-// if the text has no kGlobalStepMetric sample.
+// Progress from Prometheus text exposition (the chief's /metrics, the
+// metrics named above); nullopt if the text has no kGlobalStepMetric sample.
 std::optional<Progress> ProgressFromMetrics(const std::string& metrics_text);
 
 }  // namespace kubetrain

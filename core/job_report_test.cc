@@ -123,5 +123,69 @@ TEST(JobReportTest, ProgressFromMetricsText) {
   EXPECT_FALSE(ProgressFromMetrics("kubetrain_training_loss 1\n").has_value());
 }
 
+TEST(JobReportTest, StorageHealthAndAbsentWorkersTravelThroughEveryProjection) {
+  JobResult r = SampleResult();
+  r.absent_workers = 1;
+  r.checkpoint_failures = 3;
+  r.checkpoints_failing = 1;
+  r.checkpoint_error = "ps:0 at version 400: cannot create /ckpt/x: No space left on device";
+  nlohmann::json camel = ToJson(r, NameStyle::kCamel);
+  EXPECT_EQ(camel["checkpointFailures"], 3);
+  EXPECT_EQ(camel["checkpointsFailing"], 1);
+  EXPECT_EQ(camel["checkpointError"], r.checkpoint_error);
+  EXPECT_EQ(camel["absentWorkers"], 1);
+  auto back = JobResultFromJson(camel);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->checkpoint_error, r.checkpoint_error);
+  Progress p = FinalProgress(r);
+  EXPECT_EQ(p.absent_workers, 1);
+  EXPECT_EQ(p.checkpoint_failures, 3);
+  EXPECT_EQ(p.checkpoints_failing, 1);
+  EXPECT_EQ(p.checkpoint_error, r.checkpoint_error);
+  auto line = ParseReportLine(FormatReportLine(p));
+  ASSERT_TRUE(line.has_value() && line->progress.has_value());
+  EXPECT_EQ(line->progress->checkpoint_error, r.checkpoint_error);
+  auto wrong = ProgressFromJson({{"checkpoint_error", 5}});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("progress.checkpoint_error: expected a string"),
+            std::string::npos)
+      << wrong.status();
+}
+
+TEST(JobReportTest, CheckpointHealthTextSaysHowManyAndTheLastError) {
+  EXPECT_EQ(CheckpointHealthText(0, 0, ""), "");
+  EXPECT_EQ(CheckpointHealthText(3, 1, "ps:0 at version 400: x: No space left on device"),
+            "3 checkpoint writes failed, 1 PS task failing now; last: ps:0 at version 400: x: No "
+            "space left on device");
+  EXPECT_EQ(CheckpointHealthText(1, 0, "ps:1 at version 9: y: Read-only file system"),
+            "1 checkpoint write failed, the latest ones written; last: ps:1 at version 9: y: "
+            "Read-only file system");
+  EXPECT_EQ(CheckpointHealthText(4, 2, ""), "4 checkpoint writes failed, 2 PS tasks failing now");
+}
+
+TEST(JobReportTest, ProgressFromMetricsReadsTheChiefsViewOfThePsTasks) {
+  const std::string text =
+      "kubetrain_global_step 120\n"
+      "kubetrain_job_absent_workers 1\n"
+      "kubetrain_job_checkpoint_failures 2\n"
+      "# a label value with a comma, an escaped quote, a backslash and a newline\n"
+      "kubetrain_job_checkpoints_failing{last_error=\"ps:0 at version 4: a, \\\"b\\\" "
+      "c\\\\d\\ne: No space left on device\"} 1\n";
+  auto p = ProgressFromMetrics(text);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->absent_workers, 1);
+  EXPECT_EQ(p->checkpoint_failures, 2);
+  EXPECT_EQ(p->checkpoints_failing, 1);
+  EXPECT_EQ(p->checkpoint_error, "ps:0 at version 4: a, \"b\" c\\d\ne: No space left on device");
+  // An empty label set, a timestamp, and a label value never closed (ignored).
+  auto q = ProgressFromMetrics(
+      "kubetrain_global_step{} 7 1700000000000\n"
+      "kubetrain_job_checkpoints_failing{last_error=\"never closed} 1\n");
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(q->global_step, 7);
+  EXPECT_EQ(q->checkpoints_failing, 0);
+  EXPECT_EQ(q->checkpoint_error, "");
+}
+
 }  // namespace
 }  // namespace kubetrain

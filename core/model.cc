@@ -61,30 +61,6 @@ void AddBias(const std::vector<float>& bias, RowMatrix* z) {
 
 double Sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 
-// Area under the ROC curve of `score` for labels 0/1 (Mann-Whitney U, ties
-// counted half); 0.5 when one class is absent.
-double Auc(const std::vector<double>& score, const std::vector<int32_t>& label) {
-  std::vector<size_t> order(score.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return score[a] < score[b]; });
-  double positives = 0, rank_sum = 0;
-  for (size_t i = 0; i < order.size();) {
-    size_t j = i;
-    while (j < order.size() && score[order[j]] == score[order[i]]) ++j;
-    const double mid_rank = (static_cast<double>(i) + static_cast<double>(j) + 1) / 2;  // 1-based
-    for (size_t t = i; t < j; ++t) {
-      if (label[order[t]] == 1) {
-        positives += 1;
-        rank_sum += mid_rank;
-      }
-    }
-    i = j;
-  }
-  const double negatives = static_cast<double>(score.size()) - positives;
-  if (positives == 0 || negatives == 0) return 0.5;
-  return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives);
-}
-
 // Every combination of the members' ids, hashed (CrossedSpec).
 void CrossIds(const std::vector<std::vector<int64_t>>& members, int64_t buckets,
               std::vector<int64_t>* out) {
@@ -123,6 +99,28 @@ float CombinerScale(Combiner c, int64_t n) {
 }
 
 }  // namespace
+
+double Auc(const std::vector<double>& score, const std::vector<int32_t>& label) {
+  std::vector<size_t> order(score.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return score[a] < score[b]; });
+  double positives = 0, rank_sum = 0;
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;
+    while (j < order.size() && score[order[j]] == score[order[i]]) ++j;
+    const double mid_rank = (static_cast<double>(i) + static_cast<double>(j) + 1) / 2;  // 1-based
+    for (size_t t = i; t < j; ++t) {
+      if (label[order[t]] == 1) {
+        positives += 1;
+        rank_sum += mid_rank;
+      }
+    }
+    i = j;
+  }
+  const double negatives = static_cast<double>(score.size()) - positives;
+  if (positives == 0 || negatives == 0) return 0.5;
+  return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives);
+}
 
 const char* CombinerName(Combiner c) {
   switch (c) {

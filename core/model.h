@@ -144,6 +144,10 @@ struct EvalMetrics {
   std::optional<double> rmse;
 };
 
+// Area under the ROC curve of `score` for labels 0/1 (Mann-Whitney U, ties
+// counted half); 0.5 when one class is absent.
+double Auc(const std::vector<double>& score, const std::vector<int32_t>& label);
+
 class Model {
  public:
   // Validates the spec: softmax takes no hidden units, mlp needs at least one,

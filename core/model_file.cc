@@ -16,7 +16,8 @@ namespace {
 
 // A framed file (core/framed_file.h) with this magic and format version.
 constexpr std::string_view kMagic = "KTMODEL1";
-constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kFormatVersion = 3;
+constexpr uint32_t kFormatVersion2 = 2;  // no sparse features
 constexpr uint32_t kFormatVersion1 = 1;  // softmax/mlp only, no trailer
 
 #define KT_RETURN_IF_ERROR(expr)             \
@@ -60,9 +61,13 @@ std::string LayoutMismatch(const Model& model, const std::vector<std::string>& n
 // (u32 count, i32 each), layer count (u32) and per layer type, units,
 // filters, kernel, stride, same padding, activation (i32 each) and rate
 // (u64 bits of a double), head (i32), dataset YAML (string), normalisation
-// means and stddevs (floats each).
-std::string EncodePayload(const ModelFile& model, const Model& m) {
-  BinaryWriter w;
+// means and stddevs (floats each). Version 3 appends the sparse features:
+// sparse inputs (u32 count; column string, vocab i64, slots i32 each),
+// embeddings (u32 count; column string, dim i32, combiner i32 each), wide
+// columns (u32 count, strings) and crossed columns (u32 count; per crossed
+// column u32 count and column strings, hash buckets i64). Embedding and wide
+// tables are variables like the others (every row of a fixed table exists).
+void EncodePayload(const ModelFile& model, const Model& m, BinaryWriter& w) {
   w.PutString(model.job_name);
   w.PutI64(model.global_step);
   w.PutString(model.spec.type);
@@ -96,7 +101,26 @@ std::string EncodePayload(const ModelFile& model, const Model& m) {
   w.PutString(model.dataset_yaml);
   w.PutFloats(model.norm_mean);
   w.PutFloats(model.norm_std);
-  return w.data();
+  w.PutU32(static_cast<uint32_t>(spec.sparse_inputs.size()));
+  for (const SparseInput& in : spec.sparse_inputs) {
+    w.PutString(in.column);
+    w.PutI64(in.vocab);
+    w.PutI32(in.slots);
+  }
+  w.PutU32(static_cast<uint32_t>(spec.embeddings.size()));
+  for (const EmbeddingSpec& e : spec.embeddings) {
+    w.PutString(e.column);
+    w.PutI32(e.dim);
+    w.PutI32(static_cast<int32_t>(e.combiner));
+  }
+  w.PutU32(static_cast<uint32_t>(spec.wide.columns.size()));
+  for (const std::string& c : spec.wide.columns) w.PutString(c);
+  w.PutU32(static_cast<uint32_t>(spec.wide.crossed.size()));
+  for (const CrossedSpec& c : spec.wide.crossed) {
+    w.PutU32(static_cast<uint32_t>(c.columns.size()));
+    for (const std::string& col : c.columns) w.PutString(col);
+    w.PutI64(c.hash_buckets);
+  }
 }
 
 // Decodes the fields only; the caller checks them against the spec.
@@ -161,13 +185,49 @@ absl::Status DecodePayload(std::string_view payload, uint32_t version, ModelFile
   }
   int32_t head = 0;
   KT_RETURN_IF_ERROR(r.GetI32(&head));
-  if (head < 0 || head > static_cast<int>(HeadType::kMeanSquaredError)) {
+  if (head < 0 || head > static_cast<int>(HeadType::kWideAndDeep)) {
     return absl::DataLossError(absl::StrCat("unknown head ", head));
   }
   out->spec.head = static_cast<HeadType>(head);
   KT_RETURN_IF_ERROR(r.GetString(&out->dataset_yaml));
   KT_RETURN_IF_ERROR(r.GetFloats(&out->norm_mean));
   KT_RETURN_IF_ERROR(r.GetFloats(&out->norm_std));
+  if (version == kFormatVersion2) return r.ExpectEnd();
+  ModelSpec& spec = out->spec;
+  KT_RETURN_IF_ERROR(r.GetCount(&n, 4 + 8 + 4, "sparse inputs"));
+  spec.sparse_inputs.resize(n);
+  for (SparseInput& in : spec.sparse_inputs) {
+    int32_t slots = 0;
+    KT_RETURN_IF_ERROR(r.GetString(&in.column));
+    KT_RETURN_IF_ERROR(r.GetI64(&in.vocab));
+    KT_RETURN_IF_ERROR(r.GetI32(&slots));
+    in.slots = slots;
+  }
+  KT_RETURN_IF_ERROR(r.GetCount(&n, 4 + 4 + 4, "embeddings"));
+  spec.embeddings.resize(n);
+  for (EmbeddingSpec& e : spec.embeddings) {
+    int32_t dim = 0, combiner = 0;
+    KT_RETURN_IF_ERROR(r.GetString(&e.column));
+    KT_RETURN_IF_ERROR(r.GetI32(&dim));
+    KT_RETURN_IF_ERROR(r.GetI32(&combiner));
+    if (combiner < 0 || combiner > static_cast<int>(Combiner::kSqrtn)) {
+      return absl::DataLossError(absl::StrCat("unknown combiner ", combiner));
+    }
+    e.dim = dim;
+    e.combiner = static_cast<Combiner>(combiner);
+  }
+  KT_RETURN_IF_ERROR(r.GetCount(&n, 4, "wide columns"));
+  spec.wide.columns.resize(n);
+  for (std::string& c : spec.wide.columns) KT_RETURN_IF_ERROR(r.GetString(&c));
+  KT_RETURN_IF_ERROR(r.GetCount(&n, 4 + 8, "crossed columns"));
+  spec.wide.crossed.resize(n);
+  for (CrossedSpec& c : spec.wide.crossed) {
+    uint32_t m = 0;
+    KT_RETURN_IF_ERROR(r.GetCount(&m, 4, "crossed column members"));
+    c.columns.resize(m);
+    for (std::string& col : c.columns) KT_RETURN_IF_ERROR(r.GetString(&col));
+    KT_RETURN_IF_ERROR(r.GetI64(&c.hash_buckets));
+  }
   return r.ExpectEnd();
 }
 
@@ -183,16 +243,21 @@ absl::Status WriteModelFile(const std::string& path, const ModelFile& model, Fil
     return absl::InvalidArgumentError(
         absl::StrCat("cannot write ", path, ": parameters do not match the model: ", why));
   }
-  return WriteFramedFile(path, kMagic, kFormatVersion, EncodePayload(model, *m), env);
+  // Streamed from model.params to the file (no copy of the tables in memory).
+  return WriteFramedFile(
+      path, kMagic, kFormatVersion, [&](BinaryWriter& w) { EncodePayload(model, *m, w); }, env);
 }
 
 absl::StatusOr<ModelFile> ReadModelFile(const std::string& path) {
   uint32_t version = kFormatVersion;
   auto payload = ReadFramedFile(path, kMagic, version, "model file");
-  if (absl::IsDataLoss(payload.status()) &&
-      absl::StrContains(payload.status().message(), "unsupported model file format version 1 ")) {
-    version = kFormatVersion1;
-    payload = ReadFramedFile(path, kMagic, version, "model file");
+  for (uint32_t older : {kFormatVersion2, kFormatVersion1}) {
+    if (absl::IsDataLoss(payload.status()) &&
+        absl::StrContains(payload.status().message(),
+                          absl::StrCat("unsupported model file format version ", older, " "))) {
+      version = older;
+      payload = ReadFramedFile(path, kMagic, version, "model file");
+    }
   }
   if (!payload.ok()) return payload.status();
   ModelFile out;

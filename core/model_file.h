@@ -26,8 +26,10 @@ struct ModelFile {
   std::vector<float> norm_mean, norm_std;
 };
 
-// Format version 2 (layer lists, heads, dataset); version 1 files (softmax
-// and mlp, before layer lists) are still read.
+// Format version 3: version 2 (layer lists, heads, dataset) plus the sparse
+// features (sparse inputs, embeddings, the wide part); params hold every
+// table whole. Version 2 and version 1 files (softmax and mlp, before layer
+// lists) are still read. The payload is streamed from `model` to the file.
 // Errors name the path. REQUIRES: params match the spec's variables.
 absl::Status WriteModelFile(const std::string& path, const ModelFile& model,
                             FileEnv* env = FileEnv::Default());

@@ -97,6 +97,51 @@ TEST(ModelFileTest, LayerListRoundTripWithDatasetAndNormalisation) {
   EXPECT_EQ(read->norm_std, f.norm_std);
 }
 
+TEST(ModelFileTest, WideAndDeepRoundTripKeepsTablesAndSparseFeatures) {
+  const std::string dir = NewTestDir("model_file");
+  const std::string path = dir + "/wide-deep.ktm";
+  ModelSpec spec;
+  spec.type = "layers";
+  spec.input_shape = {2 + 3};  // 2 dense features, then 3 id slots
+  LayerSpec hidden;
+  hidden.units = 4;
+  hidden.activation = Activation::kRelu;
+  LayerSpec out;
+  out.units = 1;
+  spec.layers = {hidden, out};
+  spec.head = HeadType::kWideAndDeep;
+  spec.num_classes = 2;
+  spec.sparse_inputs = {{"a", 50, 2}, {"b", 7, 1}};
+  spec.embeddings = {{"a", 3, Combiner::kSqrtn}, {"b", 2, Combiner::kSum}};
+  spec.wide.columns = {"b"};
+  spec.wide.crossed = {{{"a", "b"}, 11}};
+  ModelFile f = MakeModelFile(spec, 3);
+  auto model = Model::Create(spec);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ(model->tables().size(), 4u);  // 2 embeddings, wide b, wide a_x_b
+  ASSERT_TRUE(WriteModelFile(path, f).ok());
+  auto read = ReadModelFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectSame(*read, f);  // every table row, exactly
+  EXPECT_EQ(read->spec.head, HeadType::kWideAndDeep);
+  ASSERT_EQ(read->spec.sparse_inputs.size(), 2u);
+  EXPECT_EQ(read->spec.sparse_inputs[0].column, "a");
+  EXPECT_EQ(read->spec.sparse_inputs[0].vocab, 50);
+  EXPECT_EQ(read->spec.sparse_inputs[0].slots, 2);
+  ASSERT_EQ(read->spec.embeddings.size(), 2u);
+  EXPECT_EQ(read->spec.embeddings[0].dim, 3);
+  EXPECT_EQ(read->spec.embeddings[0].combiner, Combiner::kSqrtn);
+  EXPECT_EQ(read->spec.wide.columns, spec.wide.columns);
+  ASSERT_EQ(read->spec.wide.crossed.size(), 1u);
+  EXPECT_EQ(read->spec.wide.crossed[0].columns, spec.wide.crossed[0].columns);
+  EXPECT_EQ(read->spec.wide.crossed[0].hash_buckets, 11);
+  // The model read back computes what the written one does.
+  auto again = Model::Create(read->spec);
+  ASSERT_TRUE(again.ok()) << again.status();
+  const std::vector<float> x = {0.5f, -1, 3, 49, 6, -0.25f, 2, 0, -1, 1};
+  EXPECT_EQ(again->Logits(read->params, x.data(), 2), model->Logits(f.params, x.data(), 2));
+}
+
 TEST(ModelFileTest, ReadsVersionOneFiles) {
   // The layout before layer lists: the v2 payload without its trailer.
   const std::string dir = NewTestDir("model_file");

@@ -63,11 +63,14 @@ void Succeed(const JobObject& job, const TrainingJob& spec, const Observed& obse
              const OperatorConfig& config, Actions* a);
 
 // desired_report.cc: the chief's report in status (camelCase, core/job_report.h).
-// status.progress from the chief's live metrics.
+// status.progress from the chief's live metrics, and CheckpointFailing.
 void ProjectProgress(const Observed& observed, Actions* a);
 // status.result and the final status.progress from the chief's termination
-// message; false (status unchanged) if it holds no result.
-bool ProjectResult(const std::string& termination_message, Actions* a);
+// message, and CheckpointFailing; false (status unchanged) if it holds no result.
+bool ProjectResult(const std::string& termination_message, absl::Time now, Actions* a);
+// CheckpointFailing from the PS tasks' checkpoint writes as the chief saw
+// them (an Event when it turns True).
+void ProjectCheckpointHealth(const Progress& p, absl::Time now, Actions* a);
 
 }  // namespace desired_internal
 }  // namespace kubetrain

@@ -13,7 +13,7 @@ void Succeed(const JobObject& job, const TrainingJob& spec, const Observed& obse
              const OperatorConfig& config, Actions* a) {
   const std::string chief = ReplicaName(job.name, spec.chief_task_type(), 0);
   for (const auto& p : observed.pods) {
-    if (p.name == chief) ProjectResult(p.termination_message, a);
+    if (p.name == chief) ProjectResult(p.termination_message, observed.now, a);
   }
   Finish(condition::kSucceeded, reason::kSucceeded,
          absl::StrCat("TrainingJob ", job.name, " successfully completed."), observed.pods,

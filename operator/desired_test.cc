@@ -4,6 +4,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
+#include "operator/status.h"
+
 namespace kubetrain {
 namespace {
 
@@ -404,10 +407,74 @@ TEST(DesiredTest, LiveProgressIsTheCamelCaseProjection) {
   p.loss = 0.5;
   o.progress = p;
   Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
-  // absentWorkers is always known (0: every worker is at the barrier).
-  EXPECT_EQ(
-      a.status["progress"],
-      (json{{"globalStep", 120}, {"targetSteps", 3750}, {"loss", 0.5}, {"absentWorkers", 0}}));
+  // absentWorkers and the checkpoint figures are always known (0: every
+  // worker is at the barrier, no checkpoint write failed).
+  EXPECT_EQ(a.status["progress"], (json{{"globalStep", 120},
+                                        {"targetSteps", 3750},
+                                        {"loss", 0.5},
+                                        {"absentWorkers", 0},
+                                        {"checkpointFailures", 0},
+                                        {"checkpointsFailing", 0},
+                                        {"checkpointError", ""}}));
+  EXPECT_EQ(FindCondition(a.status, condition::kCheckpointFailing), nullptr);
+}
+
+TEST(DesiredTest, CheckpointFailuresBecomeAConditionWithTheOsErrorAndAnEvent) {
+  Observed o = AllPods("Running");
+  Progress p;
+  p.global_step = 400;
+  p.target_steps = 3750;
+  p.absent_workers = 1;
+  p.checkpoint_failures = 2;
+  p.checkpoints_failing = 1;
+  p.checkpoint_error = "ps:0 at version 400: cannot create /ckpt/ps-0/x: No space left on device";
+  o.progress = p;
+  Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
+  EXPECT_EQ(a.status["state"], "Running");  // training goes on
+  EXPECT_EQ(a.status["progress"]["absentWorkers"], 1);
+  EXPECT_EQ(a.status["progress"]["checkpointFailures"], 2);
+  EXPECT_EQ(a.status["progress"]["checkpointError"], p.checkpoint_error);
+  const json* c = FindCondition(a.status, condition::kCheckpointFailing);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ((*c)["status"], "True");
+  EXPECT_EQ((*c)["reason"], reason::kCheckpointWriteFailed);
+  EXPECT_EQ((*c)["message"],
+            "2 checkpoint writes failed, 1 PS task failing now; last: " + p.checkpoint_error);
+  int events = 0;
+  for (const JobEvent& e : a.events) {
+    if (e.reason != reason::kCheckpointWriteFailed) continue;
+    ++events;
+    EXPECT_EQ(e.type, "Warning");
+    EXPECT_TRUE(absl::StrContains(e.message, "No space left on device")) << e.message;
+  }
+  EXPECT_EQ(events, 1);
+  // Still failing on the next pass: no new Event.
+  Actions b = Desired(Job(JobJson(), a.status), o, OperatorConfig{});
+  for (const JobEvent& e : b.events) EXPECT_NE(e.reason, reason::kCheckpointWriteFailed);
+  // Written again: False, the count and the last error kept in the message.
+  o.progress->checkpoints_failing = 0;
+  Actions c2 = Desired(Job(JobJson(), b.status), o, OperatorConfig{});
+  c = FindCondition(c2.status, condition::kCheckpointFailing);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ((*c)["status"], "False");
+  EXPECT_EQ((*c)["reason"], reason::kCheckpointsWritten);
+  EXPECT_TRUE(absl::StrContains((*c)["message"].get<std::string>(), "No space left on device"));
+  // The chief's final result carries the figures too.
+  JobResult r;
+  r.status = "Succeeded";
+  r.global_step = 3750;
+  r.checkpoint_failures = 3;
+  r.checkpoints_failing = 1;
+  r.checkpoint_error = "ps:1 at version 3700: cannot create /ckpt/ps-1/y: Read-only file system";
+  *Find(o, "mnist-worker-0") = Pod("worker", 0, "Succeeded", 0);
+  Find(o, "mnist-worker-0")->termination_message = ToJson(r).dump();
+  Actions d = Desired(Job(JobJson(), c2.status), o, OperatorConfig{});
+  EXPECT_EQ(d.status["state"], "Succeeded");
+  EXPECT_EQ(d.status["result"]["checkpointFailures"], 3);
+  c = FindCondition(d.status, condition::kCheckpointFailing);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ((*c)["status"], "True");
+  EXPECT_TRUE(absl::StrContains((*c)["message"].get<std::string>(), "Read-only file system"));
 }
 
 TEST(DesiredTest, RecreatedPodsBackOffLikeTheKubelet) {

@@ -56,6 +56,22 @@ void SetCondition(json* status, const std::string& type, bool value, const std::
                    {"lastTransitionTime", Timestamp(now)}});
 }
 
+bool SetCheckpointCondition(json* status, int64_t failures, int64_t failing,
+                            const std::string& message, absl::Time now) {
+  const bool was_true = IsConditionTrue(*status, condition::kCheckpointFailing);
+  if (failures <= 0 && FindCondition(*status, condition::kCheckpointFailing) == nullptr) {
+    return false;
+  }
+  if (failing > 0) {
+    SetCondition(status, condition::kCheckpointFailing, true, reason::kCheckpointWriteFailed,
+                 message, now);
+  } else {
+    SetCondition(status, condition::kCheckpointFailing, false, reason::kCheckpointsWritten,
+                 message.empty() ? "checkpoints are written" : message, now);
+  }
+  return failing > 0 && !was_true;
+}
+
 bool IsSucceeded(const json& status) { return IsConditionTrue(status, condition::kSucceeded); }
 bool IsFailed(const json& status) { return IsConditionTrue(status, condition::kFailed); }
 bool IsFinished(const json& status) { return IsSucceeded(status) || IsFailed(status); }

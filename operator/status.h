@@ -10,10 +10,13 @@
 //   Succeeded   TrainingJobSucceeded
 //   Failed      TrainingJobFailed | BackoffLimitExceeded | DeadlineExceeded | InvalidSpec
 //               | CreateRejected
+//   CheckpointFailing  CheckpointWriteFailed (False again: CheckpointsWritten); not part of
+//               the state: training goes on while checkpoints fail (SetCheckpointCondition)
 // `.status.state` (the State printer column) is StateOf(status).
 #ifndef KUBETRAIN_OPERATOR_STATUS_H_
 #define KUBETRAIN_OPERATOR_STATUS_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -30,6 +33,7 @@ inline constexpr char kRestarting[] = "Restarting";
 inline constexpr char kSuspended[] = "Suspended";
 inline constexpr char kSucceeded[] = "Succeeded";
 inline constexpr char kFailed[] = "Failed";
+inline constexpr char kCheckpointFailing[] = "CheckpointFailing";
 }  // namespace condition
 
 namespace reason {
@@ -44,6 +48,8 @@ inline constexpr char kBackoffLimitExceeded[] = "BackoffLimitExceeded";
 inline constexpr char kDeadlineExceeded[] = "DeadlineExceeded";
 inline constexpr char kInvalidSpec[] = "InvalidSpec";
 inline constexpr char kCreateRejected[] = "CreateRejected";  // the API server refused an object
+inline constexpr char kCheckpointWriteFailed[] = "CheckpointWriteFailed";
+inline constexpr char kCheckpointsWritten[] = "CheckpointsWritten";
 }  // namespace reason
 
 // metav1.Time: RFC 3339 in UTC, whole seconds ("2027-01-15T08:00:00Z").
@@ -60,6 +66,15 @@ bool IsConditionTrue(const nlohmann::json& status, const std::string& type);
 // set to False is not added (absent is already false).
 void SetCondition(nlohmann::json* status, const std::string& type, bool value,
                   const std::string& reason, const std::string& message, absl::Time now);
+
+// CheckpointFailing from the chief's figures of the PS tasks' checkpoint
+// writes: True (CheckpointWriteFailed) while `failing` PS tasks' latest write
+// failed, False (CheckpointsWritten) once they are written again; `message`
+// says how many failed and the last OS error. Nothing is added while no write
+// has failed (failures == 0 and no condition yet). Returns true when the
+// condition has just turned True (for an Event).
+bool SetCheckpointCondition(nlohmann::json* status, int64_t failures, int64_t failing,
+                            const std::string& message, absl::Time now);
 
 bool IsSucceeded(const nlohmann::json& status);
 bool IsFailed(const nlohmann::json& status);

@@ -55,5 +55,39 @@ TEST(StatusTest, StateAndFinishedFollowTheConditions) {
   EXPECT_FALSE(IsConditionTrue(json("not an object"), condition::kFailed));
 }
 
+TEST(StatusTest, CheckpointFailingFollowsThePsTasksWrites) {
+  json status = json::object();
+  SetCondition(&status, condition::kRunning, true, reason::kRunning, "", kT0);
+  // No write has failed: nothing is added.
+  EXPECT_FALSE(SetCheckpointCondition(&status, 0, 0, "", kT0));
+  EXPECT_EQ(FindCondition(status, condition::kCheckpointFailing), nullptr);
+  // Failing now: True with the OS error, once an Event.
+  const std::string msg = "1 checkpoint write failed, 1 PS task failing now; last: ps:0: ENOSPC";
+  EXPECT_TRUE(SetCheckpointCondition(&status, 1, 1, msg, kT0));
+  const json* c = FindCondition(status, condition::kCheckpointFailing);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ((*c)["status"], "True");
+  EXPECT_EQ((*c)["reason"], reason::kCheckpointWriteFailed);
+  EXPECT_EQ((*c)["message"], msg);
+  EXPECT_FALSE(SetCheckpointCondition(&status, 2, 1, msg, kT0 + absl::Seconds(2)));  // still
+  // The state is not changed by it: training goes on.
+  EXPECT_EQ(StateOf(status), "Running");
+  // Written again: False, with what failed before.
+  EXPECT_FALSE(SetCheckpointCondition(&status, 2, 0, "2 failed; the latest ones written",
+                                      kT0 + absl::Seconds(5)));
+  c = FindCondition(status, condition::kCheckpointFailing);
+  EXPECT_EQ((*c)["status"], "False");
+  EXPECT_EQ((*c)["reason"], reason::kCheckpointsWritten);
+  EXPECT_EQ((*c)["message"], "2 failed; the latest ones written");
+  EXPECT_EQ((*c)["lastTransitionTime"], "2027-01-15T08:00:05Z");
+  // A PS that restarted counts from 0 again: the condition stays, False.
+  EXPECT_FALSE(SetCheckpointCondition(&status, 0, 0, "", kT0 + absl::Seconds(9)));
+  c = FindCondition(status, condition::kCheckpointFailing);
+  EXPECT_EQ((*c)["status"], "False");
+  EXPECT_EQ((*c)["message"], "checkpoints are written");
+  // Failing again: a new Event.
+  EXPECT_TRUE(SetCheckpointCondition(&status, 1, 1, msg, kT0 + absl::Seconds(12)));
+}
+
 }  // namespace
 }  // namespace kubetrain

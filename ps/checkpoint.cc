@@ -89,8 +89,7 @@ absl::StatusOr<DirListing> ListShardDir(const std::string& dir, FileEnv* env) {
 // (u32 count, strings); values (u32 count, floats each); slots (u32 count,
 // then per part a u32 count and floats each); worker clocks (u32 count, then
 // worker i32 and clock i64 each).
-std::string EncodePayload(const ShardCheckpoint& c) {
-  BinaryWriter w;
+void EncodePayload(const ShardCheckpoint& c, BinaryWriter& w) {
   w.PutString(c.job_name);
   w.PutString(c.model_fingerprint);
   w.PutI32(c.shard_index);
@@ -110,7 +109,6 @@ std::string EncodePayload(const ShardCheckpoint& c) {
     w.PutI32(worker);
     w.PutI64(clock);
   }
-  return w.data();
 }
 
 // Decodes the fields only; the caller checks their consistency.
@@ -199,15 +197,16 @@ absl::Status WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint&
     return absl::InvalidArgumentError(
         absl::StrCat("cannot write ", path, ": negative version ", ckpt.version));
   }
-  const std::string payload = EncodePayload(ckpt);
-  absl::Status written = WriteFramedFile(path, kMagic, kFormatVersion, payload, env);
+  // Streamed from `ckpt` to the file: no second copy of the values in memory.
+  const auto encode = [&ckpt](BinaryWriter& w) { EncodePayload(ckpt, w); };
+  absl::Status written = WriteFramedFile(path, kMagic, kFormatVersion, encode, env);
   // Out of space: make room from older checkpoints, one file at a time, and
   // try again; the newest valid checkpoint is kept whatever happens.
   while (!written.ok() && ErrnoOf(written) == ENOSPC) {
     const std::string freed = FreeOneFile(shard_dir, env);
     if (freed.empty()) break;
     if (note) note(absl::StrCat("out of space: deleted ", freed, " to make room for ", path));
-    written = WriteFramedFile(path, kMagic, kFormatVersion, payload, env);
+    written = WriteFramedFile(path, kMagic, kFormatVersion, encode, env);
   }
   if (!written.ok()) return written;
 

@@ -128,6 +128,12 @@ class InProcessPs::Channel final : public ShardChannel {
     return stats;
   }
 
+  absl::StatusOr<v1::ShardStats> GetStats(const v1::InfoRequest&) override {
+    v1::ShardStats stats;
+    FillShardStats(ps_->shard()->stats(), &stats);
+    return stats;
+  }
+
  private:
   InProcessPs* const ps_;
   const uint64_t max_chunk_bytes_;
@@ -306,6 +312,11 @@ absl::Status FaultyShardChannel::Leave(const v1::LeaveRequest& request) {
 absl::StatusOr<v1::ShardStats> FaultyShardChannel::Shutdown(const v1::ShutdownRequest& request) {
   if (absl::Status s = Intercept(ShardRpc::kShutdown); !s.ok()) return s;
   return ShardChannelWrapper::Shutdown(request);
+}
+
+absl::StatusOr<v1::ShardStats> FaultyShardChannel::GetStats(const v1::InfoRequest& request) {
+  if (absl::Status s = Intercept(ShardRpc::kGetStats); !s.ok()) return s;
+  return ShardChannelWrapper::GetStats(request);
 }
 
 }  // namespace kubetrain

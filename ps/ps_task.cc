@@ -263,6 +263,8 @@ bool PsTask::SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snap
   auto note = [this](const std::string& what) { Log("ps:", index_, " ", what); };
   if (absl::Status s = WriteShardCheckpoint(dir, state, 3, options_.env, note); !s.ok()) {
     metrics_.checkpoint_failures->Increment();
+    shard_->RecordCheckpointWrite(absl::Status(
+        s.code(), absl::StrCat("ps:", index_, " at version ", state.version, ": ", s.message())));
     ++failures_in_a_row_;
     const absl::Duration backoff = std::min(
         absl::Minutes(1), options_.checkpoint_retry * (1 << std::min(failures_in_a_row_ - 1, 6)));
@@ -273,6 +275,7 @@ bool PsTask::SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snap
     return false;
   }
   metrics_.checkpoints_written->Increment();
+  shard_->RecordCheckpointWrite(absl::OkStatus());
   failures_in_a_row_ = 0;
   retry_at_ = absl::InfiniteFuture();
   saved_version_ = state.version;

@@ -278,6 +278,12 @@ TEST_F(PsTaskTest, AFailedCheckpointKeepsTrainingIsCountedAndRetried) {
   EXPECT_FALSE(task->RunRound(absl::ZeroDuration()));
   EXPECT_EQ(Counter(*registry, "kubetrain_checkpoint_failures_total"), 1);
   EXPECT_TRUE(Checkpoints(ckpt_dir_).empty());
+  // The shard's stats (GetStats, the chief's report) carry it with the OS error.
+  ShardStatsSnapshot stats = task->shard()->stats();
+  EXPECT_EQ(stats.checkpoint_failures, 1);
+  EXPECT_TRUE(stats.checkpoint_failing);
+  EXPECT_CONTAINS(stats.checkpoint_error, "ps:0 at version 5: ");
+  EXPECT_CONTAINS(stats.checkpoint_error, std::strerror(ENOSPC));
   // Training goes on; no retry before the backoff (1 s) is over.
   Step(task->shard());
   task->RunRound(absl::ZeroDuration());
@@ -293,6 +299,11 @@ TEST_F(PsTaskTest, AFailedCheckpointKeepsTrainingIsCountedAndRetried) {
   task->RunRound(absl::ZeroDuration());
   EXPECT_EQ(Checkpoints(ckpt_dir_), std::vector<std::string>{"ckpt-000000000006.ktc"});
   EXPECT_EQ(Counter(*registry, "kubetrain_checkpoints_written_total"), 1);
+  // Written again: no longer failing; the count and the last error stay.
+  stats = task->shard()->stats();
+  EXPECT_EQ(stats.checkpoint_failures, 2);
+  EXPECT_FALSE(stats.checkpoint_failing);
+  EXPECT_CONTAINS(stats.checkpoint_error, std::strerror(ENOSPC));
 }
 
 TEST_F(PsTaskTest, AFinalCheckpointThatCannotBeWrittenEndsServeWithAnErrorNamingTheDirectory) {

@@ -339,6 +339,15 @@ std::vector<std::vector<float>> Shard::TakePooledGradientBuffers() {
   return buffers;
 }
 
+void Shard::RecordCheckpointWrite(const absl::Status& result) {
+  absl::MutexLock l(&mu_);
+  stats_.checkpoint_failing = !result.ok();
+  if (!result.ok()) {
+    ++stats_.checkpoint_failures;
+    stats_.checkpoint_error = std::string(result.message());
+  }
+}
+
 void Shard::RecordRejectedPush() {
   absl::MutexLock l(&mu_);
   ++stats_.pushes_rejected;

@@ -159,6 +159,12 @@ struct ShardStatsSnapshot {
   int64_t nonfinite_updates = 0;  // updates refused: they would have stored Inf/NaN
   int64_t duplicate_pushes = 0;   // repeated push ids, answered without applying again
   int64_t absent_workers = 0;     // now (see Failures)
+  // Checkpoint writes of this PS task (RecordCheckpointWrite): failed ones
+  // since it started; whether the latest failed; the latest failure's message
+  // (kept after a later success).
+  int64_t checkpoint_failures = 0;
+  bool checkpoint_failing = false;
+  std::string checkpoint_error;
 };
 
 class Shard {
@@ -252,6 +258,10 @@ class Shard {
   // A push refused before it reached Push (malformed on the wire): counted
   // with the rejected pushes.
   void RecordRejectedPush();
+  // The PS task's checkpoint writer reports each write (ok, or the error
+  // naming the task, version and OS error), so stats() and every reader of
+  // them (GetStats, the chief's report) show the job's storage health.
+  void RecordCheckpointWrite(const absl::Status& result);
 
   // A set of buffers for one push's gradients (parts() layout, full size,
   // contents unspecified) recycled from earlier pushes, or empty if there is

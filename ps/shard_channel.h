@@ -71,6 +71,8 @@ class ShardChannel {
       const v1::SparsePullRequest& request) = 0;
   virtual absl::Status Leave(const v1::LeaveRequest& request) = 0;
   virtual absl::StatusOr<v1::ShardStats> Shutdown(const v1::ShutdownRequest& request) = 0;
+  // The shard's counters now (no side effect; short deadline).
+  virtual absl::StatusOr<v1::ShardStats> GetStats(const v1::InfoRequest& request) = 0;
 };
 
 // Forwards every call to `target` (leveldb's EnvWrapper): subclass it and
@@ -100,6 +102,9 @@ class ShardChannelWrapper : public ShardChannel {
   absl::Status Leave(const v1::LeaveRequest& request) override { return target_->Leave(request); }
   absl::StatusOr<v1::ShardStats> Shutdown(const v1::ShutdownRequest& request) override {
     return target_->Shutdown(request);
+  }
+  absl::StatusOr<v1::ShardStats> GetStats(const v1::InfoRequest& request) override {
+    return target_->GetStats(request);
   }
 
  private:

@@ -71,6 +71,9 @@ void FillShardStats(const ShardStatsSnapshot& s, v1::ShardStats* out) {
   out->set_nonfinite_updates(s.nonfinite_updates);
   out->set_duplicate_pushes(s.duplicate_pushes);
   out->set_absent_workers(s.absent_workers);
+  out->set_checkpoint_failures(s.checkpoint_failures);
+  out->set_checkpoints_failing(s.checkpoint_failing ? 1 : 0);
+  out->set_checkpoint_error(s.checkpoint_error);
 }
 
 absl::Status ServeSparsePull(Shard* shard, const v1::SparsePullRequest& request,

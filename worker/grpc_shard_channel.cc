@@ -135,6 +135,15 @@ class GrpcShardChannel final : public ShardChannel {
     return stats;
   }
 
+  absl::StatusOr<v1::ShardStats> GetStats(const v1::InfoRequest& request) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ShardStats stats;
+    auto s = stub_->GetStats(&ctx, request, &stats);
+    if (!s.ok()) return Annotate(s);
+    return stats;
+  }
+
  private:
   absl::Status Annotate(const grpc::Status& s) {
     absl::Status st = FromGrpc(s);

@@ -533,7 +533,27 @@ absl::StatusOr<v1::ShardStats> PsClient::Shutdown() {
     return absl::OkStatus();
   });
   if (!st.ok()) return st;
+  return SumShardStats(stats);
+}
+
+absl::StatusOr<v1::ShardStats> PsClient::Stats() {
+  v1::InfoRequest req;
+  req.set_worker_index(options_.task_index);
+  req.set_task_type(options_.task_type);
+  std::vector<v1::ShardStats> stats(channels_.size());
+  absl::Status st = ForEachShard([&](int s) {
+    auto r = channels_[s]->GetStats(req);
+    if (!r.ok()) return r.status();
+    stats[s] = *r;
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
+  return SumShardStats(stats);
+}
+
+v1::ShardStats SumShardStats(const std::vector<v1::ShardStats>& stats) {
   v1::ShardStats total;
+  if (stats.empty()) return total;
   total.set_version(stats[0].version());
   for (const auto& s : stats) {
     total.set_version(std::min(total.version(), s.version()));
@@ -548,6 +568,16 @@ absl::StatusOr<v1::ShardStats> PsClient::Shutdown() {
     total.set_nonfinite_updates(total.nonfinite_updates() + s.nonfinite_updates());
     total.set_duplicate_pushes(total.duplicate_pushes() + s.duplicate_pushes());
     total.set_absent_workers(std::max(total.absent_workers(), s.absent_workers()));
+    total.set_checkpoint_failures(total.checkpoint_failures() + s.checkpoint_failures());
+    total.set_checkpoints_failing(total.checkpoints_failing() + s.checkpoints_failing());
+  }
+  for (bool failing_now : {true, false}) {
+    for (const auto& s : stats) {
+      if (total.checkpoint_error().empty() && !s.checkpoint_error().empty() &&
+          (!failing_now || s.checkpoints_failing() > 0)) {
+        total.set_checkpoint_error(s.checkpoint_error());
+      }
+    }
   }
   return total;
 }

@@ -54,6 +54,12 @@ struct PsClientMetrics {  // any pointer may be null
   prometheus::Counter* sparse_push_bytes = nullptr;  // table gradient rows sent
 };
 
+// The stats of a job's shards as one: counts summed; version the lowest;
+// staleness_max, restored_version and absent_workers the largest;
+// checkpoint_error that of the first shard failing now, else the first
+// shard's that has one.
+v1::ShardStats SumShardStats(const std::vector<v1::ShardStats>& shards);
+
 // Per table of the placement (Placement::tables order): the distinct global
 // ids a step touches.
 using TableIds = std::vector<std::vector<int64_t>>;
@@ -141,6 +147,9 @@ class PsClient {
   absl::Status Leave();
   // The chief only: ends training on every shard and returns the summed stats.
   absl::StatusOr<v1::ShardStats> Shutdown();
+  // Every shard's counters now, summed (SumShardStats), in one GetStats each
+  // (no retry: a shard that cannot be reached fails the call).
+  absl::StatusOr<v1::ShardStats> Stats();
 
   // Stops retrying and re-asking held pulls: calls in progress end with
   // CANCELLED at their next retry or re-ask (a call the PS is holding ends

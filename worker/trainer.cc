@@ -70,13 +70,6 @@ absl::Status Export(const TaskConfig& config, const Params& params, int64_t vers
                     const Dataset& test, const std::string& path, const ExportPolicy& policy,
                     const Clock* clock, TrainResult* result) {
   if (path.empty()) return absl::OkStatus();
-  if (config.model->sparse()) {
-    // Model files do not record embeddings or the wide part yet; the PS
-    // checkpoints hold the tables.
-    Log("warning: chief: not exporting to ", path, " (", policy.field,
-        "): model files cannot hold embedding tables yet; the PS checkpoints keep them");
-    return absl::OkStatus();
-  }
   ModelFile file{config.model->spec(), params, version, config.job.name};
   file.dataset_yaml = config.job.training.dataset_yaml;
   file.norm_mean = test.norm_mean;

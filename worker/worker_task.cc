@@ -1,5 +1,6 @@
 #include "worker/worker_task.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <utility>
@@ -215,6 +216,21 @@ void WorkerTask::RegisterMetrics() {
     m.examples_per_second = gauge(
         kExamplesPerSecondMetric,
         "Training examples per second over the whole job, at the last progress report (chief)");
+    job_absent_workers_ =
+        gauge(kAbsentWorkersMetric,
+              "Sync workers the PS tasks do not wait for (most over PS tasks), at the last "
+              "progress report (chief)");
+    job_checkpoint_failures_ =
+        gauge(kCheckpointFailuresMetric,
+              "Checkpoint writes that failed, summed over the PS tasks since they started, at the "
+              "last progress report (chief)");
+    job_checkpoints_failing_ =
+        &prometheus::BuildGauge()
+             .Name(kCheckpointsFailingMetric)
+             .Help(
+                 "PS tasks whose latest checkpoint write failed, at the last progress report "
+                 "(chief); last_error: the latest failure (task, version, OS error)")
+             .Register(registry);
   }
 }
 
@@ -226,6 +242,33 @@ void WorkerTask::Report(const std::string& line) const {
   const std::string out = line + "\n";
   std::fwrite(out.data(), 1, out.size(), stdout);
   std::fflush(stdout);
+}
+
+void WorkerTask::ReportProgress(const Progress& trainer) {
+  Progress p = trainer;
+  if (auto stats = client_->Stats(); stats.ok()) {
+    ps_stats_ = *stats;
+  } else {
+    Log("warning: ", name_,
+        " cannot read the PS tasks' stats for its report: ", stats.status().message());
+  }
+  p.absent_workers = std::max<int64_t>(p.absent_workers, ps_stats_.absent_workers());
+  p.checkpoint_failures = ps_stats_.checkpoint_failures();
+  p.checkpoints_failing = ps_stats_.checkpoints_failing();
+  p.checkpoint_error = ps_stats_.checkpoint_error();
+  job_absent_workers_->Set(static_cast<double>(p.absent_workers));
+  job_checkpoint_failures_->Set(static_cast<double>(p.checkpoint_failures));
+  if (!p.checkpoint_error.empty()) {
+    // One series, labelled with the latest failure (bounded: the message is
+    // the task, version, path and OS error).
+    if (failing_series_ == nullptr || failing_label_ != p.checkpoint_error) {
+      if (failing_series_ != nullptr) job_checkpoints_failing_->Remove(failing_series_);
+      failing_label_ = p.checkpoint_error;
+      failing_series_ = &job_checkpoints_failing_->Add({{kCheckpointErrorLabel, failing_label_}});
+    }
+    failing_series_->Set(static_cast<double>(p.checkpoints_failing));
+  }
+  Report(FormatReportLine(p));
 }
 
 JobResult WorkerTask::MakeResult(const TrainResult& t) const {
@@ -253,6 +296,10 @@ JobResult WorkerTask::MakeResult(const TrainResult& t) const {
   r.model_path = t.model_path;
   r.export_failures = t.export_failures;
   r.max_staleness = t.ps_stats.staleness_max();
+  r.absent_workers = t.ps_stats.absent_workers();
+  r.checkpoint_failures = t.ps_stats.checkpoint_failures();
+  r.checkpoints_failing = t.ps_stats.checkpoints_failing();
+  r.checkpoint_error = t.ps_stats.checkpoint_error();
   r.mean_staleness =
       t.ps_stats.gradients_applied() > 0
           ? static_cast<double>(t.ps_stats.staleness_sum()) / t.ps_stats.gradients_applied()
@@ -267,7 +314,7 @@ absl::Status WorkerTask::Run() {
       " PS tasks; metrics on ",
       metrics_server_ ? absl::StrCat(metrics_server_->port()) : std::string("(off)"));
   if (absl::Status s = client_->Connect(); !s.ok()) return ExplainMismatch(s);
-  auto on_progress = [this](const Progress& p) { Report(FormatReportLine(p)); };
+  auto on_progress = [this](const Progress& p) { ReportProgress(p); };
   absl::StatusOr<TrainResult> result;
   if (trains_) {
     Log(name_, " training ", config_.job.name, ": ", TrainingModeName(spec.mode), ", ",

@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include <prometheus/family.h>
+
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/clock.h"
@@ -96,6 +98,11 @@ class WorkerTask {
   void RegisterMetrics();
   void Report(const std::string& line) const;
   JobResult MakeResult(const TrainResult& r) const;
+  // The chief's progress report: the trainer's figures plus the PS tasks'
+  // (GetStats: absent workers, checkpoint writes), also set as the gauges the
+  // operator reads (core/job_report.h). A PS that cannot be reached keeps the
+  // figures of the last report.
+  void ReportProgress(const Progress& p);
   // A refused handshake (another job fingerprint on a PS) names the fields
   // that differ; any other status is returned as it is.
   absl::Status ExplainMismatch(const absl::Status& s) const;
@@ -111,6 +118,10 @@ class WorkerTask {
   PsClientMetrics client_metrics_;
   TrainerMetrics trainer_metrics_;
   prometheus::Gauge* target_steps_ = nullptr;  // chief only
+  // Chief only: the PS tasks' absent workers and checkpoint writes.
+  prometheus::Gauge* job_absent_workers_ = nullptr;
+  prometheus::Gauge* job_checkpoint_failures_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* job_checkpoints_failing_ = nullptr;
   std::unique_ptr<MetricsServer> metrics_server_;
   WorkerData data_;
   // A Chief replica's: the first kLossSampleExamples training records.
@@ -119,6 +130,9 @@ class WorkerTask {
 
   // Run's thread only.
   std::optional<JobResult> result_;
+  v1::ShardStats ps_stats_;                      // the last the chief read (ReportProgress)
+  prometheus::Gauge* failing_series_ = nullptr;  // of job_checkpoints_failing_
+  std::string failing_label_;                    // its last_error
 };
 
 }  // namespace kubetrain

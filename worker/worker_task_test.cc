@@ -188,6 +188,50 @@ TEST_F(WorkerTaskTest, WithoutAChiefReplicaWorkerZeroTrainsAndReports) {
   EXPECT_TRUE(tasks_["worker:1"].lines.empty());
 }
 
+TEST_F(WorkerTaskTest, TheChiefReportsThePsTasksCheckpointFailuresWithTheOsError) {
+  for (bool chief_replica : {true, false}) {
+    SCOPED_TRACE(chief_replica ? "Chief replica" : "worker 0 is the chief");
+    tasks_.clear();
+    Make({.ps = 2, .workers = 1, .chief = chief_replica, .steps = 20});
+    const std::string error =
+        "ps:1 at version 0: cannot create /ckpt/ps-1/x: No space left on device";
+    cluster_->ps(1)->shard()->RecordCheckpointWrite(absl::ResourceExhaustedError(error));
+    const std::string chief_name = chief_replica ? "chief:0" : "worker:0";
+    if (chief_replica) Add("chief", 0);
+    Add("worker", 0);
+    RunAll();
+    for (auto& [name, t] : tasks_) ASSERT_TRUE(t.run.ok()) << name << ": " << t.run;
+    Task& chief = tasks_[chief_name];
+    std::vector<ReportLine> reports = Reports(chief);
+    ASSERT_GE(reports.size(), 2u);
+    for (size_t i = 0; i + 1 < reports.size(); ++i) {
+      ASSERT_TRUE(reports[i].progress.has_value());
+      EXPECT_EQ(reports[i].progress->checkpoint_failures, 1);
+      EXPECT_EQ(reports[i].progress->checkpoints_failing, 1);
+      EXPECT_EQ(reports[i].progress->checkpoint_error, error);
+    }
+    ASSERT_TRUE(reports.back().result.has_value());
+    EXPECT_EQ(reports.back().result->checkpoint_failures, 1);
+    EXPECT_EQ(reports.back().result->checkpoints_failing, 1);
+    EXPECT_EQ(reports.back().result->checkpoint_error, error);
+    // The gauges the operator reads: the count, and the failing PS tasks
+    // labelled with the error (core/job_report.h).
+    EXPECT_EQ(Gauge(*chief.registry, kCheckpointFailuresMetric), 1);
+    EXPECT_EQ(Gauge(*chief.registry, kAbsentWorkersMetric), 0);
+    bool found = false;
+    for (const auto& family : chief.registry->Collect()) {
+      if (family.name != kCheckpointsFailingMetric) continue;
+      ASSERT_EQ(family.metric.size(), 1u);
+      ASSERT_EQ(family.metric[0].label.size(), 1u);
+      EXPECT_EQ(family.metric[0].label[0].name, kCheckpointErrorLabel);
+      EXPECT_EQ(family.metric[0].label[0].value, error);
+      EXPECT_EQ(family.metric[0].gauge.value, 1);
+      found = true;
+    }
+    EXPECT_TRUE(found);
+  }
+}
+
 TEST_F(WorkerTaskTest, RefusesTaskTypesItDoesNotRun) {
   Make({.ps = 1, .workers = 1});
   Task t;

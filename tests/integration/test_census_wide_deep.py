@@ -2,9 +2,11 @@
 wide-deep.yaml): embedding and wide tables sharded by row over 2 PS tasks,
 real UCI data, real processes on loopback. Sync and async must each reach
 test accuracy >= 0.86 and AUC >= 0.91 on the 16,281-row test set while the
-workers move only table rows; a PS killed mid-job restores its table shard
+workers move only table rows, and `kubetrain eval` of the exported model (tables
+included) reports the same figures; a PS killed mid-job restores its table shard
 from its checkpoint and the job finishes; bad sparse specs are refused
 naming the field."""
+import json
 import os
 import signal
 
@@ -25,8 +27,10 @@ def example_text(**replace):
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_wide_deep_example_reaches_086_and_auc_091(tmp_path, mode):
-    proc, summary = run_job(tmp_path, example_text(**{"mode: sync": f"mode: {mode}"}), timeout=1200)
+def test_wide_deep_example_reaches_086_and_auc_091_and_eval_agrees(tmp_path, mode):
+    model = str(tmp_path / "wide-deep.ktm")
+    proc, summary = run_job(tmp_path, example_text(**{"mode: sync": f"mode: {mode}"}),
+                            "--export-model", model, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary["status"] == "Succeeded"
     # The bar of issue 11 (anchors: TF's wide & deep tutorial ~0.855, NBTree 0.8595).
@@ -38,6 +42,15 @@ def test_wide_deep_example_reaches_086_and_auc_091(tmp_path, mode):
     assert "wide.education_x_occupation[500 of 1000x1 rows]" in out
     print(f"wide&deep {mode}:", {k: summary[k] for k in ("test_accuracy", "test_auc",
                                                          "test_log_loss", "global_step")})
+    # The exported model holds the tables: eval reproduces the job's figures.
+    assert summary["model_path"] == model, summary
+    ev = run_cli("eval", model, "--json")
+    assert ev.returncode == 0, ev.stderr
+    result = json.loads(ev.stdout)
+    assert result["examples"] == 16281
+    assert result["global_step"] == summary["global_step"]
+    for key in ("test_accuracy", "test_auc", "test_log_loss"):
+        assert abs(result[key] - summary[key]) < 1e-9, (key, result, summary)
 
 
 def test_ps_killed_mid_job_restores_its_table_shard(tmp_path, live_runs):

@@ -60,6 +60,8 @@ def test_a_stopped_worker_is_absent_and_the_job_runs_at_one_worker_speed(tmp_pat
         while time.time() < deadline and "absent workers 1" not in two.output():
             time.sleep(0.1)
         assert "absent workers 1" in two.output(), two.output()[-3000:]
+        # ... and exports it for the operator (.status.progress.absentWorkers).
+        wait_for_metric(two, "worker-0", "kubetrain_job_absent_workers", 1)
     finally:
         os.kill(pid, signal.SIGCONT)
     # It comes back: its next push makes it present again.

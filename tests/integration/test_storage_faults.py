@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import job_yaml, run_cli, run_job
+from conftest import job_yaml, run_cli, run_job, scrape
 
 
 @pytest.fixture
@@ -109,6 +109,78 @@ def test_a_disk_that_fills_mid_job_keeps_training_and_saves_the_model(tmp_path, 
     code, summary = run.finish(timeout=300)
     assert code == 0, run.output()[-3000:]
     assert summary["status"] == "Succeeded"
+    if failures >= 1:  # the summary counts them, with the OS error
+        assert summary["checkpoint_failures"] >= failures, summary
+        assert "No space left on device" in summary["checkpoint_error"], summary
+    model = os.path.join(ckpt, "model.ktm")
+    assert summary["model_path"] == model
+    ev = run_cli("eval", model, "--json")
+    assert ev.returncode == 0, ev.stderr
+    assert abs(json.loads(ev.stdout)["test_accuracy"] - summary["test_accuracy"]) < 1e-9
+
+
+def remount(path, mode):
+    """mount -o remount,<mode>, retried while a checkpoint writer holds a file open (EBUSY)."""
+    deadline = time.time() + 30
+    while True:
+        r = subprocess.run(["mount", "-o", f"remount,{mode}", str(path)], capture_output=True, text=True)
+        if r.returncode == 0:
+            return
+        assert time.time() < deadline, r.stderr
+        time.sleep(0.05)
+
+
+def chief_failing_line(run, task):
+    """The chief's kubetrain_job_checkpoints_failing sample line, or None."""
+    try:
+        text = scrape(run.ports[task])
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("kubetrain_job_checkpoints_failing{"):
+            return line
+    return None
+
+
+def test_a_directory_that_turns_read_only_mid_job_is_shown_in_the_report_and_the_summary(
+        tmp_path, tmpfs, live_runs):
+    disk = tmpfs("flaky", "32m")
+    ckpt = str(disk / "ckpt")
+    run = live_runs(tmp_path, spec("flaky", ckpt, 4000, every=100))
+    run.wait_for_ports(2)
+    run.wait_for_step("ps-0", 300)
+    remount(disk, "ro")
+    try:
+        # The PS counts the failures; the chief (worker 0) reads them from the
+        # PS tasks and exports them, with the OS error, for the operator.
+        deadline = time.time() + 120
+        line = None
+        while time.time() < deadline:
+            line = chief_failing_line(run, "worker-0")
+            if (line and "Read-only file system" in line and float(line.rsplit(" ", 1)[1]) >= 1
+                    and (run.metric("worker-0", "kubetrain_job_checkpoint_failures") or 0) >= 1):
+                break
+            time.sleep(0.1)
+        assert line and "Read-only file system" in line, (line, run.output()[-3000:])
+        assert 'last_error="ps:0 at version ' in line, line
+        assert (run.metric("ps-0", "kubetrain_checkpoint_failures_total") or 0) >= 1
+        assert "Read-only file system; training goes on" in run.output()
+        step_at_failure = run.metric("ps-0", "kubetrain_global_step")
+        assert run.wait_for_step("ps-0", step_at_failure + 200) > step_at_failure  # training goes on
+    finally:
+        remount(disk, "rw")
+    code, summary = run.finish(timeout=300)
+    assert code == 0, run.output()[-3000:]
+    assert summary["status"] == "Succeeded"
+    # The summary JSON and text carry the count and the last OS error.
+    assert summary["checkpoint_failures"] >= 1, summary
+    assert summary["checkpoint_error"].startswith("ps:0 at version "), summary
+    assert "Read-only file system" in summary["checkpoint_error"], summary
+    out = run.output()
+    assert "  storage: " in out and "checkpoint write" in out, out[-3000:]
+    storage = [l for l in out.splitlines() if l.startswith("  storage: ")]
+    assert len(storage) == 1 and "Read-only file system" in storage[0], storage
+    # Writable again: the model is saved and evaluates as reported.
     model = os.path.join(ckpt, "model.ktm")
     assert summary["model_path"] == model
     ev = run_cli("eval", model, "--json")
