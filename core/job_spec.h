@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,9 +33,19 @@ struct ReplicaSpec {
   RestartPolicy restart_policy = RestartPolicy::kNever;
   // The pod template, kept as YAML text; only the operator interprets it.
   std::string template_yaml;
-  // The template names at least one container of its own (template.spec.containers).
+  // The template's containers are the user's program: it names at least one
+  // container and none of them is the runtime container (below).
   bool own_containers = false;
 };
+
+// A template container named `kubetrain` without a `command` is kubetrain's
+// runtime container, customised: the operator supplies its command, flags,
+// ports and job-file mount; the rest (volumeMounts, env, resources, image,
+// ...) is the user's. That is how a job mounts its data into the runtime.
+inline constexpr char kRuntimeContainerName[] = "kubetrain";
+inline bool IsRuntimeContainer(std::string_view name, bool has_command) {
+  return name == kRuntimeContainerName && !has_command;
+}
 
 struct RunPolicy {
   std::string clean_pod_policy = "Running";  // "All" | "Running" | "None"
