@@ -161,6 +161,11 @@ ACCEPTED = {
     "run-policy": lambda o: spec(o).update(runPolicy={
         "cleanPodPolicy": "None", "ttlSecondsAfterFinished": 0, "activeDeadlineSeconds": 1,
         "backoffLimit": 0, "suspend": True}, successPolicy="AllWorkers"),
+    "scheduling-policy": lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {
+            "minAvailable": 2, "queue": "research", "priorityClass": "high",
+            "scheduleTimeoutSeconds": 60}}),
+        replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}})),
     "template-kept": lambda o: replicas(o)["Worker"].update(template={
         "metadata": {"labels": {"a": "b"}},
         "spec": {"containers": [{"name": "tensorflow", "image": "kubetrain:latest"}]}}),
@@ -308,6 +313,10 @@ REFUSED = {
                                ["spec.runPolicy.backoffLimit", "greater than or equal to 0"]),
     "suspend-string": (lambda o: spec(o).update(runPolicy={"suspend": "yes"}),
                        ["spec.runPolicy.suspend", "must be of type boolean"]),
+    "min-available-zero": (lambda o: spec(o).update(runPolicy={"schedulingPolicy": {"minAvailable": 0}}),
+                           ["spec.runPolicy.schedulingPolicy.minAvailable", "greater than or equal to 1"]),
+    "scheduling-policy-unknown": (lambda o: spec(o).update(runPolicy={"schedulingPolicy": {"minMember": 2}}),
+                                  ['unknown field "spec.runPolicy.schedulingPolicy.minMember"']),
     "success-policy": (lambda o: spec(o).update(successPolicy="Chief"),
                        ["spec.successPolicy", "Unsupported value"]),
     "template-not-mapping": (lambda o: replicas(o)["Worker"].update(template="pod.yaml"),
