@@ -404,11 +404,11 @@ absl::Status ParseSchedulingPolicy(const Fields& run_policy, RunPolicy* out) {
 absl::Status ParseRunPolicy(const Fields& spec, RunPolicy* out) {
   Fields f;
   bool present;
-  KT_RETURN_IF_ERROR(ReadSection(spec, "runPolicy",
-                                 {"cleanPodPolicy", "ttlSecondsAfterFinished",
-                                  "activeDeadlineSeconds", "backoffLimit", "suspend",
-                                  "schedulingPolicy"},
-                                 &f, &present));
+  KT_RETURN_IF_ERROR(
+      ReadSection(spec, "runPolicy",
+                  {"cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds",
+                   "backoffLimit", "suspend", "schedulingPolicy"},
+                  &f, &present));
   if (!present) return absl::OkStatus();
   KT_RETURN_IF_ERROR(ReadString(f, "cleanPodPolicy", &out->clean_pod_policy));
   KT_RETURN_IF_ERROR(ReadInt64(f, "ttlSecondsAfterFinished", &out->ttl_seconds_after_finished));
@@ -1253,7 +1253,8 @@ absl::Status ValidateSchedulingPolicy(const TrainingJob& job) {
   std::string name, named_by;
   for (const auto& [type, replica] : job.replica_specs) {
     if (replica.scheduler_name.empty()) continue;
-    const std::string where = absl::StrCat("spec.replicaSpecs.", type, ".template.spec.schedulerName");
+    const std::string where =
+        absl::StrCat("spec.replicaSpecs.", type, ".template.spec.schedulerName");
     if (!name.empty() && replica.scheduler_name != name) {
       return FieldError(where, absl::StrCat("must be the same in every replica with ", path,
                                             " (one gang scheduler places all tasks), got ",
@@ -1275,10 +1276,11 @@ absl::Status ValidateSchedulingPolicy(const TrainingJob& job) {
   }
   if (!p.queue.empty()) {
     if (scheduler != GangScheduler::kVolcano) {
-      return FieldError(path + ".queue",
-                        absl::StrCat("only Volcano has queues (schedulerName: volcano); the "
-                                     "pods' scheduler ",
-                                     Quote(name), " reads scheduler-plugins' PodGroup, which has none"));
+      return FieldError(
+          path + ".queue",
+          absl::StrCat("only Volcano has queues (schedulerName: volcano); the "
+                       "pods' scheduler ",
+                       Quote(name), " reads scheduler-plugins' PodGroup, which has none"));
     }
     if (!IsDns1123Subdomain(p.queue)) {
       return FieldError(path + ".queue",

@@ -1040,7 +1040,8 @@ TEST(JobSpecTest, SchedulingPolicyErrorsNameTheField) {
   EXPECT_EQ(ErrorOf(Gang("sp", "{scheduleTimeoutSeconds: 0}")),
             "spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds: must be >= 1, got 0");
   std::string two = Gang("volcano", "{}");
-  two.replace(two.find("    PS:\n"), 8, "    PS:\n      template: {spec: {schedulerName: other}}\n");
+  two.replace(two.find("    PS:\n"), 8,
+              "    PS:\n      template: {spec: {schedulerName: other}}\n");
   EXPECT_EQ(ErrorOf(two),
             "spec.replicaSpecs.Worker.template.spec.schedulerName: must be the same in every "
             "replica with spec.runPolicy.schedulingPolicy (one gang scheduler places all tasks), "

@@ -246,6 +246,7 @@ def test_suspend_deletes_pods_and_resume_recreates_them(cluster):
     # The pass that wrote Suspended is the one that would have created the pods.
     assert condition(st, "Suspended")["status"] == "True", st
     assert not pods(k, "suspend")
+    assert not k.json("get", "services", "-l", "kubetrain.io/job-name=suspend")["items"]
     assert "startTime" not in st, st  # activeDeadlineSeconds would count from admission
     events = k.json("get", "events", "--field-selector", "involvedObject.name=suspend")["items"]
     assert not any(e["reason"].startswith("SuccessfulCreate") for e in events), events
