@@ -3,6 +3,7 @@ node agent running pods as local processes (tests/cluster/cluster-up.sh):
 kubectl apply -> pods train for real -> kubectl get/describe tell the truth.
 Every run policy, restarts by exit code, an operator killed mid-reconcile,
 malformed jobs."""
+import glob
 import json
 import os
 import signal
@@ -434,6 +435,15 @@ def wait_for(k, what, fn, timeout):
         time.sleep(0.5)
 
 
+def task_logs(k, name):
+    """The tail of each task's container log (the node agent's files), for failure messages."""
+    out = ""
+    for path in sorted(glob.glob(os.path.join(k.state, "node-agent", "logs", f"default_{name}-*.log"))):
+        with open(path, errors="replace") as f:
+            out += f"\n--- {os.path.basename(path)}\n" + f.read()[-1500:]
+    return out
+
+
 def get_or_none(k, *args):
     proc = k.run("get", *args, "-o", "json", check=False)
     return json.loads(proc.stdout) if proc.returncode == 0 else None
@@ -467,7 +477,7 @@ def test_gang_job_waits_for_the_podgroup_crd_then_gets_a_podgroup_the_api_server
     owner = pg["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("TrainingJob", "gang-sp", uid, True)
     st = wait_state(k, "gang-sp", {"Succeeded", "Failed"}, timeout=300)
-    assert st["state"] == "Succeeded", st
+    assert st["state"] == "Succeeded", json.dumps(condition(st, "Failed")) + task_logs(k, "gang-sp")
     assert condition(st, "PodGroupFailing")["status"] == "False", st
     assert condition(st, "PodGroupFailing")["reason"] == "PodGroupCreated", st
     got = pods(k, "gang-sp")
@@ -497,7 +507,7 @@ def test_volcano_gang_job_gets_its_podgroup_with_queue_and_priority(cluster):
     assert pg["spec"] == {"minMember": 2, "queue": "research", "priorityClassName": "kubetrain-e2e-high"}, pg
     assert pg["metadata"]["ownerReferences"][0]["uid"] == k.json("get", "tj", "gang-vc")["metadata"]["uid"]
     st = wait_state(k, "gang-vc", {"Succeeded", "Failed"}, timeout=300)
-    assert st["state"] == "Succeeded", st
+    assert st["state"] == "Succeeded", json.dumps(condition(st, "Failed")) + task_logs(k, "gang-vc")
     got = pods(k, "gang-vc")
     assert len(got) == 3
     for p in got:
