@@ -101,7 +101,8 @@ TEST(ValidateTest, TheDataIsCheckedEvenWithSteps) {
   WriteFile(file, Job("/usr/share/datasets/fashion-mnist", "steps: 7"));
   v = Validate(file);
   EXPECT_EQ(v.code, 0) << v.err;
-  EXPECT_CONTAINS(v.out, file + ": data: the first 100 records of every training and test file parse");
+  EXPECT_CONTAINS(v.out,
+                  file + ": data: the first 100 records of every training and test file parse");
 }
 
 TEST(ValidateTest, ABadCsvRecordNamesTheFieldAndFileLine) {
@@ -129,8 +130,9 @@ spec:
 )"));
   Validated v = Validate(file);
   EXPECT_EQ(v.code, 2);
-  EXPECT_CONTAINS(v.err, "error: " + file + ": spec.training.dataset.testFiles[0]: " + dir +
-                             "/test.csv:2: column 'y': expected a class index in [0, 2), got \"2\"");
+  EXPECT_CONTAINS(v.err,
+                  "error: " + file + ": spec.training.dataset.testFiles[0]: " + dir +
+                      "/test.csv:2: column 'y': expected a class index in [0, 2), got \"2\"");
   WriteFile(dir + "/test.csv", "1.5,0\n2.5,1\n");
   v = Validate(file);
   EXPECT_EQ(v.code, 0) << v.err;

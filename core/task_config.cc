@@ -92,9 +92,8 @@ absl::Status CheckTabularSet(const TabularSpec& spec, const std::vector<std::str
                              const std::string& key, int64_t records) {
   int64_t loaded = 0;
   for (size_t i = 0; i < patterns.size(); ++i) {
-    const std::string field = key == "trainFiles" || key == "testFiles"
-                                  ? absl::StrCat(key, "[", i, "]")
-                                  : key;
+    const std::string field =
+        key == "trainFiles" || key == "testFiles" ? absl::StrCat(key, "[", i, "]") : key;
     auto files = ExpandFiles({patterns[i]});
     if (!files.ok()) return InField(field, files.status());
     for (const std::string& file : *files) {
@@ -104,10 +103,10 @@ absl::Status CheckTabularSet(const TabularSpec& spec, const std::vector<std::str
     }
   }
   if (loaded == 0) {
-    return InField(key, absl::InvalidArgumentError(absl::StrCat(
-                            absl::StrJoin(patterns, ", "), ": no records",
-                            spec.skip_bad_records ? " (onBadRecord: skip passed over every one)"
-                                                  : "")));
+    return InField(key,
+                   absl::InvalidArgumentError(absl::StrCat(
+                       absl::StrJoin(patterns, ", "), ": no records",
+                       spec.skip_bad_records ? " (onBadRecord: skip passed over every one)" : "")));
   }
   return absl::OkStatus();
 }

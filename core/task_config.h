@@ -86,8 +86,7 @@ inline constexpr int64_t kDataCheckRecords = 100;
 // set with none that load is the error). Errors name the field and the file
 // or file:line: "spec.training.dataset.testPath: adult.test:17: column 'age':
 // expected a number, got \"x\"".
-absl::Status CheckDatasetFiles(const TrainingSpec& training,
-                               int64_t records = kDataCheckRecords);
+absl::Status CheckDatasetFiles(const TrainingSpec& training, int64_t records = kDataCheckRecords);
 
 // The global steps `job` trains: `steps`, or its epochs converted with the
 // dataset's real size (TrainExamples). Reads the data only for epochs, and

@@ -190,7 +190,8 @@ std::string CsvDataset(const std::string& train, const std::string& test,
 
 std::string Rows(int n) {
   std::string rows;
-  for (int i = 0; i < n; ++i) rows += absl::StrCat(20 + i % 50, ",", i % 2 ? ">50K" : "<=50K", "\n");
+  for (int i = 0; i < n; ++i)
+    rows += absl::StrCat(20 + i % 50, ",", i % 2 ? ">50K" : "<=50K", "\n");
   return rows;
 }
 
@@ -199,8 +200,8 @@ TEST(CheckDatasetFilesTest, CsvRecordsAreCheckedAgainstTheSchemaNamingFieldAndLi
   ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
   WriteFile(dir + "/train.csv", Rows(300));
   WriteFile(dir + "/test.csv", Rows(2) + "x,>50K\n" + Rows(5));
-  TrainingSpec t = TabularJob(
-      dir, CsvDataset("path: " + dir + "/train.csv", "testPath: " + dir + "/test.csv"));
+  TrainingSpec t =
+      TabularJob(dir, CsvDataset("path: " + dir + "/train.csv", "testPath: " + dir + "/test.csv"));
   absl::Status s = CheckDatasetFiles(t);
   EXPECT_EQ(s.message(), "spec.training.dataset.testPath: " + dir +
                              "/test.csv:3: column 'age': expected a number, got \"x\"");
@@ -222,12 +223,12 @@ TEST(CheckDatasetFilesTest, OnlyTheFirstRecordsAreRead) {
   ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
   WriteFile(dir + "/train.csv", Rows(kDataCheckRecords) + "x,>50K\n");
   WriteFile(dir + "/test.csv", Rows(3));
-  TrainingSpec t = TabularJob(
-      dir, CsvDataset("path: " + dir + "/train.csv", "testPath: " + dir + "/test.csv"));
+  TrainingSpec t =
+      TabularJob(dir, CsvDataset("path: " + dir + "/train.csv", "testPath: " + dir + "/test.csv"));
   EXPECT_TRUE(CheckDatasetFiles(t).ok()) << CheckDatasetFiles(t);
   EXPECT_EQ(CheckDatasetFiles(t, kDataCheckRecords + 1).message(),
-            absl::StrCat("spec.training.dataset.path: ", dir, "/train.csv:",
-                         kDataCheckRecords + 1, ": column 'age': expected a number, got \"x\""));
+            absl::StrCat("spec.training.dataset.path: ", dir, "/train.csv:", kDataCheckRecords + 1,
+                         ": column 'age': expected a number, got \"x\""));
 }
 
 TEST(CheckDatasetFilesTest, MissingFilesNameTheFieldAndTheListEntry) {
@@ -235,8 +236,8 @@ TEST(CheckDatasetFilesTest, MissingFilesNameTheFieldAndTheListEntry) {
   ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
   WriteFile(dir + "/a.csv", Rows(3));
   WriteFile(dir + "/b.csv.gz", "not gzip at all, and not csv either\n");
-  TrainingSpec t = TabularJob(
-      dir, CsvDataset("path: " + dir + "/a.csv", "testPath: " + dir + "/absent.csv"));
+  TrainingSpec t =
+      TabularJob(dir, CsvDataset("path: " + dir + "/a.csv", "testPath: " + dir + "/absent.csv"));
   absl::Status s = CheckDatasetFiles(t);
   EXPECT_EQ(s.message(), "spec.training.dataset.testPath: " + dir + "/absent.csv: no such file");
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
@@ -248,8 +249,8 @@ TEST(CheckDatasetFilesTest, MissingFilesNameTheFieldAndTheListEntry) {
   ASSERT_EQ(::mkdir((dir + "/d.csv").c_str(), 0755), 0);
   t = TabularJob(dir, CsvDataset("path: " + dir + "/a.csv", "testFiles: [" + dir + "/d.csv]"));
   s = CheckDatasetFiles(t);
-  EXPECT_TRUE(absl::StartsWith(s.message(), "spec.training.dataset.testFiles[0]: " + dir +
-                                                "/d.csv: "))
+  EXPECT_TRUE(
+      absl::StartsWith(s.message(), "spec.training.dataset.testFiles[0]: " + dir + "/d.csv: "))
       << s;
   EXPECT_FALSE(s.ok());
 }
@@ -278,8 +279,8 @@ TEST(CheckDatasetFilesTest, LibsvmIndicesMustBeInRange) {
                                        "/train.svm]\n      testFiles: [" + dir +
                                        "/test.svm]\n      numFeatures: 4\n");
   absl::Status s = CheckDatasetFiles(t);
-  EXPECT_TRUE(absl::StartsWith(s.message(),
-                               "spec.training.dataset.testFiles[0]: " + dir + "/test.svm:2: "))
+  EXPECT_TRUE(
+      absl::StartsWith(s.message(), "spec.training.dataset.testFiles[0]: " + dir + "/test.svm:2: "))
       << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "5")) << s;
   WriteFile(dir + "/test.svm", "+1 1:1\n-1 4:1\n");
