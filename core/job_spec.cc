@@ -839,12 +839,14 @@ absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
   TabularSpec& t = out->tabular;
   out->dataset_name = "";
   KT_RETURN_IF_ERROR(ReadString(f, "name", &out->dataset_name));
-  auto files = [&](const char* one, const char* list, std::vector<std::string>* v) {
+  auto files = [&](const char* one, const char* list, std::vector<std::string>* v,
+                   std::string* key) {
     if (f.Has(one) == f.Has(list)) {
       return FieldError(f.PathOf(list),
                         absl::StrCat("format ", out->dataset_format, " needs exactly one of ", one,
                                      " (a file or glob) or ", list));
     }
+    *key = f.Has(one) ? one : list;
     if (f.Has(one)) {
       std::string p;
       KT_RETURN_IF_ERROR(ReadString(f, one, &p));
@@ -860,8 +862,8 @@ absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
     }
     return absl::OkStatus();
   };
-  KT_RETURN_IF_ERROR(files("path", "trainFiles", &t.train_files));
-  KT_RETURN_IF_ERROR(files("testPath", "testFiles", &t.test_files));
+  KT_RETURN_IF_ERROR(files("path", "trainFiles", &t.train_files, &t.train_files_key));
+  KT_RETURN_IF_ERROR(files("testPath", "testFiles", &t.test_files, &t.test_files_key));
   std::string on_bad = "fail";
   KT_RETURN_IF_ERROR(ReadString(f, "onBadRecord", &on_bad));
   KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("onBadRecord"), on_bad, {"fail", "skip"}));
