@@ -320,6 +320,14 @@ REFUSED = {
                            ["spec.runPolicy.schedulingPolicy.minAvailable", "greater than or equal to 1"]),
     "scheduling-policy-unknown": (lambda o: spec(o).update(runPolicy={"schedulingPolicy": {"minMember": 2}}),
                                   ['unknown field "spec.runPolicy.schedulingPolicy.minMember"']),
+    "gang-queue-not-dns": (lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {"queue": "Research"}}),
+        replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}})),
+        ["spec.runPolicy.schedulingPolicy.queue", "should match"]),
+    "gang-priority-class-not-dns": (lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {"priorityClass": "-x"}}),
+        replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}})),
+        ["spec.runPolicy.schedulingPolicy.priorityClass", "should match"]),
     "gang-without-scheduler-name": (lambda o: spec(o).update(runPolicy={"schedulingPolicy": {}}),
                                     ["spec.runPolicy.schedulingPolicy", "needs the gang scheduler's name"]),
     "gang-two-schedulers": (lambda o: (
