@@ -370,9 +370,8 @@ absl::Status ParseReplicaSpecs(const YAML::Node& node, const std::string& path,
         spec.own_containers = containers && containers.IsSequence() && containers.size() > 0;
         for (size_t i = 0; spec.own_containers && i < containers.size(); ++i) {
           const YAML::Node& c = containers[i];
-          const std::string name = c.IsMap() && c["name"] && c["name"].IsScalar()
-                                       ? c["name"].Scalar()
-                                       : std::string();
+          const std::string name =
+              c.IsMap() && c["name"] && c["name"].IsScalar() ? c["name"].Scalar() : std::string();
           if (IsRuntimeContainer(name, c.IsMap() && c["command"])) spec.own_containers = false;
         }
         // What gang scheduling needs to know of the pods (the rest of the

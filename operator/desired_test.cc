@@ -171,15 +171,14 @@ TEST(DesiredTest, RuntimeContainerInTheTemplateIsCustomisedNotReplaced) {
   j["spec"]["replicaSpecs"]["Worker"]["template"] = {
       {"spec",
        {{"containers",
-         json::array({{{"name", "kubetrain"},
-                       {"args", json::array({"--log_level=debug"})},
-                       {"env", json::array({{{"name", "OMP_NUM_THREADS"}, {"value", "1"}}})},
-                       {"resources", {{"limits", {{"memory", "2Gi"}}}}},
-                       {"volumeMounts", json::array({{{"name", "data"},
-                                                      {"mountPath", "/data"},
-                                                      {"readOnly", true}}})}}})},
-        {"volumes",
-         json::array({{{"name", "data"}, {"hostPath", {{"path", "/srv/census"}}}}})}}}};
+         json::array(
+             {{{"name", "kubetrain"},
+               {"args", json::array({"--log_level=debug"})},
+               {"env", json::array({{{"name", "OMP_NUM_THREADS"}, {"value", "1"}}})},
+               {"resources", {{"limits", {{"memory", "2Gi"}}}}},
+               {"volumeMounts",
+                json::array({{{"name", "data"}, {"mountPath", "/data"}, {"readOnly", true}}})}}})},
+        {"volumes", json::array({{{"name", "data"}, {"hostPath", {{"path", "/srv/census"}}}}})}}}};
   OperatorConfig cfg;
   cfg.runtime_image = "kubetrain-runtime:1";
   Observed o;
