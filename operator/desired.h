@@ -86,7 +86,25 @@ struct ObservedPod {
   absl::Time finished = absl::InfinitePast();  // and when it ended
   int restart_count = 0;                       // container restarts done in place by the kubelet
   bool deleting = false;
+  // Why its training container last ended: state.terminated, else
+  // lastState.terminated (the run before an in-place restart). `message` is
+  // the termination message: the task's one-line fatal reason
+  // (--termination_log), or with terminationMessagePolicy
+  // FallbackToLogsOnError the tail of its log.
+  struct Termination {
+    int exit_code = 0;
+    std::string reason;  // the kubelet's: Error, OOMKilled, Completed, ...
+    std::string message;
+  };
+  std::optional<Termination> last_termination;
+  std::string waiting_reason;  // state.waiting.reason, e.g. CrashLoopBackOff
 };
+
+// "worker-0 exited 2: spec.training.dataset.path: ...": the task (pod
+// `type`-`index`), its last exit code and the last line of its termination
+// message (else the kubelet's reason: "exited 137 (OOMKilled)"), cut at 512
+// bytes; "" if it has not terminated.
+std::string DescribeTermination(const ObservedPod& pod);
 
 struct Observed {
   absl::Time now;

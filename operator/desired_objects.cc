@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/log.h"
 #include "operator/desired.h"
 
 namespace kubetrain {
@@ -45,8 +46,12 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
   json args = json::array({absl::StrCat("--config=", config.config_dir, "/", kConfigFileName),
                            absl::StrCat("--metrics_address=$(POD_IP):", config.metrics_port)});
   if (ps) args.push_back("--bind_host=$(POD_IP)");
-  // The chief reports its result through the termination message.
-  if (spec.IsChiefTask(type, index)) args.push_back("--result_file=/dev/termination-log");
+  // A fatal error's reason becomes the termination message (the Restarting
+  // and Failed conditions quote it); the chief reports its result there.
+  args.push_back(absl::StrCat("--termination_log=", kTerminationLogPath));
+  if (spec.IsChiefTask(type, index)) {
+    args.push_back(absl::StrCat("--result_file=", kTerminationLogPath));
+  }
   return {{"name", "kubetrain"},
           {"image", config.runtime_image},
           {"imagePullPolicy", config.image_pull_policy},
@@ -145,6 +150,11 @@ json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& 
   env.insert(env.begin(), json{{"name", "POD_IP"},
                                {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}});
   env.push_back({{"name", "TF_CONFIG"}, {"value", tf_config}});
+  // A task that dies without writing its termination message (a crash, a
+  // user's program) still says why: the tail of its log.
+  if (!containers[target].contains("terminationMessagePolicy")) {
+    containers[target]["terminationMessagePolicy"] = "FallbackToLogsOnError";
+  }
   // OnFailure/Always: the kubelet restarts in place. Never/ExitCode: the
   // operator decides, from the exit code, whether to recreate the pod.
   pod_spec["restartPolicy"] = replica.restart_policy == RestartPolicy::kOnFailure ||
