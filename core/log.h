@@ -24,8 +24,11 @@ void Log(const Args&... args) {
 }
 
 // Where Kubernetes reads a container's termination message from; the
-// operator passes it to the tasks it starts as --termination_log.
+// operator names it to the tasks it starts in $KUBETRAIN_TERMINATION_LOG,
+// the default of their --termination_log flag (unset locally: a local
+// machine may have a /dev/termination-log of its own).
 inline constexpr char kTerminationLogPath[] = "/dev/termination-log";
+inline constexpr char kTerminationLogEnv[] = "KUBETRAIN_TERMINATION_LOG";
 // The most of a reason WriteTerminationReason writes (the kubelet keeps 4096
 // bytes of a termination message).
 inline constexpr size_t kMaxTerminationReason = 2048;

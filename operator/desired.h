@@ -23,7 +23,11 @@
 //           a container in its template it runs the kubetrain runtime:
 //           kubetrain-ps for ps, kubetrain-worker for worker/chief/evaluator;
 //           the chief task (TrainingJob::IsChiefTask) writes its result to
-//           /dev/termination-log.
+//           /dev/termination-log, and every task its fatal error's reason
+//           ($KUBETRAIN_TERMINATION_LOG). The training container gets
+//           terminationMessagePolicy FallbackToLogsOnError unless its
+//           template sets one; the Restarting and Failed conditions quote
+//           its last termination (DescribeTermination).
 // Plus one ConfigMap {job}-config holding the job (trainingjob.yaml), mounted
 // into kubetrain runtime containers.
 #ifndef KUBETRAIN_OPERATOR_DESIRED_H_

@@ -46,9 +46,7 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
   json args = json::array({absl::StrCat("--config=", config.config_dir, "/", kConfigFileName),
                            absl::StrCat("--metrics_address=$(POD_IP):", config.metrics_port)});
   if (ps) args.push_back("--bind_host=$(POD_IP)");
-  // A fatal error's reason becomes the termination message (the Restarting
-  // and Failed conditions quote it); the chief reports its result there.
-  args.push_back(absl::StrCat("--termination_log=", kTerminationLogPath));
+  // The chief reports its result through the termination message.
   if (spec.IsChiefTask(type, index)) {
     args.push_back(absl::StrCat("--result_file=", kTerminationLogPath));
   }
@@ -57,6 +55,11 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
           {"imagePullPolicy", config.image_pull_policy},
           {"command", json::array({ps ? "kubetrain-ps" : "kubetrain-worker"})},
           {"args", args},
+          // A fatal error's reason becomes the termination message (the
+          // Restarting and Failed conditions quote it). An environment
+          // variable, not a flag: a runtime image older than the operator
+          // ignores it instead of refusing to start.
+          {"env", json::array({{{"name", kTerminationLogEnv}, {"value", kTerminationLogPath}}})},
           {"ports", json::array({{{"name", "kubetrain"}, {"containerPort", config.port}},
                                  {{"name", "metrics"}, {"containerPort", config.metrics_port}}})},
           {"volumeMounts", json::array({{{"name", "kubetrain-config"},

@@ -540,8 +540,7 @@ TEST(DesiredTest, TasksWriteTheirReasonAndPodsFallBackToTheirLogs) {
   for (const char* name : {"mnist-ps-0", "mnist-ps-1", "mnist-worker-0", "mnist-worker-1"}) {
     const json& c = (*PodNamed(a, name))["spec"]["containers"][0];
     EXPECT_EQ(c["terminationMessagePolicy"], "FallbackToLogsOnError") << name;
-    EXPECT_NE(c["args"].dump().find("\"--termination_log=/dev/termination-log\""),
-              std::string::npos)
+    EXPECT_EQ(EnvOf(*PodNamed(a, name), "KUBETRAIN_TERMINATION_LOG"), "/dev/termination-log")
         << name;
   }
   // A user's container keeps the policy it asks for.
