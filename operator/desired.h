@@ -11,7 +11,7 @@
 // (desired_objects.cc), per-replica judgement (desired_replicas.cc), deadline
 // (desired_deadline.cc), success (desired_success.cc), progress and result
 // (desired_report.cc), suspend/resume (desired_suspend.cc), finish and
-// cleanup (desired_finish.cc).
+// cleanup (desired_finish.cc), gang scheduling (desired_gang.cc).
 //
 // Objects per replica (type t in ps/worker/chief/evaluator, index i; names
 // and labels in operator/labels.h):
@@ -30,6 +30,12 @@
 //           its last termination (DescribeTermination).
 // Plus one ConfigMap {job}-config holding the job (trainingjob.yaml), mounted
 // into kubetrain runtime containers.
+// Gang scheduling (runPolicy.schedulingPolicy, desired_gang.cc): one PodGroup
+// {job} for the scheduler the templates name, created before any pod (pods
+// wait while it cannot be created), and every pod names it: label
+// scheduling.x-k8s.io/pod-group (scheduler-plugins) or annotation
+// scheduling.k8s.io/group-name (Volcano); pods whose template names no
+// schedulerName / priorityClassName get the job's.
 #ifndef KUBETRAIN_OPERATOR_DESIRED_H_
 #define KUBETRAIN_OPERATOR_DESIRED_H_
 
@@ -66,6 +72,9 @@ struct OperatorConfig {
   // lost pods); the kubelet backs off OnFailure/Always containers it restarts
   // in place itself, with the same values.
   RestartBackoff restart_backoff = kKubeletBackoff;
+  // Gang scheduling: while a job's PodGroup cannot be created (its CRD is
+  // not installed, RBAC, ...), how often to try again.
+  absl::Duration pod_group_retry = absl::Seconds(30);
 };
 
 // The TrainingJob object as read from the API server.
@@ -121,6 +130,13 @@ struct Observed {
   // (400/422, e.g. a template container without an image): its message.
   // Retrying cannot help, so the job fails with reason CreateRejected.
   std::string create_rejected;
+  // Gang scheduling: whether the job's PodGroup is known to exist (this
+  // operator created it or found it), and why it cannot be created now
+  // (reason is status.h's PodGroupAPIMissing or PodGroupRejected; "" = no
+  // known obstacle).
+  bool pod_group_exists = false;
+  std::string pod_group_blocked_reason;
+  std::string pod_group_blocked;
 };
 
 struct JobEvent {
@@ -130,6 +146,8 @@ struct JobEvent {
 };
 
 struct Actions {
+  // Created before the pods; pods are created only once it exists.
+  std::optional<nlohmann::json> create_pod_group;
   std::optional<nlohmann::json> create_config_map;
   std::vector<nlohmann::json> create_services;
   std::vector<nlohmann::json> create_pods;
@@ -160,6 +178,14 @@ nlohmann::json BuildService(const JobObject& job, const std::string& type, int i
 nlohmann::json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& spec_key,
                         int index, const OperatorConfig& config);
 nlohmann::json BuildConfigMap(const JobObject& job);
+// The PodGroup's apiVersion for `scheduler`: "scheduling.x-k8s.io/v1alpha1"
+// (scheduler-plugins) or "scheduling.volcano.sh/v1beta1" (Volcano).
+const char* PodGroupApiVersion(GangScheduler scheduler);
+// The job's PodGroup {job}, owned by it. scheduler-plugins: spec.minMember
+// (minAvailable, else every task) and scheduleTimeoutSeconds; Volcano:
+// spec.minMember, queue and priorityClassName. REQUIRES:
+// spec.run_policy.scheduling_policy (validation guarantees a scheduler name).
+nlohmann::json BuildPodGroup(const JobObject& job, const TrainingJob& spec);
 
 }  // namespace kubetrain
 

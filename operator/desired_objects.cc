@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/log.h"
 #include "operator/desired.h"
+#include "operator/desired_internal.h"
 
 namespace kubetrain {
 namespace {
@@ -20,17 +21,6 @@ json RawReplicaSpec(const json& object, const std::string& key) {
     if (absl::AsciiStrToLower(k) == absl::AsciiStrToLower(key)) return v;
   }
   return json::object();
-}
-
-// The job as controller of an object: garbage-collected with it, and how the
-// operator tells its own objects from others of the same name.
-json OwnerReferences(const JobObject& job) {
-  return json::array({{{"apiVersion", "kubetrain.io/v1"},
-                       {"kind", "TrainingJob"},
-                       {"name", job.name},
-                       {"uid", job.uid},
-                       {"controller", true},
-                       {"blockOwnerDeletion", true}}});
 }
 
 json TaskLabels(const std::string& job, const std::string& type, int index) {
@@ -68,6 +58,19 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
 }
 
 }  // namespace
+
+namespace desired_internal {
+json OwnerReferences(const JobObject& job) {
+  return json::array({{{"apiVersion", "kubetrain.io/v1"},
+                       {"kind", "TrainingJob"},
+                       {"name", job.name},
+                       {"uid", job.uid},
+                       {"controller", true},
+                       {"blockOwnerDeletion", true}}});
+}
+}  // namespace desired_internal
+
+using desired_internal::OwnerReferences;
 
 TaskAddress ServiceAddress(const std::string& job, const std::string& ns,
                            const OperatorConfig& config) {
@@ -122,6 +125,7 @@ json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& 
   json labels = tmpl.value("/metadata/labels"_json_pointer, json::object());
   labels.update(TaskLabels(job.name, type, index));
   json annotations = tmpl.value("/metadata/annotations"_json_pointer, json::object());
+  desired_internal::DecorateGangPod(job, spec, type, &labels, &annotations, &pod_spec);
 
   const std::string tf_config = SerializeTfConfig(
       BuildTfConfig(spec, ServiceAddress(job.name, job.namespace_, config), {type, index}));

@@ -166,10 +166,9 @@ void ApplyRunning(const JobObject& job, const TrainingJob& spec, const Lifecycle
     history[r.task.name()] = {{"restarts", r.restarts},
                               {"consecutiveFailures", r.consecutive_failures}};
     const ObservedPod* observed_pod = PodOf(observed, pod);
-    const std::string why =
-        observed_pod && observed_pod->last_termination
-            ? TerminationWhy(*observed_pod->last_termination)
-            : "";
+    const std::string why = observed_pod && observed_pod->last_termination
+                                ? TerminationWhy(*observed_pod->last_termination)
+                                : "";
     a->events.push_back(
         {"Warning", reason::kRestarting,
          absl::StrCat("Pod ", pod, " exited with code ", r.exit_code,
@@ -216,17 +215,15 @@ void FailForTask(const JobObject& job, const TrainingJob& spec, const Failure& f
                            ReplicaKeyOf(failure.task.type), " replica ", failure.task.index,
                            " (pod ", pod, ") exited with code ", failure.exit_code,
                            " (restartPolicy ", RestartPolicyName(failure.policy), ")");
-    const std::string last =
-        observed_pod && observed_pod->last_termination
-            ? TerminationWhy(*observed_pod->last_termination)
-            : "";
+    const std::string last = observed_pod && observed_pod->last_termination
+                                 ? TerminationWhy(*observed_pod->last_termination)
+                                 : "";
     absl::StrAppend(&message, last.empty() ? "" : ": ", last, ".");
   } else {
     why = reason::kBackoffLimitExceeded;
-    message =
-        absl::StrCat("TrainingJob ", job.name, " has failed because it exceeded backoffLimit (",
-                     failure.backoff_limit, " restarts; ", failure.restarts,
-                     " needed, the last for pod ", pod, ")");
+    message = absl::StrCat("TrainingJob ", job.name,
+                           " has failed because it exceeded backoffLimit (", failure.backoff_limit,
+                           " restarts; ", failure.restarts, " needed, the last for pod ", pod, ")");
     const std::string last = observed_pod ? DescribeTermination(*observed_pod) : "";
     absl::StrAppend(&message, last.empty() ? "" : ": ", last, ".");
   }

@@ -544,15 +544,16 @@ TEST(DesiredTest, TasksWriteTheirReasonAndPodsFallBackToTheirLogs) {
         << name;
   }
   // A user's container keeps the policy it asks for.
-  EXPECT_EQ((*PodNamed(a, "mnist-evaluator-0"))["spec"]["containers"][0]
-                ["terminationMessagePolicy"],
-            "File");
+  EXPECT_EQ(
+      (*PodNamed(a, "mnist-evaluator-0"))["spec"]["containers"][0]["terminationMessagePolicy"],
+      "File");
 }
 
 TEST(DesiredTest, DescribeTerminationQuotesTheLastLineOrTheKubeletsReason) {
   ObservedPod p = Pod("worker", 0, "Running");
   EXPECT_EQ(DescribeTermination(p), "");
-  p.last_termination = Terminated(2, "Error", "spec.training.dataset.path: /data/x.csv: no such file\n");
+  p.last_termination =
+      Terminated(2, "Error", "spec.training.dataset.path: /data/x.csv: no such file\n");
   EXPECT_EQ(DescribeTermination(p),
             "worker-0 exited 2: spec.training.dataset.path: /data/x.csv: no such file");
   // FallbackToLogsOnError: the log's tail; its last line says why.
@@ -647,6 +648,140 @@ TEST(DesiredTest, TheFailedConditionSaysWhy) {
                              "the last for pod mnist-worker-0): worker-0 exited 2: worker-0: "
                              "spec.training.model: too big."))
       << ConditionMessage(b.status, "Failed");
+}
+
+// Gang scheduling: JobJson with runPolicy.schedulingPolicy and the Worker
+// template naming `scheduler` (PS names none: it inherits the job's).
+JobObject GangJob(const std::string& scheduler, const json& policy) {
+  json j = JobJson();
+  j["spec"]["runPolicy"] = {{"schedulingPolicy", policy}};
+  j["spec"]["replicaSpecs"]["Worker"]["template"] = {{"spec", {{"schedulerName", scheduler}}}};
+  return Job(j);
+}
+
+TEST(DesiredTest, VolcanoGangGetsAPodGroupAndAnnotatedPods) {
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(
+      GangJob("volcano", {{"minAvailable", 3}, {"queue", "research"}, {"priorityClass", "high"}}),
+      o, OperatorConfig{});
+  ASSERT_TRUE(a.create_pod_group.has_value()) << a.status.dump();
+  EXPECT_EQ(*a.create_pod_group,
+            json::parse(R"({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+              "metadata": {"name": "mnist", "namespace": "ns3",
+                           "labels": {"kubetrain.io/job-name": "mnist"},
+                           "ownerReferences": [{"apiVersion": "kubetrain.io/v1",
+                             "kind": "TrainingJob", "name": "mnist", "uid": "u-1",
+                             "controller": true, "blockOwnerDeletion": true}]},
+              "spec": {"minMember": 3, "queue": "research", "priorityClassName": "high"}})"));
+  ASSERT_EQ(a.create_pods.size(), 4u);
+  for (const auto& pod : a.create_pods) {
+    SCOPED_TRACE(pod["metadata"]["name"].dump());
+    EXPECT_EQ(pod["spec"]["schedulerName"], "volcano");  // PS inherits the Worker's
+    EXPECT_EQ(pod["spec"]["priorityClassName"], "high");
+    EXPECT_EQ(pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"], "mnist");
+    EXPECT_EQ(pod["metadata"]["annotations"]["volcano.sh/task-spec"],
+              pod["metadata"]["labels"]["kubetrain.io/replica-type"]);
+    EXPECT_FALSE(pod["metadata"]["labels"].contains("scheduling.x-k8s.io/pod-group"));
+  }
+}
+
+TEST(DesiredTest, SchedulerPluginsGangDefaultsToEveryTaskAndLabelsPods) {
+  Observed o;
+  o.now = kT0;
+  json pod_template = {{"metadata", {{"labels", {{"team", "ml"}}}}},
+                       {"spec", {{"schedulerName", "sched-x"}, {"priorityClassName", "low"}}}};
+  JobObject job = GangJob("sched-x", {{"scheduleTimeoutSeconds", 90}, {"priorityClass", "high"}});
+  job.object["spec"]["replicaSpecs"]["PS"]["template"] = pod_template;
+  Actions a = Desired(job, o, OperatorConfig{});
+  ASSERT_TRUE(a.create_pod_group.has_value()) << a.status.dump();
+  EXPECT_EQ((*a.create_pod_group)["apiVersion"], "scheduling.x-k8s.io/v1alpha1");
+  EXPECT_EQ((*a.create_pod_group)["spec"],
+            json::parse(R"({"minMember": 4, "scheduleTimeoutSeconds": 90})"));
+  ASSERT_EQ(a.create_pods.size(), 4u);
+  for (const auto& pod : a.create_pods) {
+    SCOPED_TRACE(pod["metadata"]["name"].dump());
+    EXPECT_EQ(pod["spec"]["schedulerName"], "sched-x");
+    EXPECT_EQ(pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"], "mnist");
+    EXPECT_FALSE(pod["metadata"].contains("annotations"));
+  }
+  // The template's own priorityClassName wins over the policy's.
+  EXPECT_EQ((*PodNamed(a, "mnist-ps-0"))["spec"]["priorityClassName"], "low");
+  EXPECT_EQ((*PodNamed(a, "mnist-ps-0"))["metadata"]["labels"]["team"], "ml");
+  EXPECT_EQ((*PodNamed(a, "mnist-worker-0"))["spec"]["priorityClassName"], "high");
+}
+
+TEST(DesiredTest, AnExistingPodGroupIsNotCreatedAgain) {
+  Observed o;
+  o.now = kT0;
+  o.pod_group_exists = true;
+  Actions a = Desired(GangJob("volcano", json::object()), o, OperatorConfig{});
+  EXPECT_FALSE(a.create_pod_group.has_value());
+  EXPECT_EQ(a.create_pods.size(), 4u);
+  EXPECT_EQ(Condition(a.status, "PodGroupFailing"), "absent");
+}
+
+TEST(DesiredTest, PodsWaitWhileThePodGroupCannotBeCreatedThenStart) {
+  Observed o;
+  o.now = kT0;
+  o.pod_group_blocked_reason = "PodGroupAPIMissing";
+  o.pod_group_blocked = "the API server does not serve podgroups.scheduling.volcano.sh";
+  OperatorConfig config;
+  JobObject job = GangJob("volcano", json::object());
+  Actions a = Desired(job, o, config);
+  EXPECT_FALSE(a.create_pod_group.has_value());
+  EXPECT_TRUE(a.create_pods.empty());
+  EXPECT_EQ(a.create_services.size(), 4u);  // the rest of the job is there when it can start
+  EXPECT_EQ(Condition(a.status, "PodGroupFailing"), "True/PodGroupAPIMissing");
+  EXPECT_EQ(a.requeue_after, config.pod_group_retry);
+  ASSERT_EQ(a.events.size(), 2u);  // Created, and the warning
+  EXPECT_EQ(a.events[1].type, "Warning");
+  EXPECT_EQ(a.events[1].reason, "PodGroupAPIMissing");
+  EXPECT_TRUE(absl::StrContains(a.events[1].message,
+                                "PodGroup mnist (scheduling.volcano.sh/v1beta1) cannot be "
+                                "created, so no pod is: the API server does not serve"))
+      << a.events[1].message;
+  EXPECT_EQ(a.status["state"], "Created");
+
+  // Still blocked: no second warning.
+  job.status = a.status;
+  Actions b = Desired(job, o, config);
+  EXPECT_TRUE(b.create_pods.empty());
+  EXPECT_TRUE(b.events.empty());
+
+  // The retry finds no obstacle: the PodGroup is asked for first, then it exists.
+  Observed retry;
+  retry.now = kT0 + config.pod_group_retry;
+  Actions c = Desired(job, retry, config);
+  EXPECT_TRUE(c.create_pod_group.has_value());
+  EXPECT_EQ(c.create_pods.size(), 4u);  // created only after it (reconciler.cc)
+  retry.pod_group_exists = true;
+  Actions d = Desired(job, retry, config);
+  EXPECT_FALSE(d.create_pod_group.has_value());
+  EXPECT_EQ(Condition(d.status, "PodGroupFailing"), "False/PodGroupCreated");
+}
+
+TEST(DesiredTest, SchedulerNameWithoutSchedulingPolicyOnlyPassesThrough) {
+  json j = JobJson();
+  j["spec"]["replicaSpecs"]["Worker"]["template"] = {{"spec", {{"schedulerName", "volcano"}}}};
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(Job(j), o, OperatorConfig{});
+  EXPECT_FALSE(a.create_pod_group.has_value());
+  EXPECT_EQ((*PodNamed(a, "mnist-worker-0"))["spec"]["schedulerName"], "volcano");
+  EXPECT_FALSE((*PodNamed(a, "mnist-ps-0"))["spec"].contains("schedulerName"));
+  EXPECT_FALSE((*PodNamed(a, "mnist-worker-0"))["metadata"].contains("annotations"));
+}
+
+TEST(DesiredTest, ASuspendedGangJobCreatesNoPodGroup) {
+  JobObject job = GangJob("volcano", json::object());
+  job.object["spec"]["runPolicy"]["suspend"] = true;
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(job, o, OperatorConfig{});
+  EXPECT_FALSE(a.create_pod_group.has_value());
+  EXPECT_TRUE(a.create_pods.empty());
+  EXPECT_EQ(a.status["state"], "Suspended");
 }
 
 }  // namespace

@@ -185,23 +185,23 @@ TEST_F(ReconcilerTest, ACrashLoopingPodsLastTerminationIsTheRestartingReason) {
   // The kubelet restarted worker-1 in place and now holds it back: its
   // reason is in lastState.terminated, state.waiting says CrashLoopBackOff.
   ResourceRef worker{"/api/v1", "pods", "default", "mnist-worker-1", ""};
-  ASSERT_TRUE(kube_
-                  .MergePatch(worker,
-                              {{"status",
-                                {{"phase", "Running"},
-                                 {"containerStatuses",
-                                  json::array({{{"name", "kubetrain"},
-                                                {"restartCount", 1},
-                                                {"state",
-                                                 {{"waiting", {{"reason", "CrashLoopBackOff"}}}}},
-                                                {"lastState",
-                                                 {{"terminated",
-                                                   {{"exitCode", 2},
-                                                    {"reason", "Error"},
-                                                    {"message",
-                                                     "spec.training.dataset.path: /data/x.csv: "
-                                                     "no such file\n"}}}}}}})}}}})
-                  .ok());
+  ASSERT_TRUE(
+      kube_
+          .MergePatch(worker,
+                      {{"status",
+                        {{"phase", "Running"},
+                         {"containerStatuses",
+                          json::array({{{"name", "kubetrain"},
+                                        {"restartCount", 1},
+                                        {"state", {{"waiting", {{"reason", "CrashLoopBackOff"}}}}},
+                                        {"lastState",
+                                         {{"terminated",
+                                           {{"exitCode", 2},
+                                            {"reason", "Error"},
+                                            {"message",
+                                             "spec.training.dataset.path: /data/x.csv: "
+                                             "no such file\n"}}}}}}})}}}})
+          .ok());
   ASSERT_TRUE(WaitFor([&] {
     for (const auto& p : cache_->Pods("default/mnist")) {
       if (p["metadata"]["name"] == "mnist-worker-1") return p["status"].contains("phase");
@@ -336,6 +336,77 @@ TEST_F(ReconcilerTest, MalformedObjectIsAnErrorNotACrash) {
   Start();
   auto out = Pass();
   EXPECT_FALSE(out.status.ok());
+}
+
+json GangJob(const std::string& scheduler) {
+  json j = Job();
+  j["spec"]["runPolicy"] = {{"schedulingPolicy", {{"minAvailable", 2}}}};
+  j["spec"]["replicaSpecs"]["Worker"]["template"] = {{"spec", {{"schedulerName", scheduler}}}};
+  return j;
+}
+
+TEST_F(ReconcilerTest, AGangJobGetsItsPodGroupBeforeItsPodsOnce) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), GangJob("volcano")).ok());
+  Start();
+  auto out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  auto pg = kube_.Get({"/apis/scheduling.volcano.sh/v1beta1", "podgroups", "default", "mnist", ""});
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  EXPECT_EQ((*pg)["spec"]["minMember"], 2);
+  EXPECT_EQ((*pg)["metadata"]["ownerReferences"][0]["uid"], "job-uid");
+  EXPECT_EQ(kube_.calls("create", "podgroups"), 1);
+  EXPECT_EQ(kube_.Count(kPods), 3u);
+  // Created, SuccessfulCreatePodGroup, SuccessfulCreatePod, SuccessfulCreateService.
+  EXPECT_EQ(kube_.Count("/api/v1/namespaces/default/events"), 4u);
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("create"), 0);  // known to exist: not asked again
+  // A deleted job takes its PodGroup along (clusters without a garbage collector).
+  ASSERT_TRUE(kube_.Delete(TrainingJobs("default", "mnist"), kPropagationBackground).ok());
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.Count("/apis/scheduling.volcano.sh/v1beta1/namespaces/default/podgroups"), 0u);
+}
+
+TEST_F(ReconcilerTest, WithoutThePodGroupCrdPodsWaitAndTheApiIsNotAskedUntilTheRetry) {
+  OperatorConfig config;
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), GangJob("scheduler-plugins-scheduler")).ok());
+  kube_.FailCalls("create", "podgroups",
+                  absl::NotFoundError("POST podgroups: the server could not find the requested "
+                                      "resource"));
+  Start(config);
+  auto out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;  // not an error to back off from
+  EXPECT_EQ(out.requeue_after, absl::ZeroDuration());
+  EXPECT_EQ(kube_.Count(kPods), 0u);
+  EXPECT_EQ(kube_.Count(kServices), 3u);
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("create"), 1);  // only the Warning Event: the API is known missing
+  EXPECT_EQ(kube_.calls("create", "events"), 1);
+  EXPECT_EQ(out.requeue_after, config.pod_group_retry);
+  auto job = kube_.Get(TrainingJobs("default", "mnist"));
+  const json* failing = FindCondition((*job)["status"], condition::kPodGroupFailing);
+  ASSERT_NE(failing, nullptr) << (*job)["status"];
+  EXPECT_EQ((*failing)["status"], "True");
+  EXPECT_EQ((*failing)["reason"], reason::kPodGroupAPIMissing);
+  EXPECT_NE((*failing)["message"].get<std::string>().find(
+                "does not serve podgroups in scheduling.x-k8s.io/v1alpha1"),
+            std::string::npos)
+      << *failing;
+  // The CRD is installed meanwhile: at the retry, the PodGroup, then the pods.
+  kube_.FailCalls("create", "podgroups", absl::OkStatus());
+  clock_.Advance(config.pod_group_retry);
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.Count("/apis/scheduling.x-k8s.io/v1alpha1/namespaces/default/podgroups"), 1u);
+  EXPECT_EQ(kube_.Count(kPods), 3u);
+  out = Pass();
+  job = kube_.Get(TrainingJobs("default", "mnist"));
+  failing = FindCondition((*job)["status"], condition::kPodGroupFailing);
+  ASSERT_NE(failing, nullptr);
+  EXPECT_EQ((*failing)["status"], "False");
+  EXPECT_EQ((*failing)["reason"], reason::kPodGroupCreated);
 }
 
 }  // namespace
