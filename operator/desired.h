@@ -23,7 +23,11 @@
 //           a container in its template it runs the kubetrain runtime:
 //           kubetrain-ps for ps, kubetrain-worker for worker/chief/evaluator;
 //           the chief task (TrainingJob::IsChiefTask) writes its result to
-//           /dev/termination-log.
+//           /dev/termination-log, and every task its fatal error's reason
+//           ($KUBETRAIN_TERMINATION_LOG). The training container gets
+//           terminationMessagePolicy FallbackToLogsOnError unless its
+//           template sets one; the Restarting and Failed conditions quote
+//           its last termination (DescribeTermination).
 // Plus one ConfigMap {job}-config holding the job (trainingjob.yaml), mounted
 // into kubetrain runtime containers.
 // Gang scheduling (runPolicy.schedulingPolicy, desired_gang.cc): one PodGroup
@@ -95,7 +99,25 @@ struct ObservedPod {
   absl::Time finished = absl::InfinitePast();  // and when it ended
   int restart_count = 0;                       // container restarts done in place by the kubelet
   bool deleting = false;
+  // Why its training container last ended: state.terminated, else
+  // lastState.terminated (the run before an in-place restart). `message` is
+  // the termination message: the task's one-line fatal reason
+  // (--termination_log), or with terminationMessagePolicy
+  // FallbackToLogsOnError the tail of its log.
+  struct Termination {
+    int exit_code = 0;
+    std::string reason;  // the kubelet's: Error, OOMKilled, Completed, ...
+    std::string message;
+  };
+  std::optional<Termination> last_termination;
+  std::string waiting_reason;  // state.waiting.reason, e.g. CrashLoopBackOff
 };
+
+// "worker-0 exited 2: spec.training.dataset.path: ...": the task (pod
+// `type`-`index`), its last exit code and the last line of its termination
+// message (else the kubelet's reason: "exited 137 (OOMKilled)"), cut at 512
+// bytes; "" if it has not terminated.
+std::string DescribeTermination(const ObservedPod& pod);
 
 struct Observed {
   absl::Time now;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/log.h"
 #include "operator/desired.h"
 #include "operator/desired_internal.h"
 
@@ -36,12 +37,19 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
                            absl::StrCat("--metrics_address=$(POD_IP):", config.metrics_port)});
   if (ps) args.push_back("--bind_host=$(POD_IP)");
   // The chief reports its result through the termination message.
-  if (spec.IsChiefTask(type, index)) args.push_back("--result_file=/dev/termination-log");
+  if (spec.IsChiefTask(type, index)) {
+    args.push_back(absl::StrCat("--result_file=", kTerminationLogPath));
+  }
   return {{"name", "kubetrain"},
           {"image", config.runtime_image},
           {"imagePullPolicy", config.image_pull_policy},
           {"command", json::array({ps ? "kubetrain-ps" : "kubetrain-worker"})},
           {"args", args},
+          // A fatal error's reason becomes the termination message (the
+          // Restarting and Failed conditions quote it). An environment
+          // variable, not a flag: a runtime image older than the operator
+          // ignores it instead of refusing to start.
+          {"env", json::array({{{"name", kTerminationLogEnv}, {"value", kTerminationLogPath}}})},
           {"ports", json::array({{{"name", "kubetrain"}, {"containerPort", config.port}},
                                  {{"name", "metrics"}, {"containerPort", config.metrics_port}}})},
           {"volumeMounts", json::array({{{"name", "kubetrain-config"},
@@ -180,6 +188,11 @@ json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& 
   env.insert(env.begin(), json{{"name", "POD_IP"},
                                {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}});
   env.push_back({{"name", "TF_CONFIG"}, {"value", tf_config}});
+  // A task that dies without writing its termination message (a crash, a
+  // user's program) still says why: the tail of its log.
+  if (!containers[target].contains("terminationMessagePolicy")) {
+    containers[target]["terminationMessagePolicy"] = "FallbackToLogsOnError";
+  }
   // OnFailure/Always: the kubelet restarts in place. Never/ExitCode: the
   // operator decides, from the exit code, whether to recreate the pod.
   pod_spec["restartPolicy"] = replica.restart_policy == RestartPolicy::kOnFailure ||

@@ -561,6 +561,143 @@ TEST(DesiredTest, ConditionTransitionTimesOnlyMoveOnChange) {
   EXPECT_EQ(a.status["conditions"], b.status["conditions"]);
 }
 
+std::string ConditionMessage(const json& status, const std::string& type) {
+  for (const auto& c : status["conditions"]) {
+    if (c["type"] == type) return c["message"];
+  }
+  return "";
+}
+
+ObservedPod::Termination Terminated(int code, const std::string& reason,
+                                    const std::string& message) {
+  return ObservedPod::Termination{code, reason, message};
+}
+
+TEST(DesiredTest, TasksWriteTheirReasonAndPodsFallBackToTheirLogs) {
+  json j = JobJson();
+  j["spec"]["replicaSpecs"]["Evaluator"] = {
+      {"replicas", 1},
+      {"template",
+       {{"spec",
+         {{"containers", json::array({{{"name", "tensorflow"},
+                                       {"image", "mine"},
+                                       {"terminationMessagePolicy", "File"}}})}}}}}};
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(Job(j), o, OperatorConfig{});
+  for (const char* name : {"mnist-ps-0", "mnist-ps-1", "mnist-worker-0", "mnist-worker-1"}) {
+    const json& c = (*PodNamed(a, name))["spec"]["containers"][0];
+    EXPECT_EQ(c["terminationMessagePolicy"], "FallbackToLogsOnError") << name;
+    EXPECT_EQ(EnvOf(*PodNamed(a, name), "KUBETRAIN_TERMINATION_LOG"), "/dev/termination-log")
+        << name;
+  }
+  // A user's container keeps the policy it asks for.
+  EXPECT_EQ(
+      (*PodNamed(a, "mnist-evaluator-0"))["spec"]["containers"][0]["terminationMessagePolicy"],
+      "File");
+}
+
+TEST(DesiredTest, DescribeTerminationQuotesTheLastLineOrTheKubeletsReason) {
+  ObservedPod p = Pod("worker", 0, "Running");
+  EXPECT_EQ(DescribeTermination(p), "");
+  p.last_termination =
+      Terminated(2, "Error", "spec.training.dataset.path: /data/x.csv: no such file\n");
+  EXPECT_EQ(DescribeTermination(p),
+            "worker-0 exited 2: spec.training.dataset.path: /data/x.csv: no such file");
+  // FallbackToLogsOnError: the log's tail; its last line says why.
+  p.last_termination = Terminated(134, "Error", "12:00:00.001 starting\r\n12:00:01.002 boom\n\n");
+  EXPECT_EQ(DescribeTermination(p), "worker-0 exited 134: 12:00:01.002 boom");
+  p.last_termination = Terminated(137, "OOMKilled", "");
+  EXPECT_EQ(DescribeTermination(p), "worker-0 exited 137 (OOMKilled)");
+  p.last_termination = Terminated(1, "Error", std::string(2000, 'x'));
+  EXPECT_EQ(DescribeTermination(p), "worker-0 exited 1: " + std::string(512, 'x') + "...");
+}
+
+TEST(DesiredTest, ARecreatedPodsRestartSaysWhichTaskAndWhy) {
+  json job = JobJson("", "ExitCode");
+  Observed o = AllPods("Running");
+  ObservedPod failed = Pod("worker", 1, "Failed", 137);
+  failed.last_termination = Terminated(137, "OOMKilled", "");
+  *Find(o, "mnist-worker-1") = failed;
+  Actions a = Desired(Job(job), o, OperatorConfig{});
+  EXPECT_EQ(Condition(a.status, "Restarting"), "True/TrainingJobRestarting");
+  EXPECT_EQ(ConditionMessage(a.status, "Restarting"),
+            "TrainingJob mnist is restarting a replica: worker-1 exited 137 (OOMKilled).");
+  // It fails again at once, now with a message: the next recreation waits,
+  // and the condition says why meanwhile.
+  failed.last_termination = Terminated(143, "Error", "worker-1: lost ps-0: UNAVAILABLE\n");
+  failed.exit_code = 143;
+  failed.started = kT0 + absl::Seconds(1);
+  failed.finished = kT0 + absl::Seconds(2);
+  *Find(o, "mnist-worker-1") = failed;
+  o.now = kT0 + absl::Seconds(2);
+  Actions b = Desired(Job(job, a.status), o, OperatorConfig{});
+  EXPECT_TRUE(b.delete_pods.empty());
+  EXPECT_EQ(ConditionMessage(b.status, "Restarting"),
+            "TrainingJob mnist is restarting a replica: worker-1 exited 143: worker-1: lost ps-0: "
+            "UNAVAILABLE.");
+  o.now = kT0 + absl::Seconds(12);
+  Actions c = Desired(Job(job, b.status), o, OperatorConfig{});
+  ASSERT_EQ(c.delete_pods, std::vector<std::string>{"mnist-worker-1"});
+  ASSERT_FALSE(c.events.empty());
+  EXPECT_EQ(c.events.back().message,
+            "Pod mnist-worker-1 exited with code 143; recreating it (restartPolicy ExitCode): "
+            "worker-1: lost ps-0: UNAVAILABLE");
+}
+
+TEST(DesiredTest, ACrashLoopingContainerIsRestartingWithItsReason) {
+  json job = JobJson("", "OnFailure");
+  Observed o = AllPods("Running");
+  const json running = Desired(Job(job), o, OperatorConfig{}).status;
+  ObservedPod* w = Find(o, "mnist-worker-0");
+  w->restart_count = 2;
+  w->waiting_reason = "CrashLoopBackOff";
+  w->last_termination =
+      Terminated(2, "Error", "spec.training.dataset.path: /data/x.csv: no such file\n");
+  Actions a = Desired(Job(job, running), o, OperatorConfig{});
+  EXPECT_EQ(Condition(a.status, "Restarting"), "True/TrainingJobRestarting");
+  EXPECT_EQ(Condition(a.status, "Running"), "False/TrainingJobRestarting");
+  EXPECT_EQ(a.status["state"], "Restarting");
+  EXPECT_EQ(ConditionMessage(a.status, "Restarting"),
+            "TrainingJob mnist is restarting a replica: worker-0 exited 2 (CrashLoopBackOff, 2 "
+            "restarts): spec.training.dataset.path: /data/x.csv: no such file.");
+  EXPECT_TRUE(a.delete_pods.empty());  // the kubelet restarts it in place
+  ASSERT_TRUE(a.requeue_after.has_value());
+  // Its next run gets going: running again, the reason stays in lastState only.
+  w->waiting_reason = "";
+  w->restart_count = 3;
+  Actions b = Desired(Job(job, a.status), o, OperatorConfig{});
+  EXPECT_EQ(Condition(b.status, "Restarting"), "False/TrainingJobRunning");
+  EXPECT_EQ(Condition(b.status, "Running"), "True/TrainingJobRunning");
+}
+
+TEST(DesiredTest, TheFailedConditionSaysWhy) {
+  Observed o = AllPods("Running");
+  ObservedPod failed = Pod("worker", 1, "Failed", 2);
+  failed.last_termination =
+      Terminated(2, "Error", "spec.training.dataset.path: /data/x.csv: no such file\n");
+  *Find(o, "mnist-worker-1") = failed;
+  Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
+  EXPECT_EQ(Condition(a.status, "Failed"), "True/TrainingJobFailed");
+  EXPECT_EQ(ConditionMessage(a.status, "Failed"),
+            "TrainingJob mnist has failed because Worker replica 1 (pod mnist-worker-1) exited "
+            "with code 2 (restartPolicy Never): spec.training.dataset.path: /data/x.csv: no such "
+            "file.");
+  // backoffLimit, with in-place restarts: the last one's reason.
+  json onfailure = JobJson("{\"backoffLimit\": 2}", "OnFailure");
+  Observed o2 = AllPods("Running");
+  ObservedPod* w = Find(o2, "mnist-worker-0");
+  w->restart_count = 3;
+  w->waiting_reason = "CrashLoopBackOff";
+  w->last_termination = Terminated(2, "Error", "worker-0: spec.training.model: too big\n");
+  Actions b = Desired(Job(onfailure), o2, OperatorConfig{});
+  EXPECT_EQ(Condition(b.status, "Failed"), "True/BackoffLimitExceeded");
+  EXPECT_TRUE(absl::EndsWith(ConditionMessage(b.status, "Failed"),
+                             "the last for pod mnist-worker-0): worker-0 exited 2: worker-0: "
+                             "spec.training.model: too big."))
+      << ConditionMessage(b.status, "Failed");
+}
+
 // Gang scheduling: JobJson with runPolicy.schedulingPolicy and the Worker
 // template naming `scheduler` (PS names none: it inherits the job's).
 JobObject GangJob(const std::string& scheduler, const json& policy) {

@@ -43,6 +43,14 @@ ObservedPod ObservePod(const json& pod) {
   if (auto cs = TrainingContainerStatus(pod)) {
     p.restart_count = cs->value("restartCount", 0);
     const json terminated = cs->value("/state/terminated"_json_pointer, json());
+    const json last = terminated.is_object()
+                          ? terminated
+                          : cs->value("/lastState/terminated"_json_pointer, json());
+    if (last.is_object()) {
+      p.last_termination = ObservedPod::Termination{
+          last.value("exitCode", 0), last.value("reason", ""), last.value("message", "")};
+    }
+    p.waiting_reason = cs->value("/state/waiting/reason"_json_pointer, std::string());
     if (terminated.is_object()) {
       p.exit_code = terminated.value("exitCode", 0);
       p.termination_message = terminated.value("message", "");

@@ -176,6 +176,50 @@ TEST_F(ReconcilerTest, ObservedPodStatusDrivesTheJobAndDeletedJobsLeaveNothing) 
   EXPECT_EQ(kube_.Count(kConfigMaps), 0u);
 }
 
+TEST_F(ReconcilerTest, ACrashLoopingPodsLastTerminationIsTheRestartingReason) {
+  json job = Job();
+  job["spec"]["replicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure";
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), job).ok());
+  Start();
+  ASSERT_TRUE(Pass().status.ok());
+  // The kubelet restarted worker-1 in place and now holds it back: its
+  // reason is in lastState.terminated, state.waiting says CrashLoopBackOff.
+  ResourceRef worker{"/api/v1", "pods", "default", "mnist-worker-1", ""};
+  ASSERT_TRUE(
+      kube_
+          .MergePatch(worker,
+                      {{"status",
+                        {{"phase", "Running"},
+                         {"containerStatuses",
+                          json::array({{{"name", "kubetrain"},
+                                        {"restartCount", 1},
+                                        {"state", {{"waiting", {{"reason", "CrashLoopBackOff"}}}}},
+                                        {"lastState",
+                                         {{"terminated",
+                                           {{"exitCode", 2},
+                                            {"reason", "Error"},
+                                            {"message",
+                                             "spec.training.dataset.path: /data/x.csv: "
+                                             "no such file\n"}}}}}}})}}}})
+          .ok());
+  ASSERT_TRUE(WaitFor([&] {
+    for (const auto& p : cache_->Pods("default/mnist")) {
+      if (p["metadata"]["name"] == "mnist-worker-1") return p["status"].contains("phase");
+    }
+    return false;
+  }));
+  auto out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(out.state, "Restarting");
+  auto stored = kube_.Get(TrainingJobs("default", "mnist"));
+  ASSERT_TRUE(stored.ok());
+  const json* c = FindCondition((*stored)["status"], condition::kRestarting);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ((*c)["message"],
+            "TrainingJob mnist is restarting a replica: worker-1 exited 2 (CrashLoopBackOff, 1 "
+            "restart): spec.training.dataset.path: /data/x.csv: no such file.");
+}
+
 TEST_F(ReconcilerTest, ADeletedServiceIsCreatedAgain) {
   ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
   Start();

@@ -118,3 +118,26 @@ def test_a_task_that_cannot_load_its_data_says_why_while_restarting(tmp_path):
                      r"OnFailure\): .*adult.data:500: column 'age'", proc.stderr), proc.stderr[-3000:]
     assert "backoffLimit (2 restarts) exceeded: " in summary["reason"], summary
     assert f"{bad}:500: column 'age'" in summary["reason"]
+
+
+def test_a_task_writes_its_fatal_reason_where_kubetrain_termination_log_says(tmp_path):
+    """What the operator's Restarting/Failed conditions quote: the task's one-line
+    reason in the file $KUBETRAIN_TERMINATION_LOG names (the operator sets
+    /dev/termination-log); without the variable nothing is written."""
+    job = write(tmp_path, job_yaml("reason", ps=1, workers=1, dataset_path=str(tmp_path / "nodata")))
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    tf = {"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
+    env = dict(os.environ, TF_CONFIG=json.dumps(tf), KUBETRAIN_TERMINATION_LOG=str(log))
+    proc = subprocess.run([binary("kubetrain-worker"), f"--config={job}"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    reason = log.read_text()
+    assert reason.endswith("\n") and reason.count("\n") == 1, reason
+    assert f"{tmp_path}/nodata/train-images-idx3-ubyte.gz: cannot open: No such file or directory" in reason, reason
+    assert reason.strip() in proc.stderr  # the same words as its "error:" log line
+    env.pop("KUBETRAIN_TERMINATION_LOG")
+    log.write_text("")
+    proc = subprocess.run([binary("kubetrain-worker"), f"--config={job}"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and log.read_text() == ""
