@@ -285,8 +285,8 @@ void PsTask::StartHolding(absl::Time now) {
   metrics_.holding->Set(1);
   if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
   Log("ps:", index_, " could not write its final checkpoint (version ", shard_->version(), ") to ",
-      dir, " (spec.training.checkpoint.directory); ", kHoldingParametersNote, " on ",
-      options_.bind_host, ":", port_, " for ",
+      dir, " (spec.training.checkpoint.directory); ", kHoldingParametersNote,
+      server_ ? absl::StrCat(" on ", options_.bind_host, ":", port_) : "", " for ",
       absl::FormatDuration(options_.keep_serving_after_checkpoint_failure),
       ", then exits 1 (SIGTERM again to exit now)");
 }
