@@ -19,7 +19,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  run FILE.yaml       run a TrainingJob as local processes (its PS, worker, chief and "
     "evaluator tasks)\n"
-    "  validate FILE.yaml  check a TrainingJob spec and print what it means\n"
+    "  validate FILE.yaml  check a TrainingJob spec and its data, and print what it means\n"
     "  eval MODEL          report a model file's accuracy on the Fashion-MNIST test set\n\n"
     "`kubetrain <command> --help` lists a command's flags.\n";
 
@@ -44,6 +44,12 @@ int main(int argc, char** argv) {
   parser.String("memory_limit", &memory_limit,
                 "the memory each task may use (8Gi, 512Mi, ...; default: the cgroup's limit, "
                 "else the machine's memory): a model that cannot fit is refused");
+  bool skip_data = false;
+  if (command == "validate") {
+    parser.Bool("skip_data", &skip_data,
+                "do not read the data files (they exist only where the tasks run, e.g. in the "
+                "pods' image or volume); epochs still need the training set");
+  }
   if (command == "run") {
     parser.String("summary_json", &options.summary_json,
                   "also write the job summary as JSON to this file");
@@ -63,7 +69,9 @@ int main(int argc, char** argv) {
                  parser.Usage().c_str());
     return 2;
   }
-  if (command == "validate") return kubetrain::ValidateCommand(files[0], memory_limit);
+  if (command == "validate") {
+    return kubetrain::ValidateCommand(files[0], memory_limit, !skip_data);
+  }
   options.job_file = files[0];
   options.memory_limit = memory_limit;
   if (!restart_policy.empty()) {

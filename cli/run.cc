@@ -15,7 +15,6 @@
 #include "cli/validate.h"
 #include "core/clock.h"
 #include "core/cluster_spec.h"
-#include "core/dataset.h"
 #include "core/file_env.h"
 #include "core/task_config.h"
 
@@ -29,13 +28,7 @@ void OnInterrupt(int) { g_interrupted.store(true); }
 }  // namespace
 
 absl::Status PreflightCheck(const TrainingJob& job) {
-  for (bool train : {true, false}) {
-    auto n = CountExamples(job.training.dataset_path, train);
-    if (!n.ok()) {
-      return absl::Status(n.status().code(),
-                          absl::StrCat("spec.training.dataset.path: ", n.status().message()));
-    }
-  }
+  if (absl::Status s = CheckDatasetFiles(job.training); !s.ok()) return s;
   const std::string& dir = job.training.checkpoint_dir;
   if (!dir.empty()) {
     if (absl::Status s = ProbeWritableDir(FileEnv::Default(), dir); !s.ok()) {

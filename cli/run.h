@@ -33,8 +33,9 @@ struct RunOptions {
 };
 
 // What `kubetrain run` checks before it starts any task, naming the field:
-// the dataset's training and test label files can be read
-// (spec.training.dataset.path), and the checkpoint directory can hold a file
+// the job's training and test data can be read and its first records parse
+// (CheckDatasetFiles, core/task_config.h: the check `kubetrain validate`
+// makes, errors naming the field and file:line), and the checkpoint directory can hold a file
 // (spec.training.checkpoint.directory; core/file_env.h ProbeWritableDir).
 absl::Status PreflightCheck(const TrainingJob& job);
 

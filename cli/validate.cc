@@ -18,8 +18,8 @@ absl::StatusOr<MemoryLimit> MemoryLimitFromFlag(const std::string& flag) {
   return MemoryLimit{*bytes, absl::StrCat("--memory-limit ", flag)};
 }
 
-int ValidateCommand(const std::string& file, const std::string& memory_limit, std::FILE* out,
-                    std::FILE* err) {
+int ValidateCommand(const std::string& file, const std::string& memory_limit, bool check_data,
+                    std::FILE* out, std::FILE* err) {
   auto limit = MemoryLimitFromFlag(memory_limit);
   if (!limit.ok()) {
     std::fprintf(err, "error: %s\n", std::string(limit.status().message()).c_str());
@@ -42,6 +42,14 @@ int ValidateCommand(const std::string& file, const std::string& memory_limit, st
     std::fprintf(err, "error: %s: %s\n", file.c_str(), std::string(s.message()).c_str());
     return 2;
   }
+  // The data as the tasks will read it (the first records of every file);
+  // before the steps, which read the training set for epochs.
+  if (check_data) {
+    if (absl::Status s = CheckDatasetFiles(job->training); !s.ok()) {
+      std::fprintf(err, "error: %s: %s\n", file.c_str(), std::string(s.message()).c_str());
+      return 2;
+    }
+  }
   absl::StatusOr<int64_t> steps = JobTargetSteps(*job);
   if (!steps.ok()) {
     std::fprintf(err, "error: %s: %s\n", file.c_str(),
@@ -54,6 +62,12 @@ int ValidateCommand(const std::string& file, const std::string& memory_limit, st
                file.c_str(), job->name.c_str(), TrainingModeName(job->training.mode),
                job->training.model.type.c_str(), job->num_ps(), job->num_workers(),
                static_cast<long long>(*steps));
+  if (check_data) {
+    std::fprintf(out, "%s: data: the first %lld records of every training and test file parse\n",
+                 file.c_str(), static_cast<long long>(kDataCheckRecords));
+  } else {
+    std::fprintf(out, "%s: data: not checked (--skip-data)\n", file.c_str());
+  }
   return 0;
 }
 

@@ -1,6 +1,8 @@
-// `kubetrain validate FILE.yaml`: parses and validates a TrainingJob, reads
-// its dataset's real size (epochs become global steps), and prints what the
-// job means; errors name the field or the file.
+// `kubetrain validate FILE.yaml`: parses and validates a TrainingJob, checks
+// its data (the training and test files are readable and their first records
+// parse against spec.training.dataset: CheckDatasetFiles, core/task_config.h),
+// reads its dataset's real size (epochs become global steps), and prints what
+// the job means; errors name the field, the file or file:line.
 #ifndef KUBETRAIN_CLI_VALIDATE_H_
 #define KUBETRAIN_CLI_VALIDATE_H_
 
@@ -18,8 +20,10 @@ absl::StatusOr<MemoryLimit> MemoryLimitFromFlag(const std::string& flag);
 // Returns the exit code: 0 valid, 2 not (the error is written to `err`).
 // `memory_limit` is the --memory-limit flag ("" = the cgroup's limit or the
 // machine's memory): the model must fit every task in it (core/memory_budget.h).
+// `check_data` false (--skip-data: the data exists only inside the pods)
+// skips the data check; epochs still need the training set.
 int ValidateCommand(const std::string& file, const std::string& memory_limit = "",
-                    std::FILE* out = stdout, std::FILE* err = stderr);
+                    bool check_data = true, std::FILE* out = stdout, std::FILE* err = stderr);
 
 }  // namespace kubetrain
 

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 
 namespace kubetrain {
@@ -364,8 +365,25 @@ absl::Status ParseReplicaSpecs(const YAML::Node& node, const std::string& path,
                             absl::StrCat("cannot re-emit: ", emitter.GetLastError()));
         }
         spec.template_yaml = emitter.c_str();
-        const YAML::Node containers = (*n)["spec"] ? (*n)["spec"]["containers"] : YAML::Node();
+        const YAML::Node pod_spec = (*n)["spec"];
+        const YAML::Node containers = pod_spec ? pod_spec["containers"] : YAML::Node();
         spec.own_containers = containers && containers.IsSequence() && containers.size() > 0;
+        for (size_t i = 0; spec.own_containers && i < containers.size(); ++i) {
+          const YAML::Node& c = containers[i];
+          const std::string name =
+              c.IsMap() && c["name"] && c["name"].IsScalar() ? c["name"].Scalar() : std::string();
+          if (IsRuntimeContainer(name, c.IsMap() && c["command"])) spec.own_containers = false;
+        }
+        // What gang scheduling needs to know of the pods (the rest of the
+        // template is the API server's to validate).
+        if (pod_spec && pod_spec.IsMap()) {
+          const std::string spec_path = Join(f.PathOf("template"), "spec");
+          for (auto [key, out] : {std::pair{"schedulerName", &spec.scheduler_name},
+                                  std::pair{"priorityClassName", &spec.priority_class_name}}) {
+            const YAML::Node v = pod_spec[key];
+            if (v && !v.IsNull()) KT_RETURN_IF_ERROR(ToString(v, Join(spec_path, key), out));
+          }
+        }
       }
     }
     out->emplace(type, std::move(spec));
@@ -373,20 +391,37 @@ absl::Status ParseReplicaSpecs(const YAML::Node& node, const std::string& path,
   return absl::OkStatus();
 }
 
+// runPolicy.schedulingPolicy: TFJob's fields except minResources.
+absl::Status ParseSchedulingPolicy(const Fields& run_policy, RunPolicy* out) {
+  const YAML::Node* n = run_policy.Get("schedulingPolicy");
+  if (n == nullptr) return absl::OkStatus();
+  Fields f;
+  KT_RETURN_IF_ERROR(
+      Fields::Read(*n, run_policy.PathOf("schedulingPolicy"),
+                   {"minAvailable", "queue", "priorityClass", "scheduleTimeoutSeconds"}, &f));
+  SchedulingPolicy& p = out->scheduling_policy.emplace();
+  KT_RETURN_IF_ERROR(ReadInt32(f, "minAvailable", &p.min_available));
+  KT_RETURN_IF_ERROR(ReadString(f, "queue", &p.queue));
+  KT_RETURN_IF_ERROR(ReadString(f, "priorityClass", &p.priority_class));
+  KT_RETURN_IF_ERROR(ReadInt32(f, "scheduleTimeoutSeconds", &p.schedule_timeout_seconds));
+  return absl::OkStatus();
+}
+
 absl::Status ParseRunPolicy(const Fields& spec, RunPolicy* out) {
   Fields f;
   bool present;
-  KT_RETURN_IF_ERROR(ReadSection(spec, "runPolicy",
-                                 {"cleanPodPolicy", "ttlSecondsAfterFinished",
-                                  "activeDeadlineSeconds", "backoffLimit", "suspend"},
-                                 &f, &present));
+  KT_RETURN_IF_ERROR(
+      ReadSection(spec, "runPolicy",
+                  {"cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds",
+                   "backoffLimit", "suspend", "schedulingPolicy"},
+                  &f, &present));
   if (!present) return absl::OkStatus();
   KT_RETURN_IF_ERROR(ReadString(f, "cleanPodPolicy", &out->clean_pod_policy));
   KT_RETURN_IF_ERROR(ReadInt64(f, "ttlSecondsAfterFinished", &out->ttl_seconds_after_finished));
   KT_RETURN_IF_ERROR(ReadInt64(f, "activeDeadlineSeconds", &out->active_deadline_seconds));
   KT_RETURN_IF_ERROR(ReadInt32(f, "backoffLimit", &out->backoff_limit));
   KT_RETURN_IF_ERROR(ReadBool(f, "suspend", &out->suspend));
-  return absl::OkStatus();
+  return ParseSchedulingPolicy(f, out);
 }
 
 template <typename T>
@@ -810,12 +845,14 @@ absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
   TabularSpec& t = out->tabular;
   out->dataset_name = "";
   KT_RETURN_IF_ERROR(ReadString(f, "name", &out->dataset_name));
-  auto files = [&](const char* one, const char* list, std::vector<std::string>* v) {
+  auto files = [&](const char* one, const char* list, std::vector<std::string>* v,
+                   std::string* key) {
     if (f.Has(one) == f.Has(list)) {
       return FieldError(f.PathOf(list),
                         absl::StrCat("format ", out->dataset_format, " needs exactly one of ", one,
                                      " (a file or glob) or ", list));
     }
+    *key = f.Has(one) ? one : list;
     if (f.Has(one)) {
       std::string p;
       KT_RETURN_IF_ERROR(ReadString(f, one, &p));
@@ -831,8 +868,8 @@ absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
     }
     return absl::OkStatus();
   };
-  KT_RETURN_IF_ERROR(files("path", "trainFiles", &t.train_files));
-  KT_RETURN_IF_ERROR(files("testPath", "testFiles", &t.test_files));
+  KT_RETURN_IF_ERROR(files("path", "trainFiles", &t.train_files, &t.train_files_key));
+  KT_RETURN_IF_ERROR(files("testPath", "testFiles", &t.test_files, &t.test_files_key));
   std::string on_bad = "fail";
   KT_RETURN_IF_ERROR(ReadString(f, "onBadRecord", &on_bad));
   KT_RETURN_IF_ERROR(CheckOneOf(f.PathOf("onBadRecord"), on_bad, {"fail", "skip"}));
@@ -1121,8 +1158,9 @@ absl::Status ParseDocument(const YAML::Node& root, TrainingJob* job) {
         return FieldError(
             "spec.training",
             absl::StrCat("required (spec.replicaSpecs.", type,
-                         ".template names no containers of its own, so it runs kubetrain's "
-                         "runtime, which trains what spec.training says)"));
+                         ".template names no containers of its own or a `kubetrain` container "
+                         "without a command, so it runs kubetrain's runtime, which trains what "
+                         "spec.training says)"));
       }
     }
   }
@@ -1147,6 +1185,15 @@ bool IsDns1123Label(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](char c) {
     return absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-';
   });
+}
+
+// DNS-1123 subdomain (PriorityClass names, Volcano queues): labels joined by dots.
+bool IsDns1123Subdomain(const std::string& s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (absl::string_view label : absl::StrSplit(s, '.')) {
+    if (!IsDns1123Label(std::string(label))) return false;
+  }
+  return true;
 }
 
 template <typename T>
@@ -1202,6 +1249,64 @@ absl::Status ValidateReplicas(const TrainingJob& job) {
     if (job.replica_specs.count(required) == 0) {
       return FieldError(Join("spec.replicaSpecs", required), "required");
     }
+  }
+  return absl::OkStatus();
+}
+
+// Gang scheduling: the pods must go to one gang scheduler, named by the
+// templates (those that name none get it), and each field must be one that
+// scheduler's PodGroup has, rather than be ignored.
+absl::Status ValidateSchedulingPolicy(const TrainingJob& job) {
+  const std::string path = "spec.runPolicy.schedulingPolicy";
+  const SchedulingPolicy& p = *job.run_policy.scheduling_policy;
+  std::string name, named_by;
+  for (const auto& [type, replica] : job.replica_specs) {
+    if (replica.scheduler_name.empty()) continue;
+    const std::string where =
+        absl::StrCat("spec.replicaSpecs.", type, ".template.spec.schedulerName");
+    if (!name.empty() && replica.scheduler_name != name) {
+      return FieldError(where, absl::StrCat("must be the same in every replica with ", path,
+                                            " (one gang scheduler places all tasks), got ",
+                                            Quote(replica.scheduler_name), " and ", Quote(name),
+                                            " in ", named_by));
+    }
+    name = replica.scheduler_name;
+    named_by = where;
+  }
+  if (name.empty()) {
+    return FieldError(path,
+                      "gang scheduling needs the gang scheduler's name: set schedulerName in a "
+                      "replica's template.spec (\"volcano\" for Volcano; for scheduler-plugins "
+                      "the name its scheduler runs as, e.g. \"scheduler-plugins-scheduler\")");
+  }
+  const GangScheduler scheduler = GangSchedulerOf(name);
+  if (p.min_available.has_value()) {
+    KT_RETURN_IF_ERROR(CheckRange(path + ".minAvailable", *p.min_available, 1, job.num_tasks()));
+  }
+  if (!p.queue.empty()) {
+    if (scheduler != GangScheduler::kVolcano) {
+      return FieldError(
+          path + ".queue",
+          absl::StrCat("only Volcano has queues (schedulerName: volcano); the "
+                       "pods' scheduler ",
+                       Quote(name), " reads scheduler-plugins' PodGroup, which has none"));
+    }
+    if (!IsDns1123Subdomain(p.queue)) {
+      return FieldError(path + ".queue",
+                        absl::StrCat("must be a DNS-1123 subdomain, got ", Quote(p.queue)));
+    }
+  }
+  if (!p.priority_class.empty() && !IsDns1123Subdomain(p.priority_class)) {
+    return FieldError(path + ".priorityClass",
+                      absl::StrCat("must be a DNS-1123 subdomain, got ", Quote(p.priority_class)));
+  }
+  if (p.schedule_timeout_seconds.has_value()) {
+    if (scheduler != GangScheduler::kSchedulerPlugins) {
+      return FieldError(path + ".scheduleTimeoutSeconds",
+                        "only scheduler-plugins' PodGroup has it; Volcano's has no timeout");
+    }
+    KT_RETURN_IF_ERROR(
+        CheckAtLeast(path + ".scheduleTimeoutSeconds", *p.schedule_timeout_seconds, 1));
   }
   return absl::OkStatus();
 }
@@ -1381,6 +1486,32 @@ int TrainingJob::num_ps() const {
 int TrainingJob::num_workers() const {
   auto it = replica_specs.find("Worker");
   return it == replica_specs.end() ? 0 : it->second.replicas;
+}
+
+int TrainingJob::num_tasks() const {
+  int n = 0;
+  for (const auto& [type, replica] : replica_specs) n += replica.replicas;
+  return n;
+}
+
+std::string TrainingJob::scheduler_name() const {
+  for (const auto& [type, replica] : replica_specs) {
+    if (!replica.scheduler_name.empty()) return replica.scheduler_name;
+  }
+  return "";
+}
+
+int TrainingJob::min_available() const {
+  const auto& p = run_policy.scheduling_policy;
+  return p.has_value() && p->min_available.has_value() ? *p->min_available : num_tasks();
+}
+
+GangScheduler GangSchedulerOf(const std::string& scheduler_name) {
+  return scheduler_name == "volcano" ? GangScheduler::kVolcano : GangScheduler::kSchedulerPlugins;
+}
+
+const char* GangSchedulerName(GangScheduler scheduler) {
+  return scheduler == GangScheduler::kVolcano ? "volcano" : "scheduler-plugins";
 }
 
 int TrainingJob::effective_replicas_to_aggregate() const {
@@ -1567,6 +1698,7 @@ absl::Status ValidateTrainingJob(const TrainingJob& job) {
   if (rp.backoff_limit.has_value()) {
     KT_RETURN_IF_ERROR(CheckAtLeast("spec.runPolicy.backoffLimit", *rp.backoff_limit, 0));
   }
+  if (rp.scheduling_policy.has_value()) KT_RETURN_IF_ERROR(ValidateSchedulingPolicy(job));
   if (!job.success_policy.empty() && job.success_policy != "AllWorkers") {
     return FieldError("spec.successPolicy", absl::StrCat("must be \"\" or \"AllWorkers\", got ",
                                                          Quote(job.success_policy)));

@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,9 +33,41 @@ struct ReplicaSpec {
   RestartPolicy restart_policy = RestartPolicy::kNever;
   // The pod template, kept as YAML text; only the operator interprets it.
   std::string template_yaml;
-  // The template names at least one container of its own (template.spec.containers).
+  // The template's containers are the user's program: it names at least one
+  // container and none of them is the runtime container (below).
   bool own_containers = false;
+  // template.spec.schedulerName ("" = not set: the default scheduler, or the
+  // job's gang scheduler when runPolicy.schedulingPolicy is set).
+  std::string scheduler_name;
+  // template.spec.priorityClassName ("" = not set).
+  std::string priority_class_name;
 };
+
+// Which PodGroup API a gang scheduler reads (TFJob's --gang-scheduler-name
+// rule): "volcano" reads Volcano's (scheduling.volcano.sh/v1beta1), any
+// other name is taken for a scheduler-plugins scheduler
+// (scheduling.x-k8s.io/v1alpha1, the coscheduling plugin).
+enum class GangScheduler { kSchedulerPlugins, kVolcano };
+GangScheduler GangSchedulerOf(const std::string& scheduler_name);
+const char* GangSchedulerName(GangScheduler scheduler);  // "scheduler-plugins" | "volcano"
+
+// runPolicy.schedulingPolicy (TFJob's): its presence asks for gang
+// scheduling, one PodGroup per job (docs/trainingjob.md#gang-scheduling).
+struct SchedulingPolicy {
+  std::optional<int> min_available;  // tasks that must be placed together; unset: every task
+  std::string queue;                 // Volcano's queue ("" = its default)
+  std::string priority_class;        // PriorityClass of the PodGroup and of pods naming none
+  std::optional<int> schedule_timeout_seconds;  // scheduler-plugins: the gang's wait
+};
+
+// A template container named `kubetrain` without a `command` is kubetrain's
+// runtime container, customised: the operator supplies its command, flags,
+// ports and job-file mount; the rest (volumeMounts, env, resources, image,
+// ...) is the user's. That is how a job mounts its data into the runtime.
+inline constexpr char kRuntimeContainerName[] = "kubetrain";
+inline bool IsRuntimeContainer(std::string_view name, bool has_command) {
+  return name == kRuntimeContainerName && !has_command;
+}
 
 struct RunPolicy {
   std::string clean_pod_policy = "Running";  // "All" | "Running" | "None"
@@ -42,6 +75,7 @@ struct RunPolicy {
   std::optional<int64_t> active_deadline_seconds;
   std::optional<int> backoff_limit;
   bool suspend = false;
+  std::optional<SchedulingPolicy> scheduling_policy;
 };
 
 struct OptimizerSpec {
@@ -107,6 +141,13 @@ struct TrainingJob {
 
   int num_ps() const;
   int num_workers() const;
+  // Every task of every replica type.
+  int num_tasks() const;
+  // The scheduler the job's pods go to: the schedulerName its templates name
+  // (validation makes them agree when schedulingPolicy is set), "" if none.
+  std::string scheduler_name() const;
+  // Gang scheduling: the PodGroup's minMember (minAvailable, else every task).
+  int min_available() const;
   bool has_chief_replica() const { return replica_specs.count("Chief") > 0; }
   // The task that does the chief's duties (evaluation, export, reporting,
   // ending the job): the Chief replica's task ("chief", 0) if the job has

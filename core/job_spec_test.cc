@@ -818,7 +818,8 @@ spec:
   replicaSpecs: {PS: {}, Worker: {}}
 )"),
             "spec.training: required (spec.replicaSpecs.PS.template names no containers of its "
-            "own, so it runs kubetrain's runtime, which trains what spec.training says)");
+            "own or a `kubetrain` container without a command, so it runs kubetrain's runtime, "
+            "which trains what spec.training says)");
   EXPECT_EQ(ErrorOf("apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: "
                     "{name: x}\n"),
             "spec: required");
@@ -856,11 +857,43 @@ spec:
                 "PS: {replicas: 2, template: {spec: {containers: []}}}");
   EXPECT_EQ(ErrorOf(mixed),
             "spec.training: required (spec.replicaSpecs.PS.template names no containers of its "
-            "own, so it runs kubetrain's runtime, which trains what spec.training says)");
+            "own or a `kubetrain` container without a command, so it runs kubetrain's runtime, "
+            "which trains what spec.training says)");
 
   auto with_training = ParseTrainingJob(own + "  training: {steps: 10}\n");
   ASSERT_TRUE(with_training.ok()) << with_training.status();
   EXPECT_TRUE(with_training->has_training);
+}
+
+// A `kubetrain` container without a command is the runtime, customised (say,
+// with the data mounted): it runs spec.training, so that stays required.
+TEST(JobSpecTest, RuntimeContainerInATemplateIsNotAProgramOfItsOwn) {
+  const std::string base = R"(
+apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata: {name: data}
+spec:
+  replicaSpecs:
+    PS: {template: {spec: {containers: [CONTAINER]}}}
+    Worker: {template: {spec: {containers: [CONTAINER, {name: sidecar, image: busybox}]}}}
+)";
+  auto with = [&](const std::string& container) {
+    return absl::StrReplaceAll(base, {{"CONTAINER", container}});
+  };
+  const std::string runtime = "{name: kubetrain, volumeMounts: [{name: d, mountPath: /d}]}";
+  EXPECT_EQ(ErrorOf(with(runtime)),
+            "spec.training: required (spec.replicaSpecs.PS.template names no containers of its "
+            "own or a `kubetrain` container without a command, so it runs kubetrain's runtime, "
+            "which trains what spec.training says)");
+  auto job = ParseTrainingJob(with(runtime) + "  training: {steps: 10}\n");
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (const auto& [type, replica] : job->replica_specs)
+    EXPECT_FALSE(replica.own_containers) << type;
+  // With a command it is the user's program again.
+  job = ParseTrainingJob(with("{name: kubetrain, image: me:1, command: [my-ps]}"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (const auto& [type, replica] : job->replica_specs)
+    EXPECT_TRUE(replica.own_containers) << type;
 }
 
 TEST(JobSpecErrors, ValidateCatchesProgrammaticJobs) {
@@ -954,6 +987,110 @@ TEST(JobSpecSparseTest, BadSparseSpecsNameTheField) {
   EXPECT_CONTAINS(ErrorOf(WideDeepWith("          type: adagrad\n",
                                        "          type: sgd\n          l1: 0.1\n")),
                   "spec.training.model.wide.optimizer.l1: only applies to type ftrl");
+}
+
+// runPolicy.schedulingPolicy: kValid with the Worker template naming
+// `scheduler` and the policy given as a flow mapping.
+std::string Gang(const std::string& scheduler, const std::string& policy) {
+  std::string s = Replace("    suspend: false\n",
+                          absl::StrCat("    suspend: false\n    schedulingPolicy: ", policy, "\n"));
+  if (!scheduler.empty()) {
+    const std::string from = "        spec:\n          containers:";
+    s.replace(s.find(from), from.size(),
+              absl::StrCat("        spec:\n          schedulerName: ", scheduler,
+                           "\n          containers:"));
+  }
+  return s;
+}
+
+TEST(JobSpecTest, SchedulingPolicyIsAbsentByDefault) {
+  auto job = ParseTrainingJob(kValid);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(job->run_policy.scheduling_policy.has_value());
+  EXPECT_EQ(job->scheduler_name(), "");
+  EXPECT_EQ(job->num_tasks(), 5);
+}
+
+TEST(JobSpecTest, SchedulingPolicyVolcanoParsesEveryField) {
+  auto job = ParseTrainingJob(
+      Gang("volcano", "{minAvailable: 3, queue: research, priorityClass: high-priority}"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(job->run_policy.scheduling_policy.has_value());
+  const SchedulingPolicy& p = *job->run_policy.scheduling_policy;
+  EXPECT_EQ(p.min_available, 3);
+  EXPECT_EQ(p.queue, "research");
+  EXPECT_EQ(p.priority_class, "high-priority");
+  EXPECT_FALSE(p.schedule_timeout_seconds.has_value());
+  EXPECT_EQ(job->scheduler_name(), "volcano");
+  EXPECT_EQ(job->replica_specs.at("Worker").scheduler_name, "volcano");
+  EXPECT_EQ(job->replica_specs.at("PS").scheduler_name, "");  // inherits at pod creation
+  EXPECT_EQ(GangSchedulerOf(job->scheduler_name()), GangScheduler::kVolcano);
+  EXPECT_EQ(job->min_available(), 3);
+}
+
+TEST(JobSpecTest, SchedulingPolicyEmptyMeansEveryTask) {
+  auto job = ParseTrainingJob(Gang("scheduler-plugins-scheduler", "{}"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->run_policy.scheduling_policy.has_value());
+  EXPECT_EQ(job->min_available(), 5);
+  EXPECT_EQ(GangSchedulerOf(job->scheduler_name()), GangScheduler::kSchedulerPlugins);
+  EXPECT_STREQ(GangSchedulerName(GangScheduler::kSchedulerPlugins), "scheduler-plugins");
+}
+
+TEST(JobSpecTest, SchedulingPolicySchedulerPluginsTimeout) {
+  auto job = ParseTrainingJob(
+      Gang("scheduler-plugins-scheduler", "{scheduleTimeoutSeconds: 120, minAvailable: 5}"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->run_policy.scheduling_policy->schedule_timeout_seconds, 120);
+}
+
+TEST(JobSpecTest, SchedulingPolicyErrorsNameTheField) {
+  EXPECT_EQ(ErrorOf(Gang("volcano", "{minMember: 2}")),
+            "spec.runPolicy.schedulingPolicy.minMember: unknown field (known: minAvailable, "
+            "queue, priorityClass, scheduleTimeoutSeconds)");
+  EXPECT_EQ(ErrorOf(Gang("volcano", "{minAvailable: 6}")),
+            "spec.runPolicy.schedulingPolicy.minAvailable: must be in [1, 5], got 6");
+  EXPECT_EQ(ErrorOf(Gang("volcano", "{minAvailable: 0}")),
+            "spec.runPolicy.schedulingPolicy.minAvailable: must be in [1, 5], got 0");
+  EXPECT_EQ(ErrorOf(Gang("volcano", "{minAvailable: \"3\"}")),
+            "spec.runPolicy.schedulingPolicy.minAvailable: expected an integer, got \"3\"");
+  EXPECT_EQ(ErrorOf(Gang("volcano", "[]")),
+            "spec.runPolicy.schedulingPolicy: expected a mapping, got a list");
+  EXPECT_STARTS_WITH(ErrorOf(Gang("", "{minAvailable: 2}")),
+                     "spec.runPolicy.schedulingPolicy: gang scheduling needs the gang "
+                     "scheduler's name: set schedulerName in a replica's template.spec");
+  EXPECT_STARTS_WITH(ErrorOf(Gang("my-coscheduler", "{queue: research}")),
+                     "spec.runPolicy.schedulingPolicy.queue: only Volcano has queues");
+  EXPECT_EQ(ErrorOf(Gang("volcano", "{queue: Research}")),
+            "spec.runPolicy.schedulingPolicy.queue: must be a DNS-1123 subdomain, got "
+            "\"Research\"");
+  EXPECT_EQ(ErrorOf(Gang("volcano", "{priorityClass: -x}")),
+            "spec.runPolicy.schedulingPolicy.priorityClass: must be a DNS-1123 subdomain, got "
+            "\"-x\"");
+  EXPECT_STARTS_WITH(ErrorOf(Gang("volcano", "{scheduleTimeoutSeconds: 60}")),
+                     "spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds: only "
+                     "scheduler-plugins' PodGroup has it");
+  EXPECT_EQ(ErrorOf(Gang("sp", "{scheduleTimeoutSeconds: 0}")),
+            "spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds: must be >= 1, got 0");
+  std::string two = Gang("volcano", "{}");
+  two.replace(two.find("    PS:\n"), 8,
+              "    PS:\n      template: {spec: {schedulerName: other}}\n");
+  EXPECT_EQ(ErrorOf(two),
+            "spec.replicaSpecs.Worker.template.spec.schedulerName: must be the same in every "
+            "replica with spec.runPolicy.schedulingPolicy (one gang scheduler places all tasks), "
+            "got \"volcano\" and \"other\" in spec.replicaSpecs.PS.template.spec.schedulerName");
+  EXPECT_EQ(ErrorOf(Gang("[a]", "{}")),
+            "spec.replicaSpecs.Worker.template.spec.schedulerName: expected a string, got a list");
+}
+
+TEST(JobSpecTest, SchedulerNameWithoutSchedulingPolicyIsJustPassedOn) {
+  auto job = ParseTrainingJob(Replace("        spec:\n          containers:",
+                                      "        spec:\n          schedulerName: my-scheduler\n"
+                                      "          priorityClassName: low\n          containers:"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(job->run_policy.scheduling_policy.has_value());
+  EXPECT_EQ(job->scheduler_name(), "my-scheduler");
+  EXPECT_EQ(job->replica_specs.at("Worker").priority_class_name, "low");
 }
 
 }  // namespace

@@ -553,6 +553,25 @@ absl::StatusOr<TrainingSet> OpenTabularTrainingSet(const TabularSpec& spec) {
   return set;
 }
 
+absl::StatusOr<int64_t> CheckTabularFile(const TabularSpec& spec, const std::string& file,
+                                         int64_t limit) {
+  // Any figures do: only the parse is checked.
+  const size_t ncols = spec.columns.size();
+  TabularSource source(spec, {file}, std::vector<float>(ncols, 0.0f),
+                       std::vector<float>(ncols, 1.0f));
+  auto reader = source.Open();
+  if (!reader.ok()) return reader.status();
+  Record r;
+  int64_t n = 0;
+  while (n < limit) {
+    auto more = (*reader)->Next(&r);
+    if (!more.ok()) return more.status();
+    if (!*more) break;
+    ++n;
+  }
+  return n;
+}
+
 absl::StatusOr<Dataset> LoadTabular(const TabularSpec& spec,
                                     const std::vector<std::string>& patterns, const Dataset* norm) {
   auto files = ExpandFiles(patterns);

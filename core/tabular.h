@@ -65,6 +65,9 @@ struct ColumnSpec {
 
 struct TabularSpec {
   std::vector<std::string> train_files, test_files;  // paths or glob patterns
+  // The spec.training.dataset keys they were given as, for messages: "path"
+  // or "trainFiles", "testPath" or "testFiles".
+  std::string train_files_key = "trainFiles", test_files_key = "testFiles";
   bool header = false;
   char delimiter = ',';
   std::string comment_prefix;
@@ -102,6 +105,15 @@ absl::StatusOr<Dataset> LoadCsv(const TabularSpec& spec, const std::vector<std::
 // under onBadRecord: fail the first bad record is the error, file:line),
 // and a source that streams them again for every pass.
 absl::StatusOr<TrainingSet> OpenTabularTrainingSet(const TabularSpec& spec);
+
+// Reads `file` (one file, not a pattern) from its start as a pass of the
+// tasks would (the schema, onBadRecord) until `limit` records have loaded
+// or it ends; returns how many loaded. Records are checked, not kept (no
+// normalisation). Errors name the file (missing, unreadable, corrupt gzip)
+// or file:line (a bad record): the pre-flight check of `kubetrain validate`
+// and `kubetrain run` (CheckDatasetFiles, core/task_config.h).
+absl::StatusOr<int64_t> CheckTabularFile(const TabularSpec& spec, const std::string& file,
+                                         int64_t limit);
 
 // The records of the files in memory (test sets, eval): LoadCsv, or for
 // spec.libsvm the libsvm reader (no normalisation).

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "core/testing/temp_files.h"
 #include "gtest/gtest.h"
 
@@ -194,6 +195,33 @@ TEST(TabularTest, HashBucketsAndRegressionTargets) {
     EXPECT_EQ(sum, 1.0f);
   }
   for (int k = 0; k < 8; ++k) EXPECT_EQ(d->images[k], d->images[16 + k]);
+}
+
+TEST(TabularTest, CheckTabularFileReadsOnlyTheFirstRecords) {
+  const std::string dir = NewTestDir("tabular-check");
+  TabularSpec spec = Adult();
+  const std::string path = Write(dir, "a.csv",
+                                 "| a comment\n"
+                                 "39, State-gov, 77516, <=50K\n"
+                                 "50, Private, 83311, >50K\n"
+                                 "x, Private, 1, >50K\n");
+  // Two records load before the bad one on line 4.
+  EXPECT_EQ(*CheckTabularFile(spec, path, 2), 2);
+  EXPECT_EQ(CheckTabularFile(spec, path, 3).status().message(),
+            path + ":4: column 'age': expected a number, got \"x\"");
+  spec.skip_bad_records = true;
+  EXPECT_EQ(*CheckTabularFile(spec, path, 100), 2);  // passed over; the file ends
+  EXPECT_EQ(CheckTabularFile(spec, dir + "/none.csv", 100).status().code(),
+            absl::StatusCode::kNotFound);
+  // libsvm: an index beyond numFeatures, with gzip.
+  TabularSpec svm;
+  svm.libsvm = true;
+  svm.num_features = 3;
+  const std::string gz = WriteGzip(dir, "s.svm.gz", "+1 1:0.5 3:1\n-1 4:1\n");
+  EXPECT_EQ(*CheckTabularFile(svm, gz, 1), 1);
+  auto bad = CheckTabularFile(svm, gz, 2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StartsWith(bad.status().message(), gz + ":2: ")) << bad.status();
 }
 
 }  // namespace

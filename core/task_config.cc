@@ -51,8 +51,9 @@ absl::StatusOr<int64_t> TrainExamples(const TrainingSpec& training) {
     // Records that load (bad ones skipped under onBadRecord: skip).
     auto data = OpenTrainingSet(training);
     if (!data.ok()) {
-      return absl::Status(data.status().code(), absl::StrCat("spec.training.dataset.trainFiles: ",
-                                                             data.status().message()));
+      return absl::Status(data.status().code(),
+                          absl::StrCat("spec.training.dataset.", training.tabular.train_files_key,
+                                       ": ", data.status().message()));
     }
     return data->size;
   }
@@ -62,6 +63,70 @@ absl::StatusOr<int64_t> TrainExamples(const TrainingSpec& training) {
                         absl::StrCat("spec.training.dataset.path: ", count.status().message()));
   }
   return *count;
+}
+
+namespace {
+
+absl::Status InField(const std::string& field, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat("spec.training.dataset.", field, ": ", s.message()));
+}
+
+// The first `records` records of the IDX training or test set.
+absl::Status CheckIdxSet(const std::string& dir, bool train, int64_t records) {
+  auto source = OpenIdxSource(dir, train);
+  if (!source.ok()) return source.status();
+  auto reader = (*source)->Open();
+  if (!reader.ok()) return reader.status();
+  Record r;
+  for (int64_t n = 0; n < records; ++n) {
+    auto more = (*reader)->Next(&r);
+    if (!more.ok()) return more.status();
+    if (!*more) break;
+  }
+  return absl::OkStatus();
+}
+
+// Each pattern of one file list (`key`: the field it was given as), each
+// file's first `records` records.
+absl::Status CheckTabularSet(const TabularSpec& spec, const std::vector<std::string>& patterns,
+                             const std::string& key, int64_t records) {
+  int64_t loaded = 0;
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    const std::string field =
+        key == "trainFiles" || key == "testFiles" ? absl::StrCat(key, "[", i, "]") : key;
+    auto files = ExpandFiles({patterns[i]});
+    if (!files.ok()) return InField(field, files.status());
+    for (const std::string& file : *files) {
+      auto n = CheckTabularFile(spec, file, records);
+      if (!n.ok()) return InField(field, n.status());
+      loaded += *n;
+    }
+  }
+  if (loaded == 0) {
+    return InField(key,
+                   absl::InvalidArgumentError(absl::StrCat(
+                       absl::StrJoin(patterns, ", "), ": no records",
+                       spec.skip_bad_records ? " (onBadRecord: skip passed over every one)" : "")));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckDatasetFiles(const TrainingSpec& training, int64_t records) {
+  if (training.dataset_format == "idx") {
+    for (bool train : {true, false}) {
+      if (absl::Status s = CheckIdxSet(training.dataset_path, train, records); !s.ok()) {
+        return InField("path", s);
+      }
+    }
+    return absl::OkStatus();
+  }
+  const TabularSpec& t = training.tabular;
+  if (absl::Status s = CheckTabularSet(t, t.train_files, t.train_files_key, records); !s.ok()) {
+    return s;
+  }
+  return CheckTabularSet(t, t.test_files, t.test_files_key, records);
 }
 
 absl::StatusOr<int64_t> JobTargetSteps(const TrainingJob& job) {

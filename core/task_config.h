@@ -73,6 +73,21 @@ absl::StatusOr<TrainingSet> OpenTrainingSet(const TrainingSpec& training);
 absl::StatusOr<Dataset> LoadTestSet(const TrainingSpec& training,
                                     const TrainingSet* train_set = nullptr);
 
+// How many records of each data file CheckDatasetFiles reads.
+inline constexpr int64_t kDataCheckRecords = 100;
+
+// What can be checked of the job's data before any task starts (`kubetrain
+// validate`, `kubetrain run`'s pre-flight): the training and test files
+// exist and are readable, and the first `records` records of each parse
+// against spec.training.dataset as the tasks will read them: IDX image and
+// label headers (magic, sizes, counts) and labels; csv fields per the
+// column schema (count, numbers, classes, quotes); libsvm labels and feature
+// indices in range. Under onBadRecord: skip bad records are passed over (a
+// set with none that load is the error). Errors name the field and the file
+// or file:line: "spec.training.dataset.testPath: adult.test:17: column 'age':
+// expected a number, got \"x\"".
+absl::Status CheckDatasetFiles(const TrainingSpec& training, int64_t records = kDataCheckRecords);
+
 // The global steps `job` trains: `steps`, or its epochs converted with the
 // dataset's real size (TrainExamples). Reads the data only for epochs, and
 // only then can it fail.

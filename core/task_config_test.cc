@@ -2,10 +2,13 @@
 #include "core/task_config.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/job_spec.h"
 #include "core/testing/temp_files.h"
 
 namespace kubetrain {
@@ -159,6 +162,158 @@ TEST(TaskConfigTest, TheFingerprintCoversWhatEveryTaskMustAgreeOn) {
                           steps->fingerprint + ": different specs";
   EXPECT_EQ(FingerprintsIn(msg), (std::vector<std::string>{a->fingerprint, steps->fingerprint}));
   EXPECT_EQ(DescribeFingerprintDifference("abc", a->fingerprint), "");
+}
+
+// A csv or libsvm job over files in `dir`: `dataset` is the rest of the
+// dataset section (files, schema).
+TrainingSpec TabularJob(const std::string& dir, const std::string& dataset) {
+  const std::string path = dir + "/tab.yaml";
+  WriteFile(path,
+            "apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: {name: t}\n"
+            "spec:\n  replicaSpecs: {PS: {replicas: 1}, Worker: {replicas: 1}}\n"
+            "  training:\n    batchSize: 10\n    steps: 5\n"
+            "    model: {layers: [{type: dense, units: 1}], head: sigmoid}\n"
+            "    dataset:\n" +
+                dataset);
+  auto job = LoadTrainingJobFile(path);
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? job->training : TrainingSpec{};
+}
+
+std::string CsvDataset(const std::string& train, const std::string& test,
+                       const std::string& more = "") {
+  return "      format: csv\n      " + train + "\n      " + test + "\n" + more +
+         "      columns:\n"
+         "        - {name: age, type: numeric}\n"
+         "        - {name: income, type: label, classes: {'<=50K': 0, '>50K': 1}}\n";
+}
+
+std::string Rows(int n) {
+  std::string rows;
+  for (int i = 0; i < n; ++i)
+    rows += absl::StrCat(20 + i % 50, ",", i % 2 ? ">50K" : "<=50K", "\n");
+  return rows;
+}
+
+TEST(CheckDatasetFilesTest, CsvRecordsAreCheckedAgainstTheSchemaNamingFieldAndLine) {
+  const std::string dir = NewTestDir("datacheck");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  WriteFile(dir + "/train.csv", Rows(300));
+  WriteFile(dir + "/test.csv", Rows(2) + "x,>50K\n" + Rows(5));
+  TrainingSpec t =
+      TabularJob(dir, CsvDataset("path: " + dir + "/train.csv", "testPath: " + dir + "/test.csv"));
+  absl::Status s = CheckDatasetFiles(t);
+  EXPECT_EQ(s.message(), "spec.training.dataset.testPath: " + dir +
+                             "/test.csv:3: column 'age': expected a number, got \"x\"");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  // A label outside its classes, and a wrong field count, in the training file.
+  WriteFile(dir + "/test.csv", Rows(5));
+  WriteFile(dir + "/train.csv", Rows(3) + "30,rich\n");
+  EXPECT_EQ(CheckDatasetFiles(t).message(),
+            "spec.training.dataset.path: " + dir +
+                "/train.csv:4: column 'income': label \"rich\" is not one of the classes");
+  WriteFile(dir + "/train.csv", "30\n");
+  EXPECT_EQ(CheckDatasetFiles(t).message(), "spec.training.dataset.path: " + dir +
+                                                "/train.csv:1: expected 2 fields (one per "
+                                                "column), got 1");
+}
+
+TEST(CheckDatasetFilesTest, OnlyTheFirstRecordsAreRead) {
+  const std::string dir = NewTestDir("datacheck");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  WriteFile(dir + "/train.csv", Rows(kDataCheckRecords) + "x,>50K\n");
+  WriteFile(dir + "/test.csv", Rows(3));
+  TrainingSpec t =
+      TabularJob(dir, CsvDataset("path: " + dir + "/train.csv", "testPath: " + dir + "/test.csv"));
+  EXPECT_TRUE(CheckDatasetFiles(t).ok()) << CheckDatasetFiles(t);
+  EXPECT_EQ(CheckDatasetFiles(t, kDataCheckRecords + 1).message(),
+            absl::StrCat("spec.training.dataset.path: ", dir, "/train.csv:", kDataCheckRecords + 1,
+                         ": column 'age': expected a number, got \"x\""));
+}
+
+TEST(CheckDatasetFilesTest, MissingFilesNameTheFieldAndTheListEntry) {
+  const std::string dir = NewTestDir("datacheck");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  WriteFile(dir + "/a.csv", Rows(3));
+  WriteFile(dir + "/b.csv.gz", "not gzip at all, and not csv either\n");
+  TrainingSpec t =
+      TabularJob(dir, CsvDataset("path: " + dir + "/a.csv", "testPath: " + dir + "/absent.csv"));
+  absl::Status s = CheckDatasetFiles(t);
+  EXPECT_EQ(s.message(), "spec.training.dataset.testPath: " + dir + "/absent.csv: no such file");
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  t = TabularJob(dir, CsvDataset("trainFiles: [" + dir + "/a.csv, " + dir + "/none-*.csv]",
+                                 "testFiles: [" + dir + "/a.csv]"));
+  EXPECT_EQ(CheckDatasetFiles(t).message(),
+            "spec.training.dataset.trainFiles[1]: " + dir + "/none-*.csv: no such file");
+  // A directory where a file should be.
+  ASSERT_EQ(::mkdir((dir + "/d.csv").c_str(), 0755), 0);
+  t = TabularJob(dir, CsvDataset("path: " + dir + "/a.csv", "testFiles: [" + dir + "/d.csv]"));
+  s = CheckDatasetFiles(t);
+  EXPECT_TRUE(
+      absl::StartsWith(s.message(), "spec.training.dataset.testFiles[0]: " + dir + "/d.csv: "))
+      << s;
+  EXPECT_FALSE(s.ok());
+}
+
+TEST(CheckDatasetFilesTest, SkippedRecordsPassButASetWithNoneThatLoadFails) {
+  const std::string dir = NewTestDir("datacheck");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  WriteFile(dir + "/train.csv", "x,>50K\n" + Rows(3));
+  WriteFile(dir + "/test.csv", "x,>50K\ny,<=50K\n");
+  TrainingSpec t =
+      TabularJob(dir, CsvDataset("path: " + dir + "/train.csv", "testPath: " + dir + "/test.csv",
+                                 "      onBadRecord: skip\n"));
+  EXPECT_EQ(CheckDatasetFiles(t).message(),
+            "spec.training.dataset.testPath: " + dir +
+                "/test.csv: no records (onBadRecord: skip passed over every one)");
+  WriteFile(dir + "/test.csv", "x,>50K\n" + Rows(1));
+  EXPECT_TRUE(CheckDatasetFiles(t).ok()) << CheckDatasetFiles(t);
+}
+
+TEST(CheckDatasetFilesTest, LibsvmIndicesMustBeInRange) {
+  const std::string dir = NewTestDir("datacheck");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  WriteFile(dir + "/train.svm", "+1 1:0.5 4:1\n-1 2:1\n");
+  WriteFile(dir + "/test.svm", "+1 1:1\n-1 5:1\n");
+  TrainingSpec t = TabularJob(dir, "      format: libsvm\n      trainFiles: [" + dir +
+                                       "/train.svm]\n      testFiles: [" + dir +
+                                       "/test.svm]\n      numFeatures: 4\n");
+  absl::Status s = CheckDatasetFiles(t);
+  EXPECT_TRUE(
+      absl::StartsWith(s.message(), "spec.training.dataset.testFiles[0]: " + dir + "/test.svm:2: "))
+      << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "5")) << s;
+  WriteFile(dir + "/test.svm", "+1 1:1\n-1 4:1\n");
+  EXPECT_TRUE(CheckDatasetFiles(t).ok()) << CheckDatasetFiles(t);
+}
+
+TEST(CheckDatasetFilesTest, IdxHeadersAndBothSetsAreChecked) {
+  const std::string dir = NewTestDir("datacheck");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  const std::string data = dir + "/data";
+  WriteLabelHeader(data, 1000);  // the training labels only
+  TrainingSpec t;
+  t.dataset_path = data;
+  absl::Status s = CheckDatasetFiles(t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StartsWith(s.message(), "spec.training.dataset.path: " + data +
+                                                "/train-images-idx3-ubyte.gz: cannot open"))
+      << s;
+  // The training set alone: the test set is named.
+  const std::string real = "/usr/share/datasets/fashion-mnist";
+  const std::string half = dir + "/half";
+  ASSERT_EQ(::mkdir(half.c_str(), 0755), 0);
+  for (const char* name : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"}) {
+    ASSERT_EQ(::symlink((real + "/" + name).c_str(), (half + "/" + name).c_str()), 0);
+  }
+  t.dataset_path = half;
+  s = CheckDatasetFiles(t);
+  EXPECT_TRUE(absl::StartsWith(s.message(), "spec.training.dataset.path: " + half +
+                                                "/t10k-images-idx3-ubyte.gz: cannot open"))
+      << s;
+  // The real data: every header and the first records of both sets.
+  t.dataset_path = real;
+  EXPECT_TRUE(CheckDatasetFiles(t).ok()) << CheckDatasetFiles(t);
 }
 
 }  // namespace

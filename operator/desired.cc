@@ -46,6 +46,7 @@ Actions Desired(const JobObject& job, const Observed& observed, const OperatorCo
     switch (decision.outcome) {
       case JobOutcome::kRunning:
         ApplyRunning(job, *spec, decision, observed, config, &a);
+        GangSchedule(job, *spec, observed, config, &a);
         break;
       case JobOutcome::kSucceeded:
         WriteReplicaStatuses(decision, {}, &a);

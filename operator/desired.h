@@ -11,7 +11,7 @@
 // (desired_objects.cc), per-replica judgement (desired_replicas.cc), deadline
 // (desired_deadline.cc), success (desired_success.cc), progress and result
 // (desired_report.cc), suspend/resume (desired_suspend.cc), finish and
-// cleanup (desired_finish.cc).
+// cleanup (desired_finish.cc), gang scheduling (desired_gang.cc).
 //
 // Objects per replica (type t in ps/worker/chief/evaluator, index i; names
 // and labels in operator/labels.h):
@@ -23,9 +23,19 @@
 //           a container in its template it runs the kubetrain runtime:
 //           kubetrain-ps for ps, kubetrain-worker for worker/chief/evaluator;
 //           the chief task (TrainingJob::IsChiefTask) writes its result to
-//           /dev/termination-log.
+//           /dev/termination-log, and every task its fatal error's reason
+//           ($KUBETRAIN_TERMINATION_LOG). The training container gets
+//           terminationMessagePolicy FallbackToLogsOnError unless its
+//           template sets one; the Restarting and Failed conditions quote
+//           its last termination (DescribeTermination).
 // Plus one ConfigMap {job}-config holding the job (trainingjob.yaml), mounted
 // into kubetrain runtime containers.
+// Gang scheduling (runPolicy.schedulingPolicy, desired_gang.cc): one PodGroup
+// {job} for the scheduler the templates name, created before any pod (pods
+// wait while it cannot be created), and every pod names it: label
+// scheduling.x-k8s.io/pod-group (scheduler-plugins) or annotation
+// scheduling.k8s.io/group-name (Volcano); pods whose template names no
+// schedulerName / priorityClassName get the job's.
 #ifndef KUBETRAIN_OPERATOR_DESIRED_H_
 #define KUBETRAIN_OPERATOR_DESIRED_H_
 
@@ -62,6 +72,9 @@ struct OperatorConfig {
   // lost pods); the kubelet backs off OnFailure/Always containers it restarts
   // in place itself, with the same values.
   RestartBackoff restart_backoff = kKubeletBackoff;
+  // Gang scheduling: while a job's PodGroup cannot be created (its CRD is
+  // not installed, RBAC, ...), how often to try again.
+  absl::Duration pod_group_retry = absl::Seconds(30);
 };
 
 // The TrainingJob object as read from the API server.
@@ -86,7 +99,25 @@ struct ObservedPod {
   absl::Time finished = absl::InfinitePast();  // and when it ended
   int restart_count = 0;                       // container restarts done in place by the kubelet
   bool deleting = false;
+  // Why its training container last ended: state.terminated, else
+  // lastState.terminated (the run before an in-place restart). `message` is
+  // the termination message: the task's one-line fatal reason
+  // (--termination_log), or with terminationMessagePolicy
+  // FallbackToLogsOnError the tail of its log.
+  struct Termination {
+    int exit_code = 0;
+    std::string reason;  // the kubelet's: Error, OOMKilled, Completed, ...
+    std::string message;
+  };
+  std::optional<Termination> last_termination;
+  std::string waiting_reason;  // state.waiting.reason, e.g. CrashLoopBackOff
 };
+
+// "worker-0 exited 2: spec.training.dataset.path: ...": the task (pod
+// `type`-`index`), its last exit code and the last line of its termination
+// message (else the kubelet's reason: "exited 137 (OOMKilled)"), cut at 512
+// bytes; "" if it has not terminated.
+std::string DescribeTermination(const ObservedPod& pod);
 
 struct Observed {
   absl::Time now;
@@ -99,6 +130,13 @@ struct Observed {
   // (400/422, e.g. a template container without an image): its message.
   // Retrying cannot help, so the job fails with reason CreateRejected.
   std::string create_rejected;
+  // Gang scheduling: whether the job's PodGroup is known to exist (this
+  // operator created it or found it), and why it cannot be created now
+  // (reason is status.h's PodGroupAPIMissing or PodGroupRejected; "" = no
+  // known obstacle).
+  bool pod_group_exists = false;
+  std::string pod_group_blocked_reason;
+  std::string pod_group_blocked;
 };
 
 struct JobEvent {
@@ -108,6 +146,8 @@ struct JobEvent {
 };
 
 struct Actions {
+  // Created before the pods; pods are created only once it exists.
+  std::optional<nlohmann::json> create_pod_group;
   std::optional<nlohmann::json> create_config_map;
   std::vector<nlohmann::json> create_services;
   std::vector<nlohmann::json> create_pods;
@@ -138,6 +178,14 @@ nlohmann::json BuildService(const JobObject& job, const std::string& type, int i
 nlohmann::json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& spec_key,
                         int index, const OperatorConfig& config);
 nlohmann::json BuildConfigMap(const JobObject& job);
+// The PodGroup's apiVersion for `scheduler`: "scheduling.x-k8s.io/v1alpha1"
+// (scheduler-plugins) or "scheduling.volcano.sh/v1beta1" (Volcano).
+const char* PodGroupApiVersion(GangScheduler scheduler);
+// The job's PodGroup {job}, owned by it. scheduler-plugins: spec.minMember
+// (minAvailable, else every task) and scheduleTimeoutSeconds; Volcano:
+// spec.minMember, queue and priorityClassName. REQUIRES:
+// spec.run_policy.scheduling_policy (validation guarantees a scheduler name).
+nlohmann::json BuildPodGroup(const JobObject& job, const TrainingJob& spec);
 
 }  // namespace kubetrain
 

@@ -33,6 +33,23 @@ void AfterFinish(const TrainingJob& spec, const Observed& observed, const Operat
 void Suspend(const JobObject& job, const Observed& observed, Actions* a);
 void ResumeIfSuspended(const JobObject& job, absl::Time now, Actions* a);
 
+// desired_gang.cc: runPolicy.schedulingPolicy. Queues the PodGroup while it
+// is not known to exist; while it cannot be created, holds back the pods
+// queued so far (PodGroupFailing, a Warning, a retry after
+// config.pod_group_retry).
+void GangSchedule(const JobObject& job, const TrainingJob& spec, const Observed& observed,
+                  const OperatorConfig& config, Actions* a);
+// What a pod of replica type `type` (lower-case) needs for gang scheduling:
+// the PodGroup label or annotations, and the job's schedulerName and
+// priorityClass where its template names none. No-op without a
+// schedulingPolicy.
+void DecorateGangPod(const JobObject& job, const TrainingJob& spec, const std::string& type,
+                     nlohmann::json* labels, nlohmann::json* annotations, nlohmann::json* pod_spec);
+
+// desired_objects.cc: the job as controller of an object (garbage-collected
+// with it; how the operator tells its own objects from others of the same name).
+nlohmann::json OwnerReferences(const JobObject& job);
+
 // desired_deadline.cc: activeDeadlineSeconds counts from status.startTime
 // (set on the first reconcile and again on resume).
 absl::Time StartTime(absl::Time now, Actions* a);

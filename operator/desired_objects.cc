@@ -4,7 +4,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/log.h"
 #include "operator/desired.h"
+#include "operator/desired_internal.h"
 
 namespace kubetrain {
 namespace {
@@ -21,17 +23,6 @@ json RawReplicaSpec(const json& object, const std::string& key) {
   return json::object();
 }
 
-// The job as controller of an object: garbage-collected with it, and how the
-// operator tells its own objects from others of the same name.
-json OwnerReferences(const JobObject& job) {
-  return json::array({{{"apiVersion", "kubetrain.io/v1"},
-                       {"kind", "TrainingJob"},
-                       {"name", job.name},
-                       {"uid", job.uid},
-                       {"controller", true},
-                       {"blockOwnerDeletion", true}}});
-}
-
 json TaskLabels(const std::string& job, const std::string& type, int index) {
   return {
       {kJobNameLabel, job}, {kReplicaTypeLabel, type}, {kReplicaIndexLabel, std::to_string(index)}};
@@ -46,12 +37,19 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
                            absl::StrCat("--metrics_address=$(POD_IP):", config.metrics_port)});
   if (ps) args.push_back("--bind_host=$(POD_IP)");
   // The chief reports its result through the termination message.
-  if (spec.IsChiefTask(type, index)) args.push_back("--result_file=/dev/termination-log");
+  if (spec.IsChiefTask(type, index)) {
+    args.push_back(absl::StrCat("--result_file=", kTerminationLogPath));
+  }
   return {{"name", "kubetrain"},
           {"image", config.runtime_image},
           {"imagePullPolicy", config.image_pull_policy},
           {"command", json::array({ps ? "kubetrain-ps" : "kubetrain-worker"})},
           {"args", args},
+          // A fatal error's reason becomes the termination message (the
+          // Restarting and Failed conditions quote it). An environment
+          // variable, not a flag: a runtime image older than the operator
+          // ignores it instead of refusing to start.
+          {"env", json::array({{{"name", kTerminationLogEnv}, {"value", kTerminationLogPath}}})},
           {"ports", json::array({{{"name", "kubetrain"}, {"containerPort", config.port}},
                                  {{"name", "metrics"}, {"containerPort", config.metrics_port}}})},
           {"volumeMounts", json::array({{{"name", "kubetrain-config"},
@@ -59,7 +57,46 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
                                          {"readOnly", true}}})}};
 }
 
+bool IsRuntimeContainerJson(const json& c) {
+  return c.is_object() && IsRuntimeContainer(c.value("name", ""), c.contains("command"));
+}
+
+// The runtime container with the user's `kubetrain` container laid over it:
+// the user's fields win, except that the operator's flags come first (the
+// user's args follow them), its ports and job-file mount are kept beside the
+// user's, and an image left out is the operator's runtime image.
+json CustomisedRuntimeContainer(const json& runtime, const json& user) {
+  json c = user;
+  c["command"] = runtime["command"];
+  json args = runtime["args"];
+  for (const json& a : user.value("args", json::array())) args.push_back(a);
+  c["args"] = args;
+  if (c.value("image", "").empty()) {
+    c["image"] = runtime["image"];
+    c["imagePullPolicy"] = runtime["imagePullPolicy"];
+  }
+  for (const char* list : {"ports", "volumeMounts"}) {
+    json merged = runtime[list];
+    for (const json& e : user.value(list, json::array())) merged.push_back(e);
+    c[list] = merged;
+  }
+  return c;
+}
+
 }  // namespace
+
+namespace desired_internal {
+json OwnerReferences(const JobObject& job) {
+  return json::array({{{"apiVersion", "kubetrain.io/v1"},
+                       {"kind", "TrainingJob"},
+                       {"name", job.name},
+                       {"uid", job.uid},
+                       {"controller", true},
+                       {"blockOwnerDeletion", true}}});
+}
+}  // namespace desired_internal
+
+using desired_internal::OwnerReferences;
 
 TaskAddress ServiceAddress(const std::string& job, const std::string& ns,
                            const OperatorConfig& config) {
@@ -114,12 +151,18 @@ json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& 
   json labels = tmpl.value("/metadata/labels"_json_pointer, json::object());
   labels.update(TaskLabels(job.name, type, index));
   json annotations = tmpl.value("/metadata/annotations"_json_pointer, json::object());
+  desired_internal::DecorateGangPod(job, spec, type, &labels, &annotations, &pod_spec);
 
   const std::string tf_config = SerializeTfConfig(
       BuildTfConfig(spec, ServiceAddress(job.name, job.namespace_, config), {type, index}));
   json& containers = pod_spec["containers"];
   if (!containers.is_array() || containers.empty()) {
     containers = json::array({RuntimeContainer(spec, type, index, config)});
+  } else if (auto it = std::find_if(containers.begin(), containers.end(), IsRuntimeContainerJson);
+             it != containers.end()) {
+    *it = CustomisedRuntimeContainer(RuntimeContainer(spec, type, index, config), *it);
+  }
+  if (!replica.own_containers) {
     json& volumes = pod_spec["volumes"];
     if (!volumes.is_array()) volumes = json::array();
     volumes.push_back(
@@ -145,6 +188,11 @@ json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& 
   env.insert(env.begin(), json{{"name", "POD_IP"},
                                {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}});
   env.push_back({{"name", "TF_CONFIG"}, {"value", tf_config}});
+  // A task that dies without writing its termination message (a crash, a
+  // user's program) still says why: the tail of its log.
+  if (!containers[target].contains("terminationMessagePolicy")) {
+    containers[target]["terminationMessagePolicy"] = "FallbackToLogsOnError";
+  }
   // OnFailure/Always: the kubelet restarts in place. Never/ExitCode: the
   // operator decides, from the exit code, whether to recreate the pod.
   pod_spec["restartPolicy"] = replica.restart_policy == RestartPolicy::kOnFailure ||

@@ -4,16 +4,85 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "operator/desired_internal.h"
 #include "operator/status.h"
 
 namespace kubetrain {
+
+namespace {
+
+constexpr size_t kMaxReason = 512;
+
+// What a termination says: the last line of its message (the task's one-line
+// reason, or the last log line under FallbackToLogsOnError), else the
+// kubelet's reason; cut at kMaxReason bytes.
+std::string TerminationWhy(const ObservedPod::Termination& t) {
+  std::string why;
+  for (absl::string_view line : absl::StrSplit(t.message, absl::ByAnyChar("\r\n"))) {
+    line = absl::StripAsciiWhitespace(line);
+    if (!line.empty()) why = std::string(line);
+  }
+  if (why.size() > kMaxReason) why = absl::StrCat(why.substr(0, kMaxReason), "...");
+  return why;
+}
+
+// "worker-0 exited 2 (detail): why", "worker-0 exited 137 (OOMKilled; detail)".
+std::string Describe(const ObservedPod& pod, const std::string& detail) {
+  if (!pod.last_termination) return "";
+  const ObservedPod::Termination& t = *pod.last_termination;
+  const std::string why = TerminationWhy(t);
+  std::vector<std::string> notes;
+  if (why.empty() && !t.reason.empty()) notes.push_back(t.reason);
+  if (!detail.empty()) notes.push_back(detail);
+  std::string s = absl::StrCat(pod.type, "-", pod.index, " exited ", t.exit_code);
+  if (!notes.empty()) absl::StrAppend(&s, " (", absl::StrJoin(notes, "; "), ")");
+  if (!why.empty()) absl::StrAppend(&s, ": ", why);
+  return s;
+}
+
+const ObservedPod* PodOf(const Observed& observed, const std::string& name) {
+  for (const ObservedPod& p : observed.pods) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string DescribeTermination(const ObservedPod& pod) { return Describe(pod, ""); }
+
 namespace desired_internal {
 
 using nlohmann::json;
 
 namespace {
+
+// Why each restarting task stopped, "; "-joined: the lifecycle's restarts
+// (pods the operator recreates, now or after their backoff) and the
+// containers the kubelet holds in CrashLoopBackOff (restarted in place).
+std::string RestartReasons(const JobObject& job, const LifecycleDecision& decision,
+                           const Observed& observed, bool* crash_looping) {
+  std::vector<std::string> why;
+  for (const Restart& r : decision.restarts) {
+    const ObservedPod* pod = PodOf(observed, ReplicaName(job.name, r.task.type, r.task.index));
+    std::string d = pod ? DescribeTermination(*pod) : "";
+    why.push_back(d.empty() ? absl::StrCat(r.task.name(), " exited ", r.exit_code) : d);
+  }
+  *crash_looping = false;
+  for (const ObservedPod& p : observed.pods) {
+    if (p.deleting || p.waiting_reason != "CrashLoopBackOff") continue;
+    *crash_looping = true;
+    const std::string detail = absl::StrCat("CrashLoopBackOff, ", p.restart_count,
+                                            p.restart_count == 1 ? " restart" : " restarts");
+    std::string d = Describe(p, detail);
+    why.push_back(d.empty() ? absl::StrCat(p.type, "-", p.index, " is in ", detail) : d);
+  }
+  return absl::StrJoin(why, "; ");
+}
 
 // The lifecycle's view of a pod. A deleted pod is being replaced: pending.
 TaskState FromPod(const ObservedPod& pod, TaskState t) {
@@ -96,21 +165,33 @@ void ApplyRunning(const JobObject& job, const TrainingJob& spec, const Lifecycle
     a->delete_pods.push_back(pod);
     history[r.task.name()] = {{"restarts", r.restarts},
                               {"consecutiveFailures", r.consecutive_failures}};
+    const ObservedPod* observed_pod = PodOf(observed, pod);
+    const std::string why = observed_pod && observed_pod->last_termination
+                                ? TerminationWhy(*observed_pod->last_termination)
+                                : "";
     a->events.push_back(
         {"Warning", reason::kRestarting,
          absl::StrCat("Pod ", pod, " exited with code ", r.exit_code,
-                      "; recreating it (restartPolicy ", RestartPolicyName(r.policy), ")")});
+                      "; recreating it (restartPolicy ", RestartPolicyName(r.policy), ")",
+                      why.empty() ? "" : ": ", why)});
   }
   if (history.empty()) a->status.erase("taskRestarts");
   WriteReplicaStatuses(decision, due, a);
 
   bool running = false;
   for (const auto& [key, c] : decision.replicas) running = running || c.active > 0;
-  if (!decision.restarts.empty()) {
+  bool crash_looping = false;
+  const std::string why = RestartReasons(job, decision, observed, &crash_looping);
+  if (!decision.restarts.empty() || crash_looping) {
     SetCondition(&a->status, condition::kRunning, false, reason::kRestarting,
-                 "a replica is being recreated", now);
+                 decision.restarts.empty() ? "a replica is being restarted in place"
+                                           : "a replica is being recreated",
+                 now);
     SetCondition(&a->status, condition::kRestarting, true, reason::kRestarting,
-                 absl::StrCat("TrainingJob ", job.name, " is restarting a replica."), now);
+                 absl::StrCat("TrainingJob ", job.name, " is restarting a replica: ", why, "."),
+                 now);
+    // The kubelet's backoff ends by itself: look again to see it run.
+    if (crash_looping) a->requeue_after = config.progress_interval;
   } else if (running) {
     SetCondition(&a->status, condition::kRestarting, false, reason::kRunning, "running", now);
     SetCondition(&a->status, condition::kRunning, true, reason::kRunning,
@@ -126,19 +207,25 @@ void ApplyRunning(const JobObject& job, const TrainingJob& spec, const Lifecycle
 void FailForTask(const JobObject& job, const TrainingJob& spec, const Failure& failure,
                  const Observed& observed, Actions* a) {
   const std::string pod = ReplicaName(job.name, failure.task.type, failure.task.index);
+  const ObservedPod* observed_pod = PodOf(observed, pod);
   std::string message, why;
   if (failure.kind == FailureKind::kTaskFailed) {
     why = reason::kFailed;
     message = absl::StrCat("TrainingJob ", job.name, " has failed because ",
                            ReplicaKeyOf(failure.task.type), " replica ", failure.task.index,
                            " (pod ", pod, ") exited with code ", failure.exit_code,
-                           " (restartPolicy ", RestartPolicyName(failure.policy), ").");
+                           " (restartPolicy ", RestartPolicyName(failure.policy), ")");
+    const std::string last = observed_pod && observed_pod->last_termination
+                                 ? TerminationWhy(*observed_pod->last_termination)
+                                 : "";
+    absl::StrAppend(&message, last.empty() ? "" : ": ", last, ".");
   } else {
     why = reason::kBackoffLimitExceeded;
-    message =
-        absl::StrCat("TrainingJob ", job.name, " has failed because it exceeded backoffLimit (",
-                     failure.backoff_limit, " restarts; ", failure.restarts,
-                     " needed, the last for pod ", pod, ").");
+    message = absl::StrCat("TrainingJob ", job.name,
+                           " has failed because it exceeded backoffLimit (", failure.backoff_limit,
+                           " restarts; ", failure.restarts, " needed, the last for pod ", pod, ")");
+    const std::string last = observed_pod ? DescribeTermination(*observed_pod) : "";
+    absl::StrAppend(&message, last.empty() ? "" : ": ", last, ".");
   }
   Finish(condition::kFailed, why, message, observed.pods, spec.run_policy.clean_pod_policy,
          observed.now, a);

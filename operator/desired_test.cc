@@ -163,6 +163,54 @@ TEST(DesiredTest, ClusterDomainAndUserContainersAreRespected) {
   EXPECT_FALSE((*w0)["spec"].contains("volumes"));
 }
 
+// A `kubetrain` container without a command customises the runtime: the data
+// volume is mounted beside the job file, the user's env, resources and extra
+// flags are kept, the operator's image stands in for a missing one.
+TEST(DesiredTest, RuntimeContainerInTheTemplateIsCustomisedNotReplaced) {
+  json j = JobJson();
+  j["spec"]["replicaSpecs"]["Worker"]["template"] = {
+      {"spec",
+       {{"containers",
+         json::array(
+             {{{"name", "kubetrain"},
+               {"args", json::array({"--log_level=debug"})},
+               {"env", json::array({{{"name", "OMP_NUM_THREADS"}, {"value", "1"}}})},
+               {"resources", {{"limits", {{"memory", "2Gi"}}}}},
+               {"volumeMounts",
+                json::array({{{"name", "data"}, {"mountPath", "/data"}, {"readOnly", true}}})}}})},
+        {"volumes", json::array({{{"name", "data"}, {"hostPath", {{"path", "/srv/census"}}}}})}}}};
+  OperatorConfig cfg;
+  cfg.runtime_image = "kubetrain-runtime:1";
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(Job(j), o, cfg);
+  const json* w1 = PodNamed(a, "mnist-worker-1");
+  ASSERT_NE(w1, nullptr);
+  const json& containers = (*w1)["spec"]["containers"];
+  ASSERT_EQ(containers.size(), 1u);
+  const json& c = containers[0];
+  EXPECT_EQ(c["command"], json::array({"kubetrain-worker"}));
+  EXPECT_EQ(c["image"], "kubetrain-runtime:1");
+  EXPECT_EQ(c["args"].back(), "--log_level=debug");
+  EXPECT_EQ(c["args"][0].get<std::string>().rfind("--config=", 0), 0u) << c["args"];
+  EXPECT_EQ(c["resources"]["limits"]["memory"], "2Gi");
+  ASSERT_EQ(c["volumeMounts"].size(), 2u);
+  EXPECT_EQ(c["volumeMounts"][0]["name"], "kubetrain-config");
+  EXPECT_EQ(c["volumeMounts"][1]["mountPath"], "/data");
+  ASSERT_EQ(c["ports"].size(), 2u);
+  std::vector<std::string> env;
+  for (const auto& e : c["env"]) env.push_back(e["name"]);
+  EXPECT_EQ(env, (std::vector<std::string>{"POD_IP", "OMP_NUM_THREADS", "TF_CONFIG"}));
+  const json& volumes = (*w1)["spec"]["volumes"];
+  ASSERT_EQ(volumes.size(), 2u);
+  EXPECT_EQ(volumes[0]["name"], "data");
+  EXPECT_EQ(volumes[1]["configMap"]["name"], "mnist-config");
+  // An image of the user's own is kept.
+  j["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"] = "mine:2";
+  a = Desired(Job(j), o, cfg);
+  EXPECT_EQ((*PodNamed(a, "mnist-worker-1"))["spec"]["containers"][0]["image"], "mine:2");
+}
+
 TEST(DesiredTest, RunningPodsMakeTheJobRunningWithCounts) {
   Observed o = AllPods("Running");
   Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
@@ -511,6 +559,277 @@ TEST(DesiredTest, ConditionTransitionTimesOnlyMoveOnChange) {
   o.now = kT0 + absl::Seconds(100);
   Actions b = Desired(Job(JobJson(), a.status), o, OperatorConfig{});
   EXPECT_EQ(a.status["conditions"], b.status["conditions"]);
+}
+
+std::string ConditionMessage(const json& status, const std::string& type) {
+  for (const auto& c : status["conditions"]) {
+    if (c["type"] == type) return c["message"];
+  }
+  return "";
+}
+
+ObservedPod::Termination Terminated(int code, const std::string& reason,
+                                    const std::string& message) {
+  return ObservedPod::Termination{code, reason, message};
+}
+
+TEST(DesiredTest, TasksWriteTheirReasonAndPodsFallBackToTheirLogs) {
+  json j = JobJson();
+  j["spec"]["replicaSpecs"]["Evaluator"] = {
+      {"replicas", 1},
+      {"template",
+       {{"spec",
+         {{"containers", json::array({{{"name", "tensorflow"},
+                                       {"image", "mine"},
+                                       {"terminationMessagePolicy", "File"}}})}}}}}};
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(Job(j), o, OperatorConfig{});
+  for (const char* name : {"mnist-ps-0", "mnist-ps-1", "mnist-worker-0", "mnist-worker-1"}) {
+    const json& c = (*PodNamed(a, name))["spec"]["containers"][0];
+    EXPECT_EQ(c["terminationMessagePolicy"], "FallbackToLogsOnError") << name;
+    EXPECT_EQ(EnvOf(*PodNamed(a, name), "KUBETRAIN_TERMINATION_LOG"), "/dev/termination-log")
+        << name;
+  }
+  // A user's container keeps the policy it asks for.
+  EXPECT_EQ(
+      (*PodNamed(a, "mnist-evaluator-0"))["spec"]["containers"][0]["terminationMessagePolicy"],
+      "File");
+}
+
+TEST(DesiredTest, DescribeTerminationQuotesTheLastLineOrTheKubeletsReason) {
+  ObservedPod p = Pod("worker", 0, "Running");
+  EXPECT_EQ(DescribeTermination(p), "");
+  p.last_termination =
+      Terminated(2, "Error", "spec.training.dataset.path: /data/x.csv: no such file\n");
+  EXPECT_EQ(DescribeTermination(p),
+            "worker-0 exited 2: spec.training.dataset.path: /data/x.csv: no such file");
+  // FallbackToLogsOnError: the log's tail; its last line says why.
+  p.last_termination = Terminated(134, "Error", "12:00:00.001 starting\r\n12:00:01.002 boom\n\n");
+  EXPECT_EQ(DescribeTermination(p), "worker-0 exited 134: 12:00:01.002 boom");
+  p.last_termination = Terminated(137, "OOMKilled", "");
+  EXPECT_EQ(DescribeTermination(p), "worker-0 exited 137 (OOMKilled)");
+  p.last_termination = Terminated(1, "Error", std::string(2000, 'x'));
+  EXPECT_EQ(DescribeTermination(p), "worker-0 exited 1: " + std::string(512, 'x') + "...");
+}
+
+TEST(DesiredTest, ARecreatedPodsRestartSaysWhichTaskAndWhy) {
+  json job = JobJson("", "ExitCode");
+  Observed o = AllPods("Running");
+  ObservedPod failed = Pod("worker", 1, "Failed", 137);
+  failed.last_termination = Terminated(137, "OOMKilled", "");
+  *Find(o, "mnist-worker-1") = failed;
+  Actions a = Desired(Job(job), o, OperatorConfig{});
+  EXPECT_EQ(Condition(a.status, "Restarting"), "True/TrainingJobRestarting");
+  EXPECT_EQ(ConditionMessage(a.status, "Restarting"),
+            "TrainingJob mnist is restarting a replica: worker-1 exited 137 (OOMKilled).");
+  // It fails again at once, now with a message: the next recreation waits,
+  // and the condition says why meanwhile.
+  failed.last_termination = Terminated(143, "Error", "worker-1: lost ps-0: UNAVAILABLE\n");
+  failed.exit_code = 143;
+  failed.started = kT0 + absl::Seconds(1);
+  failed.finished = kT0 + absl::Seconds(2);
+  *Find(o, "mnist-worker-1") = failed;
+  o.now = kT0 + absl::Seconds(2);
+  Actions b = Desired(Job(job, a.status), o, OperatorConfig{});
+  EXPECT_TRUE(b.delete_pods.empty());
+  EXPECT_EQ(ConditionMessage(b.status, "Restarting"),
+            "TrainingJob mnist is restarting a replica: worker-1 exited 143: worker-1: lost ps-0: "
+            "UNAVAILABLE.");
+  o.now = kT0 + absl::Seconds(12);
+  Actions c = Desired(Job(job, b.status), o, OperatorConfig{});
+  ASSERT_EQ(c.delete_pods, std::vector<std::string>{"mnist-worker-1"});
+  ASSERT_FALSE(c.events.empty());
+  EXPECT_EQ(c.events.back().message,
+            "Pod mnist-worker-1 exited with code 143; recreating it (restartPolicy ExitCode): "
+            "worker-1: lost ps-0: UNAVAILABLE");
+}
+
+TEST(DesiredTest, ACrashLoopingContainerIsRestartingWithItsReason) {
+  json job = JobJson("", "OnFailure");
+  Observed o = AllPods("Running");
+  const json running = Desired(Job(job), o, OperatorConfig{}).status;
+  ObservedPod* w = Find(o, "mnist-worker-0");
+  w->restart_count = 2;
+  w->waiting_reason = "CrashLoopBackOff";
+  w->last_termination =
+      Terminated(2, "Error", "spec.training.dataset.path: /data/x.csv: no such file\n");
+  Actions a = Desired(Job(job, running), o, OperatorConfig{});
+  EXPECT_EQ(Condition(a.status, "Restarting"), "True/TrainingJobRestarting");
+  EXPECT_EQ(Condition(a.status, "Running"), "False/TrainingJobRestarting");
+  EXPECT_EQ(a.status["state"], "Restarting");
+  EXPECT_EQ(ConditionMessage(a.status, "Restarting"),
+            "TrainingJob mnist is restarting a replica: worker-0 exited 2 (CrashLoopBackOff, 2 "
+            "restarts): spec.training.dataset.path: /data/x.csv: no such file.");
+  EXPECT_TRUE(a.delete_pods.empty());  // the kubelet restarts it in place
+  ASSERT_TRUE(a.requeue_after.has_value());
+  // Its next run gets going: running again, the reason stays in lastState only.
+  w->waiting_reason = "";
+  w->restart_count = 3;
+  Actions b = Desired(Job(job, a.status), o, OperatorConfig{});
+  EXPECT_EQ(Condition(b.status, "Restarting"), "False/TrainingJobRunning");
+  EXPECT_EQ(Condition(b.status, "Running"), "True/TrainingJobRunning");
+}
+
+TEST(DesiredTest, TheFailedConditionSaysWhy) {
+  Observed o = AllPods("Running");
+  ObservedPod failed = Pod("worker", 1, "Failed", 2);
+  failed.last_termination =
+      Terminated(2, "Error", "spec.training.dataset.path: /data/x.csv: no such file\n");
+  *Find(o, "mnist-worker-1") = failed;
+  Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
+  EXPECT_EQ(Condition(a.status, "Failed"), "True/TrainingJobFailed");
+  EXPECT_EQ(ConditionMessage(a.status, "Failed"),
+            "TrainingJob mnist has failed because Worker replica 1 (pod mnist-worker-1) exited "
+            "with code 2 (restartPolicy Never): spec.training.dataset.path: /data/x.csv: no such "
+            "file.");
+  // backoffLimit, with in-place restarts: the last one's reason.
+  json onfailure = JobJson("{\"backoffLimit\": 2}", "OnFailure");
+  Observed o2 = AllPods("Running");
+  ObservedPod* w = Find(o2, "mnist-worker-0");
+  w->restart_count = 3;
+  w->waiting_reason = "CrashLoopBackOff";
+  w->last_termination = Terminated(2, "Error", "worker-0: spec.training.model: too big\n");
+  Actions b = Desired(Job(onfailure), o2, OperatorConfig{});
+  EXPECT_EQ(Condition(b.status, "Failed"), "True/BackoffLimitExceeded");
+  EXPECT_TRUE(absl::EndsWith(ConditionMessage(b.status, "Failed"),
+                             "the last for pod mnist-worker-0): worker-0 exited 2: worker-0: "
+                             "spec.training.model: too big."))
+      << ConditionMessage(b.status, "Failed");
+}
+
+// Gang scheduling: JobJson with runPolicy.schedulingPolicy and the Worker
+// template naming `scheduler` (PS names none: it inherits the job's).
+JobObject GangJob(const std::string& scheduler, const json& policy) {
+  json j = JobJson();
+  j["spec"]["runPolicy"] = {{"schedulingPolicy", policy}};
+  j["spec"]["replicaSpecs"]["Worker"]["template"] = {{"spec", {{"schedulerName", scheduler}}}};
+  return Job(j);
+}
+
+TEST(DesiredTest, VolcanoGangGetsAPodGroupAndAnnotatedPods) {
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(
+      GangJob("volcano", {{"minAvailable", 3}, {"queue", "research"}, {"priorityClass", "high"}}),
+      o, OperatorConfig{});
+  ASSERT_TRUE(a.create_pod_group.has_value()) << a.status.dump();
+  EXPECT_EQ(*a.create_pod_group,
+            json::parse(R"({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+              "metadata": {"name": "mnist", "namespace": "ns3",
+                           "labels": {"kubetrain.io/job-name": "mnist"},
+                           "ownerReferences": [{"apiVersion": "kubetrain.io/v1",
+                             "kind": "TrainingJob", "name": "mnist", "uid": "u-1",
+                             "controller": true, "blockOwnerDeletion": true}]},
+              "spec": {"minMember": 3, "queue": "research", "priorityClassName": "high"}})"));
+  ASSERT_EQ(a.create_pods.size(), 4u);
+  for (const auto& pod : a.create_pods) {
+    SCOPED_TRACE(pod["metadata"]["name"].dump());
+    EXPECT_EQ(pod["spec"]["schedulerName"], "volcano");  // PS inherits the Worker's
+    EXPECT_EQ(pod["spec"]["priorityClassName"], "high");
+    EXPECT_EQ(pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"], "mnist");
+    EXPECT_EQ(pod["metadata"]["annotations"]["volcano.sh/task-spec"],
+              pod["metadata"]["labels"]["kubetrain.io/replica-type"]);
+    EXPECT_FALSE(pod["metadata"]["labels"].contains("scheduling.x-k8s.io/pod-group"));
+  }
+}
+
+TEST(DesiredTest, SchedulerPluginsGangDefaultsToEveryTaskAndLabelsPods) {
+  Observed o;
+  o.now = kT0;
+  json pod_template = {{"metadata", {{"labels", {{"team", "ml"}}}}},
+                       {"spec", {{"schedulerName", "sched-x"}, {"priorityClassName", "low"}}}};
+  JobObject job = GangJob("sched-x", {{"scheduleTimeoutSeconds", 90}, {"priorityClass", "high"}});
+  job.object["spec"]["replicaSpecs"]["PS"]["template"] = pod_template;
+  Actions a = Desired(job, o, OperatorConfig{});
+  ASSERT_TRUE(a.create_pod_group.has_value()) << a.status.dump();
+  EXPECT_EQ((*a.create_pod_group)["apiVersion"], "scheduling.x-k8s.io/v1alpha1");
+  EXPECT_EQ((*a.create_pod_group)["spec"],
+            json::parse(R"({"minMember": 4, "scheduleTimeoutSeconds": 90})"));
+  ASSERT_EQ(a.create_pods.size(), 4u);
+  for (const auto& pod : a.create_pods) {
+    SCOPED_TRACE(pod["metadata"]["name"].dump());
+    EXPECT_EQ(pod["spec"]["schedulerName"], "sched-x");
+    EXPECT_EQ(pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"], "mnist");
+    EXPECT_FALSE(pod["metadata"].contains("annotations"));
+  }
+  // The template's own priorityClassName wins over the policy's.
+  EXPECT_EQ((*PodNamed(a, "mnist-ps-0"))["spec"]["priorityClassName"], "low");
+  EXPECT_EQ((*PodNamed(a, "mnist-ps-0"))["metadata"]["labels"]["team"], "ml");
+  EXPECT_EQ((*PodNamed(a, "mnist-worker-0"))["spec"]["priorityClassName"], "high");
+}
+
+TEST(DesiredTest, AnExistingPodGroupIsNotCreatedAgain) {
+  Observed o;
+  o.now = kT0;
+  o.pod_group_exists = true;
+  Actions a = Desired(GangJob("volcano", json::object()), o, OperatorConfig{});
+  EXPECT_FALSE(a.create_pod_group.has_value());
+  EXPECT_EQ(a.create_pods.size(), 4u);
+  EXPECT_EQ(Condition(a.status, "PodGroupFailing"), "absent");
+}
+
+TEST(DesiredTest, PodsWaitWhileThePodGroupCannotBeCreatedThenStart) {
+  Observed o;
+  o.now = kT0;
+  o.pod_group_blocked_reason = "PodGroupAPIMissing";
+  o.pod_group_blocked = "the API server does not serve podgroups.scheduling.volcano.sh";
+  OperatorConfig config;
+  JobObject job = GangJob("volcano", json::object());
+  Actions a = Desired(job, o, config);
+  EXPECT_FALSE(a.create_pod_group.has_value());
+  EXPECT_TRUE(a.create_pods.empty());
+  EXPECT_EQ(a.create_services.size(), 4u);  // the rest of the job is there when it can start
+  EXPECT_EQ(Condition(a.status, "PodGroupFailing"), "True/PodGroupAPIMissing");
+  EXPECT_EQ(a.requeue_after, config.pod_group_retry);
+  ASSERT_EQ(a.events.size(), 2u);  // Created, and the warning
+  EXPECT_EQ(a.events[1].type, "Warning");
+  EXPECT_EQ(a.events[1].reason, "PodGroupAPIMissing");
+  EXPECT_TRUE(absl::StrContains(a.events[1].message,
+                                "PodGroup mnist (scheduling.volcano.sh/v1beta1) cannot be "
+                                "created, so no pod is: the API server does not serve"))
+      << a.events[1].message;
+  EXPECT_EQ(a.status["state"], "Created");
+
+  // Still blocked: no second warning.
+  job.status = a.status;
+  Actions b = Desired(job, o, config);
+  EXPECT_TRUE(b.create_pods.empty());
+  EXPECT_TRUE(b.events.empty());
+
+  // The retry finds no obstacle: the PodGroup is asked for first, then it exists.
+  Observed retry;
+  retry.now = kT0 + config.pod_group_retry;
+  Actions c = Desired(job, retry, config);
+  EXPECT_TRUE(c.create_pod_group.has_value());
+  EXPECT_EQ(c.create_pods.size(), 4u);  // created only after it (reconciler.cc)
+  retry.pod_group_exists = true;
+  Actions d = Desired(job, retry, config);
+  EXPECT_FALSE(d.create_pod_group.has_value());
+  EXPECT_EQ(Condition(d.status, "PodGroupFailing"), "False/PodGroupCreated");
+}
+
+TEST(DesiredTest, SchedulerNameWithoutSchedulingPolicyOnlyPassesThrough) {
+  json j = JobJson();
+  j["spec"]["replicaSpecs"]["Worker"]["template"] = {{"spec", {{"schedulerName", "volcano"}}}};
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(Job(j), o, OperatorConfig{});
+  EXPECT_FALSE(a.create_pod_group.has_value());
+  EXPECT_EQ((*PodNamed(a, "mnist-worker-0"))["spec"]["schedulerName"], "volcano");
+  EXPECT_FALSE((*PodNamed(a, "mnist-ps-0"))["spec"].contains("schedulerName"));
+  EXPECT_FALSE((*PodNamed(a, "mnist-worker-0"))["metadata"].contains("annotations"));
+}
+
+TEST(DesiredTest, ASuspendedGangJobCreatesNoPodGroup) {
+  JobObject job = GangJob("volcano", json::object());
+  job.object["spec"]["runPolicy"]["suspend"] = true;
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(job, o, OperatorConfig{});
+  EXPECT_FALSE(a.create_pod_group.has_value());
+  EXPECT_TRUE(a.create_pods.empty());
+  EXPECT_EQ(a.status["state"], "Suspended");
 }
 
 }  // namespace

@@ -51,7 +51,6 @@ class FakeKubeClient final : public KubeClient {
     absl::MutexLock l(&mu_);
     Count("create", ref);
     if (auto s = InjectedLocked("create", ref); !s.ok()) return s;
-    ++creates_;
     nlohmann::json obj = object;
     std::string name = obj["metadata"].value("name", "");
     if (name.empty()) name = obj["metadata"].value("generateName", "x") + std::to_string(rv_ + 1);
@@ -164,10 +163,6 @@ class FakeKubeClient final : public KubeClient {
   }
 
   // Test helpers.
-  int creates() const {
-    absl::MutexLock l(&mu_);
-    return creates_;
-  }
   int deletes() const {
     absl::MutexLock l(&mu_);
     return deletes_;
@@ -282,7 +277,6 @@ class FakeKubeClient final : public KubeClient {
   std::map<std::pair<std::string, std::string>, absl::Status> injected_ ABSL_GUARDED_BY(mu_);
   int64_t rv_ ABSL_GUARDED_BY(mu_) = 100;
   int64_t compacted_rv_ ABSL_GUARDED_BY(mu_) = 0;
-  int creates_ ABSL_GUARDED_BY(mu_) = 0;
   int deletes_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<std::string> held_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

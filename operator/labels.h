@@ -5,6 +5,7 @@
 //   {job}-{type}-{i}   Service and Pod of task i of replica type `type`
 //                      ("ps", "worker", "chief", "evaluator")
 //   {job}-config       ConfigMap holding the job as trainingjob.yaml
+//   {job}              PodGroup (gang scheduling: runPolicy.schedulingPolicy)
 #ifndef KUBETRAIN_OPERATOR_LABELS_H_
 #define KUBETRAIN_OPERATOR_LABELS_H_
 
@@ -29,6 +30,16 @@ inline constexpr const char* kTrainingContainerNames[] = {"kubetrain", "tensorfl
 inline std::string ReplicaName(const std::string& job, const std::string& type, int index) {
   return absl::StrCat(job, "-", type, "-", index);
 }
+
+// Gang scheduling: how a pod names its PodGroup, per scheduler.
+// scheduler-plugins (coscheduling): this label on the pod.
+inline constexpr char kSchedulerPluginsPodGroupLabel[] = "scheduling.x-k8s.io/pod-group";
+// Volcano: this annotation, and the replica type the pod belongs to.
+inline constexpr char kVolcanoGroupNameAnnotation[] = "scheduling.k8s.io/group-name";
+inline constexpr char kVolcanoTaskSpecAnnotation[] = "volcano.sh/task-spec";
+
+// "{job}": the job's PodGroup (as TFJob's).
+inline std::string PodGroupName(const std::string& job) { return job; }
 
 // "{job}-config".
 inline std::string ConfigMapName(const std::string& job) { return job + "-config"; }

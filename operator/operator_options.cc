@@ -14,6 +14,7 @@ void OperatorOptions::Register(FlagParser* parser) {
   kube_api_burst_ = kube_api_burst;
   create_parallelism_ = reconciler.create_parallelism;
   expectations_timeout_seconds_ = absl::ToInt64Seconds(expectations_timeout);
+  pod_group_retry_seconds_ = absl::ToInt64Seconds(config.pod_group_retry);
   parser->String("kubeconfig", &kubeconfig, "kubeconfig file (default: $KUBECONFIG)");
   parser->Bool("in_cluster", &in_cluster, "use the pod's service account (token + CA)");
   parser->String("namespace", &controller.namespace_, "watch only this namespace (default: all)");
@@ -44,6 +45,9 @@ void OperatorOptions::Register(FlagParser* parser) {
               "how long a job waits for the cache to show its own creates and deletes");
   parser->Int("watch_timeout_seconds", &watch_timeout_seconds_,
               "server-side timeout of each watch");
+  parser->Int("pod_group_retry_seconds", &pod_group_retry_seconds_,
+              "gang scheduling: how often to try again to create a PodGroup that could not be "
+              "(its CRD not installed, refused); the job's pods wait meanwhile");
 }
 
 void OperatorOptions::Finish() {
@@ -53,6 +57,7 @@ void OperatorOptions::Finish() {
   kube_api_burst = static_cast<int>(kube_api_burst_);
   reconciler.create_parallelism = static_cast<int>(create_parallelism_);
   expectations_timeout = absl::Seconds(expectations_timeout_seconds_);
+  config.pod_group_retry = absl::Seconds(pod_group_retry_seconds_);
 }
 
 absl::Status OperatorOptions::Validate() const {
@@ -66,6 +71,8 @@ absl::Status OperatorOptions::Validate() const {
     return bad("create-parallelism", create_parallelism_, "must be 1..1000");
   if (expectations_timeout_seconds_ < 1)
     return bad("expectations-timeout-seconds", expectations_timeout_seconds_, "must be >= 1");
+  if (pod_group_retry_seconds_ < 1)
+    return bad("pod-group-retry-seconds", pod_group_retry_seconds_, "must be >= 1");
   if (watch_timeout_seconds_ < 1)
     return bad("watch-timeout-seconds", watch_timeout_seconds_, "must be >= 1");
   return absl::OkStatus();

@@ -20,6 +20,7 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
   EXPECT_EQ(defaults.kube_api_qps, 100);
   EXPECT_EQ(defaults.kube_api_burst, 200);
   EXPECT_EQ(defaults.reconciler.create_parallelism, 16);
+  EXPECT_EQ(defaults.config.pod_group_retry, absl::Seconds(30));
   EXPECT_TRUE(defaults.Validate().ok());
   EXPECT_EQ(defaults.health_address, "0.0.0.0:8081");
 
@@ -37,7 +38,8 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
                                    "--in-cluster",
                                    "--kube-api-qps=7.5",
                                    "--kube-api-burst=9",
-                                   "--create-parallelism=3"};
+                                   "--create-parallelism=3",
+                                   "--pod-group-retry-seconds=5"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   ASSERT_TRUE(parser.Parse(static_cast<int>(argv.size()), argv.data(), 1, nullptr).ok());
@@ -52,6 +54,7 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
   EXPECT_EQ(o.kube_api_qps, 7.5);
   EXPECT_EQ(o.kube_api_burst, 9);
   EXPECT_EQ(o.reconciler.create_parallelism, 3);
+  EXPECT_EQ(o.config.pod_group_retry, absl::Seconds(5));
   EXPECT_TRUE(o.Validate().ok());
 }
 
@@ -60,7 +63,8 @@ TEST(OperatorOptionsTest, ValidateNamesTheFlag) {
            {"--workers=0", "--workers"},
            {"--kube-api-qps=-1", "--kube-api-qps"},
            {"--kube-api-burst=0", "--kube-api-burst"},
-           {"--create-parallelism=0", "--create-parallelism"}}) {
+           {"--create-parallelism=0", "--create-parallelism"},
+           {"--pod-group-retry-seconds=0", "--pod-group-retry-seconds"}}) {
     OperatorOptions o;
     FlagParser parser("op");
     o.Register(&parser);

@@ -43,6 +43,14 @@ ObservedPod ObservePod(const json& pod) {
   if (auto cs = TrainingContainerStatus(pod)) {
     p.restart_count = cs->value("restartCount", 0);
     const json terminated = cs->value("/state/terminated"_json_pointer, json());
+    const json last = terminated.is_object()
+                          ? terminated
+                          : cs->value("/lastState/terminated"_json_pointer, json());
+    if (last.is_object()) {
+      p.last_termination = ObservedPod::Termination{
+          last.value("exitCode", 0), last.value("reason", ""), last.value("message", "")};
+    }
+    p.waiting_reason = cs->value("/state/waiting/reason"_json_pointer, std::string());
     if (terminated.is_object()) {
       p.exit_code = terminated.value("exitCode", 0);
       p.termination_message = terminated.value("message", "");
@@ -125,6 +133,19 @@ absl::Status Reconciler::CleanUp(const std::string& ns, const std::string& name)
   // A real cluster's garbage collector removes a deleted job's children via
   // ownerReferences; doing it here too keeps clusters without one clean.
   const std::string key = ns + "/" + name;
+  std::optional<ResourceRef> pod_group;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = pod_groups_.find(key);
+    if (it != pod_groups_.end()) pod_group = it->second.ref;
+    pod_groups_.erase(key);
+    pod_group_blocked_.erase(key);
+  }
+  if (pod_group) {
+    absl::Status s = client_->Delete(*pod_group, kPropagationBackground);
+    if (!s.ok() && !absl::IsNotFound(s)) return s;
+    if (s.ok()) Log("operator: deleted podgroups ", ns, "/", pod_group->name);
+  }
   const std::vector<std::pair<const char*, std::vector<json>>> owned = {
       {"pods", cache_->Pods(key)},
       {"services", cache_->Services(key)},
@@ -195,6 +216,10 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
     for (const auto& svc : cache_->Services(key)) {
       if (OwnedBy(svc, job.uid)) observed.services.push_back(NameOf(svc));
     }
+    if (spec.ok() && spec->run_policy.scheduling_policy.has_value()) {
+      ObservePodGroup(key, job.uid, PodGroupApiVersion(GangSchedulerOf(spec->scheduler_name())),
+                      &observed);
+    }
     // A job of the user's own containers serves no kubetrain metrics to read.
     if (progress_ && !chief_ip.empty() && spec.ok() && spec->has_training) {
       observed.progress = progress_(chief_ip);
@@ -220,6 +245,63 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
     if (rejected_.count(key) && !out.requeue_after) out.requeue_after = absl::ZeroDuration();
   }
   return out;
+}
+
+void Reconciler::ObservePodGroup(const std::string& key, const std::string& uid,
+                                 const std::string& api_version, Observed* observed) {
+  absl::MutexLock l(&mu_);
+  auto it = pod_groups_.find(key);
+  observed->pod_group_exists = it != pod_groups_.end() && it->second.uid == uid;
+  for (const std::string& k : {api_version, key}) {
+    auto b = pod_group_blocked_.find(k);
+    if (b == pod_group_blocked_.end()) continue;
+    if (observed->now >= b->second.until) {
+      pod_group_blocked_.erase(b);  // time to try again
+      continue;
+    }
+    observed->pod_group_blocked_reason = b->second.reason;
+    observed->pod_group_blocked = b->second.message;
+    return;
+  }
+}
+
+absl::StatusOr<bool> Reconciler::CreatePodGroup(const JobObject& job, const json& pod_group) {
+  const std::string api_version = pod_group.value("apiVersion", "");
+  const std::string key = job.namespace_ + "/" + job.name;
+  ResourceRef ref{"/apis/" + api_version, "podgroups", job.namespace_, "", ""};
+  auto r = client_->Create(ref, pod_group);
+  ref.name = NameOf(pod_group);
+  if (r.ok() || absl::IsAlreadyExists(r.status())) {
+    absl::MutexLock l(&mu_);
+    pod_groups_[key] = {job.uid, ref};
+    pod_group_blocked_.erase(key);
+    if (r.ok()) {
+      Log("operator: created podgroups ", key, " (", api_version, ")");
+      events_.Record({job.namespace_, job.name, job.uid}, "Normal", "SuccessfulCreatePodGroup",
+                     absl::StrCat("Created PodGroup ", ref.name, " (", api_version, ")"));
+    }
+    return true;
+  }
+  const absl::Status& s = r.status();
+  const absl::Time until = clock_->Now() + config_.pod_group_retry;
+  absl::MutexLock l(&mu_);
+  if (absl::IsNotFound(s)) {
+    // The namespace exists (the job is in it): the API server does not serve
+    // the resource, i.e. the gang scheduler's CRD is not installed.
+    pod_group_blocked_[api_version] = {
+        reason::kPodGroupAPIMissing,
+        absl::StrCat("the API server does not serve podgroups in ", api_version,
+                     " (is the gang scheduler's PodGroup CRD installed?): ", s.message()),
+        until};
+  } else if (absl::IsPermissionDenied(s) || absl::IsInvalidArgument(s)) {
+    pod_group_blocked_[key] = {
+        reason::kPodGroupRejected,
+        absl::StrCat("the API server refused podgroups ", key, ": ", s.message()), until};
+  } else {
+    return s;  // transient: retried with backoff
+  }
+  Log("operator: cannot create podgroups ", key, ": ", s.message());
+  return false;
 }
 
 absl::Status Reconciler::CreateAll(const JobObject& job, const std::string& plural,
@@ -297,6 +379,16 @@ absl::Status Reconciler::Apply(const JobObject& job, const Actions& a,
                                std::optional<absl::Duration>* requeue_after) {
   const std::string& ns = job.namespace_;
   const EventTarget target{ns, job.name, job.uid};
+  // Gang scheduling: the PodGroup before any pod, or no pod.
+  bool pods_may_go = true;
+  absl::Status pod_group = absl::OkStatus();
+  if (a.create_pod_group) {
+    absl::StatusOr<bool> exists = CreatePodGroup(job, *a.create_pod_group);
+    pods_may_go = exists.ok() && *exists;
+    if (!exists.ok()) pod_group = exists.status();
+    // Newly blocked: the next pass reports it (PodGroupFailing) at once.
+    if (exists.ok() && !*exists) *requeue_after = absl::ZeroDuration();
+  }
   // Pods after their Services and ConfigMap exist, so DNS and the mounted
   // job file are there when a task starts.
   absl::Status applied = RunBounded(2, 2, [&](size_t i) {
@@ -304,7 +396,8 @@ absl::Status Reconciler::Apply(const JobObject& job, const Actions& a,
     return a.create_config_map ? CreateAll(job, "configmaps", {*a.create_config_map}, false)
                                : absl::OkStatus();
   });
-  if (applied.ok()) applied = CreateAll(job, "pods", a.create_pods, true);
+  if (applied.ok()) applied = pod_group;
+  if (applied.ok() && pods_may_go) applied = CreateAll(job, "pods", a.create_pods, true);
   absl::Status deleted = DeleteAll(ns, job.name, "pods", a.delete_pods);
   if (applied.ok()) applied = deleted;
 

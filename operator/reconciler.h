@@ -14,6 +14,15 @@
 // (reason CreateRejected, with the API server's message) on the next pass
 // instead of retrying forever.
 //
+// Gang scheduling (runPolicy.schedulingPolicy): the job's PodGroup is created
+// before its pods, once per job and operator run (no informer: the operator
+// never reads a PodGroup; AlreadyExists counts as created, so a restarted
+// operator sends one request per gang job). When the PodGroup API is not
+// served (its CRD is not installed: 404) that is remembered for every job
+// using it, and a refusal (403, 422) for the job, for
+// OperatorConfig::pod_group_retry: the jobs' pods wait (PodGroupFailing) and
+// nothing is retried, listed or watched meanwhile; the operator runs on.
+//
 // Thread-safe: different jobs may be reconciled concurrently; the caller
 // (the work queue) never runs two passes of one job at once.
 #ifndef KUBETRAIN_OPERATOR_RECONCILER_H_
@@ -84,6 +93,13 @@ class Reconciler {
                          const std::vector<nlohmann::json>& objects, bool slow_start);
   absl::Status DeleteAll(const std::string& ns, const std::string& job_name,
                          const std::string& plural, const std::vector<std::string>& names);
+  // Creates the job's PodGroup: true once it exists, false if it cannot be
+  // created now (remembered in pod_group_blocked_), or a transient error.
+  absl::StatusOr<bool> CreatePodGroup(const JobObject& job, const nlohmann::json& pod_group);
+  // Fills observed's pod_group_* fields for a gang job whose PodGroup is of
+  // `api_version`.
+  void ObservePodGroup(const std::string& key, const std::string& uid,
+                       const std::string& api_version, Observed* observed);
 
   // Constant after construction.
   KubeClient* const client_;
@@ -100,6 +116,21 @@ class Reconciler {
   std::map<std::string, std::string> rejected_ ABSL_GUARDED_BY(mu_);
   // job key -> when its status was last written.
   std::map<std::string, absl::Time> status_written_ ABSL_GUARDED_BY(mu_);
+  // job key -> the PodGroup created (or found) for the job of that uid.
+  struct PodGroupRecord {
+    std::string uid;
+    ResourceRef ref;
+  };
+  std::map<std::string, PodGroupRecord> pod_groups_ ABSL_GUARDED_BY(mu_);
+  // Why PodGroups cannot be created, until when: keyed by API version
+  // ("scheduling.x-k8s.io/v1alpha1": not served, for every job) or by job key
+  // (refused for that job).
+  struct PodGroupBlock {
+    std::string reason;  // status.h: PodGroupAPIMissing | PodGroupRejected
+    std::string message;
+    absl::Time until;
+  };
+  std::map<std::string, PodGroupBlock> pod_group_blocked_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kubetrain

@@ -12,6 +12,9 @@
 //               | CreateRejected
 //   CheckpointFailing  CheckpointWriteFailed (False again: CheckpointsWritten); not part of
 //               the state: training goes on while checkpoints fail (SetCheckpointCondition)
+//   PodGroupFailing  PodGroupAPIMissing | PodGroupRejected (False again: PodGroupCreated);
+//               gang scheduling: the job's PodGroup cannot be created, so no pod is
+//               created either (retried); not part of the state
 // `.status.state` (the State printer column) is StateOf(status).
 #ifndef KUBETRAIN_OPERATOR_STATUS_H_
 #define KUBETRAIN_OPERATOR_STATUS_H_
@@ -34,6 +37,7 @@ inline constexpr char kSuspended[] = "Suspended";
 inline constexpr char kSucceeded[] = "Succeeded";
 inline constexpr char kFailed[] = "Failed";
 inline constexpr char kCheckpointFailing[] = "CheckpointFailing";
+inline constexpr char kPodGroupFailing[] = "PodGroupFailing";
 }  // namespace condition
 
 namespace reason {
@@ -50,6 +54,9 @@ inline constexpr char kInvalidSpec[] = "InvalidSpec";
 inline constexpr char kCreateRejected[] = "CreateRejected";  // the API server refused an object
 inline constexpr char kCheckpointWriteFailed[] = "CheckpointWriteFailed";
 inline constexpr char kCheckpointsWritten[] = "CheckpointsWritten";
+inline constexpr char kPodGroupAPIMissing[] = "PodGroupAPIMissing";  // its CRD is not installed
+inline constexpr char kPodGroupRejected[] = "PodGroupRejected";      // refused (RBAC, validation)
+inline constexpr char kPodGroupCreated[] = "PodGroupCreated";
 }  // namespace reason
 
 // metav1.Time: RFC 3339 in UTC, whole seconds ("2027-01-15T08:00:00Z").

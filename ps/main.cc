@@ -40,6 +40,12 @@ int main(int argc, char** argv) {
   parser.String("metrics_address", &options.metrics_address, "host:port for /metrics; empty = off");
   parser.Int("shutdown_grace_seconds", &shutdown_grace_seconds,
              "after the chief's shutdown, how long to wait for workers to leave");
+  std::string termination_log;
+  if (const char* path = std::getenv(kTerminationLogEnv)) termination_log = path;
+  parser.String("termination_log", &termination_log,
+                "on a fatal error also write its one-line reason to this file (default "
+                "$KUBETRAIN_TERMINATION_LOG, which the operator sets to /dev/termination-log: "
+                "the container's termination message)");
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
   if (config_file.empty()) {
     std::fprintf(stderr, "error: --config is required\n\n%s", parser.Usage().c_str());
@@ -59,18 +65,15 @@ int main(int argc, char** argv) {
   RealClock clock;
   auto config = LoadTaskConfig(config_file, tf_config);
   if (!config.ok()) {
-    Log("error: ", config.status().message());
-    return 2;
+    return ExitWithError(2, config.status().message(), termination_log);
   }
   auto task =
       PsTask::Create(std::move(*config), options, &clock, std::make_shared<prometheus::Registry>());
   if (!task.ok()) {
-    Log("error: ", task.status().message());
-    return 2;
+    return ExitWithError(2, task.status().message(), termination_log);
   }
   if (absl::Status s = (*task)->Serve(); !s.ok()) {
-    Log("error: ", s.message());
-    return 1;
+    return ExitWithError(1, s.message(), termination_log);
   }
   return 0;
 }

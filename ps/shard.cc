@@ -301,6 +301,23 @@ bool Shard::CanServe(const PullWait& w, absl::Time now) const {
   return true;
 }
 
+std::shared_ptr<std::string> Shard::NewSnapshotBuffer() {
+  std::unique_ptr<std::string> buffer;
+  {
+    absl::MutexLock l(&snapshot_pool_->mu);
+    buffer = std::move(snapshot_pool_->spare);
+  }
+  if (buffer == nullptr) buffer = std::make_unique<std::string>();
+  std::weak_ptr<SnapshotBufferPool> pool = snapshot_pool_;
+  return std::shared_ptr<std::string>(buffer.release(), [pool](std::string* released) {
+    std::unique_ptr<std::string> owned(released);
+    if (auto p = pool.lock()) {
+      absl::MutexLock l(&p->mu);
+      if (p->spare == nullptr) p->spare = std::move(owned);
+    }
+  });
+}
+
 Shard::Snapshot Shard::MakeSnapshot(absl::Time start, absl::Time now) {
   Snapshot s;
   s.version = version_;
@@ -309,9 +326,9 @@ Shard::Snapshot Shard::MakeSnapshot(absl::Time start, absl::Time now) {
   s.waited_seconds = absl::ToDoubleSeconds(now - start);
   s.absent_workers = static_cast<int>(absent_.size());
   if (snapshot_ == nullptr || snapshot_version_ != version_) {
-    // Reuse the previous version's buffer if no pull is still streaming it.
-    if (snapshot_ == nullptr || snapshot_.use_count() > 1)
-      snapshot_ = std::make_shared<std::string>();
+    // Dropped first: if no pull still streams it, it is the spare reused here.
+    snapshot_.reset();
+    snapshot_ = NewSnapshotBuffer();
     size_t total = 0;
     for (const auto& v : values_) total += v.size() * sizeof(float);
     snapshot_->resize(total);

@@ -359,6 +359,19 @@ class Shard {
   const uint64_t gradient_bytes_;
   const Clock* const clock_;
   const ShardMetrics metrics_;
+  // Recycles the buffer of a snapshot no pull reads any more: the last holder
+  // hands it back through the shared_ptr's deleter under `mu`, so the next
+  // version's writes are ordered after that pull's reads (a use_count() check
+  // is a relaxed load and orders nothing; TSan found the race). Shared with the
+  // deleters by weak_ptr, since a pull may outlive the shard.
+  struct SnapshotBufferPool {
+    absl::Mutex mu;
+    std::unique_ptr<std::string> spare ABSL_GUARDED_BY(mu);
+  };
+  const std::shared_ptr<SnapshotBufferPool> snapshot_pool_ = std::make_shared<SnapshotBufferPool>();
+  // The spare buffer if there is one, else a new one; returned to the pool
+  // when its last holder drops it.
+  std::shared_ptr<std::string> NewSnapshotBuffer();
 
   mutable absl::Mutex mu_;
   std::vector<std::vector<float>> values_ ABSL_GUARDED_BY(mu_);
@@ -390,7 +403,8 @@ class Shard {
   ShardStatsSnapshot stats_ ABSL_GUARDED_BY(mu_);
   std::optional<ShardCheckpoint> pending_checkpoint_ ABSL_GUARDED_BY(mu_);
   // The snapshot of `snapshot_version_`, shared by every pull of that version;
-  // its buffer is reused for the next version once no pull still reads it.
+  // its buffer is reused for a later version once no pull still reads it
+  // (snapshot_pool_).
   std::shared_ptr<std::string> snapshot_ ABSL_GUARDED_BY(mu_);
   int64_t snapshot_version_ ABSL_GUARDED_BY(mu_) = -1;
 

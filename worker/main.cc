@@ -39,6 +39,12 @@ int main(int argc, char** argv) {
   parser.Int("step_delay_ms", &step_delay_ms,
              "sleep this long before every step: makes this worker a straggler (for experiments "
              "and tests)");
+  std::string termination_log;
+  if (const char* path = std::getenv(kTerminationLogEnv)) termination_log = path;
+  parser.String("termination_log", &termination_log,
+                "on a fatal error also write its one-line reason to this file (default "
+                "$KUBETRAIN_TERMINATION_LOG, which the operator sets to /dev/termination-log: "
+                "the container's termination message)");
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
   if (config_file.empty()) {
     std::fprintf(stderr, "error: --config is required\n\n%s", parser.Usage().c_str());
@@ -51,8 +57,7 @@ int main(int argc, char** argv) {
   RealClock clock;
   auto config = LoadTaskConfig(config_file, tf_config);
   if (!config.ok()) {
-    Log("error: ", config.status().message());
-    return 2;
+    return ExitWithError(2, config.status().message(), termination_log);
   }
   std::vector<std::unique_ptr<ShardChannel>> channels;
   for (const std::string& address : config->tf.tasks("ps")) {
@@ -61,12 +66,10 @@ int main(int argc, char** argv) {
   auto task = WorkerTask::Create(std::move(*config), options, &clock,
                                  std::make_shared<prometheus::Registry>(), std::move(channels));
   if (!task.ok()) {
-    Log("error: ", task.status().message());
-    return 2;
+    return ExitWithError(2, task.status().message(), termination_log);
   }
   if (absl::Status s = (*task)->Run(); !s.ok()) {
-    Log("error: ", s.message());
-    return 1;
+    return ExitWithError(1, s.message(), termination_log);
   }
   return 0;
 }

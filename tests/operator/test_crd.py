@@ -161,6 +161,14 @@ ACCEPTED = {
     "run-policy": lambda o: spec(o).update(runPolicy={
         "cleanPodPolicy": "None", "ttlSecondsAfterFinished": 0, "activeDeadlineSeconds": 1,
         "backoffLimit": 0, "suspend": True}, successPolicy="AllWorkers"),
+    "scheduling-policy-volcano": lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {
+            "minAvailable": 2, "queue": "research", "priorityClass": "high"}}),
+        replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}})),
+    "scheduling-policy-scheduler-plugins-all-tasks": lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {"scheduleTimeoutSeconds": 60}}),
+        replicas(o)["Worker"].update(template={"spec": {"schedulerName": "sp"}}),
+        replicas(o)["PS"].update(template={"spec": {"schedulerName": "sp"}})),
     "template-kept": lambda o: replicas(o)["Worker"].update(template={
         "metadata": {"labels": {"a": "b"}},
         "spec": {"containers": [{"name": "tensorflow", "image": "kubetrain:latest"}]}}),
@@ -308,6 +316,37 @@ REFUSED = {
                                ["spec.runPolicy.backoffLimit", "greater than or equal to 0"]),
     "suspend-string": (lambda o: spec(o).update(runPolicy={"suspend": "yes"}),
                        ["spec.runPolicy.suspend", "must be of type boolean"]),
+    "min-available-zero": (lambda o: spec(o).update(runPolicy={"schedulingPolicy": {"minAvailable": 0}}),
+                           ["spec.runPolicy.schedulingPolicy.minAvailable", "greater than or equal to 1"]),
+    "scheduling-policy-unknown": (lambda o: spec(o).update(runPolicy={"schedulingPolicy": {"minMember": 2}}),
+                                  ['unknown field "spec.runPolicy.schedulingPolicy.minMember"']),
+    "gang-queue-not-dns": (lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {"queue": "Research"}}),
+        replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}})),
+        ["spec.runPolicy.schedulingPolicy.queue", "should match"]),
+    "gang-priority-class-not-dns": (lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {"priorityClass": "-x"}}),
+        replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}})),
+        ["spec.runPolicy.schedulingPolicy.priorityClass", "should match"]),
+    "gang-without-scheduler-name": (lambda o: spec(o).update(runPolicy={"schedulingPolicy": {}}),
+                                    ["spec.runPolicy.schedulingPolicy", "needs the gang scheduler's name"]),
+    "gang-two-schedulers": (lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {}}),
+        replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}}),
+        replicas(o)["PS"].update(template={"spec": {"schedulerName": "other"}})),
+        ["spec.replicaSpecs", "must be the same in every replica"]),
+    "gang-queue-not-volcano": (lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {"queue": "q"}}),
+        replicas(o)["Worker"].update(template={"spec": {"schedulerName": "sp"}})),
+        ["spec.runPolicy.schedulingPolicy.queue", "only Volcano has queues"]),
+    "gang-timeout-volcano": (lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {"scheduleTimeoutSeconds": 5}}),
+        replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}})),
+        ["spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds", "Volcano's has no timeout"]),
+    "gang-min-available-over-tasks": (lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {"minAvailable": 99}}),
+        replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}})),
+        ["spec.runPolicy.schedulingPolicy.minAvailable", "must be in [1, 3], got 99"]),
     "success-policy": (lambda o: spec(o).update(successPolicy="Chief"),
                        ["spec.successPolicy", "Unsupported value"]),
     "template-not-mapping": (lambda o: replicas(o)["Worker"].update(template="pod.yaml"),
@@ -323,7 +362,12 @@ REFUSED = {
         ["template.spec.containers", 'every container needs an image']),
     "template-empty-image": (
         lambda o: replicas(o)["PS"].update(template={"spec": {"containers": [
-            {"name": "kubetrain", "image": ""}]}}),
+            {"name": "tensorflow", "image": ""}]}}),
+        ["template.spec.containers", 'every container needs an image']),
+    # A `kubetrain` container with a command is the user's program: it needs its image.
+    "template-kubetrain-command-no-image": (
+        lambda o: replicas(o)["PS"].update(template={"spec": {"containers": [
+            {"name": "kubetrain", "command": ["my-ps"]}]}}),
         ["template.spec.containers", 'every container needs an image']),
     "template-init-container-no-image": (
         lambda o: replicas(o)["Worker"].update(template={"spec": {
@@ -370,6 +414,24 @@ def test_own_containers_need_no_training(k):
     obj["spec"]["replicaSpecs"]["Worker"] = {"replicas": 2}
     proc = dry_run(k, obj)
     assert proc.returncode != 0 and "spec.training" in proc.stderr and "own containers" in proc.stderr, proc.stderr
+
+
+def test_runtime_container_needs_no_image_and_still_needs_training(k):
+    """A `kubetrain` container without a command customises kubetrain's runtime (e.g. mounts
+    the data): no image needed (the operator's), and it runs spec.training, so that is
+    required."""
+    runtime = {"template": {"spec": {
+        "containers": [{"name": "kubetrain",
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+        "volumes": [{"name": "data", "hostPath": {"path": "/srv/data"}}]}}}
+    obj = job(lambda o: replicas(o)["Worker"].update(copy.deepcopy(runtime)))
+    proc = dry_run(k, obj)
+    assert proc.returncode == 0, proc.stderr
+    spec(obj).pop("training")
+    for r in replicas(obj).values():
+        r.update(copy.deepcopy(runtime))
+    proc = dry_run(k, obj)
+    assert proc.returncode != 0 and "spec.training" in proc.stderr, proc.stderr
 
 
 def test_refused_by_real_create_too(k):

@@ -3,6 +3,7 @@ node agent running pods as local processes (tests/cluster/cluster-up.sh):
 kubectl apply -> pods train for real -> kubectl get/describe tell the truth.
 Every run policy, restarts by exit code, an operator killed mid-reconcile,
 malformed jobs."""
+import glob
 import json
 import os
 import signal
@@ -235,9 +236,27 @@ def test_active_deadline_fails_the_job_on_time(cluster):
 
 
 def test_suspend_deletes_pods_and_resume_recreates_them(cluster):
+    """Created suspended, as a queueing system (Kueue: the kueue.x-k8s.io/queue-name label)
+    creates a job it has not admitted yet: no pod until suspend is set false. Then suspended
+    while running (preemption): every pod goes; resumed: all come back."""
     k = cluster
-    apply(k, job("suspend", steps=10000000))
-    wait_state(k, "suspend", {"Running"})
+    obj = job("suspend", steps=10000000, run_policy={"suspend": True})
+    obj["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    apply(k, obj)
+    st = wait_state(k, "suspend", {"Suspended"})
+    # The pass that wrote Suspended is the one that would have created the pods.
+    assert condition(st, "Suspended")["status"] == "True", st
+    assert not pods(k, "suspend")
+    assert not k.json("get", "services", "-l", "kubetrain.io/job-name=suspend")["items"]
+    assert "startTime" not in st, st  # activeDeadlineSeconds would count from admission
+    events = k.json("get", "events", "--field-selector", "involvedObject.name=suspend")["items"]
+    assert not any(e["reason"].startswith("SuccessfulCreate") for e in events), events
+    assert k.json("get", "tj", "suspend")["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    k.run("patch", "tj", "suspend", "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+    st = wait_state(k, "suspend", {"Running"})
+    assert condition(st, "Suspended")["status"] == "False", st
+    assert "startTime" in st, st
+    assert len(pods(k, "suspend")) == 3
     k.run("patch", "tj", "suspend", "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
     wait_state(k, "suspend", {"Suspended"})
     deadline = time.time() + 30
@@ -295,6 +314,8 @@ MALFORMED = [
     ("bad-type", lambda j: j["spec"]["replicaSpecs"]["Worker"].update(replicas="two")),
     ("bad-policy", lambda j: j["spec"]["replicaSpecs"]["Worker"].update(restartPolicy="Sometimes")),
     ("mlp-no-hidden", lambda j: j["spec"]["training"]["model"].pop("hiddenUnits")),
+    # Gang scheduling without a gang scheduler to name (the schema cannot see it).
+    ("gang-no-scheduler", lambda j: j["spec"].update(runPolicy={"schedulingPolicy": {"minAvailable": 2}})),
 ]
 
 
@@ -383,3 +404,158 @@ def test_events_are_aggregated_a_few_per_job(cluster):
     assert len(events) <= 6, reasons
     created = next(e for e in events if e["reason"] == "SuccessfulCreatePod")["message"]
     assert all(f"few-events-worker-{i}" in created for i in range(4)), created
+
+
+# --- gang scheduling: PodGroups against the schedulers' real CRDs (tests/operator/crds) ----------
+
+CRDS = os.path.join(ROOT, "tests", "operator", "crds")
+SP_CRD = os.path.join(CRDS, "scheduler-plugins", "scheduling.x-k8s.io_podgroups.yaml")
+VOLCANO_CRD = os.path.join(CRDS, "volcano", "scheduling.volcano.sh_podgroups.yaml")
+
+
+def install_crd(k, path, name):
+    k.run("apply", "--server-side", "--field-manager=kubetrain-tests", "-f", path)
+    k.run("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+
+
+def gang_job(name, scheduler, policy, steps=50):
+    obj = job(name, steps=steps, run_policy={"schedulingPolicy": policy})
+    # Only the Worker template names the scheduler: PS pods get the job's.
+    obj["spec"]["replicaSpecs"]["Worker"]["template"] = {"spec": {"schedulerName": scheduler}}
+    return obj
+
+
+def wait_for(k, what, fn, timeout):
+    deadline = time.time() + timeout
+    while True:
+        got = fn()
+        if got:
+            return got
+        assert time.time() < deadline, f"{what} not within {timeout}s\n" + operator_log(k)[-3000:]
+        time.sleep(0.5)
+
+
+def task_logs(k, name):
+    """The tail of each task's container log (the node agent's files), for failure messages."""
+    out = ""
+    for path in sorted(glob.glob(os.path.join(k.state, "node-agent", "logs", f"default_{name}-*.log"))):
+        with open(path, errors="replace") as f:
+            out += f"\n--- {os.path.basename(path)}\n" + f.read()[-1500:]
+    return out
+
+
+def get_or_none(k, *args):
+    proc = k.run("get", *args, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def test_gang_job_waits_for_the_podgroup_crd_then_gets_a_podgroup_the_api_server_accepts(cluster):
+    """scheduler-plugins: before its CRD is installed the job's pods wait (PodGroupFailing,
+    PodGroupAPIMissing) and the operator runs on; once it is, at the next retry the PodGroup is
+    created (stored with every field: the real schema prunes unknown ones), then the pods,
+    labelled with it, and the job runs to success."""
+    k = cluster
+    assert k.run("get", "crd", "podgroups.scheduling.x-k8s.io", check=False).returncode != 0
+    apply(k, gang_job("gang-sp", "scheduler-plugins-scheduler", {"scheduleTimeoutSeconds": 60}))
+
+    def failing():
+        st = status(k, "gang-sp")
+        return st if (condition(st, "PodGroupFailing") or {}).get("status") == "True" else None
+    st = wait_for(k, "PodGroupFailing", failing, 60)
+    failing = condition(st, "PodGroupFailing")
+    assert failing["reason"] == "PodGroupAPIMissing", st
+    assert "does not serve podgroups in scheduling.x-k8s.io/v1alpha1" in failing["message"], failing
+    assert not pods(k, "gang-sp")
+    assert "PodGroupAPIMissing" in k.run("describe", "tj", "gang-sp").stdout
+    pid = int(open(os.path.join(k.state, "operator.pid")).read())
+    os.kill(pid, 0)  # still running
+
+    install_crd(k, SP_CRD, "podgroups.scheduling.x-k8s.io")
+    pg = wait_for(k, "PodGroup gang-sp", lambda: get_or_none(k, "podgroups.scheduling.x-k8s.io", "gang-sp"), 90)
+    uid = k.json("get", "tj", "gang-sp")["metadata"]["uid"]
+    assert pg["spec"] == {"minMember": 3, "scheduleTimeoutSeconds": 60}, pg["spec"]
+    owner = pg["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("TrainingJob", "gang-sp", uid, True)
+    st = wait_state(k, "gang-sp", {"Succeeded", "Failed"}, timeout=300)
+    assert st["state"] == "Succeeded", json.dumps(condition(st, "Failed")) + task_logs(k, "gang-sp")
+    assert condition(st, "PodGroupFailing")["status"] == "False", st
+    assert condition(st, "PodGroupFailing")["reason"] == "PodGroupCreated", st
+    got = pods(k, "gang-sp")
+    assert len(got) == 3, [p["metadata"]["name"] for p in got]
+    for p in got:
+        assert p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "gang-sp", p["metadata"]
+        assert p["spec"]["schedulerName"] == "scheduler-plugins-scheduler", p["metadata"]["name"]
+        # The PodGroup was there before the pod.
+        assert p["metadata"]["creationTimestamp"] >= pg["metadata"]["creationTimestamp"]
+    events = k.json("get", "events", "--field-selector", "involvedObject.name=gang-sp")["items"]
+    reasons = [e["reason"] for e in events]
+    assert reasons.count("SuccessfulCreatePodGroup") == 1 and reasons.count("PodGroupAPIMissing") == 1, reasons
+    k.run("delete", "tj", "gang-sp")
+    wait_for(k, "PodGroup gang-sp deleted",
+             lambda: k.run("get", "podgroups.scheduling.x-k8s.io", "gang-sp", check=False).returncode != 0, 30)
+
+
+def test_volcano_gang_job_gets_its_podgroup_with_queue_and_priority(cluster):
+    k = cluster
+    install_crd(k, VOLCANO_CRD, "podgroups.scheduling.volcano.sh")
+    k.run("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": "kubetrain-e2e-high"}, "value": 1000}))
+    apply(k, gang_job("gang-vc", "volcano",
+                      {"minAvailable": 2, "queue": "research", "priorityClass": "kubetrain-e2e-high"}))
+    pg = wait_for(k, "PodGroup gang-vc", lambda: get_or_none(k, "podgroups.scheduling.volcano.sh", "gang-vc"), 60)
+    assert pg["spec"] == {"minMember": 2, "queue": "research", "priorityClassName": "kubetrain-e2e-high"}, pg
+    assert pg["metadata"]["ownerReferences"][0]["uid"] == k.json("get", "tj", "gang-vc")["metadata"]["uid"]
+    st = wait_state(k, "gang-vc", {"Succeeded", "Failed"}, timeout=300)
+    assert st["state"] == "Succeeded", json.dumps(condition(st, "Failed")) + task_logs(k, "gang-vc")
+    got = pods(k, "gang-vc")
+    assert len(got) == 3
+    for p in got:
+        ann = p["metadata"].get("annotations", {})
+        assert ann.get("scheduling.k8s.io/group-name") == "gang-vc", p["metadata"]
+        assert ann.get("volcano.sh/task-spec") == p["metadata"]["labels"]["kubetrain.io/replica-type"]
+        assert p["spec"]["schedulerName"] == "volcano"
+        # The API server resolved the PriorityClass (Priority admission).
+        assert p["spec"]["priorityClassName"] == "kubetrain-e2e-high" and p["spec"]["priority"] == 1000
+        assert "scheduling.x-k8s.io/pod-group" not in p["metadata"]["labels"]
+    k.run("delete", "tj", "gang-vc")
+    wait_for(k, "PodGroup gang-vc deleted",
+             lambda: k.run("get", "podgroups.scheduling.volcano.sh", "gang-vc", check=False).returncode != 0, 30)
+    k.run("delete", "priorityclass", "kubetrain-e2e-high")
+
+
+def test_census_job_reads_its_data_from_a_volume_mounted_into_the_runtime(cluster):
+    """The Census example with its CSV files on a hostPath volume: a `kubetrain` container
+    without a command in each template mounts it into kubetrain's runtime (the operator keeps
+    its command, flags and job file), at a path that exists only inside the pods; the job
+    trains from it and reports test accuracy on the original test set."""
+    import yaml
+    k = cluster
+    with open(os.path.join(ROOT, "examples", "census-income-mlp.yaml")) as f:
+        obj = yaml.safe_load(f)
+    obj["metadata"] = {"name": "census-volume"}
+    mount = "/mnt/kubetrain-e2e-census"
+    assert not os.path.exists(os.path.join(mount, "adult.data.gz")), "the data must come from the volume"
+    training = obj["spec"]["training"]
+    dataset = training["dataset"]
+    dataset["trainFiles"] = [f"{mount}/adult.data.gz"]
+    dataset["testFiles"] = [f"{mount}/adult.test.gz"]
+    training.pop("epochs")
+    training.update(steps=400, startupTimeoutSeconds=60, evaluation={"everySteps": 400})
+    template = {"spec": {
+        "containers": [{"name": "kubetrain",
+                        "volumeMounts": [{"name": "census", "mountPath": mount, "readOnly": True}]}],
+        "volumes": [{"name": "census", "hostPath": {"path": os.path.join(ROOT, "data", "census-income"),
+                                                    "type": "Directory"}}]}}
+    for replica in obj["spec"]["replicaSpecs"].values():
+        replica["template"] = template
+    apply(k, obj)
+    st = wait_state(k, "census-volume", {"Succeeded", "Failed"}, timeout=300)
+    assert st["state"] == "Succeeded", json.dumps(condition(st, "Failed")) + task_logs(k, "census-volume")
+    # 400 steps of 64 rows: well past the majority class (0.76 of the test set).
+    assert st["result"]["testAccuracy"] > 0.8, st["result"]
+    for p in pods(k, "census-volume"):
+        c = p["spec"]["containers"]
+        assert len(c) == 1 and c[0]["command"][0] in ("kubetrain-ps", "kubetrain-worker"), c
+        assert [m["mountPath"] for m in c[0]["volumeMounts"]][1:] == [mount], c[0]["volumeMounts"]
+    k.run("delete", "tj", "census-volume")

@@ -44,6 +44,8 @@ OPERATOR_RULES = [
     {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": ["scheduling.x-k8s.io", "scheduling.volcano.sh"], "resources": ["podgroups"],
+     "verbs": ["create", "delete"]},
 ]
 # operator/leader_election.cc: Lease kubetrain-operator, GET / CREATE / PUT.
 LEASE_RULES = [
