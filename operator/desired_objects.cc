@@ -63,8 +63,8 @@ bool IsRuntimeContainerJson(const json& c) {
 
 // The runtime container with the user's `kubetrain` container laid over it:
 // the user's fields win, except that the operator's flags come first (the
-// user's args follow them), its ports and job-file mount are kept beside the
-// user's, and an image left out is the operator's runtime image.
+// user's args follow them), its env, ports and job-file mount are kept beside
+// the user's, and an image left out is the operator's runtime image.
 json CustomisedRuntimeContainer(const json& runtime, const json& user) {
   json c = user;
   c["command"] = runtime["command"];
@@ -75,7 +75,7 @@ json CustomisedRuntimeContainer(const json& runtime, const json& user) {
     c["image"] = runtime["image"];
     c["imagePullPolicy"] = runtime["imagePullPolicy"];
   }
-  for (const char* list : {"ports", "volumeMounts"}) {
+  for (const char* list : {"env", "ports", "volumeMounts"}) {
     json merged = runtime[list];
     for (const json& e : user.value(list, json::array())) merged.push_back(e);
     c[list] = merged;

@@ -200,7 +200,9 @@ TEST(DesiredTest, RuntimeContainerInTheTemplateIsCustomisedNotReplaced) {
   ASSERT_EQ(c["ports"].size(), 2u);
   std::vector<std::string> env;
   for (const auto& e : c["env"]) env.push_back(e["name"]);
-  EXPECT_EQ(env, (std::vector<std::string>{"POD_IP", "OMP_NUM_THREADS", "TF_CONFIG"}));
+  EXPECT_EQ(env, (std::vector<std::string>{"POD_IP", "KUBETRAIN_TERMINATION_LOG", "OMP_NUM_THREADS",
+                                           "TF_CONFIG"}));
+  EXPECT_EQ(c["terminationMessagePolicy"], "FallbackToLogsOnError");
   const json& volumes = (*w1)["spec"]["volumes"];
   ASSERT_EQ(volumes.size(), 2u);
   EXPECT_EQ(volumes[0]["name"], "data");
