@@ -368,6 +368,12 @@ absl::Status ParseReplicaSpecs(const YAML::Node& node, const std::string& path,
         const YAML::Node pod_spec = (*n)["spec"];
         const YAML::Node containers = pod_spec ? pod_spec["containers"] : YAML::Node();
         spec.own_containers = containers && containers.IsSequence() && containers.size() > 0;
+        for (size_t i = 0; spec.own_containers && i < containers.size(); ++i) {
+          const YAML::Node& c = containers[i];
+          const std::string name =
+              c.IsMap() && c["name"] && c["name"].IsScalar() ? c["name"].Scalar() : std::string();
+          if (IsRuntimeContainer(name, c.IsMap() && c["command"])) spec.own_containers = false;
+        }
         // What gang scheduling needs to know of the pods (the rest of the
         // template is the API server's to validate).
         if (pod_spec && pod_spec.IsMap()) {
@@ -1152,8 +1158,9 @@ absl::Status ParseDocument(const YAML::Node& root, TrainingJob* job) {
         return FieldError(
             "spec.training",
             absl::StrCat("required (spec.replicaSpecs.", type,
-                         ".template names no containers of its own, so it runs kubetrain's "
-                         "runtime, which trains what spec.training says)"));
+                         ".template names no containers of its own or a `kubetrain` container "
+                         "without a command, so it runs kubetrain's runtime, which trains what "
+                         "spec.training says)"));
       }
     }
   }

@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,7 +33,8 @@ struct ReplicaSpec {
   RestartPolicy restart_policy = RestartPolicy::kNever;
   // The pod template, kept as YAML text; only the operator interprets it.
   std::string template_yaml;
-  // The template names at least one container of its own (template.spec.containers).
+  // The template's containers are the user's program: it names at least one
+  // container and none of them is the runtime container (below).
   bool own_containers = false;
   // template.spec.schedulerName ("" = not set: the default scheduler, or the
   // job's gang scheduler when runPolicy.schedulingPolicy is set).
@@ -57,6 +59,15 @@ struct SchedulingPolicy {
   std::string priority_class;        // PriorityClass of the PodGroup and of pods naming none
   std::optional<int> schedule_timeout_seconds;  // scheduler-plugins: the gang's wait
 };
+
+// A template container named `kubetrain` without a `command` is kubetrain's
+// runtime container, customised: the operator supplies its command, flags,
+// ports and job-file mount; the rest (volumeMounts, env, resources, image,
+// ...) is the user's. That is how a job mounts its data into the runtime.
+inline constexpr char kRuntimeContainerName[] = "kubetrain";
+inline bool IsRuntimeContainer(std::string_view name, bool has_command) {
+  return name == kRuntimeContainerName && !has_command;
+}
 
 struct RunPolicy {
   std::string clean_pod_policy = "Running";  // "All" | "Running" | "None"

@@ -818,7 +818,8 @@ spec:
   replicaSpecs: {PS: {}, Worker: {}}
 )"),
             "spec.training: required (spec.replicaSpecs.PS.template names no containers of its "
-            "own, so it runs kubetrain's runtime, which trains what spec.training says)");
+            "own or a `kubetrain` container without a command, so it runs kubetrain's runtime, "
+            "which trains what spec.training says)");
   EXPECT_EQ(ErrorOf("apiVersion: kubetrain.io/v1\nkind: TrainingJob\nmetadata: "
                     "{name: x}\n"),
             "spec: required");
@@ -856,11 +857,43 @@ spec:
                 "PS: {replicas: 2, template: {spec: {containers: []}}}");
   EXPECT_EQ(ErrorOf(mixed),
             "spec.training: required (spec.replicaSpecs.PS.template names no containers of its "
-            "own, so it runs kubetrain's runtime, which trains what spec.training says)");
+            "own or a `kubetrain` container without a command, so it runs kubetrain's runtime, "
+            "which trains what spec.training says)");
 
   auto with_training = ParseTrainingJob(own + "  training: {steps: 10}\n");
   ASSERT_TRUE(with_training.ok()) << with_training.status();
   EXPECT_TRUE(with_training->has_training);
+}
+
+// A `kubetrain` container without a command is the runtime, customised (say,
+// with the data mounted): it runs spec.training, so that stays required.
+TEST(JobSpecTest, RuntimeContainerInATemplateIsNotAProgramOfItsOwn) {
+  const std::string base = R"(
+apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata: {name: data}
+spec:
+  replicaSpecs:
+    PS: {template: {spec: {containers: [CONTAINER]}}}
+    Worker: {template: {spec: {containers: [CONTAINER, {name: sidecar, image: busybox}]}}}
+)";
+  auto with = [&](const std::string& container) {
+    return absl::StrReplaceAll(base, {{"CONTAINER", container}});
+  };
+  const std::string runtime = "{name: kubetrain, volumeMounts: [{name: d, mountPath: /d}]}";
+  EXPECT_EQ(ErrorOf(with(runtime)),
+            "spec.training: required (spec.replicaSpecs.PS.template names no containers of its "
+            "own or a `kubetrain` container without a command, so it runs kubetrain's runtime, "
+            "which trains what spec.training says)");
+  auto job = ParseTrainingJob(with(runtime) + "  training: {steps: 10}\n");
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (const auto& [type, replica] : job->replica_specs)
+    EXPECT_FALSE(replica.own_containers) << type;
+  // With a command it is the user's program again.
+  job = ParseTrainingJob(with("{name: kubetrain, image: me:1, command: [my-ps]}"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (const auto& [type, replica] : job->replica_specs)
+    EXPECT_TRUE(replica.own_containers) << type;
 }
 
 TEST(JobSpecErrors, ValidateCatchesProgrammaticJobs) {

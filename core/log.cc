@@ -1,5 +1,6 @@
 #include "core/log.h"
 
+#include <cstdlib>
 #include <fstream>
 
 namespace kubetrain {
@@ -19,6 +20,14 @@ int ExitWithError(int exit_code, absl::string_view reason, const std::string& te
   Log("error: ", reason);
   if (!termination_log.empty()) WriteTerminationReason(termination_log, reason);
   return exit_code;
+}
+
+void AddTerminationLogFlag(FlagParser& parser, std::string* path) {
+  if (const char* env = std::getenv(kTerminationLogEnv)) *path = env;
+  parser.String("termination_log", path,
+                "on a fatal error also write its one-line reason to this file (default "
+                "$KUBETRAIN_TERMINATION_LOG, which the operator sets to /dev/termination-log: "
+                "the container's termination message)");
 }
 
 }  // namespace kubetrain

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/flags.h"
 
 namespace kubetrain {
 
@@ -32,6 +33,10 @@ inline constexpr char kTerminationLogEnv[] = "KUBETRAIN_TERMINATION_LOG";
 // The most of a reason WriteTerminationReason writes (the kubelet keeps 4096
 // bytes of a termination message).
 inline constexpr size_t kMaxTerminationReason = 2048;
+
+// Registers --termination_log on `parser`, defaulting `path` to
+// $KUBETRAIN_TERMINATION_LOG (the tasks' shared flag for ExitWithError).
+void AddTerminationLogFlag(FlagParser& parser, std::string* path);
 
 // A task's fatal error, the one way a task's main() ends on one: logs
 // "error: <reason>" and, when `termination_log` is not empty, writes the

@@ -57,6 +57,32 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
                                          {"readOnly", true}}})}};
 }
 
+bool IsRuntimeContainerJson(const json& c) {
+  return c.is_object() && IsRuntimeContainer(c.value("name", ""), c.contains("command"));
+}
+
+// The runtime container with the user's `kubetrain` container laid over it:
+// the user's fields win, except that the operator's flags come first (the
+// user's args follow them), its env, ports and job-file mount are kept beside
+// the user's, and an image left out is the operator's runtime image.
+json CustomisedRuntimeContainer(const json& runtime, const json& user) {
+  json c = user;
+  c["command"] = runtime["command"];
+  json args = runtime["args"];
+  for (const json& a : user.value("args", json::array())) args.push_back(a);
+  c["args"] = args;
+  if (c.value("image", "").empty()) {
+    c["image"] = runtime["image"];
+    c["imagePullPolicy"] = runtime["imagePullPolicy"];
+  }
+  for (const char* list : {"env", "ports", "volumeMounts"}) {
+    json merged = runtime[list];
+    for (const json& e : user.value(list, json::array())) merged.push_back(e);
+    c[list] = merged;
+  }
+  return c;
+}
+
 }  // namespace
 
 namespace desired_internal {
@@ -132,6 +158,11 @@ json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& 
   json& containers = pod_spec["containers"];
   if (!containers.is_array() || containers.empty()) {
     containers = json::array({RuntimeContainer(spec, type, index, config)});
+  } else if (auto it = std::find_if(containers.begin(), containers.end(), IsRuntimeContainerJson);
+             it != containers.end()) {
+    *it = CustomisedRuntimeContainer(RuntimeContainer(spec, type, index, config), *it);
+  }
+  if (!replica.own_containers) {
     json& volumes = pod_spec["volumes"];
     if (!volumes.is_array()) volumes = json::array();
     volumes.push_back(

@@ -163,6 +163,56 @@ TEST(DesiredTest, ClusterDomainAndUserContainersAreRespected) {
   EXPECT_FALSE((*w0)["spec"].contains("volumes"));
 }
 
+// A `kubetrain` container without a command customises the runtime: the data
+// volume is mounted beside the job file, the user's env, resources and extra
+// flags are kept, the operator's image stands in for a missing one.
+TEST(DesiredTest, RuntimeContainerInTheTemplateIsCustomisedNotReplaced) {
+  json j = JobJson();
+  j["spec"]["replicaSpecs"]["Worker"]["template"] = {
+      {"spec",
+       {{"containers",
+         json::array(
+             {{{"name", "kubetrain"},
+               {"args", json::array({"--log_level=debug"})},
+               {"env", json::array({{{"name", "OMP_NUM_THREADS"}, {"value", "1"}}})},
+               {"resources", {{"limits", {{"memory", "2Gi"}}}}},
+               {"volumeMounts",
+                json::array({{{"name", "data"}, {"mountPath", "/data"}, {"readOnly", true}}})}}})},
+        {"volumes", json::array({{{"name", "data"}, {"hostPath", {{"path", "/srv/census"}}}}})}}}};
+  OperatorConfig cfg;
+  cfg.runtime_image = "kubetrain-runtime:1";
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(Job(j), o, cfg);
+  const json* w1 = PodNamed(a, "mnist-worker-1");
+  ASSERT_NE(w1, nullptr);
+  const json& containers = (*w1)["spec"]["containers"];
+  ASSERT_EQ(containers.size(), 1u);
+  const json& c = containers[0];
+  EXPECT_EQ(c["command"], json::array({"kubetrain-worker"}));
+  EXPECT_EQ(c["image"], "kubetrain-runtime:1");
+  EXPECT_EQ(c["args"].back(), "--log_level=debug");
+  EXPECT_EQ(c["args"][0].get<std::string>().rfind("--config=", 0), 0u) << c["args"];
+  EXPECT_EQ(c["resources"]["limits"]["memory"], "2Gi");
+  ASSERT_EQ(c["volumeMounts"].size(), 2u);
+  EXPECT_EQ(c["volumeMounts"][0]["name"], "kubetrain-config");
+  EXPECT_EQ(c["volumeMounts"][1]["mountPath"], "/data");
+  ASSERT_EQ(c["ports"].size(), 2u);
+  std::vector<std::string> env;
+  for (const auto& e : c["env"]) env.push_back(e["name"]);
+  EXPECT_EQ(env, (std::vector<std::string>{"POD_IP", "KUBETRAIN_TERMINATION_LOG", "OMP_NUM_THREADS",
+                                           "TF_CONFIG"}));
+  EXPECT_EQ(c["terminationMessagePolicy"], "FallbackToLogsOnError");
+  const json& volumes = (*w1)["spec"]["volumes"];
+  ASSERT_EQ(volumes.size(), 2u);
+  EXPECT_EQ(volumes[0]["name"], "data");
+  EXPECT_EQ(volumes[1]["configMap"]["name"], "mnist-config");
+  // An image of the user's own is kept.
+  j["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"] = "mine:2";
+  a = Desired(Job(j), o, cfg);
+  EXPECT_EQ((*PodNamed(a, "mnist-worker-1"))["spec"]["containers"][0]["image"], "mine:2");
+}
+
 TEST(DesiredTest, RunningPodsMakeTheJobRunningWithCounts) {
   Observed o = AllPods("Running");
   Actions a = Desired(Job(JobJson()), o, OperatorConfig{});

@@ -41,11 +41,7 @@ int main(int argc, char** argv) {
   parser.Int("shutdown_grace_seconds", &shutdown_grace_seconds,
              "after the chief's shutdown, how long to wait for workers to leave");
   std::string termination_log;
-  if (const char* path = std::getenv(kTerminationLogEnv)) termination_log = path;
-  parser.String("termination_log", &termination_log,
-                "on a fatal error also write its one-line reason to this file (default "
-                "$KUBETRAIN_TERMINATION_LOG, which the operator sets to /dev/termination-log: "
-                "the container's termination message)");
+  AddTerminationLogFlag(parser, &termination_log);
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
   if (config_file.empty()) {
     std::fprintf(stderr, "error: --config is required\n\n%s", parser.Usage().c_str());

@@ -362,7 +362,12 @@ REFUSED = {
         ["template.spec.containers", 'every container needs an image']),
     "template-empty-image": (
         lambda o: replicas(o)["PS"].update(template={"spec": {"containers": [
-            {"name": "kubetrain", "image": ""}]}}),
+            {"name": "tensorflow", "image": ""}]}}),
+        ["template.spec.containers", 'every container needs an image']),
+    # A `kubetrain` container with a command is the user's program: it needs its image.
+    "template-kubetrain-command-no-image": (
+        lambda o: replicas(o)["PS"].update(template={"spec": {"containers": [
+            {"name": "kubetrain", "command": ["my-ps"]}]}}),
         ["template.spec.containers", 'every container needs an image']),
     "template-init-container-no-image": (
         lambda o: replicas(o)["Worker"].update(template={"spec": {
@@ -409,6 +414,24 @@ def test_own_containers_need_no_training(k):
     obj["spec"]["replicaSpecs"]["Worker"] = {"replicas": 2}
     proc = dry_run(k, obj)
     assert proc.returncode != 0 and "spec.training" in proc.stderr and "own containers" in proc.stderr, proc.stderr
+
+
+def test_runtime_container_needs_no_image_and_still_needs_training(k):
+    """A `kubetrain` container without a command customises kubetrain's runtime (e.g. mounts
+    the data): no image needed (the operator's), and it runs spec.training, so that is
+    required."""
+    runtime = {"template": {"spec": {
+        "containers": [{"name": "kubetrain",
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+        "volumes": [{"name": "data", "hostPath": {"path": "/srv/data"}}]}}}
+    obj = job(lambda o: replicas(o)["Worker"].update(copy.deepcopy(runtime)))
+    proc = dry_run(k, obj)
+    assert proc.returncode == 0, proc.stderr
+    spec(obj).pop("training")
+    for r in replicas(obj).values():
+        r.update(copy.deepcopy(runtime))
+    proc = dry_run(k, obj)
+    assert proc.returncode != 0 and "spec.training" in proc.stderr, proc.stderr
 
 
 def test_refused_by_real_create_too(k):

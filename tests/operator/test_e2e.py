@@ -548,3 +548,40 @@ def test_volcano_gang_job_gets_its_podgroup_with_queue_and_priority(cluster):
     wait_for(k, "PodGroup gang-vc deleted",
              lambda: k.run("get", "podgroups.scheduling.volcano.sh", "gang-vc", check=False).returncode != 0, 30)
     k.run("delete", "priorityclass", "kubetrain-e2e-high")
+
+
+def test_census_job_reads_its_data_from_a_volume_mounted_into_the_runtime(cluster):
+    """The Census example with its CSV files on a hostPath volume: a `kubetrain` container
+    without a command in each template mounts it into kubetrain's runtime (the operator keeps
+    its command, flags and job file), at a path that exists only inside the pods; the job
+    trains from it and reports test accuracy on the original test set."""
+    import yaml
+    k = cluster
+    with open(os.path.join(ROOT, "examples", "census-income-mlp.yaml")) as f:
+        obj = yaml.safe_load(f)
+    obj["metadata"] = {"name": "census-volume"}
+    mount = "/mnt/kubetrain-e2e-census"
+    assert not os.path.exists(os.path.join(mount, "adult.data.gz")), "the data must come from the volume"
+    training = obj["spec"]["training"]
+    dataset = training["dataset"]
+    dataset["trainFiles"] = [f"{mount}/adult.data.gz"]
+    dataset["testFiles"] = [f"{mount}/adult.test.gz"]
+    training.pop("epochs")
+    training.update(steps=400, startupTimeoutSeconds=60, evaluation={"everySteps": 400})
+    template = {"spec": {
+        "containers": [{"name": "kubetrain",
+                        "volumeMounts": [{"name": "census", "mountPath": mount, "readOnly": True}]}],
+        "volumes": [{"name": "census", "hostPath": {"path": os.path.join(ROOT, "data", "census-income"),
+                                                    "type": "Directory"}}]}}
+    for replica in obj["spec"]["replicaSpecs"].values():
+        replica["template"] = template
+    apply(k, obj)
+    st = wait_state(k, "census-volume", {"Succeeded", "Failed"}, timeout=300)
+    assert st["state"] == "Succeeded", json.dumps(condition(st, "Failed")) + task_logs(k, "census-volume")
+    # 400 steps of 64 rows: well past the majority class (0.76 of the test set).
+    assert st["result"]["testAccuracy"] > 0.8, st["result"]
+    for p in pods(k, "census-volume"):
+        c = p["spec"]["containers"]
+        assert len(c) == 1 and c[0]["command"][0] in ("kubetrain-ps", "kubetrain-worker"), c
+        assert [m["mountPath"] for m in c[0]["volumeMounts"]][1:] == [mount], c[0]["volumeMounts"]
+    k.run("delete", "tj", "census-volume")
