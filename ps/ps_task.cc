@@ -70,6 +70,8 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
   m.service.push_bytes = counter("kubetrain_push_bytes_total", "Tensor bytes received by pushes");
   m.service.sparse_pull_bytes = counter("kubetrain_sparse_pull_bytes_total",
                                         "Embedding-table row bytes sent by sparse pulls");
+  m.service.sparse_push_bytes = counter("kubetrain_sparse_push_bytes_total",
+                                        "Embedding-table gradient row bytes received by pushes");
   m.service.push_streams = gauge("kubetrain_push_streams", "Push streams open on this PS task");
   m.service.push_streams_refused =
       counter("kubetrain_push_streams_refused_total",
@@ -127,9 +129,18 @@ absl::StatusOr<std::unique_ptr<PsTask>> PsTask::Create(
             .Name("kubetrain_table_rows")
             .Help("Rows of each embedding table held by this PS task (row id mod PS tasks)")
             .Register(*task->registry_);
-    for (const TablePlacement& t : c.placement.tables) {
+    auto& bytes = prometheus::BuildGauge()
+                      .Name("kubetrain_table_bytes")
+                      .Help(
+                          "Bytes of each embedding table's rows and their optimizer slots held "
+                          "by this PS task")
+                      .Register(*task->registry_);
+    const std::vector<int64_t> table_bytes = task->shard_->TableBytes();
+    for (size_t i = 0; i < c.placement.tables.size(); ++i) {
+      const TablePlacement& t = c.placement.tables[i];
       rows.Add({{"table", t.name}})
           .Set(static_cast<double>(t.LocalRows(task->index_, c.placement.num_shards)));
+      bytes.Add({{"table", t.name}}).Set(static_cast<double>(table_bytes[i]));
     }
   }
   if (absl::Status s = task->Restore(); !s.ok()) return s;

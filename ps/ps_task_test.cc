@@ -211,18 +211,27 @@ TEST_F(PsTaskTest, RegistersThePsMetricsUnderTheirDocumentedNames) {
   ASSERT_TRUE(task.ok()) << task.status();
   std::set<std::string> names;
   for (const auto& family : registry->Collect()) names.insert(family.name);
-  EXPECT_EQ(names, (std::set<std::string>{
-                       "kubetrain_absent_workers", "kubetrain_barrier_timeouts_total",
-                       "kubetrain_checkpoint_failures_total", "kubetrain_checkpoint_restores_total",
-                       "kubetrain_checkpoints_written_total", "kubetrain_global_step",
-                       "kubetrain_gradient_staleness_steps", "kubetrain_gradients_applied_total",
-                       "kubetrain_nonfinite_updates_total", "kubetrain_pull_bytes_total",
-                       "kubetrain_pull_hold_seconds", "kubetrain_push_bytes_total",
-                       "kubetrain_push_streams", "kubetrain_push_streams_refused_total",
-                       "kubetrain_ps_holding_unsaved_parameters",
-                       "kubetrain_pushes_rejected_total", "kubetrain_restored_version",
-                       "kubetrain_rpc_duration_seconds", "kubetrain_sparse_pull_bytes_total",
-                       "kubetrain_stale_gradients_dropped_total"}));
+  EXPECT_EQ(names, (std::set<std::string>{"kubetrain_absent_workers",
+                                          "kubetrain_barrier_timeouts_total",
+                                          "kubetrain_checkpoint_failures_total",
+                                          "kubetrain_checkpoint_restores_total",
+                                          "kubetrain_checkpoints_written_total",
+                                          "kubetrain_global_step",
+                                          "kubetrain_gradient_staleness_steps",
+                                          "kubetrain_gradients_applied_total",
+                                          "kubetrain_nonfinite_updates_total",
+                                          "kubetrain_pull_bytes_total",
+                                          "kubetrain_pull_hold_seconds",
+                                          "kubetrain_push_bytes_total",
+                                          "kubetrain_push_streams",
+                                          "kubetrain_push_streams_refused_total",
+                                          "kubetrain_ps_holding_unsaved_parameters",
+                                          "kubetrain_pushes_rejected_total",
+                                          "kubetrain_restored_version",
+                                          "kubetrain_rpc_duration_seconds",
+                                          "kubetrain_sparse_pull_bytes_total",
+                                          "kubetrain_sparse_push_bytes_total",
+                                          "kubetrain_stale_gradients_dropped_total"}));
 }
 
 // Writes fail with `err` while it is non-zero (a disk that is full,

@@ -170,6 +170,19 @@ int Shard::TableIndex(const std::string& name) const {
   return -1;
 }
 
+std::vector<int64_t> Shard::TableBytes() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int64_t> bytes(tables_.size());
+  for (size_t i = 0; i < tables_.size(); ++i) {
+    int64_t floats = static_cast<int64_t>(table_values_[i].size());
+    for (const std::vector<float>* slot : row_opts_[i]->Slots()) {
+      floats += static_cast<int64_t>(slot->size());
+    }
+    bytes[i] = floats * 4;
+  }
+  return bytes;
+}
+
 namespace {
 
 // INVALID_ARGUMENT unless every id is a row of `table` held by `shard`.

@@ -233,6 +233,9 @@ class Shard {
   const std::vector<TablePlacement>& tables() const { return tables_; }
   // Index into tables() of the table with this name, or -1.
   int TableIndex(const std::string& name) const;
+  // Per table (tables() order): bytes of its rows held here and their
+  // optimizer slots (local rows x dim x 4 x (1 + slots)).
+  std::vector<int64_t> TableBytes() const;
   // Rows of this shard's tables, by table and global id. INVALID_ARGUMENT
   // (nothing read) for an unknown task or table, an id out of range or
   // held by another shard.

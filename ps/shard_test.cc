@@ -651,6 +651,10 @@ TEST(ShardTableTest, HoldsTheRowsOfItsShardByIdModShards) {
     EXPECT_EQ(rows[k], init[8 * 16 + k]);
     EXPECT_EQ(rows[16 + k], init[2 * 16 + k]);
   }
+  // 5 of the 10 rows, 16 floats each, no slots under sgd.
+  EXPECT_EQ(f.shard->TableBytes(), std::vector<int64_t>{5 * 16 * 4});
+  TableFixture adam("adam");  // 2 slots (first and second moments)
+  EXPECT_EQ(adam.shard->TableBytes(), std::vector<int64_t>{5 * 16 * 4 * 3});
 }
 
 // Sync: per-worker sparse gradients (overlapping ids, a duplicate id within

@@ -793,11 +793,14 @@ class Agent:
         for c in run.containers:
             st = c.state or {"waiting": ({"reason": run.waiting[0], "message": run.waiting[1]} if run.waiting
                                          else {"reason": "ContainerCreating"})}
+            last = c.last_state or {}
             if "terminated" in st and not c.done and not c.proc:
+                # As the kubelet: while it backs off, the run that just ended is lastState.
+                last = st
                 st = {"waiting": {"reason": "CrashLoopBackOff",
                                   "message": f"back-off restarting failed container {c.name}"}}
             s = {"name": c.name, "image": c.spec.get("image", ""), "imageID": "", "ready": bool(c.proc),
-                 "started": bool(c.proc), "restartCount": c.restarts, "state": st, "lastState": c.last_state or {}}
+                 "started": bool(c.proc), "restartCount": c.restarts, "state": st, "lastState": last}
             if c.proc:
                 s["containerID"] = f"kubetrain-agent://{c.proc.pid}"
             elif "terminated" in st:

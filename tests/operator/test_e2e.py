@@ -189,6 +189,32 @@ def test_worker_failing_under_never_fails_the_job_naming_the_replica(cluster):
     assert st["state"] == "Failed"
     msg = condition(st, "Failed")["message"]
     assert "Worker replica" in msg and "exited with code 2" in msg, msg
+    # ... and why: the task's reason, from its termination message.
+    assert "(restartPolicy Never): " in msg and "/nonexistent/train-" in msg, msg
+    assert "cannot open: No such file or directory" in msg, msg
+
+
+def test_a_crash_looping_worker_is_restarting_with_its_reason(cluster):
+    k = cluster
+    apply(k, job("crashloop", worker_policy="OnFailure", run_policy={"backoffLimit": 2},
+                 extra_training={"dataset": {"name": "fashion-mnist", "path": "/nonexistent"}}))
+    deadline = time.time() + 120
+    msg = ""
+    while time.time() < deadline:
+        st = status(k, "crashloop")
+        c = condition(st, "Restarting")
+        if c and c["status"] == "True" and "CrashLoopBackOff" in c["message"]:
+            msg = c["message"]
+            break
+        assert st.get("state") != "Failed", st
+        time.sleep(0.5)
+    assert msg, st
+    assert "is restarting a replica: worker-" in msg and " exited 2 (CrashLoopBackOff, " in msg, msg
+    assert "/nonexistent/train-" in msg, msg
+    st = wait_state(k, "crashloop", {"Failed"}, timeout=180)
+    failed = condition(st, "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded", st
+    assert "exited 2" in failed["message"] and "/nonexistent/train-" in failed["message"], failed
 
 
 def test_exit_137_under_exitcode_recreates_the_pod_then_succeeds(cluster):
