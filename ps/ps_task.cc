@@ -275,7 +275,8 @@ bool PsTask::RunRound(absl::Duration wait) {
   }
   if (over) {
     Finish();
-    if (!final_status_.ok() && options_.keep_serving_after_checkpoint_failure > absl::ZeroDuration()) {
+    if (!final_status_.ok() &&
+        options_.keep_serving_after_checkpoint_failure > absl::ZeroDuration()) {
       StartHolding(clock_->Now());
       return false;
     }
@@ -290,9 +291,10 @@ void PsTask::StartHolding(absl::Time now) {
   hold_until_ = now + options_.keep_serving_after_checkpoint_failure;
   stops_at_hold_ = StopsAndSignals();
   shard_->SetReadOnly(absl::StrCat(
-      "ps:", index_, " is read-only: its final checkpoint could not be written to "
-      "spec.training.checkpoint.directory ", dir,
-      "; it only serves pulls, for `kubetrain export --from-ps`, until it exits"));
+      "ps:", index_,
+      " is read-only: its final checkpoint could not be written to "
+      "spec.training.checkpoint.directory ",
+      dir, "; it only serves pulls, for `kubetrain export --from-ps`, until it exits"));
   metrics_.holding->Set(1);
   if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
   Log("ps:", index_, " could not write its final checkpoint (version ", shard_->version(), ") to ",
@@ -318,9 +320,9 @@ bool PsTask::HoldRound(absl::Duration wait) {
     return true;
   }
   if (now >= hold_until_) {
-    EndHolding(absl::StrCat(
-        "the ", absl::FormatDuration(options_.keep_serving_after_checkpoint_failure),
-        " of --keep_serving_after_checkpoint_failure_seconds are over"));
+    EndHolding(absl::StrCat("the ",
+                            absl::FormatDuration(options_.keep_serving_after_checkpoint_failure),
+                            " of --keep_serving_after_checkpoint_failure_seconds are over"));
     return true;
   }
   return false;
@@ -347,7 +349,8 @@ bool PsTask::SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snap
         absl::Minutes(1), options_.checkpoint_retry * (1 << std::min(failures_in_a_row_ - 1, 6)));
     retry_at_ = clock_->Now() + backoff;
     Log("warning: checkpoint of ps:", index_, " at version ", state.version, " (", why,
-        ") failed: ", s.message(), finished_ ? "; retrying in " : "; training goes on, retrying in ",
+        ") failed: ", s.message(),
+        finished_ ? "; retrying in " : "; training goes on, retrying in ",
         absl::FormatDuration(backoff), " (spec.training.checkpoint.directory ", dir, ")");
     return false;
   }

@@ -410,8 +410,8 @@ class HoldingTest : public PsTaskTest {
     auto created = PsTask::Create(PsConfig({.training = training}), options, &clock_, registry_);
     ASSERT_TRUE(created.ok()) << created.status();
     task_ = std::move(*created);
-    ps_ = InProcessPs::Over(config_, std::shared_ptr<Shard>(task_->shard(), [](Shard*) {}),
-                            &clock_);
+    ps_ =
+        InProcessPs::Over(config_, std::shared_ptr<Shard>(task_->shard(), [](Shard*) {}), &clock_);
     channel_ = ps_->NewChannel(64);  // several chunks per part
     for (int i = 0; i < 3; ++i) Step(task_->shard());
     auto before = ExportPull(*channel_);
