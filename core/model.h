@@ -178,6 +178,13 @@ class Model {
 
   // Deterministic initial value of variable `index` for a given seed.
   std::vector<float> InitialValue(int index, uint64_t seed) const;
+  // Deterministic initial value of row `id` of table variable `index` (dim =
+  // its cols floats into out), a function of (seed, table name, id) only: the
+  // value a dynamic table's row gets when it is created (and what an unseen
+  // id reads as), so a restarted PS recreates an untrained row identically.
+  // Embeddings: uniform in +-1/sqrt(dim) as InitialValue, from a splitmix64
+  // stream keyed by the three; the wide part's weights: zero.
+  void InitialRow(int index, uint64_t seed, int64_t id, float* out) const;
   Params InitialParams(uint64_t seed) const;
 
   // Mean loss of the head over the batch, with dropout masks drawn from
