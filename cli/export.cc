@@ -50,8 +50,9 @@ std::string ExportCommandLine(const std::vector<std::string>& ps_addresses,
 int ExportCommand(int argc, char** argv, const std::string& bin_dir, std::FILE* err) {
   ExportOptions options;
   options.bin_dir = bin_dir;
-  FlagParser parser("kubetrain export --from-ps HOST:PORT[,HOST:PORT...] --job FILE.yaml --output "
-                    "MODEL");
+  FlagParser parser(
+      "kubetrain export --from-ps HOST:PORT[,HOST:PORT...] --job FILE.yaml --output "
+      "MODEL");
   parser.String("from_ps", &options.from_ps,
                 "the job's live PS tasks, host:port of ps:0, ps:1, ... comma-separated");
   parser.String("job", &options.job_file, "the TrainingJob file the PS tasks run");

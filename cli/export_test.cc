@@ -8,10 +8,10 @@ namespace {
 TEST(ExportArgvTest, RunsTheExporterOfKubetrainWorkerWithTheFlags) {
   auto argv = ExportArgv({"127.0.0.1:1,127.0.0.1:2", "job.yaml", "/other/model.ktm", "/opt/bin"});
   ASSERT_TRUE(argv.ok()) << argv.status();
-  EXPECT_EQ(*argv, (std::vector<std::string>{
-                       "/opt/bin/kubetrain-worker", "--config=job.yaml",
-                       "--export_from_ps=127.0.0.1:1,127.0.0.1:2",
-                       "--export_model=/other/model.ktm", "--metrics_address="}));
+  EXPECT_EQ(*argv,
+            (std::vector<std::string>{"/opt/bin/kubetrain-worker", "--config=job.yaml",
+                                      "--export_from_ps=127.0.0.1:1,127.0.0.1:2",
+                                      "--export_model=/other/model.ktm", "--metrics_address="}));
 }
 
 TEST(ExportArgvTest, AMissingFlagIsNamed) {

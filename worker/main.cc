@@ -19,9 +19,9 @@
 
 #include <prometheus/registry.h>
 
+#include "absl/strings/str_split.h"
 #include "core/flags.h"
 #include "core/log.h"
-#include "absl/strings/str_split.h"
 #include "core/task_config.h"
 #include "worker/grpc_shard_channel.h"
 #include "worker/model_export.h"

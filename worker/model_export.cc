@@ -23,9 +23,9 @@ absl::Status WriteModelExport(const TaskConfig& config, const Params& params, in
     if (s.ok()) return absl::OkStatus();
     ++*failures;
     if (attempt >= std::max(1, policy.attempts)) {
-      return absl::Status(s.code(), absl::StrCat("cannot export the final model to ", path, " (",
-                                                 policy.field, ") after ", attempt,
-                                                 " attempts: ", s.message()));
+      return absl::Status(
+          s.code(), absl::StrCat("cannot export the final model to ", path, " (", policy.field,
+                                 ") after ", attempt, " attempts: ", s.message()));
     }
     Log("warning: exporting the model to ", path, " failed (attempt ", attempt, "/",
         policy.attempts, "): ", s.message(), "; retrying in ", absl::FormatDuration(delay));

@@ -77,8 +77,7 @@ using ChannelFactory =
 // fingerprint that differs: the fields are named), pulls the whole model,
 // evaluates it on the job's test set and writes it to options.output.
 absl::StatusOr<ExportFromPsResult> ExportFromPs(const ExportFromPsOptions& options,
-                                                const ChannelFactory& channels,
-                                                const Clock* clock);
+                                                const ChannelFactory& channels, const Clock* clock);
 
 }  // namespace kubetrain
 
