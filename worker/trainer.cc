@@ -73,10 +73,12 @@ absl::Status Export(const TaskConfig& config, const Params& params, int64_t vers
   if (absl::Status s = WriteModelExport(config, params, version, test, path, policy, clock,
                                         &result->export_failures);
       !s.ok()) {
-    return absl::Status(s.code(),
-                        absl::StrCat(s.message(),
-                                     "; the job is not ended, so the PS tasks keep the parameters "
-                                     "and write a final checkpoint when stopped"));
+    return absl::Status(
+        s.code(),
+        absl::StrCat(s.message(),
+                     "; the job is not ended, so the PS tasks keep the parameters "
+                     "and write a final checkpoint when stopped (if they cannot, they hold "
+                     "the parameters for `kubetrain export --from-ps`)"));
   }
   result->model_path = path;
   Log("chief: exported the final model to ", path, " (kubetrain eval ", path, ")");
