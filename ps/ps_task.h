@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -121,6 +122,9 @@ class PsTask {
   // True if written (or there is no checkpoint directory).
   bool SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snapshot = std::nullopt);
   void Finish();
+  // kubetrain_table_rows / _bytes / _rows_created_total / _rows_evicted_total
+  // from the shard now (start-up and every round: dynamic tables change).
+  void UpdateTableMetrics();
 
   // Constant after construction.
   const TaskConfig config_;
@@ -141,6 +145,15 @@ class PsTask {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   int64_t saved_version_ = 0;
+  // Per table (set by Create; null if the job has no tables).
+  struct TableMetrics {
+    prometheus::Gauge* rows = nullptr;
+    prometheus::Gauge* bytes = nullptr;
+    prometheus::Counter* created = nullptr;
+    prometheus::Counter* evicted = nullptr;
+    Shard::TableCounts reported;  // what the counters say
+  };
+  std::vector<TableMetrics> table_metrics_;
   absl::Time saved_at_;
   absl::Time shutdown_at_ = absl::InfiniteFuture();
   absl::Time trimmed_at_ = absl::InfinitePast();
