@@ -86,6 +86,9 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
   m.restored_version =
       gauge("kubetrain_restored_version",
             "Version restored from a checkpoint when this PS task started (0: none)");
+  m.holding = gauge("kubetrain_ps_holding_unsaved_parameters",
+                    "1 while this PS task, unable to write its final checkpoint, serves its "
+                    "parameters read-only for kubetrain export --from-ps");
   return m;
 }
 
@@ -235,7 +238,11 @@ absl::Status PsTask::Serve() {
   return final_status_;
 }
 
-void PsTask::Stop() { stop_requested_ = true; }
+void PsTask::Stop() { ++stops_; }
+
+int PsTask::StopsAndSignals() const {
+  return stops_.load() + (options_.signals != nullptr ? options_.signals->load() : 0);
+}
 
 void PsTask::UpdateTableMetrics() {
   if (table_metrics_.empty()) return;
@@ -252,7 +259,11 @@ void PsTask::UpdateTableMetrics() {
 }
 
 bool PsTask::RunRound(absl::Duration wait) {
-  if (finished_) return true;
+  if (over_) return true;
+  if (holding_) {
+    over_ = HoldRound(wait);
+    return over_;
+  }
   // Waits unless a checkpoint boundary is crossed sooner: then it is written
   // at once, so a restart loses at most about everySteps steps.
   auto snapshot = shard_->TakePendingCheckpoint(wait);
@@ -276,7 +287,7 @@ bool PsTask::RunRound(absl::Duration wait) {
   } else if (now >= retry_at_ && shard_->version() != saved_version_) {
     SaveCheckpoint("retry after a failed checkpoint");
   }
-  bool over = stop_requested_ || (options_.interrupted != nullptr && *options_.interrupted);
+  bool over = StopsAndSignals() > 0;
   // The end: the chief's Shutdown, then every worker's (and evaluator's)
   // Leave, bounded by the grace period for tasks that died.
   if (!over && shard_->shutdown_requested()) {
@@ -290,8 +301,65 @@ bool PsTask::RunRound(absl::Duration wait) {
       over = true;
     }
   }
-  if (over) Finish();
+  if (over) {
+    Finish();
+    if (!final_status_.ok() &&
+        options_.keep_serving_after_checkpoint_failure > absl::ZeroDuration()) {
+      StartHolding(clock_->Now());
+      return false;
+    }
+  }
+  over_ = over;
   return over;
+}
+
+void PsTask::StartHolding(absl::Time now) {
+  const std::string& dir = config_.job.training.checkpoint_dir;
+  holding_ = true;
+  hold_until_ = now + options_.keep_serving_after_checkpoint_failure;
+  stops_at_hold_ = StopsAndSignals();
+  shard_->SetReadOnly(absl::StrCat(
+      "ps:", index_,
+      " is read-only: its final checkpoint could not be written to "
+      "spec.training.checkpoint.directory ",
+      dir, "; it only serves pulls, for `kubetrain export --from-ps`, until it exits"));
+  metrics_.holding->Set(1);
+  if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
+  Log("ps:", index_, " could not write its final checkpoint (version ", shard_->version(), ") to ",
+      dir, " (spec.training.checkpoint.directory); ", kHoldingParametersNote,
+      server_ ? absl::StrCat(" on ", options_.bind_host, ":", port_) : "", " for ",
+      absl::FormatDuration(options_.keep_serving_after_checkpoint_failure),
+      ", then exits 1 (SIGTERM again to exit now)");
+}
+
+bool PsTask::HoldRound(absl::Duration wait) {
+  // Nothing changes any more: no boundary will come; this only paces the round.
+  shard_->TakePendingCheckpoint(wait);
+  const absl::Time now = clock_->Now();
+  shard_->Tick(now);
+  if (service_) service_->Tick(now);
+  if (now >= retry_at_ && SaveCheckpoint("final, retried while holding the parameters")) {
+    final_status_ = absl::OkStatus();  // the parameters are safe after all
+    EndHolding("its final checkpoint was written after all");
+    return true;
+  }
+  if (StopsAndSignals() > stops_at_hold_) {
+    EndHolding("stopped (SIGTERM or Stop)");
+    return true;
+  }
+  if (now >= hold_until_) {
+    EndHolding(absl::StrCat("the ",
+                            absl::FormatDuration(options_.keep_serving_after_checkpoint_failure),
+                            " of --keep_serving_after_checkpoint_failure_seconds are over"));
+    return true;
+  }
+  return false;
+}
+
+void PsTask::EndHolding(const std::string& why) {
+  holding_ = false;
+  metrics_.holding->Set(0);
+  Log("ps:", index_, " stops serving the parameters: ", why);
 }
 
 bool PsTask::SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snapshot) {
@@ -309,7 +377,8 @@ bool PsTask::SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snap
         absl::Minutes(1), options_.checkpoint_retry * (1 << std::min(failures_in_a_row_ - 1, 6)));
     retry_at_ = clock_->Now() + backoff;
     Log("warning: checkpoint of ps:", index_, " at version ", state.version, " (", why,
-        ") failed: ", s.message(), "; training goes on, retrying in ",
+        ") failed: ", s.message(),
+        finished_ ? "; retrying in " : "; training goes on, retrying in ",
         absl::FormatDuration(backoff), " (spec.training.checkpoint.directory ", dir, ")");
     return false;
   }

@@ -18,6 +18,7 @@ namespace kubetrain {
 std::string TaskName(const TaskId& task) {
   const char* role = task.role == TaskRole::kChief       ? "chief"
                      : task.role == TaskRole::kEvaluator ? "evaluator"
+                     : task.role == TaskRole::kExporter  ? "exporter"
                                                          : "worker";
   return absl::StrCat(role, ":", task.index);
 }
@@ -333,7 +334,7 @@ std::vector<Shard::SparseGrad> Shard::AggregateSparse(
 bool Shard::Done() const { return version_ >= options_.target_steps; }
 
 bool Shard::CanServe(const PullWait& w, absl::Time now) const {
-  if (Done() || shutdown_) return true;
+  if (Done() || shutdown_ || !read_only_reason_.empty()) return true;
   if (w.incarnation != 0 && w.incarnation != options_.incarnation) return true;
   if (version_ < w.min_version) return false;
   if (w.role == TaskRole::kWorker && options_.mode == TrainingMode::kAsync &&
@@ -437,6 +438,10 @@ absl::Status Shard::CheckTask(const TaskId& task) const {
                                                      options_.has_chief_task
                                                          ? " (the job has one chief)"
                                                          : " (the job has no Chief replica)"));
+    case TaskRole::kExporter:
+      if (task.index == 0) return absl::OkStatus();
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown task ", TaskName(task), " (the exporter is exporter:0)"));
     case TaskRole::kEvaluator:
       if (task.index >= 0 && task.index < options_.num_evaluators) return absl::OkStatus();
       return absl::InvalidArgumentError(absl::StrCat("unknown task ", TaskName(task), " (job has ",
@@ -691,6 +696,7 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
   PushResult result;
   {
     absl::MutexLock l(&mu_);
+    if (!read_only_reason_.empty()) return absl::FailedPreconditionError(read_only_reason_);
     result.done = Done();
     if (result.done) {
       result.version = version_;
@@ -777,7 +783,7 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
 
 absl::Status Shard::Leave(const TaskId& task) {
   if (absl::Status valid = CheckTask(task); !valid.ok()) return valid;
-  if (task.role == TaskRole::kChief) return absl::OkStatus();
+  if (task.role == TaskRole::kChief || task.role == TaskRole::kExporter) return absl::OkStatus();
   std::vector<std::pair<Waiter, Snapshot>> ready;
   {
     absl::MutexLock l(&mu_);
@@ -807,6 +813,21 @@ absl::Status Shard::RequestShutdown(const TaskId& from) {
   }
   RunReady(std::move(ready));
   return absl::OkStatus();
+}
+
+void Shard::SetReadOnly(const std::string& reason) {
+  std::vector<std::pair<Waiter, Snapshot>> ready;
+  {
+    absl::MutexLock l(&mu_);
+    read_only_reason_ = reason.empty() ? "this PS is read-only" : reason;
+    ready = TakeReadyWaiters(clock_->Now());
+  }
+  RunReady(std::move(ready));
+}
+
+bool Shard::read_only() const {
+  absl::MutexLock l(&mu_);
+  return !read_only_reason_.empty();
 }
 
 bool Shard::shutdown_requested() const {

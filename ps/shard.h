@@ -46,6 +46,12 @@
 // pulls wait only for min_version, they are not in the barrier, the staleness
 // bound or the worker clocks, and their Leave is not a worker's. Only the task
 // that does the chief's duties (the chief, else worker 0) may end the job.
+// The exporter reads like them and is always admitted (index 0).
+//
+// Read-only (SetReadOnly): the PS task could not save the parameters and
+// holds them for `kubetrain export --from-ps`: every push is refused with
+// FAILED_PRECONDITION and its reason, nothing changes any more, and every
+// pull (held ones too) is answered at once.
 //
 // Embedding tables: the shard holds rows r = shard_index (mod num_shards) of
 // every table (core/placement.h TablePlacement), each with a row-wise
@@ -109,8 +115,9 @@ class Histogram;
 
 namespace kubetrain {
 
-// Who sends a request: a training worker, or a task that only reads.
-enum class TaskRole { kWorker, kChief, kEvaluator };
+// Who sends a request: a training worker, or a task that only reads. The
+// exporter (`kubetrain export --from-ps`, index 0) is a reader every job has.
+enum class TaskRole { kWorker, kChief, kEvaluator, kExporter };
 struct TaskId {
   TaskRole role = TaskRole::kWorker;
   int index = 0;
@@ -302,6 +309,10 @@ class Shard {
   // `from` is the task that does the chief's duties.
   absl::Status RequestShutdown(const TaskId& from);
   bool shutdown_requested() const;
+  // See Read-only above: from now on pushes get FAILED_PRECONDITION(reason)
+  // and held pulls are answered.
+  void SetReadOnly(const std::string& reason);
+  bool read_only() const;
   bool all_workers_left() const;
   bool all_evaluators_left() const;
   int64_t version() const;
@@ -423,6 +434,7 @@ class Shard {
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::string read_only_reason_ ABSL_GUARDED_BY(mu_);  // "" = not read-only
   ShardStatsSnapshot stats_ ABSL_GUARDED_BY(mu_);
   std::optional<ShardCheckpoint> pending_checkpoint_ ABSL_GUARDED_BY(mu_);
   // The snapshot of `snapshot_version_`, shared by every pull of that version;
