@@ -599,7 +599,10 @@ std::vector<float> Model::InitialValue(int index, uint64_t seed) const {
 
 void Model::InitialRow(int index, uint64_t seed, int64_t id, float* out) const {
   if (index < 0 || index >= static_cast<int>(variables_.size())) return;
-  const VariableSpec& var = variables_[index];
+  InitialTableRow(variables_[index], seed, id, out);
+}
+
+void InitialTableRow(const VariableSpec& var, uint64_t seed, int64_t id, float* out) {
   if (!var.table || var.wide) {
     std::fill_n(out, var.cols, 0.0f);
     return;

@@ -124,23 +124,35 @@ absl::StatusOr<std::unique_ptr<PsTask>> PsTask::Create(
   if (!shard.ok()) return shard.status();
   task->shard_ = std::move(*shard);
   if (!c.placement.tables.empty()) {
-    auto& rows =
-        prometheus::BuildGauge()
-            .Name("kubetrain_table_rows")
-            .Help("Rows of each embedding table held by this PS task (row id mod PS tasks)")
-            .Register(*task->registry_);
+    auto& rows = prometheus::BuildGauge()
+                     .Name("kubetrain_table_rows")
+                     .Help(
+                         "Rows of each embedding table held by this PS task (row id mod PS "
+                         "tasks; dynamic tables: the rows created and not evicted)")
+                     .Register(*task->registry_);
     auto& bytes = prometheus::BuildGauge()
                       .Name("kubetrain_table_bytes")
                       .Help(
                           "Bytes of each embedding table's rows and their optimizer slots held "
                           "by this PS task")
                       .Register(*task->registry_);
-    const std::vector<int64_t> table_bytes = task->shard_->TableBytes();
-    for (size_t i = 0; i < c.placement.tables.size(); ++i) {
-      const TablePlacement& t = c.placement.tables[i];
-      rows.Add({{"table", t.name}})
-          .Set(static_cast<double>(t.LocalRows(task->index_, c.placement.num_shards)));
-      bytes.Add({{"table", t.name}}).Set(static_cast<double>(table_bytes[i]));
+    auto& created = prometheus::BuildCounter()
+                        .Name("kubetrain_table_rows_created_total")
+                        .Help("Rows of each dynamic embedding table created on first touch")
+                        .Register(*task->registry_);
+    auto& evicted = prometheus::BuildCounter()
+                        .Name("kubetrain_table_rows_evicted_total")
+                        .Help(
+                            "Rows of each dynamic embedding table evicted (least recently "
+                            "used, past maxRows)")
+                        .Register(*task->registry_);
+    for (const TablePlacement& t : c.placement.tables) {
+      TableMetrics m;
+      m.rows = &rows.Add({{"table", t.name}});
+      m.bytes = &bytes.Add({{"table", t.name}});
+      m.created = &created.Add({{"table", t.name}});
+      m.evicted = &evicted.Add({{"table", t.name}});
+      task->table_metrics_.push_back(m);
     }
   }
   if (absl::Status s = task->Restore(); !s.ok()) return s;
@@ -151,6 +163,7 @@ absl::StatusOr<std::unique_ptr<PsTask>> PsTask::Create(
     task->metrics_port_ = task->metrics_server_->port();
   }
   task->saved_version_ = task->shard_->version();
+  task->UpdateTableMetrics();
   task->saved_at_ = clock->Now();
   return task;
 }
@@ -231,6 +244,20 @@ int PsTask::StopsAndSignals() const {
   return stops_.load() + (options_.signals != nullptr ? options_.signals->load() : 0);
 }
 
+void PsTask::UpdateTableMetrics() {
+  if (table_metrics_.empty()) return;
+  const std::vector<Shard::TableCounts> counts = shard_->TableRowCounts();
+  const std::vector<int64_t> bytes = shard_->TableBytes();
+  for (size_t i = 0; i < table_metrics_.size() && i < counts.size(); ++i) {
+    TableMetrics& m = table_metrics_[i];
+    m.rows->Set(static_cast<double>(counts[i].rows));
+    m.bytes->Set(static_cast<double>(bytes[i]));
+    m.created->Increment(static_cast<double>(counts[i].created - m.reported.created));
+    m.evicted->Increment(static_cast<double>(counts[i].evicted - m.reported.evicted));
+    m.reported = counts[i];
+  }
+}
+
 bool PsTask::RunRound(absl::Duration wait) {
   if (over_) return true;
   if (holding_) {
@@ -242,6 +269,7 @@ bool PsTask::RunRound(absl::Duration wait) {
   auto snapshot = shard_->TakePendingCheckpoint(wait);
   const absl::Time now = clock_->Now();
   shard_->Tick(now);
+  UpdateTableMetrics();
   if (service_ && service_->Tick(now) > 0 && now - trimmed_at_ >= absl::Seconds(1)) {
     // Streams ended abnormally (cancelled, refused, idle): give the memory
     // they held back to the system now, whatever malloc's thresholds (the

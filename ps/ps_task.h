@@ -35,6 +35,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -137,6 +138,9 @@ class PsTask {
   // True if written (or there is no checkpoint directory).
   bool SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snapshot = std::nullopt);
   void Finish();
+  // kubetrain_table_rows / _bytes / _rows_created_total / _rows_evicted_total
+  // from the shard now (start-up and every round: dynamic tables change).
+  void UpdateTableMetrics();
   // Stop()s plus signals so far.
   int StopsAndSignals() const;
   // The final checkpoint failed: serve read-only (see the class comment).
@@ -165,6 +169,15 @@ class PsTask {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   int64_t saved_version_ = 0;
+  // Per table (set by Create; null if the job has no tables).
+  struct TableMetrics {
+    prometheus::Gauge* rows = nullptr;
+    prometheus::Gauge* bytes = nullptr;
+    prometheus::Counter* created = nullptr;
+    prometheus::Counter* evicted = nullptr;
+    Shard::TableCounts reported;  // what the counters say
+  };
+  std::vector<TableMetrics> table_metrics_;
   absl::Time saved_at_;
   absl::Time shutdown_at_ = absl::InfiniteFuture();
   absl::Time trimmed_at_ = absl::InfinitePast();

@@ -68,6 +68,18 @@
 // together as non-finite). Tables are checkpointed and restored with the
 // dense parts, as extra parts named "<table>@rows".
 //
+// Dynamic tables (TablePlacement::dynamic): the shard holds the rows of the
+// ids it owns (id mod num_shards, unsigned) in a DynamicTable, bounded to
+// MaxRowsPerShard rows (least recently used evicted). A worker's PullRows
+// creates the missing rows (their deterministic initial value) and marks
+// them used; a reader's (chief, evaluator) reads a missing row as its
+// initial value without creating it. A push creates the rows it names that
+// are missing (evicted since the pull: the gradient applies to the initial
+// value); rows created by a push whose update is refused as non-finite stay
+// (untrained). Checkpoints hold the held rows only, least recently used
+// first: parts "<table>@ids" (3 floats per id, EncodeTableId) and
+// "<table>@rows" (values, optimizer slots), restored with the recency order.
+//
 // Thread safety: all methods are thread-safe. Pull callbacks run without the
 // shard's lock held, exactly once per Pull.
 #ifndef KUBETRAIN_PS_SHARD_H_
@@ -92,6 +104,7 @@
 #include "core/placement.h"
 #include "core/task_config.h"
 #include "ps/checkpoint.h"
+#include "ps/dynamic_table.h"
 #include "ps/optimizer.h"
 
 namespace prometheus {
@@ -234,8 +247,15 @@ class Shard {
   // Index into tables() of the table with this name, or -1.
   int TableIndex(const std::string& name) const;
   // Per table (tables() order): bytes of its rows held here and their
-  // optimizer slots (local rows x dim x 4 x (1 + slots)).
+  // optimizer slots (local rows x dim x 4 x (1 + slots)); a dynamic table's
+  // DynamicTable::Bytes (ids, LRU links and hash map too).
   std::vector<int64_t> TableBytes() const;
+  struct TableCounts {
+    int64_t rows = 0;     // held here now
+    int64_t created = 0;  // dynamic tables: rows created since the start
+    int64_t evicted = 0;  // dynamic tables: rows evicted since the start
+  };
+  std::vector<TableCounts> TableRowCounts() const;
   // Rows of this shard's tables, by table and global id. INVALID_ARGUMENT
   // (nothing read) for an unknown task or table, an id out of range or
   // held by another shard.
@@ -322,7 +342,8 @@ class Shard {
   };
   Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique_ptr<Optimizer> opt,
         std::vector<TablePlacement> tables, std::vector<std::unique_ptr<RowOptimizer>> row_opts,
-        const Clock* clock, ShardMetrics metrics);
+        std::vector<std::unique_ptr<DynamicTable>> dynamic, const Clock* clock,
+        ShardMetrics metrics);
 
   bool Done() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanServe(const PullWait& w, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -389,7 +410,9 @@ class Shard {
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   // Per table: its local rows (local_rows x dim) and their row-wise optimizer.
   std::vector<std::vector<float>> table_values_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<RowOptimizer>> row_opts_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<RowOptimizer>> row_opts_ ABSL_GUARDED_BY(mu_);  // null: dynamic
+  // Per table: its rows if it is dynamic, else null.
+  std::vector<std::unique_ptr<DynamicTable>> dynamic_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   // The next values, written by the optimizer's Stage and swapped with
   // values_ when an update is committed.
