@@ -1,5 +1,7 @@
 #include "cli/fake_launcher.h"
 
+#include <signal.h>
+
 #include "core/cluster_spec.h"
 
 namespace kubetrain {
@@ -34,7 +36,25 @@ class FakeLauncher::Child final : public ChildProcess {
     return exit_code_;
   }
   void Signal(int sig) override {
-    if (!Poll()) exit_code_ = 128 + sig;
+    if (Poll()) return;
+    if (sig == SIGTERM) {
+      std::optional<std::string> hold;
+      {
+        absl::MutexLock l(&state_->mu);
+        auto it = state_->holds.find(task_);
+        if (it != state_->holds.end()) hold = it->second;
+      }
+      if (hold && !holding_) {
+        holding_ = true;
+        on_line_(*hold, /*is_stderr=*/false);
+        return;
+      }
+      if (hold) {
+        exit_code_ = 1;
+        return;
+      }
+    }
+    exit_code_ = 128 + sig;
   }
   int Wait() override {
     if (!Poll()) exit_code_ = 128 + 9;  // nothing ends a fake by itself: as if killed
@@ -47,6 +67,7 @@ class FakeLauncher::Child final : public ChildProcess {
   const LineHandler on_line_;
   const absl::Time started_;
   std::optional<int> exit_code_;
+  bool holding_ = false;
 };
 
 void FakeLauncher::ExitAt(const std::string& task, absl::Time at, int exit_code) {
@@ -57,6 +78,11 @@ void FakeLauncher::ExitAt(const std::string& task, absl::Time at, int exit_code)
 void FakeLauncher::PrintOnExit(const std::string& task, int exit_code, const std::string& line) {
   absl::MutexLock l(&state_->mu);
   state_->lines.insert({{task, exit_code}, line});
+}
+
+void FakeLauncher::HoldOnSigterm(const std::string& task, const std::string& line) {
+  absl::MutexLock l(&state_->mu);
+  state_->holds[task] = line;
 }
 
 void FakeLauncher::FailNextStart(const std::string& task, absl::Status error) {

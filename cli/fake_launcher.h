@@ -1,7 +1,7 @@
 // Test-only: processes that exist only on a FakeClock. Each start is
 // recorded; a task (named "worker-1", from its TF_CONFIG) ends when the test
 // scheduled it to, printing scheduled lines first; a signal ends it at once
-// (128 + signal, as a shell reports it).
+// (128 + signal, as a shell reports it) unless it holds on SIGTERM.
 #ifndef KUBETRAIN_CLI_FAKE_LAUNCHER_H_
 #define KUBETRAIN_CLI_FAKE_LAUNCHER_H_
 
@@ -37,6 +37,9 @@ class FakeLauncher final : public ProcessLauncher {
   // `line` goes to the task's stdout whenever it exits with `exit_code`
   // (e.g. the chief's "kubetrain-result {...}").
   void PrintOnExit(const std::string& task, int exit_code, const std::string& line);
+  // The first SIGTERM to `task` does not end it: it prints `line` (a PS that
+  // holds its parameters); a second one ends it with exit code 1.
+  void HoldOnSigterm(const std::string& task, const std::string& line);
   // The next start of `task` fails with `error`.
   void FailNextStart(const std::string& task, absl::Status error);
   std::vector<Launch> starts() const;
@@ -51,6 +54,7 @@ class FakeLauncher final : public ProcessLauncher {
     std::multimap<std::string, std::pair<absl::Time, int>> exits ABSL_GUARDED_BY(mu);
     std::multimap<std::pair<std::string, int>, std::string> lines ABSL_GUARDED_BY(mu);
     std::map<std::string, absl::Status> failures ABSL_GUARDED_BY(mu);
+    std::map<std::string, std::string> holds ABSL_GUARDED_BY(mu);
     std::vector<FakeLauncher::Launch> starts ABSL_GUARDED_BY(mu);
   };
   class Child;

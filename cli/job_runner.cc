@@ -170,6 +170,7 @@ void JobRunner::StopAll(const std::atomic<bool>* interrupted, JobRunResult* out)
     while (!t->process->Poll() && env_.clock->Now() < deadline) env_.sleep(absl::Milliseconds(20));
     if (!t->process->Poll() && !holding(*t)) t->process->Signal(SIGKILL);
   }
+  if (was_interrupted) return;  // the user asked to stop: the tasks were killed
   out->holding_tasks = HoldingTasks();
   if (out->holding_tasks.empty()) return;
   std::vector<std::string> ps;

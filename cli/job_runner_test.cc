@@ -206,6 +206,63 @@ TEST_F(JobRunnerTest, TasksStillRunningAfterTheGraceAreStopped) {
   EXPECT_NEAR(r.wall_seconds, 20 + absl::ToDoubleSeconds(options_.cleanup_grace), 0.2);
 }
 
+// ps-0 cannot write its final checkpoint and holds the parameters.
+constexpr char kHoldLine[] =
+    "ps:0 could not write its final checkpoint (version 100) to /ckpt "
+    "(spec.training.checkpoint.directory); serving the parameters read-only for `kubetrain "
+    "export --from-ps` on 127.0.0.1:30000 for 10m, then exits 1 (SIGTERM again to exit now)";
+
+TEST_F(JobRunnerTest, APsHoldingItsParametersIsKeptAndTheExportCommandShown) {
+  launcher_.ExitAt("worker-0", At(5), 1);  // the chief cannot export
+  launcher_.HoldOnSigterm("ps-0", kHoldLine);
+  launcher_.ExitAt("ps-0", At(5 + 600), 1);  // the hold is over
+  JobRunResult r = Run(Job());
+  EXPECT_EQ(r.status, "Failed");
+  EXPECT_EQ(r.holding_tasks, std::vector<std::string>{"ps-0"});
+  EXPECT_EQ(r.export_command,
+            "kubetrain export --from-ps 127.0.0.1:30000,127.0.0.1:30002 --job /jobs/mnist.yaml "
+            "--output /tmp/mnist-model.ktm");
+  EXPECT_GE(r.wall_seconds, 600);  // not killed after stop_grace
+  std::map<std::string, int> codes;
+  for (const auto& t : r.tasks) codes[t.name] = t.exit_code;
+  EXPECT_EQ(codes["ps-0"], 1);
+  EXPECT_EQ(codes["ps-1"], 128 + SIGTERM);
+  const std::string out = Output();
+  EXPECT_NE(out.find("kubetrain run: ps-0 could not write the final checkpoint"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("  " + r.export_command + "\n"), std::string::npos) << out;
+  EXPECT_EQ(SummaryJson(Job(), 100, r)["export_command"], r.export_command);
+  EXPECT_NE(SummaryText(Job(), 100, r).find("  parameters: ps-0 could not write"),
+            std::string::npos);
+}
+
+TEST_F(JobRunnerTest, CtrlCWhileAPsHoldsItsParametersStopsItAtOnce) {
+  std::atomic<bool> interrupted{false};
+  launcher_.ExitAt("worker-0", At(5), 1);
+  launcher_.HoldOnSigterm("ps-0", kHoldLine);
+  JobRunnerEnv env{&launcher_, &clock_,
+                   [&](absl::Duration d) {
+                     clock_.Advance(d);
+                     if (clock_.Now() >= At(60)) interrupted = true;
+                   },
+                   &console_};
+  std::vector<int> ports(8, 1);
+  JobRunResult r = JobRunner(Job(), 100, ports, options_, env).Run(&interrupted);
+  EXPECT_EQ(r.status, "Failed");
+  EXPECT_EQ(r.tasks[0].name, "ps-0");
+  EXPECT_EQ(r.tasks[0].exit_code, 1);  // the second SIGTERM
+  EXPECT_LT(r.wall_seconds, 70);
+}
+
+TEST_F(JobRunnerTest, AnInterruptedRunDoesNotWaitForAHoldingPs) {
+  std::atomic<bool> interrupted{true};
+  launcher_.HoldOnSigterm("ps-0", kHoldLine);
+  JobRunResult r = Run(Job(), &interrupted);
+  EXPECT_EQ(r.status, "Interrupted");
+  EXPECT_EQ(r.tasks[0].exit_code, 128 + SIGKILL);
+  EXPECT_TRUE(r.export_command.empty());
+}
+
 TEST_F(JobRunnerTest, AChiefWithoutAResultFailsTheJob) {
   launcher_.ExitAt("worker-0", At(3), 0);
   JobRunResult r = Run(Job());
