@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cli/export.h"
 
 namespace kubetrain {
 
@@ -96,7 +98,7 @@ JobRunner::JobRunner(TrainingJob job, int64_t target_steps, std::vector<int> por
       t->spec.argv.push_back("--export_model=" + options_.export_model);
     }
     t->spec.env["TF_CONFIG"] = SerializeTfConfig(BuildTfConfig(job_, address, t->id));
-    t->on_line = [this, name = t->name, chief](const std::string& line, bool is_stderr) {
+    t->on_line = [this, name = t->name, chief, ps](const std::string& line, bool is_stderr) {
       if (chief && !is_stderr) {
         if (auto report = ParseReportLine(line)) {
           absl::MutexLock l(&report_mu_);
@@ -104,6 +106,10 @@ JobRunner::JobRunner(TrainingJob job, int64_t target_steps, std::vector<int> por
           if (report->result) result_ = report->result;
           return;
         }
+      }
+      if (ps && line.find(kHoldingParametersNote) != std::string::npos) {
+        absl::MutexLock l(&report_mu_);
+        holding_.insert(name);
       }
       if (size_t at = line.find("error: "); at != std::string::npos) {
         absl::MutexLock l(&report_mu_);
@@ -144,15 +150,68 @@ void JobRunner::Announce(const Restart& r, Task& t) {
       LastError(t.name).empty() ? "" : ": " + LastError(t.name)));
 }
 
-void JobRunner::StopAll() {
+std::vector<std::string> JobRunner::HoldingTasks() const {
+  absl::MutexLock l(&report_mu_);
+  return {holding_.begin(), holding_.end()};
+}
+
+void JobRunner::StopAll(const std::atomic<bool>* interrupted, JobRunResult* out) {
+  const bool was_interrupted = interrupted != nullptr && interrupted->load();
   for (auto& t : tasks_) {
     if (t->process && !t->process->Poll()) t->process->Signal(SIGTERM);
   }
+  auto holding = [&](const Task& t) {
+    absl::MutexLock l(&report_mu_);
+    return !was_interrupted && holding_.count(t.name) > 0;
+  };
   const absl::Time deadline = env_.clock->Now() + options_.stop_grace;
   for (auto& t : tasks_) {
     if (!t->process) continue;
     while (!t->process->Poll() && env_.clock->Now() < deadline) env_.sleep(absl::Milliseconds(20));
-    if (!t->process->Poll()) t->process->Signal(SIGKILL);
+    if (!t->process->Poll() && !holding(*t)) t->process->Signal(SIGKILL);
+  }
+  out->holding_tasks = HoldingTasks();
+  if (out->holding_tasks.empty()) return;
+  std::vector<std::string> ps;
+  for (const auto& t : tasks_) {
+    if (t->id.type == "ps") ps.push_back(t->address);
+  }
+  out->export_command =
+      ExportCommandLine(ps, options_.job_path, absl::StrCat("/tmp/", job_.name, "-model.ktm"));
+  bool waiting = false;
+  for (auto& t : tasks_) {
+    if (t->process && !t->process->Poll()) waiting = true;
+  }
+  if (!waiting) return;
+  env_.console->Info(absl::StrCat(
+      "kubetrain run: ", absl::StrJoin(out->holding_tasks, ", "),
+      " could not write the final checkpoint to spec.training.checkpoint.directory ",
+      job_.training.checkpoint_dir,
+      " and hold the trained parameters read-only until they exit (kubetrain-ps "
+      "--keep_serving_after_checkpoint_failure_seconds). Save the model now, from another shell "
+      "(any writable --output):\n  ",
+      out->export_command, "\nkubetrain run waits for them; Ctrl-C stops them now."));
+  bool stopped = false;
+  absl::Time kill_at = absl::InfiniteFuture();
+  while (true) {
+    bool alive = false;
+    for (auto& t : tasks_) {
+      if (t->process && !t->process->Poll()) alive = true;
+    }
+    if (!alive) break;
+    if (!stopped && interrupted != nullptr && interrupted->load()) {
+      stopped = true;  // a second SIGTERM: the PS tasks exit at once
+      for (auto& t : tasks_) {
+        if (t->process && !t->process->Poll()) t->process->Signal(SIGTERM);
+      }
+      kill_at = env_.clock->Now() + options_.stop_grace;
+    }
+    if (env_.clock->Now() >= kill_at) {
+      for (auto& t : tasks_) {
+        if (t->process && !t->process->Poll()) t->process->Signal(SIGKILL);
+      }
+    }
+    env_.sleep(options_.poll_interval);
   }
 }
 
@@ -259,7 +318,7 @@ JobRunResult JobRunner::Run(const std::atomic<bool>* interrupted) {
     };
     while (!all_ended() && env_.clock->Now() < until) env_.sleep(options_.poll_interval);
   }
-  StopAll();
+  StopAll(interrupted, &out);
   for (auto& t : tasks_) {
     out.tasks.push_back({t->name, t->process ? t->process->Wait() : -1, t->state.restarts});
   }
@@ -315,6 +374,7 @@ nlohmann::json SummaryJson(const TrainingJob& job, int64_t target_steps, const J
   s["exit_codes"] = exit_codes;
   s["restarts"] = restarts;
   s["total_restarts"] = r.total_restarts;
+  if (!r.export_command.empty()) s["export_command"] = r.export_command;
   return s;
 }
 
@@ -353,6 +413,12 @@ std::string SummaryText(const TrainingJob& job, int64_t target_steps, const JobR
   if (last.absent_workers > 0) {
     absl::StrAppend(&text, "  absent workers: ", last.absent_workers,
                     " (missed a barrier, not waited for: barrierTimeoutSeconds)\n");
+  }
+  if (!r.holding_tasks.empty()) {
+    absl::StrAppend(&text, "  parameters: ", absl::StrJoin(r.holding_tasks, ", "),
+                    " could not write the final checkpoint and held them read-only for `",
+                    r.export_command,
+                    "` until they exited; a model saved that way: kubetrain eval FILE\n");
   }
   if (const std::string storage = CheckpointHealthText(
           last.checkpoint_failures, last.checkpoints_failing, last.checkpoint_error);

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,11 @@ struct JobRunResult {
   std::vector<TaskOutcome> tasks;  // JobTasks order
   std::map<std::string, ReplicaCounts> replicas;
   int64_t total_restarts = 0;
+  // PS tasks that could not write their final checkpoint and held the
+  // parameters read-only (kHoldingParametersNote), and the command that
+  // saves them while they do (shown while kubetrain run waited for them).
+  std::vector<std::string> holding_tasks;
+  std::string export_command;
 
   // 0 Succeeded, 130 Interrupted, 1 otherwise.
   int ExitCode() const;
@@ -99,7 +105,12 @@ class JobRunner {
  private:
   struct Task;
   absl::Status StartTask(Task& t);
-  void StopAll();
+  // SIGTERM to every task, SIGKILL after stop_grace -- except PS tasks that
+  // hold the parameters they could not checkpoint: unless the run was
+  // interrupted, the user is told the export command and they are waited
+  // for until they exit by themselves (their grace) or Ctrl-C.
+  void StopAll(const std::atomic<bool>* interrupted, JobRunResult* out);
+  std::vector<std::string> HoldingTasks() const;
   void Announce(const Restart& r, Task& t);
   std::string ProgressLine(absl::Time start) const;
 
@@ -117,13 +128,16 @@ class JobRunner {
   // Each task's last "error: ..." log line (without the prefix), by task
   // name: restarts and the failure reason say why, not only the exit code.
   std::map<std::string, std::string> last_errors_ ABSL_GUARDED_BY(report_mu_);
+  // PS tasks that logged kHoldingParametersNote.
+  std::set<std::string> holding_ ABSL_GUARDED_BY(report_mu_);
   std::string LastError(const std::string& task) const;
 };
 
 // The --summary-json document: the chief's JobResult (snake_case, its own
 // `wall_seconds` as `training_seconds`) plus what only the launcher knows:
 // name, status, reason, model, task counts, target_steps, wall_seconds,
-// exit_codes, restarts (per task) and total_restarts. Without a result (the
+// exit_codes, restarts (per task) and total_restarts (and export_command
+// when PS tasks held the parameters for an export). Without a result (the
 // job failed), absent_workers and the checkpoint_* fields come from the last
 // progress report.
 nlohmann::json SummaryJson(const TrainingJob& job, int64_t target_steps, const JobRunResult& r);

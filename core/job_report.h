@@ -46,6 +46,12 @@ inline constexpr char kCheckpointFailuresMetric[] = "kubetrain_job_checkpoint_fa
 inline constexpr char kCheckpointsFailingMetric[] = "kubetrain_job_checkpoints_failing";
 inline constexpr char kCheckpointErrorLabel[] = "last_error";
 
+// In the log line of a PS task that could not write its final checkpoint and
+// holds the parameters for an export (ps/ps_task.h); `kubetrain run` keeps
+// such a task running and tells the user the export command.
+inline constexpr char kHoldingParametersNote[] =
+    "serving the parameters read-only for `kubetrain export --from-ps`";
+
 // Stdout tags of the chief's report lines.
 inline constexpr char kProgressTag[] = "kubetrain-progress";
 inline constexpr char kResultTag[] = "kubetrain-result";

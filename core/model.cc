@@ -597,6 +597,25 @@ std::vector<float> Model::InitialValue(int index, uint64_t seed) const {
   return value;
 }
 
+void Model::InitialRow(int index, uint64_t seed, int64_t id, float* out) const {
+  if (index < 0 || index >= static_cast<int>(variables_.size())) return;
+  InitialTableRow(variables_[index], seed, id, out);
+}
+
+void InitialTableRow(const VariableSpec& var, uint64_t seed, int64_t id, float* out) {
+  if (!var.table || var.wide) {
+    std::fill_n(out, var.cols, 0.0f);
+    return;
+  }
+  const double limit = 1.0 / std::sqrt(static_cast<double>(var.cols));
+  const uint64_t key = Mix64(Mix64(seed ^ Mix64(Fnv1a64(var.name))) ^ static_cast<uint64_t>(id));
+  for (int64_t k = 0; k < var.cols; ++k) {
+    // splitmix64: Mix64 adds the golden-ratio increment, so key + k are k steps of one stream.
+    const double u = static_cast<double>(Mix64(key + static_cast<uint64_t>(k)) >> 11) * 0x1.0p-53;
+    out[k] = static_cast<float>((2.0 * u - 1.0) * limit);
+  }
+}
+
 Params Model::InitialParams(uint64_t seed) const {
   Params params;
   params.reserve(variables_.size());

@@ -43,9 +43,23 @@ struct VariableSpec {
   bool table = false;
   // A table of the wide part: trained with model.wide.optimizer if given.
   bool wide = false;
+  // A dynamic table (a table over a `dynamic` categorical column): any
+  // 64-bit id, rows created on the PS on first touch (ps/dynamic_table.h);
+  // rows is 0. max_rows: at most this many rows over all PS tasks (0: no
+  // bound), ceil(max_rows / PS tasks) per task.
+  bool dynamic = false;
+  int64_t max_rows = 0;
   int64_t num_elements() const { return rows * cols; }
   int64_t num_bytes() const { return num_elements() * 4; }
 };
+
+// Deterministic initial value of row `id` of table `var` (var.cols floats
+// into out), a function of (seed, table name, id) only: the value a dynamic
+// table's row gets when it is created (and what an unseen id reads as), so a
+// restarted PS recreates an untrained row identically. Embeddings: uniform in
+// +-1/sqrt(dim) as Model::InitialValue, from a splitmix64 stream keyed by the
+// three; the wide part's weights: zero.
+void InitialTableRow(const VariableSpec& var, uint64_t seed, int64_t id, float* out);
 
 // Sparse features (spec.training.model.embeddings / .wide). The dataset puts
 // one id slot per example for each column the model looks up (after the
@@ -178,6 +192,8 @@ class Model {
 
   // Deterministic initial value of variable `index` for a given seed.
   std::vector<float> InitialValue(int index, uint64_t seed) const;
+  // InitialTableRow of variable `index`.
+  void InitialRow(int index, uint64_t seed, int64_t id, float* out) const;
   Params InitialParams(uint64_t seed) const;
 
   // Mean loss of the head over the batch, with dropout masks drawn from

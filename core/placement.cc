@@ -15,7 +15,8 @@ Placement PlaceVariables(const std::vector<VariableSpec>& variables, int num_sha
   for (int v = 0; v < static_cast<int>(variables.size()); ++v) {
     const VariableSpec& var = variables[v];
     if (var.table) {
-      placement.tables.push_back({var.name, v, var.rows, var.cols, var.wide});
+      placement.tables.push_back(
+          {var.name, v, var.rows, var.cols, var.wide, var.dynamic, var.max_rows});
       continue;
     }
     int64_t pieces = 1;
@@ -75,6 +76,7 @@ std::string Placement::Fingerprint() const {
   for (const auto& t : tables) {  // none: the fingerprints of dense-only models are unchanged
     absl::StrAppend(&canon, "table:", t.name, ",", t.variable, ",", t.rows, ",", t.dim, ",", t.wide,
                     ";");
+    if (t.dynamic) absl::StrAppend(&canon, "dynamic:", t.max_rows, ";");
   }
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : canon) {
@@ -94,6 +96,14 @@ std::string Placement::Describe() const {
       absl::StrAppend(&out, " ", p->name, "[", p->row_end - p->row_begin, "x", p->cols, "]");
     }
     for (const auto& t : tables) {
+      if (t.dynamic) {
+        absl::StrAppend(&out, " ", t.name, "[dynamic x", t.dim,
+                        t.max_rows > 0
+                            ? absl::StrCat(", at most ", t.MaxRowsPerShard(num_shards), " rows")
+                            : std::string(),
+                        "]");
+        continue;
+      }
       absl::StrAppend(&out, " ", t.name, "[", t.LocalRows(s, num_shards), " of ", t.rows, "x",
                       t.dim, " rows]");
     }

@@ -41,15 +41,40 @@ struct TablePlacement {
   int64_t rows = 0;
   int64_t dim = 0;
   bool wide = false;
-  // Rows of the table held by `shard` of `num_shards`.
+  // A dynamic table (VariableSpec::dynamic): rows 0, ids any 64-bit value,
+  // at most max_rows rows over all shards (0: no bound).
+  bool dynamic = false;
+  int64_t max_rows = 0;
+  // Rows of the table held by `shard` of `num_shards` (fixed tables).
   int64_t LocalRows(int shard, int num_shards) const {
     return rows > shard ? (rows - shard + num_shards - 1) / num_shards : 0;
   }
+  // A dynamic table's bound per shard: ceil(max_rows / num_shards), 0: none.
+  int64_t MaxRowsPerShard(int num_shards) const {
+    return max_rows > 0 ? (max_rows + num_shards - 1) / num_shards : 0;
+  }
 };
+// The shard of a row: its id mod num_shards, the id taken as an unsigned
+// 64-bit value (a dynamic table's hashed ids use the whole range).
 inline int TableShardOfRow(int64_t row, int num_shards) {
-  return static_cast<int>(row % num_shards);
+  return static_cast<int>(static_cast<uint64_t>(row) % static_cast<uint64_t>(num_shards));
 }
 inline int64_t TableLocalRow(int64_t row, int num_shards) { return row / num_shards; }
+
+// A 64-bit table id as kTableIdFloats float32 values, each an integer below
+// 2^22 and so exact in float32 whatever copies them: bits 0-21, 22-42 and
+// 43-63. PS checkpoints store a dynamic table's ids so.
+constexpr int kTableIdFloats = 3;
+inline void EncodeTableId(int64_t id, float* out) {
+  const auto u = static_cast<uint64_t>(id);
+  out[0] = static_cast<float>(u & 0x3fffff);
+  out[1] = static_cast<float>((u >> 22) & 0x1fffff);
+  out[2] = static_cast<float>(u >> 43);
+}
+inline int64_t DecodeTableId(const float* in) {
+  return static_cast<int64_t>(static_cast<uint64_t>(in[0]) | (static_cast<uint64_t>(in[1]) << 22) |
+                              (static_cast<uint64_t>(in[2]) << 43));
+}
 
 struct Placement {
   int num_shards = 0;

@@ -225,6 +225,20 @@ std::vector<std::string> FingerprintsIn(const std::string& text) {
   return found;
 }
 
+absl::Status ExplainFingerprintMismatch(const absl::Status& s, const std::string& ours,
+                                        const std::string& advice) {
+  if (!absl::IsFailedPrecondition(s)) return s;
+  // The refusal quotes the PS's fingerprint and ours; say which fields differ.
+  for (const std::string& theirs : FingerprintsIn(std::string(s.message()))) {
+    const std::string diff = DescribeFingerprintDifference(theirs, ours);
+    if (!diff.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(s.message(), " (differs: ", diff, "; ", advice, ")"));
+    }
+  }
+  return s;
+}
+
 absl::StatusOr<TaskConfig> LoadTaskConfig(const std::string& job_file,
                                           const std::string& tf_config_json) {
   TaskConfig c;

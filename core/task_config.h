@@ -53,6 +53,12 @@ std::string DescribeFingerprintDifference(const std::string& theirs, const std::
 // Every JobFingerprint token found in `text` (e.g. an error message).
 std::vector<std::string> FingerprintsIn(const std::string& text);
 
+// A refused handshake (a PS holding another job fingerprint) with the fields
+// that differ named, then `advice`: "... (differs: seed: 7 on the PS, 3 here;
+// <advice>)". Any other status is returned as it is.
+absl::Status ExplainFingerprintMismatch(const absl::Status& s, const std::string& ours,
+                                        const std::string& advice);
+
 // Training-set size of the job's dataset, read from its files at
 // spec.training.dataset.path (the label file's header): what `kubetrain
 // validate`, `kubetrain run` and the tasks convert epochs to steps with.

@@ -158,6 +158,14 @@ absl::StatusOr<std::unique_ptr<InProcessPs>> InProcessPs::Create(const TaskConfi
   return ps;
 }
 
+std::unique_ptr<InProcessPs> InProcessPs::Over(const TaskConfig& config,
+                                               std::shared_ptr<Shard> shard, const Clock* clock) {
+  std::unique_ptr<InProcessPs> ps(new InProcessPs(config, shard->options(), clock));
+  absl::MutexLock l(&ps->mu_);
+  ps->shard_ = std::move(shard);
+  return ps;
+}
+
 InProcessPs::InProcessPs(const TaskConfig& config, ShardOptions options, const Clock* clock)
     : config_(config), base_options_(std::move(options)), clock_(clock) {}
 

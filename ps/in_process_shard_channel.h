@@ -45,6 +45,11 @@ class InProcessPs {
   static absl::StatusOr<std::unique_ptr<InProcessPs>> Create(const TaskConfig& config,
                                                              int shard_index, const Clock* clock,
                                                              int64_t incarnation = 1);
+  // Channels to a shard that already exists (e.g. a PsTask's, so a test
+  // reaches a whole PS task over this transport). `config` and `clock` must
+  // outlive the PS; `shard` is kept alive by it.
+  static std::unique_ptr<InProcessPs> Over(const TaskConfig& config, std::shared_ptr<Shard> shard,
+                                           const Clock* clock);
 
   // The shard serving now (a restart replaces it).
   std::shared_ptr<Shard> shard() const;

@@ -2,8 +2,11 @@
 // TrainingJob file and TF_CONFIG, serves its shard of the model until the
 // chief has ended training and every worker has left (or SIGTERM: then with
 // a final checkpoint). Exit code 0 when the job ended, 1 if it cannot serve or
-// its final checkpoint could not be written, 2 on a configuration error
-// (including a checkpoint directory that cannot be written at start).
+// its final checkpoint could not be written (after holding the parameters
+// read-only for --keep_serving_after_checkpoint_failure_seconds, for
+// `kubetrain export --from-ps`; a second SIGTERM exits at once), 2 on a
+// configuration error (including a checkpoint directory that cannot be
+// written at start).
 #include <signal.h>
 
 #include <atomic>
@@ -21,8 +24,8 @@
 
 namespace {
 
-std::atomic<bool> g_interrupted{false};
-void OnSignal(int) { g_interrupted.store(true); }
+std::atomic<int> g_signals{0};
+void OnSignal(int) { g_signals.fetch_add(1); }
 
 }  // namespace
 
@@ -32,6 +35,8 @@ int main(int argc, char** argv) {
   if (const char* tf = std::getenv("TF_CONFIG")) tf_config = tf;
   PsTaskOptions options;
   int64_t shutdown_grace_seconds = absl::ToInt64Seconds(options.shutdown_grace);
+  int64_t keep_serving_seconds =
+      absl::ToInt64Seconds(options.keep_serving_after_checkpoint_failure);
   FlagParser parser("kubetrain-ps --config=trainingjob.yaml  (TF_CONFIG in the environment)");
   parser.String("config", &config_file, "TrainingJob YAML file");
   parser.String("tf_config", &tf_config, "cluster spec JSON (default: $TF_CONFIG)");
@@ -40,6 +45,9 @@ int main(int argc, char** argv) {
   parser.String("metrics_address", &options.metrics_address, "host:port for /metrics; empty = off");
   parser.Int("shutdown_grace_seconds", &shutdown_grace_seconds,
              "after the chief's shutdown, how long to wait for workers to leave");
+  parser.Int("keep_serving_after_checkpoint_failure_seconds", &keep_serving_seconds,
+             "when the final checkpoint cannot be written, serve the parameters read-only this "
+             "long for `kubetrain export --from-ps` before exiting 1 (0: exit at once)");
   std::string termination_log;
   AddTerminationLogFlag(parser, &termination_log);
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
@@ -48,6 +56,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.shutdown_grace = absl::Seconds(shutdown_grace_seconds);
+  if (keep_serving_seconds < 0) {
+    std::fprintf(stderr, "error: --keep_serving_after_checkpoint_failure_seconds: must be >= 0\n");
+    return 2;
+  }
+  options.keep_serving_after_checkpoint_failure = absl::Seconds(keep_serving_seconds);
   InitProcess(ProcessProfile::kTensorBuffers);
   // SIGTERM (kubetrain run, the kubelet) ends serving with a final
   // checkpoint instead of losing what was trained since the last one.
@@ -56,7 +69,7 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
-  options.interrupted = &g_interrupted;
+  options.signals = &g_signals;
 
   RealClock clock;
   auto config = LoadTaskConfig(config_file, tf_config);

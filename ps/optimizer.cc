@@ -258,6 +258,26 @@ void RowOptimizer::Commit(const std::vector<int64_t>& rows) {
   }
 }
 
+int RowOptimizer::num_slots() const { return static_cast<int>(impl_->slots.size()); }
+
+void RowOptimizer::Resize(int64_t rows, int64_t capacity) {
+  Impl& s = *impl_;
+  const std::vector<float> init = s.rule->slot_init();
+  for (size_t k = 0; k < s.slots.size(); ++k) {
+    s.slots[k].reserve(std::max(rows, capacity) * s.dim);
+    s.slots[k].resize(rows * s.dim, init[k]);
+  }
+  s.rows = rows;
+}
+
+void RowOptimizer::ResetRow(int64_t r) {
+  Impl& s = *impl_;
+  const std::vector<float> init = s.rule->slot_init();
+  for (size_t k = 0; k < s.slots.size(); ++k) {
+    std::fill_n(s.slots[k].data() + r * s.dim, s.dim, init[k]);
+  }
+}
+
 std::vector<std::vector<float>*> RowOptimizer::Slots() {
   std::vector<std::vector<float>*> out;
   for (auto& s : impl_->slots) out.push_back(&s);

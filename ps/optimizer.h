@@ -70,6 +70,12 @@ class RowOptimizer {
   void Commit(const std::vector<int64_t>& rows);
   // Current slot buffers (rows x dim each), in a fixed order (checkpoints).
   std::vector<std::vector<float>*> Slots();
+  int num_slots() const;
+  // Dynamic tables: the row count becomes `rows` (new rows get the slots'
+  // initial values; capacity is exactly `capacity` >= rows, no doubling),
+  // and ResetRow gives row r its initial slots again (a reused row).
+  void Resize(int64_t rows, int64_t capacity);
+  void ResetRow(int64_t r);
 
  private:
   struct Impl;

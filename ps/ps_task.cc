@@ -70,6 +70,8 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
   m.service.push_bytes = counter("kubetrain_push_bytes_total", "Tensor bytes received by pushes");
   m.service.sparse_pull_bytes = counter("kubetrain_sparse_pull_bytes_total",
                                         "Embedding-table row bytes sent by sparse pulls");
+  m.service.sparse_push_bytes = counter("kubetrain_sparse_push_bytes_total",
+                                        "Embedding-table gradient row bytes received by pushes");
   m.service.push_streams = gauge("kubetrain_push_streams", "Push streams open on this PS task");
   m.service.push_streams_refused =
       counter("kubetrain_push_streams_refused_total",
@@ -84,6 +86,9 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
   m.restored_version =
       gauge("kubetrain_restored_version",
             "Version restored from a checkpoint when this PS task started (0: none)");
+  m.holding = gauge("kubetrain_ps_holding_unsaved_parameters",
+                    "1 while this PS task, unable to write its final checkpoint, serves its "
+                    "parameters read-only for kubetrain export --from-ps");
   return m;
 }
 
@@ -119,14 +124,35 @@ absl::StatusOr<std::unique_ptr<PsTask>> PsTask::Create(
   if (!shard.ok()) return shard.status();
   task->shard_ = std::move(*shard);
   if (!c.placement.tables.empty()) {
-    auto& rows =
-        prometheus::BuildGauge()
-            .Name("kubetrain_table_rows")
-            .Help("Rows of each embedding table held by this PS task (row id mod PS tasks)")
-            .Register(*task->registry_);
+    auto& rows = prometheus::BuildGauge()
+                     .Name("kubetrain_table_rows")
+                     .Help(
+                         "Rows of each embedding table held by this PS task (row id mod PS "
+                         "tasks; dynamic tables: the rows created and not evicted)")
+                     .Register(*task->registry_);
+    auto& bytes = prometheus::BuildGauge()
+                      .Name("kubetrain_table_bytes")
+                      .Help(
+                          "Bytes of each embedding table's rows and their optimizer slots held "
+                          "by this PS task")
+                      .Register(*task->registry_);
+    auto& created = prometheus::BuildCounter()
+                        .Name("kubetrain_table_rows_created_total")
+                        .Help("Rows of each dynamic embedding table created on first touch")
+                        .Register(*task->registry_);
+    auto& evicted = prometheus::BuildCounter()
+                        .Name("kubetrain_table_rows_evicted_total")
+                        .Help(
+                            "Rows of each dynamic embedding table evicted (least recently "
+                            "used, past maxRows)")
+                        .Register(*task->registry_);
     for (const TablePlacement& t : c.placement.tables) {
-      rows.Add({{"table", t.name}})
-          .Set(static_cast<double>(t.LocalRows(task->index_, c.placement.num_shards)));
+      TableMetrics m;
+      m.rows = &rows.Add({{"table", t.name}});
+      m.bytes = &bytes.Add({{"table", t.name}});
+      m.created = &created.Add({{"table", t.name}});
+      m.evicted = &evicted.Add({{"table", t.name}});
+      task->table_metrics_.push_back(m);
     }
   }
   if (absl::Status s = task->Restore(); !s.ok()) return s;
@@ -137,6 +163,7 @@ absl::StatusOr<std::unique_ptr<PsTask>> PsTask::Create(
     task->metrics_port_ = task->metrics_server_->port();
   }
   task->saved_version_ = task->shard_->version();
+  task->UpdateTableMetrics();
   task->saved_at_ = clock->Now();
   return task;
 }
@@ -211,15 +238,38 @@ absl::Status PsTask::Serve() {
   return final_status_;
 }
 
-void PsTask::Stop() { stop_requested_ = true; }
+void PsTask::Stop() { ++stops_; }
+
+int PsTask::StopsAndSignals() const {
+  return stops_.load() + (options_.signals != nullptr ? options_.signals->load() : 0);
+}
+
+void PsTask::UpdateTableMetrics() {
+  if (table_metrics_.empty()) return;
+  const std::vector<Shard::TableCounts> counts = shard_->TableRowCounts();
+  const std::vector<int64_t> bytes = shard_->TableBytes();
+  for (size_t i = 0; i < table_metrics_.size() && i < counts.size(); ++i) {
+    TableMetrics& m = table_metrics_[i];
+    m.rows->Set(static_cast<double>(counts[i].rows));
+    m.bytes->Set(static_cast<double>(bytes[i]));
+    m.created->Increment(static_cast<double>(counts[i].created - m.reported.created));
+    m.evicted->Increment(static_cast<double>(counts[i].evicted - m.reported.evicted));
+    m.reported = counts[i];
+  }
+}
 
 bool PsTask::RunRound(absl::Duration wait) {
-  if (finished_) return true;
+  if (over_) return true;
+  if (holding_) {
+    over_ = HoldRound(wait);
+    return over_;
+  }
   // Waits unless a checkpoint boundary is crossed sooner: then it is written
   // at once, so a restart loses at most about everySteps steps.
   auto snapshot = shard_->TakePendingCheckpoint(wait);
   const absl::Time now = clock_->Now();
   shard_->Tick(now);
+  UpdateTableMetrics();
   if (service_ && service_->Tick(now) > 0 && now - trimmed_at_ >= absl::Seconds(1)) {
     // Streams ended abnormally (cancelled, refused, idle): give the memory
     // they held back to the system now, whatever malloc's thresholds (the
@@ -237,7 +287,7 @@ bool PsTask::RunRound(absl::Duration wait) {
   } else if (now >= retry_at_ && shard_->version() != saved_version_) {
     SaveCheckpoint("retry after a failed checkpoint");
   }
-  bool over = stop_requested_ || (options_.interrupted != nullptr && *options_.interrupted);
+  bool over = StopsAndSignals() > 0;
   // The end: the chief's Shutdown, then every worker's (and evaluator's)
   // Leave, bounded by the grace period for tasks that died.
   if (!over && shard_->shutdown_requested()) {
@@ -251,8 +301,65 @@ bool PsTask::RunRound(absl::Duration wait) {
       over = true;
     }
   }
-  if (over) Finish();
+  if (over) {
+    Finish();
+    if (!final_status_.ok() &&
+        options_.keep_serving_after_checkpoint_failure > absl::ZeroDuration()) {
+      StartHolding(clock_->Now());
+      return false;
+    }
+  }
+  over_ = over;
   return over;
+}
+
+void PsTask::StartHolding(absl::Time now) {
+  const std::string& dir = config_.job.training.checkpoint_dir;
+  holding_ = true;
+  hold_until_ = now + options_.keep_serving_after_checkpoint_failure;
+  stops_at_hold_ = StopsAndSignals();
+  shard_->SetReadOnly(absl::StrCat(
+      "ps:", index_,
+      " is read-only: its final checkpoint could not be written to "
+      "spec.training.checkpoint.directory ",
+      dir, "; it only serves pulls, for `kubetrain export --from-ps`, until it exits"));
+  metrics_.holding->Set(1);
+  if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
+  Log("ps:", index_, " could not write its final checkpoint (version ", shard_->version(), ") to ",
+      dir, " (spec.training.checkpoint.directory); ", kHoldingParametersNote,
+      server_ ? absl::StrCat(" on ", options_.bind_host, ":", port_) : "", " for ",
+      absl::FormatDuration(options_.keep_serving_after_checkpoint_failure),
+      ", then exits 1 (SIGTERM again to exit now)");
+}
+
+bool PsTask::HoldRound(absl::Duration wait) {
+  // Nothing changes any more: no boundary will come; this only paces the round.
+  shard_->TakePendingCheckpoint(wait);
+  const absl::Time now = clock_->Now();
+  shard_->Tick(now);
+  if (service_) service_->Tick(now);
+  if (now >= retry_at_ && SaveCheckpoint("final, retried while holding the parameters")) {
+    final_status_ = absl::OkStatus();  // the parameters are safe after all
+    EndHolding("its final checkpoint was written after all");
+    return true;
+  }
+  if (StopsAndSignals() > stops_at_hold_) {
+    EndHolding("stopped (SIGTERM or Stop)");
+    return true;
+  }
+  if (now >= hold_until_) {
+    EndHolding(absl::StrCat("the ",
+                            absl::FormatDuration(options_.keep_serving_after_checkpoint_failure),
+                            " of --keep_serving_after_checkpoint_failure_seconds are over"));
+    return true;
+  }
+  return false;
+}
+
+void PsTask::EndHolding(const std::string& why) {
+  holding_ = false;
+  metrics_.holding->Set(0);
+  Log("ps:", index_, " stops serving the parameters: ", why);
 }
 
 bool PsTask::SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snapshot) {
@@ -270,7 +377,8 @@ bool PsTask::SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snap
         absl::Minutes(1), options_.checkpoint_retry * (1 << std::min(failures_in_a_row_ - 1, 6)));
     retry_at_ = clock_->Now() + backoff;
     Log("warning: checkpoint of ps:", index_, " at version ", state.version, " (", why,
-        ") failed: ", s.message(), "; training goes on, retrying in ",
+        ") failed: ", s.message(),
+        finished_ ? "; retrying in " : "; training goes on, retrying in ",
         absl::FormatDuration(backoff), " (spec.training.checkpoint.directory ", dir, ")");
     return false;
   }

@@ -15,7 +15,15 @@
 // tried again after options.checkpoint_retry (doubling to a minute); on a full
 // disk older checkpoints make room (WriteShardCheckpoint). The final one is
 // tried options.final_checkpoint_attempts times; if it cannot be written
-// Serve returns an error naming the directory (kubetrain-ps exits 1).
+// Serve returns an error naming the directory (kubetrain-ps exits 1) -- but
+// first the task holds the parameters (options.keep_serving_after_checkpoint_failure
+// > 0): the shard turns read-only (pushes FAILED_PRECONDITION, pulls answered
+// at once) and keeps serving for that long so `kubetrain export --from-ps`
+// can save the model elsewhere; it logs a line with kHoldingParametersNote
+// (core/job_report.h), sets kubetrain_ps_holding_unsaved_parameters to 1 and
+// the gRPC health status to NOT_SERVING. The hold ends when the time is up,
+// at the next Stop() or signal (a second SIGTERM exits at once), or when a
+// retried final checkpoint is written after all (then Serve succeeds).
 //
 // Thread safety: Create, Start, Serve and RunRound are called from one thread
 // (Serve runs the rounds itself); Stop may be called from any thread.
@@ -27,6 +35,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -70,8 +79,12 @@ struct PsTaskOptions {
   // The final checkpoint is tried this many times (checkpoint_retry apart,
   // doubling) before the task gives up on it.
   int final_checkpoint_attempts = 4;
-  // Set (by a signal handler) to end serving as Stop() does. Not owned.
-  const std::atomic<bool>* interrupted = nullptr;
+  // How long a task whose final checkpoint cannot be written keeps serving
+  // its parameters read-only for `kubetrain export --from-ps` (0: exits at once).
+  absl::Duration keep_serving_after_checkpoint_failure = absl::Minutes(10);
+  // Signals received (counted by a signal handler): the first ends serving
+  // as Stop() does; one more while holding the parameters exits at once. Not owned.
+  const std::atomic<int>* signals = nullptr;
 };
 
 class PsTask {
@@ -97,8 +110,11 @@ class PsTask {
   // for the end. Returns true once serving is over; the final checkpoint is
   // then written (once).
   bool RunRound(absl::Duration wait);
-  // Ends serving at the next round, as if the job had ended. Thread-safe.
+  // Ends serving at the next round, as if the job had ended; while holding
+  // the parameters, ends the hold. Thread-safe.
   void Stop();
+  // Serving read-only after the final checkpoint failed (see above).
+  bool holding_parameters() const { return holding_; }
 
   Shard* shard() const { return shard_.get(); }
   int port() const { return port_; }                  // after Start
@@ -112,6 +128,7 @@ class PsTask {
     prometheus::Counter* checkpoint_failures = nullptr;
     prometheus::Counter* checkpoint_restores = nullptr;
     prometheus::Gauge* restored_version = nullptr;
+    prometheus::Gauge* holding = nullptr;  // kubetrain_ps_holding_unsaved_parameters
   };
   static Metrics RegisterMetrics(prometheus::Registry& registry);
 
@@ -121,6 +138,16 @@ class PsTask {
   // True if written (or there is no checkpoint directory).
   bool SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snapshot = std::nullopt);
   void Finish();
+  // kubetrain_table_rows / _bytes / _rows_created_total / _rows_evicted_total
+  // from the shard now (start-up and every round: dynamic tables change).
+  void UpdateTableMetrics();
+  // Stop()s plus signals so far.
+  int StopsAndSignals() const;
+  // The final checkpoint failed: serve read-only (see the class comment).
+  void StartHolding(absl::Time now);
+  // One round while holding; true once the hold is over.
+  bool HoldRound(absl::Duration wait);
+  void EndHolding(const std::string& why);
 
   // Constant after construction.
   const TaskConfig config_;
@@ -131,7 +158,8 @@ class PsTask {
   const int index_;
   std::unique_ptr<Shard> shard_;  // set by Create
 
-  std::atomic<bool> stop_requested_{false};
+  std::atomic<int> stops_{0};
+  std::atomic<bool> holding_{false};  // written by Serve's thread
 
   std::unique_ptr<MetricsServer> metrics_server_;  // set by Create
   int metrics_port_ = 0;
@@ -141,6 +169,15 @@ class PsTask {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   int64_t saved_version_ = 0;
+  // Per table (set by Create; null if the job has no tables).
+  struct TableMetrics {
+    prometheus::Gauge* rows = nullptr;
+    prometheus::Gauge* bytes = nullptr;
+    prometheus::Counter* created = nullptr;
+    prometheus::Counter* evicted = nullptr;
+    Shard::TableCounts reported;  // what the counters say
+  };
+  std::vector<TableMetrics> table_metrics_;
   absl::Time saved_at_;
   absl::Time shutdown_at_ = absl::InfiniteFuture();
   absl::Time trimmed_at_ = absl::InfinitePast();
@@ -148,6 +185,9 @@ class PsTask {
   int failures_in_a_row_ = 0;                     // checkpoint writes
   absl::Time retry_at_ = absl::InfiniteFuture();  // after a failed write
   absl::Status final_status_;                     // Finish's: the final checkpoint
+  bool over_ = false;                             // serving (and any hold) ended
+  absl::Time hold_until_;                         // while holding_
+  int stops_at_hold_ = 0;                         // StopsAndSignals() when the hold began
 };
 
 }  // namespace kubetrain

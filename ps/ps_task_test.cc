@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/testing/task_config_for.h"
 #include "core/testing/temp_files.h"
+#include "ps/in_process_shard_channel.h"
 
 namespace kubetrain {
 namespace {
@@ -45,6 +46,7 @@ TaskConfig PsConfig(const JobOptions& o) {
 
 PsTaskOptions Quiet() {
   PsTaskOptions o;
+  o.keep_serving_after_checkpoint_failure = absl::ZeroDuration();  // tests that hold say so
   o.metrics_address = "";
   o.bind_host = "127.0.0.1";
   o.port = 0;
@@ -209,17 +211,27 @@ TEST_F(PsTaskTest, RegistersThePsMetricsUnderTheirDocumentedNames) {
   ASSERT_TRUE(task.ok()) << task.status();
   std::set<std::string> names;
   for (const auto& family : registry->Collect()) names.insert(family.name);
-  EXPECT_EQ(names, (std::set<std::string>{
-                       "kubetrain_absent_workers", "kubetrain_barrier_timeouts_total",
-                       "kubetrain_checkpoint_failures_total", "kubetrain_checkpoint_restores_total",
-                       "kubetrain_checkpoints_written_total", "kubetrain_global_step",
-                       "kubetrain_gradient_staleness_steps", "kubetrain_gradients_applied_total",
-                       "kubetrain_nonfinite_updates_total", "kubetrain_pull_bytes_total",
-                       "kubetrain_pull_hold_seconds", "kubetrain_push_bytes_total",
-                       "kubetrain_push_streams", "kubetrain_push_streams_refused_total",
-                       "kubetrain_pushes_rejected_total", "kubetrain_restored_version",
-                       "kubetrain_rpc_duration_seconds", "kubetrain_sparse_pull_bytes_total",
-                       "kubetrain_stale_gradients_dropped_total"}));
+  EXPECT_EQ(names, (std::set<std::string>{"kubetrain_absent_workers",
+                                          "kubetrain_barrier_timeouts_total",
+                                          "kubetrain_checkpoint_failures_total",
+                                          "kubetrain_checkpoint_restores_total",
+                                          "kubetrain_checkpoints_written_total",
+                                          "kubetrain_global_step",
+                                          "kubetrain_gradient_staleness_steps",
+                                          "kubetrain_gradients_applied_total",
+                                          "kubetrain_nonfinite_updates_total",
+                                          "kubetrain_pull_bytes_total",
+                                          "kubetrain_pull_hold_seconds",
+                                          "kubetrain_push_bytes_total",
+                                          "kubetrain_push_streams",
+                                          "kubetrain_push_streams_refused_total",
+                                          "kubetrain_ps_holding_unsaved_parameters",
+                                          "kubetrain_pushes_rejected_total",
+                                          "kubetrain_restored_version",
+                                          "kubetrain_rpc_duration_seconds",
+                                          "kubetrain_sparse_pull_bytes_total",
+                                          "kubetrain_sparse_push_bytes_total",
+                                          "kubetrain_stale_gradients_dropped_total"}));
 }
 
 // Writes fail with `err` while it is non-zero (a disk that is full,
@@ -243,6 +255,13 @@ class SwitchableEnv : public EnvWrapper {
 double Counter(prometheus::Registry& registry, const std::string& name) {
   for (const auto& family : registry.Collect()) {
     if (family.name == name && !family.metric.empty()) return family.metric[0].counter.value;
+  }
+  return -1;
+}
+
+double Gauge(prometheus::Registry& registry, const std::string& name) {
+  for (const auto& family : registry.Collect()) {
+    if (family.name == name && !family.metric.empty()) return family.metric[0].gauge.value;
   }
   return -1;
 }
@@ -332,8 +351,8 @@ TEST_F(PsTaskTest, TheFinalCheckpointIsRetriedUntilItIsWritten) {
   SwitchableEnv env;
   PsTaskOptions options = Quiet();
   options.env = &env;
-  std::atomic<bool> interrupted{false};
-  options.interrupted = &interrupted;
+  std::atomic<int> signals{0};
+  options.signals = &signals;
   auto created = PsTask::Create(PsConfig({.training = CheckpointYaml("")}), options, &clock_,
                                 std::make_shared<prometheus::Registry>());
   ASSERT_TRUE(created.ok()) << created.status();
@@ -344,10 +363,138 @@ TEST_F(PsTaskTest, TheFinalCheckpointIsRetriedUntilItIsWritten) {
   env.err = ENOSPC;
   env.failures_left = 1;
   env.writes = 0;
-  interrupted = true;
+  signals = 1;
   EXPECT_TRUE(task->Serve().ok());
   EXPECT_EQ(env.writes, 2);
   EXPECT_EQ(Checkpoints(ckpt_dir_), std::vector<std::string>{"ckpt-000000000002.ktc"});
+}
+
+// A pull of the whole shard as the exporter (kubetrain export --from-ps)
+// makes it, over the in-process transport: its version and values.
+absl::StatusOr<std::pair<int64_t, std::vector<float>>> ExportPull(ShardChannel& channel) {
+  v1::PullRequest request;
+  request.set_task_type(v1::TASK_TYPE_EXPORTER);
+  std::vector<float> values;
+  auto header = channel.Pull(request, [&](const v1::TensorChunk& c) {
+    const float* f = reinterpret_cast<const float*>(c.data().data());
+    values.insert(values.end(), f, f + c.data().size() / sizeof(float));
+    return absl::OkStatus();
+  });
+  if (!header.ok()) return header.status();
+  return std::make_pair(header->version(), std::move(values));
+}
+
+absl::StatusOr<v1::PushResponse> PushOnes(ShardChannel& channel, const Shard& shard) {
+  std::vector<std::vector<float>> grads = Grads(shard);
+  std::vector<ChunkRef> chunks;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    chunks.push_back({&shard.parts()[i].name, 0, grads[i].data(), grads[i].size()});
+  }
+  v1::PushRequest::Header header;
+  header.set_worker_index(0);
+  header.set_version(shard.version());
+  header.set_worker_clock(shard.version() + 1);
+  return channel.Push(header, chunks);
+}
+
+class HoldingTest : public PsTaskTest {
+ protected:
+  // ps:0 of a trained job whose checkpoint directory turned read-only.
+  void SetUp() override {
+    PsTaskOptions options = Quiet();
+    options.env = &env_;
+    options.signals = &signals_;
+    options.keep_serving_after_checkpoint_failure = absl::Minutes(10);
+    const std::string training = CheckpointYaml("");
+    config_ = PsConfig({.training = training});
+    auto created = PsTask::Create(PsConfig({.training = training}), options, &clock_, registry_);
+    ASSERT_TRUE(created.ok()) << created.status();
+    task_ = std::move(*created);
+    ps_ =
+        InProcessPs::Over(config_, std::shared_ptr<Shard>(task_->shard(), [](Shard*) {}), &clock_);
+    channel_ = ps_->NewChannel(64);  // several chunks per part
+    for (int i = 0; i < 3; ++i) Step(task_->shard());
+    auto before = ExportPull(*channel_);
+    ASSERT_TRUE(before.ok()) << before.status();
+    trained_ = before->second;
+    env_.err = EROFS;
+    env_.writes = 0;
+  }
+
+  SwitchableEnv env_;
+  std::atomic<int> signals_{0};
+  std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
+  TaskConfig config_;
+  std::unique_ptr<PsTask> task_;
+  std::unique_ptr<InProcessPs> ps_;
+  std::unique_ptr<ShardChannel> channel_;
+  std::vector<float> trained_;
+};
+
+TEST_F(HoldingTest, AFailedFinalCheckpointServesPullsRefusesPushesAndExitsAfterTheGrace) {
+  signals_ = 1;  // SIGTERM (kubetrain run, the kubelet): the final checkpoint fails 4 times
+  EXPECT_FALSE(task_->RunRound(absl::ZeroDuration()));
+  EXPECT_EQ(env_.writes, 4);
+  EXPECT_TRUE(task_->holding_parameters());
+  EXPECT_EQ(Gauge(*registry_, "kubetrain_ps_holding_unsaved_parameters"), 1);
+  // The exporter reads every value as trained, version 3.
+  auto pulled = ExportPull(*channel_);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->first, 3);
+  EXPECT_EQ(pulled->second, trained_);
+  // A worker's push is refused and changes nothing.
+  auto push = PushOnes(*channel_, *task_->shard());
+  ASSERT_FALSE(push.ok());
+  EXPECT_EQ(push.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_CONTAINS(std::string(push.status().message()),
+                  "ps:0 is read-only: its final checkpoint could not be written to "
+                  "spec.training.checkpoint.directory " +
+                      ckpt_dir_);
+  EXPECT_EQ(task_->shard()->version(), 3);
+  EXPECT_EQ(ExportPull(*channel_)->second, trained_);
+  // Still serving until the grace is over (retries of the checkpoint fail).
+  clock_.Advance(absl::Minutes(9));
+  EXPECT_FALSE(task_->RunRound(absl::ZeroDuration()));
+  EXPECT_TRUE(ExportPull(*channel_).ok());
+  clock_.Advance(absl::Minutes(1));
+  EXPECT_TRUE(task_->RunRound(absl::ZeroDuration()));
+  EXPECT_FALSE(task_->holding_parameters());
+  EXPECT_EQ(Gauge(*registry_, "kubetrain_ps_holding_unsaved_parameters"), 0);
+  EXPECT_TRUE(Checkpoints(ckpt_dir_).empty());
+}
+
+TEST_F(HoldingTest, ASecondSigtermEndsTheHoldAtOnceAndServeFails) {
+  // At the job's end (the chief's Shutdown, every worker gone) as on SIGTERM.
+  ASSERT_TRUE(task_->shard()->RequestShutdown({TaskRole::kWorker, 0}).ok());
+  ASSERT_TRUE(task_->shard()->Leave({TaskRole::kWorker, 0}).ok());
+  EXPECT_FALSE(task_->RunRound(absl::ZeroDuration()));
+  EXPECT_TRUE(task_->holding_parameters());
+  EXPECT_FALSE(task_->RunRound(absl::ZeroDuration()));
+  signals_ = 1;
+  EXPECT_TRUE(task_->RunRound(absl::ZeroDuration()));
+  EXPECT_FALSE(task_->holding_parameters());
+}
+
+TEST_F(HoldingTest, ServeReturnsTheCheckpointErrorAfterTheHold) {
+  signals_ = 1;
+  std::thread second_sigterm([&] {
+    while (!task_->holding_parameters()) absl::SleepFor(absl::Milliseconds(1));
+    signals_ = 2;
+  });
+  absl::Status served = task_->Serve();
+  second_sigterm.join();
+  EXPECT_FALSE(served.ok());
+  EXPECT_CONTAINS(std::string(served.message()),
+                  "the final checkpoint of ps:0 at version 3 could not be written");
+}
+
+TEST_F(HoldingTest, ACheckpointWrittenWhileHoldingEndsTheHoldWithSuccess) {
+  signals_ = 1;
+  EXPECT_FALSE(task_->RunRound(absl::ZeroDuration()));
+  env_.err = 0;  // the disk is writable again
+  clock_.Advance(absl::Minutes(1));
+  EXPECT_TRUE(task_->RunRound(absl::ZeroDuration()));
+  EXPECT_EQ(Checkpoints(ckpt_dir_), std::vector<std::string>{"ckpt-000000000003.ktc"});
 }
 
 }  // namespace

@@ -261,6 +261,10 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
       service_->metrics_.push_bytes->Increment(static_cast<double>(
           msg.has_chunk() ? msg.chunk().data().size() : msg.sparse().data().size()));
     }
+    if (service_->metrics_.sparse_push_bytes && msg.has_sparse()) {
+      service_->metrics_.sparse_push_bytes->Increment(
+          static_cast<double>(msg.sparse().data().size()));
+    }
     StartRead(&in_);
   }
 

@@ -74,6 +74,7 @@ struct PsServiceMetrics {
   prometheus::Counter* pull_bytes = nullptr;         // sent to workers
   prometheus::Counter* push_bytes = nullptr;         // received from workers (dense and sparse)
   prometheus::Counter* sparse_pull_bytes = nullptr;  // table rows sent to workers
+  prometheus::Counter* sparse_push_bytes = nullptr;  // table gradient rows received
   prometheus::Gauge* push_streams = nullptr;         // push streams open now
   // Push streams refused for a limit or closed as idle.
   prometheus::Counter* push_streams_refused = nullptr;

@@ -18,6 +18,7 @@ namespace kubetrain {
 std::string TaskName(const TaskId& task) {
   const char* role = task.role == TaskRole::kChief       ? "chief"
                      : task.role == TaskRole::kEvaluator ? "evaluator"
+                     : task.role == TaskRole::kExporter  ? "exporter"
                                                          : "worker";
   return absl::StrCat(role, ":", task.index);
 }
@@ -63,22 +64,35 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options
   auto opt = CreateOptimizer(optimizer, sizes);
   if (!opt.ok()) return opt.status();
   std::vector<std::unique_ptr<RowOptimizer>> row_opts;
+  std::vector<std::unique_ptr<DynamicTable>> dynamic;
   for (const TablePlacement& t : placement.tables) {
     const OptimizerSpec& spec =
         t.wide && options.wide_optimizer.has_value() ? *options.wide_optimizer : optimizer;
-    auto ro =
-        RowOptimizer::Create(spec, t.LocalRows(options.shard_index, placement.num_shards), t.dim);
+    const int64_t rows = t.dynamic ? 0 : t.LocalRows(options.shard_index, placement.num_shards);
+    auto ro = RowOptimizer::Create(spec, rows, t.dim);
     if (!ro.ok()) return ro.status();
-    row_opts.push_back(std::move(*ro));
+    if (t.dynamic) {
+      const VariableSpec var = model.variables()[t.variable];
+      const uint64_t seed = options.seed;
+      dynamic.push_back(std::make_unique<DynamicTable>(
+          t.dim, t.MaxRowsPerShard(placement.num_shards),
+          [var, seed](int64_t id, float* out) { InitialTableRow(var, seed, id, out); },
+          std::move(*ro)));
+      row_opts.emplace_back();
+    } else {
+      dynamic.emplace_back();
+      row_opts.push_back(std::move(*ro));
+    }
   }
   ShardOptions with_shards = options;
   with_shards.num_shards = placement.num_shards;
   std::unique_ptr<Shard> shard(new Shard(with_shards, parts, std::move(*opt), placement.tables,
-                                         std::move(row_opts), clock, metrics));
+                                         std::move(row_opts), std::move(dynamic), clock, metrics));
   absl::MutexLock l(&shard->mu_);
   for (size_t t = 0; t < placement.tables.size(); ++t) {
     // Row r of the table is local row r / num_shards of shard r % num_shards.
     const TablePlacement& table = placement.tables[t];
+    if (table.dynamic) continue;
     const std::vector<float> full = model.InitialValue(table.variable, options.seed);
     std::vector<float>& local = shard->table_values_[t];
     local.resize(shard->table_local_rows_[t] * table.dim);
@@ -102,7 +116,8 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options
 
 Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique_ptr<Optimizer> opt,
              std::vector<TablePlacement> tables,
-             std::vector<std::unique_ptr<RowOptimizer>> row_opts, const Clock* clock,
+             std::vector<std::unique_ptr<RowOptimizer>> row_opts,
+             std::vector<std::unique_ptr<DynamicTable>> dynamic, const Clock* clock,
              ShardMetrics metrics)
     : options_(std::move(options)),
       parts_(std::move(parts)),
@@ -110,7 +125,9 @@ Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique
       table_local_rows_([this] {
         std::vector<int64_t> rows;
         const int shards = std::max(1, options_.num_shards);
-        for (const auto& t : tables_) rows.push_back(t.LocalRows(options_.shard_index, shards));
+        for (const auto& t : tables_) {
+          rows.push_back(t.dynamic ? 0 : t.LocalRows(options_.shard_index, shards));
+        }
         return rows;
       }()),
       gradient_bytes_([this] {
@@ -123,6 +140,7 @@ Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique
   absl::MutexLock l(&mu_);
   optimizer_ = std::move(opt);
   row_opts_ = std::move(row_opts);
+  dynamic_ = std::move(dynamic);
   table_values_.resize(tables_.size());
   values_.resize(parts_.size());
   staged_values_.resize(parts_.size());
@@ -169,20 +187,50 @@ int Shard::TableIndex(const std::string& name) const {
   return -1;
 }
 
+std::vector<int64_t> Shard::TableBytes() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int64_t> bytes(tables_.size());
+  for (size_t i = 0; i < tables_.size(); ++i) {
+    if (dynamic_[i]) {
+      bytes[i] = dynamic_[i]->Bytes();
+      continue;
+    }
+    int64_t floats = static_cast<int64_t>(table_values_[i].size());
+    for (const std::vector<float>* slot : row_opts_[i]->Slots()) {
+      floats += static_cast<int64_t>(slot->size());
+    }
+    bytes[i] = floats * 4;
+  }
+  return bytes;
+}
+
+std::vector<Shard::TableCounts> Shard::TableRowCounts() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<TableCounts> out(tables_.size());
+  for (size_t i = 0; i < tables_.size(); ++i) {
+    if (dynamic_[i]) {
+      out[i] = {dynamic_[i]->size(), dynamic_[i]->rows_created(), dynamic_[i]->rows_evicted()};
+    } else {
+      out[i].rows = table_local_rows_[i];
+    }
+  }
+  return out;
+}
+
 namespace {
 
 // INVALID_ARGUMENT unless every id is a row of `table` held by `shard`.
 absl::Status CheckIds(const TablePlacement& table, int shard, int num_shards,
                       const std::vector<int64_t>& ids) {
   for (int64_t id : ids) {
-    if (id < 0 || id >= table.rows) {
+    if (!table.dynamic && (id < 0 || id >= table.rows)) {
       return absl::InvalidArgumentError(
           absl::StrCat("table ", table.name, ": id ", id, " out of range [0, ", table.rows, ")"));
     }
     if (TableShardOfRow(id, num_shards) != shard) {
       return absl::InvalidArgumentError(absl::StrCat(
           "table ", table.name, ": id ", id, " lives on ps:", TableShardOfRow(id, num_shards),
-          " (id mod ", num_shards, "), not on ps:", shard));
+          " (id mod ", num_shards, (table.dynamic ? ", unsigned" : ""), "), not on ps:", shard));
     }
   }
   return absl::OkStatus();
@@ -210,6 +258,18 @@ absl::StatusOr<Shard::RowsResult> Shard::PullRows(
   for (const auto& [t, list] : ids) {
     const int64_t dim = tables_[t].dim;
     std::vector<float> rows(list.size() * dim);
+    if (DynamicTable* d = dynamic_[t].get()) {
+      if (task.role == TaskRole::kWorker) {
+        const std::vector<int64_t> held = d->Touch(list);  // creates the missing rows
+        for (size_t i = 0; i < list.size(); ++i) {
+          std::copy_n(d->values() + held[i] * dim, dim, rows.data() + i * dim);
+        }
+      } else {
+        d->Read(list, rows.data());  // readers create nothing
+      }
+      r.rows.push_back(std::move(rows));
+      continue;
+    }
     for (size_t i = 0; i < list.size(); ++i) {
       const int64_t local = TableLocalRow(list[i], options_.num_shards);
       std::copy_n(table_values_[t].data() + local * dim, dim, rows.data() + i * dim);
@@ -274,7 +334,7 @@ std::vector<Shard::SparseGrad> Shard::AggregateSparse(
 bool Shard::Done() const { return version_ >= options_.target_steps; }
 
 bool Shard::CanServe(const PullWait& w, absl::Time now) const {
-  if (Done() || shutdown_) return true;
+  if (Done() || shutdown_ || !read_only_reason_.empty()) return true;
   if (w.incarnation != 0 && w.incarnation != options_.incarnation) return true;
   if (version_ < w.min_version) return false;
   if (w.role == TaskRole::kWorker && options_.mode == TrainingMode::kAsync &&
@@ -378,6 +438,10 @@ absl::Status Shard::CheckTask(const TaskId& task) const {
                                                      options_.has_chief_task
                                                          ? " (the job has one chief)"
                                                          : " (the job has no Chief replica)"));
+    case TaskRole::kExporter:
+      if (task.index == 0) return absl::OkStatus();
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown task ", TaskName(task), " (the exporter is exporter:0)"));
     case TaskRole::kEvaluator:
       if (task.index >= 0 && task.index < options_.num_evaluators) return absl::OkStatus();
       return absl::InvalidArgumentError(absl::StrCat("unknown task ", TaskName(task), " (job has ",
@@ -525,8 +589,14 @@ bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
   std::vector<std::vector<float>> staged_rows(sparse.size());
   for (size_t j = 0; j < sparse.size() && finite; ++j) {
     const SparseGrad& g = sparse[j];
-    for (int64_t id : g.ids) local[j].push_back(TableLocalRow(id, options_.num_shards));
     staged_rows[j].resize(g.rows.size());
+    if (DynamicTable* d = dynamic_[g.table].get()) {
+      local[j] = d->Touch(g.ids);  // rows evicted since the pull come back at their initial value
+      finite =
+          d->optimizer()->Stage(d->values(), local[j], g.rows.data(), step, staged_rows[j].data());
+      continue;
+    }
+    for (int64_t id : g.ids) local[j].push_back(TableLocalRow(id, options_.num_shards));
     finite = row_opts_[g.table]->Stage(table_values_[g.table].data(), local[j], g.rows.data(), step,
                                        staged_rows[j].data());
     // A table appears once in `sparse`, so its staged slots are still these at commit.
@@ -551,11 +621,12 @@ bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
   for (size_t j = 0; j < sparse.size(); ++j) {
     const int t = sparse[j].table;
     const int64_t dim = tables_[t].dim;
+    DynamicTable* d = dynamic_[t].get();
+    float* values = d ? d->mutable_values() : table_values_[t].data();
     for (size_t i = 0; i < local[j].size(); ++i) {
-      std::copy_n(staged_rows[j].data() + i * dim, dim,
-                  table_values_[t].data() + local[j][i] * dim);
+      std::copy_n(staged_rows[j].data() + i * dim, dim, values + local[j][i] * dim);
     }
-    row_opts_[t]->Commit(local[j]);
+    (d ? d->optimizer() : row_opts_[t].get())->Commit(local[j]);
   }
   return true;
 }
@@ -625,6 +696,7 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
   PushResult result;
   {
     absl::MutexLock l(&mu_);
+    if (!read_only_reason_.empty()) return absl::FailedPreconditionError(read_only_reason_);
     result.done = Done();
     if (result.done) {
       result.version = version_;
@@ -711,7 +783,7 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
 
 absl::Status Shard::Leave(const TaskId& task) {
   if (absl::Status valid = CheckTask(task); !valid.ok()) return valid;
-  if (task.role == TaskRole::kChief) return absl::OkStatus();
+  if (task.role == TaskRole::kChief || task.role == TaskRole::kExporter) return absl::OkStatus();
   std::vector<std::pair<Waiter, Snapshot>> ready;
   {
     absl::MutexLock l(&mu_);
@@ -741,6 +813,21 @@ absl::Status Shard::RequestShutdown(const TaskId& from) {
   }
   RunReady(std::move(ready));
   return absl::OkStatus();
+}
+
+void Shard::SetReadOnly(const std::string& reason) {
+  std::vector<std::pair<Waiter, Snapshot>> ready;
+  {
+    absl::MutexLock l(&mu_);
+    read_only_reason_ = reason.empty() ? "this PS is read-only" : reason;
+    ready = TakeReadyWaiters(clock_->Now());
+  }
+  RunReady(std::move(ready));
+}
+
+bool Shard::read_only() const {
+  absl::MutexLock l(&mu_);
+  return !read_only_reason_.empty();
 }
 
 bool Shard::shutdown_requested() const {
@@ -809,6 +896,20 @@ ShardCheckpoint Shard::CheckpointLocked() const {
     c.slots.push_back(std::move(slots));
   }
   for (size_t t = 0; t < tables_.size(); ++t) {
+    if (dynamic_[t]) {
+      DynamicTable::Rows held = dynamic_[t]->Export();  // least recently used first
+      std::vector<float> ids(held.ids.size() * kTableIdFloats);
+      for (size_t i = 0; i < held.ids.size(); ++i) {
+        EncodeTableId(held.ids[i], ids.data() + i * kTableIdFloats);
+      }
+      c.part_names.push_back(tables_[t].name + "@ids");
+      c.values.push_back(std::move(ids));
+      c.slots.emplace_back();
+      c.part_names.push_back(tables_[t].name + "@rows");
+      c.values.push_back(std::move(held.values));
+      c.slots.push_back(std::move(held.slots));
+      continue;
+    }
     c.part_names.push_back(tables_[t].name + "@rows");
     c.values.push_back(table_values_[t]);
     std::vector<std::vector<float>> slots;
@@ -820,7 +921,8 @@ ShardCheckpoint Shard::CheckpointLocked() const {
 }
 
 absl::Status Shard::Restore(const ShardCheckpoint& c) {
-  const size_t all = parts_.size() + tables_.size();  // the tables' rows come last
+  size_t all = parts_.size() + tables_.size();      // the tables' parts come last
+  for (const auto& d : dynamic_) all += d ? 1 : 0;  // "@ids" and "@rows"
   if (c.part_names.size() != all || c.values.size() != all || c.slots.size() != all) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint has ", c.part_names.size(), " parts, shard holds ", all));
@@ -841,8 +943,48 @@ absl::Status Shard::Restore(const ShardCheckpoint& c) {
       }
     }
   }
-  for (size_t t = 0; t < tables_.size(); ++t) {
-    const size_t i = parts_.size() + t;
+  // Dynamic tables' rows as read from the checkpoint, validated by
+  // DynamicTable (sizes, slots, distinct ids) before anything is loaded.
+  std::vector<std::optional<DynamicTable::Rows>> dynamic_rows(tables_.size());
+  for (size_t t = 0, i = parts_.size(); t < tables_.size(); ++t, ++i) {
+    if (dynamic_[t]) {
+      const std::vector<float>& enc = c.values[i];
+      bool ok = c.part_names[i] == tables_[t].name + "@ids" && c.slots[i].empty() &&
+                enc.size() % kTableIdFloats == 0 &&
+                c.part_names[i + 1] == tables_[t].name + "@rows";
+      DynamicTable::Rows rows;
+      for (size_t k = 0; ok && k < enc.size(); k += kTableIdFloats) {
+        const int64_t id = DecodeTableId(enc.data() + k);
+        ok = TableShardOfRow(id, options_.num_shards) == options_.shard_index;
+        rows.ids.push_back(id);
+      }
+      if (!ok) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint parts ", c.part_names[i], ", ", c.part_names[i + 1],
+                         " do not match the ids and rows of the dynamic table ", tables_[t].name));
+      }
+      ++i;
+      rows.values = c.values[i];
+      rows.slots = c.slots[i];
+      if (static_cast<int>(rows.slots.size()) != dynamic_[t]->optimizer()->num_slots() ||
+          rows.values.size() != rows.ids.size() * tables_[t].dim) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint part ", c.part_names[i], " does not match the rows of ", tables_[t].name));
+      }
+      for (const auto& slot : rows.slots) {
+        if (slot.size() != rows.values.size()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "checkpoint optimizer slot of ", c.part_names[i], " has the wrong size"));
+        }
+      }
+      std::set<int64_t> distinct(rows.ids.begin(), rows.ids.end());
+      if (distinct.size() != rows.ids.size()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint part ", c.part_names[i - 1], " repeats an id"));
+      }
+      dynamic_rows[t] = std::move(rows);
+      continue;
+    }
     auto slots = row_opts_[t]->Slots();
     bool ok = c.part_names[i] == tables_[t].name + "@rows" &&
               c.values[i].size() == table_values_[t].size() && c.slots[i].size() == slots.size();
@@ -858,8 +1000,13 @@ absl::Status Shard::Restore(const ShardCheckpoint& c) {
     auto slots = optimizer_->Slots(static_cast<int>(i));
     for (size_t k = 0; k < slots.size(); ++k) *slots[k] = c.slots[i][k];
   }
-  for (size_t t = 0; t < tables_.size(); ++t) {
-    const size_t i = parts_.size() + t;
+  for (size_t t = 0, i = parts_.size(); t < tables_.size(); ++t, ++i) {
+    if (dynamic_[t]) {
+      ++i;                                                            // "@ids", then "@rows"
+      absl::Status imported = dynamic_[t]->Import(*dynamic_rows[t]);  // validated above
+      if (!imported.ok()) return imported;
+      continue;
+    }
     table_values_[t] = c.values[i];
     auto slots = row_opts_[t]->Slots();
     for (size_t k = 0; k < slots.size(); ++k) *slots[k] = c.slots[i][k];

@@ -46,6 +46,12 @@
 // pulls wait only for min_version, they are not in the barrier, the staleness
 // bound or the worker clocks, and their Leave is not a worker's. Only the task
 // that does the chief's duties (the chief, else worker 0) may end the job.
+// The exporter reads like them and is always admitted (index 0).
+//
+// Read-only (SetReadOnly): the PS task could not save the parameters and
+// holds them for `kubetrain export --from-ps`: every push is refused with
+// FAILED_PRECONDITION and its reason, nothing changes any more, and every
+// pull (held ones too) is answered at once.
 //
 // Embedding tables: the shard holds rows r = shard_index (mod num_shards) of
 // every table (core/placement.h TablePlacement), each with a row-wise
@@ -61,6 +67,18 @@
 // updates of a step are staged together and committed together (or refused
 // together as non-finite). Tables are checkpointed and restored with the
 // dense parts, as extra parts named "<table>@rows".
+//
+// Dynamic tables (TablePlacement::dynamic): the shard holds the rows of the
+// ids it owns (id mod num_shards, unsigned) in a DynamicTable, bounded to
+// MaxRowsPerShard rows (least recently used evicted). A worker's PullRows
+// creates the missing rows (their deterministic initial value) and marks
+// them used; a reader's (chief, evaluator) reads a missing row as its
+// initial value without creating it. A push creates the rows it names that
+// are missing (evicted since the pull: the gradient applies to the initial
+// value); rows created by a push whose update is refused as non-finite stay
+// (untrained). Checkpoints hold the held rows only, least recently used
+// first: parts "<table>@ids" (3 floats per id, EncodeTableId) and
+// "<table>@rows" (values, optimizer slots), restored with the recency order.
 //
 // Thread safety: all methods are thread-safe. Pull callbacks run without the
 // shard's lock held, exactly once per Pull.
@@ -86,6 +104,7 @@
 #include "core/placement.h"
 #include "core/task_config.h"
 #include "ps/checkpoint.h"
+#include "ps/dynamic_table.h"
 #include "ps/optimizer.h"
 
 namespace prometheus {
@@ -96,8 +115,9 @@ class Histogram;
 
 namespace kubetrain {
 
-// Who sends a request: a training worker, or a task that only reads.
-enum class TaskRole { kWorker, kChief, kEvaluator };
+// Who sends a request: a training worker, or a task that only reads. The
+// exporter (`kubetrain export --from-ps`, index 0) is a reader every job has.
+enum class TaskRole { kWorker, kChief, kEvaluator, kExporter };
 struct TaskId {
   TaskRole role = TaskRole::kWorker;
   int index = 0;
@@ -226,6 +246,16 @@ class Shard {
   const std::vector<TablePlacement>& tables() const { return tables_; }
   // Index into tables() of the table with this name, or -1.
   int TableIndex(const std::string& name) const;
+  // Per table (tables() order): bytes of its rows held here and their
+  // optimizer slots (local rows x dim x 4 x (1 + slots)); a dynamic table's
+  // DynamicTable::Bytes (ids, LRU links and hash map too).
+  std::vector<int64_t> TableBytes() const;
+  struct TableCounts {
+    int64_t rows = 0;     // held here now
+    int64_t created = 0;  // dynamic tables: rows created since the start
+    int64_t evicted = 0;  // dynamic tables: rows evicted since the start
+  };
+  std::vector<TableCounts> TableRowCounts() const;
   // Rows of this shard's tables, by table and global id. INVALID_ARGUMENT
   // (nothing read) for an unknown task or table, an id out of range or
   // held by another shard.
@@ -279,6 +309,10 @@ class Shard {
   // `from` is the task that does the chief's duties.
   absl::Status RequestShutdown(const TaskId& from);
   bool shutdown_requested() const;
+  // See Read-only above: from now on pushes get FAILED_PRECONDITION(reason)
+  // and held pulls are answered.
+  void SetReadOnly(const std::string& reason);
+  bool read_only() const;
   bool all_workers_left() const;
   bool all_evaluators_left() const;
   int64_t version() const;
@@ -308,7 +342,8 @@ class Shard {
   };
   Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique_ptr<Optimizer> opt,
         std::vector<TablePlacement> tables, std::vector<std::unique_ptr<RowOptimizer>> row_opts,
-        const Clock* clock, ShardMetrics metrics);
+        std::vector<std::unique_ptr<DynamicTable>> dynamic, const Clock* clock,
+        ShardMetrics metrics);
 
   bool Done() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanServe(const PullWait& w, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -375,7 +410,9 @@ class Shard {
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   // Per table: its local rows (local_rows x dim) and their row-wise optimizer.
   std::vector<std::vector<float>> table_values_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<RowOptimizer>> row_opts_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<RowOptimizer>> row_opts_ ABSL_GUARDED_BY(mu_);  // null: dynamic
+  // Per table: its rows if it is dynamic, else null.
+  std::vector<std::unique_ptr<DynamicTable>> dynamic_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   // The next values, written by the optimizer's Stage and swapped with
   // values_ when an update is committed.
@@ -397,6 +434,7 @@ class Shard {
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::string read_only_reason_ ABSL_GUARDED_BY(mu_);  // "" = not read-only
   ShardStatsSnapshot stats_ ABSL_GUARDED_BY(mu_);
   std::optional<ShardCheckpoint> pending_checkpoint_ ABSL_GUARDED_BY(mu_);
   // The snapshot of `snapshot_version_`, shared by every pull of that version;

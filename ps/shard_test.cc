@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -651,6 +652,10 @@ TEST(ShardTableTest, HoldsTheRowsOfItsShardByIdModShards) {
     EXPECT_EQ(rows[k], init[8 * 16 + k]);
     EXPECT_EQ(rows[16 + k], init[2 * 16 + k]);
   }
+  // 5 of the 10 rows, 16 floats each, no slots under sgd.
+  EXPECT_EQ(f.shard->TableBytes(), std::vector<int64_t>{5 * 16 * 4});
+  TableFixture adam("adam");  // 2 slots (first and second moments)
+  EXPECT_EQ(adam.shard->TableBytes(), std::vector<int64_t>{5 * 16 * 4 * 3});
 }
 
 // Sync: per-worker sparse gradients (overlapping ids, a duplicate id within
@@ -782,6 +787,118 @@ TEST(ShardTableTest, CheckpointRestoresTableRowsAndSlots) {
   // A checkpoint whose table rows do not match is refused.
   c.values.back().pop_back();
   EXPECT_EQ(restarted->Restore(c).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Dynamic tables: the fixture's table made dynamic (max_rows over the 2
+// shards; shard 0 owns the ids that are even as unsigned 64-bit values).
+struct DynamicFixture : TableFixture {
+  DynamicFixture(const std::string& optimizer, int64_t max_rows, int workers = 1,
+                 TrainingMode mode = TrainingMode::kAsync)
+      : TableFixture(optimizer, workers, mode) {
+    placement.tables[0].dynamic = true;
+    placement.tables[0].rows = 0;
+    placement.tables[0].max_rows = max_rows;
+    options.has_chief_task = true;  // reads as the chief (a reader)
+    shard = Make();
+  }
+  std::vector<float> Init(int64_t id) const {
+    std::vector<float> out(16);
+    model->InitialRow(model->tables()[0], 1, id, out.data());
+    return out;
+  }
+  std::vector<float> Read(const std::vector<int64_t>& ids, Shard* s = nullptr) {
+    auto r = (s ? s : shard.get())->PullRows({TaskRole::kChief, 0}, {{0, ids}});
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->rows[0] : std::vector<float>();
+  }
+};
+
+constexpr int64_t kBigId = -4;  // 0xff..fc: even as unsigned, so shard 0's
+
+TEST(ShardDynamicTableTest, RowsAreCreatedOnFirstTouchDeterministicallyAcrossRestarts) {
+  DynamicFixture f("sgd", 0);
+  // A reader (the chief) sees the initial value and creates nothing.
+  EXPECT_EQ(f.Read({kBigId}), f.Init(kBigId));
+  EXPECT_EQ(f.shard->TableRowCounts()[0].rows, 0);
+  std::vector<float> first = f.Rows({kBigId, 1000000000002, 2});
+  EXPECT_EQ(f.shard->TableRowCounts()[0].rows, 3);
+  EXPECT_EQ(f.shard->TableRowCounts()[0].created, 3);
+  EXPECT_EQ(std::vector<float>(first.begin(), first.begin() + 16), f.Init(kBigId));
+  // A re-created shard (a PS restart without a checkpoint) recreates them identically.
+  std::unique_ptr<Shard> again = f.Make();
+  EXPECT_EQ(f.Rows({kBigId, 1000000000002, 2}, again.get()), first);
+  // Ownership is id mod shards over unsigned ids.
+  auto other = f.shard->PullRows({TaskRole::kWorker, 0}, {{0, {-3}}});
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(other.status().message().find("lives on ps:1"), absl::string_view::npos)
+      << other.status();
+  // Bytes: the DynamicTable's.
+  EXPECT_GE(f.shard->TableBytes()[0], 3 * 16 * 4);
+}
+
+TEST(ShardDynamicTableTest, MaxRowsEvictsTheLeastRecentlyUsedAndAPushRecreates) {
+  DynamicFixture f("sgd", 6);  // 3 rows on each of the 2 shards
+  f.Rows({2, 4, 6});
+  f.Rows({2});
+  f.Rows({8});  // evicts 4
+  Shard::TableCounts n = f.shard->TableRowCounts()[0];
+  EXPECT_EQ(n.rows, 3);
+  EXPECT_EQ(n.created, 4);
+  EXPECT_EQ(n.evicted, 1);
+  // A gradient for an evicted row applies to its initial value (recreated).
+  Shard::SparseGrad g{0, {4}, std::vector<float>(16, 1.0f)};
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.DenseGrads(), {g}).ok());
+  std::vector<float> want = f.Init(4);
+  for (float& v : want) v -= 0.1f;
+  EXPECT_EQ(f.Read({4}), want);
+  n = f.shard->TableRowCounts()[0];
+  EXPECT_EQ(n.evicted, 2);  // 6 (least recent now) made room
+  EXPECT_EQ(n.created, 5);
+  EXPECT_EQ(f.Read({6}), f.Init(6));
+}
+
+TEST(ShardDynamicTableTest, CheckpointHoldsOnlyExistingRowsAndRestoresThroughAFile) {
+  DynamicFixture f("adagrad", 100);
+  Shard::SparseGrad g{0, {kBigId, 10}, std::vector<float>(32, 0.5f)};
+  f.Rows({kBigId, 10, 12});
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.DenseGrads(), {g}).ok());
+  ShardCheckpoint c = f.shard->Checkpoint();
+  ASSERT_GE(c.part_names.size(), 2u);
+  EXPECT_EQ(c.part_names[c.part_names.size() - 2], "embedding.c@ids");
+  EXPECT_EQ(c.part_names.back(), "embedding.c@rows");
+  EXPECT_EQ(c.values.back().size(), 3u * 16);  // three rows exist, nothing else is written
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/dynamic_ckpt";
+  ASSERT_TRUE(WriteShardCheckpoint(dir, c).ok());
+  auto read = RestoreShardCheckpoint(dir, 0, c.model_fingerprint, c.optimizer_type, nullptr);
+  ASSERT_TRUE(read.ok()) << read.status();
+  std::unique_ptr<Shard> restarted = f.Make();
+  ASSERT_TRUE(restarted->Restore(*read).ok());
+  EXPECT_EQ(restarted->TableRowCounts()[0].rows, 3);
+  const std::vector<int64_t> ids = {kBigId, 10, 12};
+  EXPECT_EQ(f.Read(ids, restarted.get()), f.Read(ids));
+  EXPECT_NE(f.Read({kBigId}), f.Init(kBigId));  // trained
+  // The same push on both gives the same rows: the accumulators came back too.
+  ASSERT_TRUE(f.shard->Push({0, 1, 2}, f.DenseGrads(), {g}).ok());
+  ASSERT_TRUE(restarted->Push({0, 1, 2}, f.DenseGrads(), {g}).ok());
+  EXPECT_EQ(f.Read(ids, restarted.get()), f.Read(ids));
+  // Bad: an id of the other shard; rows that do not match the ids.
+  ShardCheckpoint bad = c;
+  EncodeTableId(3, bad.values[bad.values.size() - 2].data());
+  EXPECT_EQ(restarted->Restore(bad).code(), absl::StatusCode::kFailedPrecondition);
+  bad = c;
+  bad.values.back().pop_back();
+  EXPECT_EQ(restarted->Restore(bad).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(restarted->version(), 2);
+}
+
+TEST(TableIdEncodingTest, RoundTripsEvery64BitValueExactlyInFloats) {
+  for (int64_t id : {int64_t{0}, int64_t{1}, int64_t{-1}, kBigId, INT64_MIN, INT64_MAX,
+                     int64_t{0x123456789abcdef0}}) {
+    float enc[kTableIdFloats];
+    EncodeTableId(id, enc);
+    for (float v : enc) EXPECT_LT(v, 4194304.0f);  // 2^22: exact in float32
+    EXPECT_EQ(DecodeTableId(enc), id);
+  }
 }
 
 }  // namespace

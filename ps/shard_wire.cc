@@ -20,6 +20,9 @@ absl::StatusOr<TaskId> TaskFromWire(int type, int index) {
     case v1::TASK_TYPE_EVALUATOR:
       task = {TaskRole::kEvaluator, index};
       break;
+    case v1::TASK_TYPE_EXPORTER:
+      task = {TaskRole::kExporter, index};
+      break;
     default:
       return absl::InvalidArgumentError(absl::StrCat("unknown task_type ", type));
   }

@@ -15,6 +15,8 @@ _LIBS = {
     "zlib": (["zlib"], []),
     "gtest": (["gtest"], []),
     "gtest_main": (["gtest_main", "gtest"], []),
+    # Swiss tables (ps/dynamic_table): only the targets that use them link them.
+    "absl_hash_map": (["absl_flat_hash_map"], []),
     "absl": (["absl_status", "absl_statusor", "absl_strings", "absl_str_format", "absl_synchronization", "absl_time"], []),
     # cpprestsdk ships no pkg-config file on Debian 12.
     "cpprest": ([], ["-lcpprest", "-lssl", "-lcrypto", "-lpthread"]),

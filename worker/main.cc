@@ -4,6 +4,13 @@
 // result on stdout ("kubetrain-progress {json}" / "kubetrain-result {json}",
 // core/job_report.h) and ends the job on every PS. Exit code 0 when the job
 // reached its target, 1 if training failed, 2 on a configuration error.
+//
+// With --export_from_ps=HOST:PORT,... it is the exporter instead (what
+// `kubetrain export --from-ps` runs; worker/model_export.h): it pulls the
+// whole model from those PS tasks of --config's job and writes it to
+// --export_model (no TF_CONFIG). Exit code 0 when written, 1 if the PS tasks
+// cannot be read or the file cannot be written, 2 on bad input (a PS count or
+// fingerprint that does not match the job).
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -12,10 +19,12 @@
 
 #include <prometheus/registry.h>
 
+#include "absl/strings/str_split.h"
 #include "core/flags.h"
 #include "core/log.h"
 #include "core/task_config.h"
 #include "worker/grpc_shard_channel.h"
+#include "worker/model_export.h"
 #include "worker/worker_task.h"
 
 int main(int argc, char** argv) {
@@ -39,6 +48,10 @@ int main(int argc, char** argv) {
   parser.Int("step_delay_ms", &step_delay_ms,
              "sleep this long before every step: makes this worker a straggler (for experiments "
              "and tests)");
+  std::string export_from_ps;
+  parser.String("export_from_ps", &export_from_ps,
+                "be the exporter: pull the whole model from these PS tasks (host:port of ps:0, "
+                "ps:1, ... comma-separated) and write it to --export_model");
   std::string termination_log;
   AddTerminationLogFlag(parser, &termination_log);
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
@@ -51,6 +64,29 @@ int main(int argc, char** argv) {
   InitProcess(ProcessProfile::kTensorBuffers);
 
   RealClock clock;
+  if (!export_from_ps.empty()) {
+    ExportFromPsOptions export_options;
+    export_options.job_file = config_file;
+    export_options.ps_addresses = absl::StrSplit(export_from_ps, ',', absl::SkipEmpty());
+    export_options.output = options.export_model;
+    if (export_options.output.empty()) {
+      std::fprintf(stderr, "error: --export_from_ps needs --export_model (the file to write)\n");
+      return 2;
+    }
+    auto exported = ExportFromPs(export_options, NewGrpcShardChannel, &clock);
+    if (!exported.ok()) {
+      const absl::Status& s = exported.status();
+      const bool bad_input = absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s);
+      return ExitWithError(bad_input ? 2 : 1, s.message(), termination_log);
+    }
+    Log("exported ", export_options.job_file, "'s model at global step ", exported->global_step,
+        " from ", export_options.ps_addresses.size(), " PS tasks to ", exported->path,
+        exported->test_metrics.accuracy
+            ? absl::StrCat(", test accuracy ", *exported->test_metrics.accuracy)
+            : std::string(),
+        " (kubetrain eval ", exported->path, ")");
+    return 0;
+  }
   auto config = LoadTaskConfig(config_file, tf_config);
   if (!config.ok()) {
     return ExitWithError(2, config.status().message(), termination_log);

@@ -111,6 +111,7 @@ PsClient::~PsClient() = default;
 std::string PsClient::TaskName() const {
   const char* type = options_.task_type == v1::TASK_TYPE_CHIEF       ? "chief"
                      : options_.task_type == v1::TASK_TYPE_EVALUATOR ? "evaluator"
+                     : options_.task_type == v1::TASK_TYPE_EXPORTER  ? "exporter"
                                                                      : "worker";
   return absl::StrCat(type, ":", options_.task_index);
 }

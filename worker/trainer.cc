@@ -70,26 +70,15 @@ absl::Status Export(const TaskConfig& config, const Params& params, int64_t vers
                     const Dataset& test, const std::string& path, const ExportPolicy& policy,
                     const Clock* clock, TrainResult* result) {
   if (path.empty()) return absl::OkStatus();
-  ModelFile file{config.model->spec(), params, version, config.job.name};
-  file.dataset_yaml = config.job.training.dataset_yaml;
-  file.norm_mean = test.norm_mean;
-  file.norm_std = test.norm_std;
-  absl::Duration delay = policy.backoff;
-  for (int attempt = 1;; ++attempt) {
-    absl::Status s = WriteModelFile(path, file, policy.env);
-    if (s.ok()) break;
-    ++result->export_failures;
-    if (attempt >= std::max(1, policy.attempts)) {
-      return absl::Status(
-          s.code(), absl::StrCat("cannot export the final model to ", path, " (", policy.field,
-                                 ") after ", attempt, " attempts: ", s.message(),
-                                 "; the job is not ended, so the PS tasks keep the parameters "
-                                 "and write a final checkpoint when stopped"));
-    }
-    Log("warning: chief: exporting the final model to ", path, " failed (attempt ", attempt, "/",
-        policy.attempts, "): ", s.message(), "; retrying in ", absl::FormatDuration(delay));
-    clock->SleepFor(delay);
-    delay *= 2;
+  if (absl::Status s = WriteModelExport(config, params, version, test, path, policy, clock,
+                                        &result->export_failures);
+      !s.ok()) {
+    return absl::Status(
+        s.code(),
+        absl::StrCat(s.message(),
+                     "; the job is not ended, so the PS tasks keep the parameters "
+                     "and write a final checkpoint when stopped (if they cannot, they hold "
+                     "the parameters for `kubetrain export --from-ps`)"));
   }
   result->model_path = path;
   Log("chief: exported the final model to ", path, " (kubetrain eval ", path, ")");

@@ -29,6 +29,7 @@
 #include "core/file_env.h"
 #include "core/job_report.h"
 #include "core/task_config.h"
+#include "worker/model_export.h"
 #include "worker/ps_client.h"
 
 namespace prometheus {
@@ -75,19 +76,11 @@ struct TrainResult {
   int64_t export_failures = 0;  // attempts at writing it that failed
 };
 
-// How the chief writes the final model file: a failed write is retried
-// `attempts` times in all, `backoff` apart and doubling; nothing is trained
-// again meanwhile. The job is only ended (Shutdown) once the model is
+// The chief writes the final model file per its ExportPolicy
+// (worker/model_export.h). The job is only ended (Shutdown) once the model is
 // written, so if it never is, the PS tasks still hold the parameters (and
-// write a final checkpoint when they are stopped).
-struct ExportPolicy {
-  FileEnv* env = FileEnv::Default();  // not owned
-  int attempts = 5;
-  absl::Duration backoff = absl::Seconds(1);
-  // What set the path, for the error: "spec.training.checkpoint.directory"
-  // or "--export_model".
-  std::string field = "--export_model";
-};
+// write a final checkpoint when they are stopped, or hold them for
+// `kubetrain export --from-ps` if they cannot).
 
 struct TrainerOptions {
   int worker_index = 0;

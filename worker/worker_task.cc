@@ -46,16 +46,7 @@ absl::StatusOr<std::shared_ptr<const Dataset>> LoadTest(const TaskConfig& config
 }  // namespace
 
 absl::Status WorkerTask::ExplainMismatch(const absl::Status& s) const {
-  if (!absl::IsFailedPrecondition(s)) return s;
-  // The refusal quotes the PS's fingerprint and ours; say which fields differ.
-  for (const std::string& theirs : FingerprintsIn(std::string(s.message()))) {
-    const std::string diff = DescribeFingerprintDifference(theirs, config_.fingerprint);
-    if (!diff.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(s.message(), " (differs: ", diff, "; give every task the same job file)"));
-    }
-  }
-  return s;
+  return ExplainFingerprintMismatch(s, config_.fingerprint, "give every task the same job file");
 }
 
 absl::StatusOr<std::unique_ptr<WorkerTask>> WorkerTask::Create(

@@ -1,0 +1,84 @@
+// The model file a job leaves behind (core/model_file.h), written from values
+// pulled off the PS tasks. One writer for both of its users:
+//
+//   the chief      at the end of training (worker/trainer.h), with the values
+//                  at the target version;
+//   the exporter   `kubetrain export --from-ps` (kubetrain-worker
+//                  --export_from_ps): a reader (TASK_TYPE_EXPORTER) that pulls
+//                  the whole model from live PS tasks as it is now -- e.g.
+//                  from PS tasks that hold parameters they could not
+//                  checkpoint (ps/ps_task.h) -- and writes it elsewhere.
+#ifndef KUBETRAIN_WORKER_MODEL_EXPORT_H_
+#define KUBETRAIN_WORKER_MODEL_EXPORT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/clock.h"
+#include "core/dataset.h"
+#include "core/file_env.h"
+#include "core/task_config.h"
+#include "ps/shard_channel.h"
+#include "worker/ps_client.h"
+
+namespace kubetrain {
+
+// How the model file is written: a failed write is retried `attempts` times
+// in all, `backoff` apart and doubling; nothing is trained again meanwhile.
+struct ExportPolicy {
+  FileEnv* env = FileEnv::Default();  // not owned
+  int attempts = 5;
+  absl::Duration backoff = absl::Seconds(1);
+  // What set the path, for the error: "spec.training.checkpoint.directory"
+  // or "--export_model".
+  std::string field = "--export_model";
+};
+
+// Writes `params` (the model's layout, tables whole) at `version` to `path`,
+// with the dataset section and `test`'s normalisation (so `kubetrain eval`
+// reads data as training did), retried per `policy`. *failures counts the
+// attempts that failed. The error: "cannot export the final model to PATH
+// (FIELD) after N attempts: <OS error>".
+absl::Status WriteModelExport(const TaskConfig& config, const Params& params, int64_t version,
+                              const Dataset& test, const std::string& path,
+                              const ExportPolicy& policy, const Clock* clock, int64_t* failures);
+
+// Every value of the model as the PS tasks hold it now: the dense variables
+// (one pull per shard, answered at once: no hold) and every embedding table
+// whole (PullTables: one request per shard, split by the chunk size).
+// Returns the global step (lowest shard version).
+absl::StatusOr<int64_t> PullWholeModel(PsClient* client, const Model& model, Params* params);
+
+struct ExportFromPsOptions {
+  std::string job_file;                   // the job's TrainingJob file
+  std::vector<std::string> ps_addresses;  // "host:port" of ps:0, ps:1, ... in order
+  std::string output;                     // the model file to write
+  absl::Duration connect_timeout = absl::Seconds(30);
+};
+
+struct ExportFromPsResult {
+  int64_t global_step = 0;
+  EvalMetrics test_metrics;  // of the exported values on the job's test set
+  std::string path;
+};
+
+// Channels to the PS tasks, one per address (gRPC in kubetrain-worker).
+using ChannelFactory =
+    std::function<std::unique_ptr<ShardChannel>(const std::string& address, int64_t chunk_bytes)>;
+
+// `kubetrain export --from-ps`: loads the job (its model, placement and
+// fingerprint), connects to every PS as the exporter, refuses PS tasks of
+// another job or shape (a count that differs from spec.replicaSpecs.PS, a
+// fingerprint that differs: the fields are named), pulls the whole model,
+// evaluates it on the job's test set and writes it to options.output.
+absl::StatusOr<ExportFromPsResult> ExportFromPs(const ExportFromPsOptions& options,
+                                                const ChannelFactory& channels, const Clock* clock);
+
+}  // namespace kubetrain
+
+#endif  // KUBETRAIN_WORKER_MODEL_EXPORT_H_
