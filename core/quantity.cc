@@ -13,10 +13,10 @@ namespace {
 // Suffix -> (base, exponent): the value is number * base^exponent.
 bool SuffixScale(std::string_view s, int* base, int* exponent) {
   static constexpr std::pair<std::string_view, std::pair<int, int>> kSuffixes[] = {
-      {"Ki", {2, 10}}, {"Mi", {2, 20}}, {"Gi", {2, 30}}, {"Ti", {2, 40}}, {"Pi", {2, 50}},
-      {"Ei", {2, 60}}, {"n", {10, -9}}, {"u", {10, -6}},  {"m", {10, -3}}, {"", {10, 0}},
-      {"k", {10, 3}},  {"M", {10, 6}},  {"G", {10, 9}},   {"T", {10, 12}}, {"P", {10, 15}},
-      {"E", {10, 18}},
+      {"Ki", {2, 10}}, {"Mi", {2, 20}}, {"Gi", {2, 30}}, {"Ti", {2, 40}},
+      {"Pi", {2, 50}}, {"Ei", {2, 60}}, {"n", {10, -9}}, {"u", {10, -6}},
+      {"m", {10, -3}}, {"", {10, 0}},   {"k", {10, 3}},  {"M", {10, 6}},
+      {"G", {10, 9}},  {"T", {10, 12}}, {"P", {10, 15}}, {"E", {10, 18}},
   };
   for (const auto& [suffix, scale] : kSuffixes) {
     if (s == suffix) {
@@ -60,8 +60,9 @@ absl::StatusOr<int64_t> ParseQuantityMilli(std::string_view text) {
   int base = 10, exponent = 0;
   if (!digits || !SuffixScale(s.substr(i), &base, &exponent)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        quoted, " is not a quantity (a number with an optional suffix: m, k, M, G, T, P, E, "
-                "Ki, Mi, Gi, Ti, Pi, Ei or an exponent such as e3; e.g. \"500m\", \"2\", \"4Gi\")"));
+        quoted,
+        " is not a quantity (a number with an optional suffix: m, k, M, G, T, P, E, "
+        "Ki, Mi, Gi, Ti, Pi, Ei or an exponent such as e3; e.g. \"500m\", \"2\", \"4Gi\")"));
   }
   // long double holds 64 bits of mantissa: exact for every value that fits.
   long double value = std::strtold(std::string(s.substr(0, i)).c_str(), nullptr);

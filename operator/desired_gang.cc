@@ -72,7 +72,8 @@ json MinResources(const JobObject& job, const TrainingJob& spec) {
     if (it == spec.replica_specs.end() || left <= 0) continue;
     const int n = std::min(left, it->second.replicas);
     left -= n;
-    const json tmpl = desired_internal::RawReplicaSpec(job.object, type).value("template", json::object());
+    const json tmpl =
+        desired_internal::RawReplicaSpec(job.object, type).value("template", json::object());
     for (const auto& [name, milli] : PodRequests(tmpl.value("spec", json::object()))) {
       total[name] += milli * n;
     }
