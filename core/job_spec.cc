@@ -26,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "core/quantity.h"
 
 namespace kubetrain {
 namespace {
@@ -391,19 +392,53 @@ absl::Status ParseReplicaSpecs(const YAML::Node& node, const std::string& path,
   return absl::OkStatus();
 }
 
-// runPolicy.schedulingPolicy: TFJob's fields except minResources.
+// A resource name as Kubernetes spells one: "cpu", "memory",
+// "nvidia.com/gpu", "hugepages-2Mi".
+bool IsResourceName(const std::string& name) {
+  if (name.empty() || name.size() > 253) return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_' &&
+        c != '/') {
+      return false;
+    }
+  }
+  return true;
+}
+
+// schedulingPolicy.minResources: resource name -> quantity (a string or a number).
+absl::Status ReadMinResources(const Fields& f, std::map<std::string, std::string>* out) {
+  const YAML::Node* n = f.Get("minResources");
+  if (n == nullptr) return absl::OkStatus();
+  Fields resources;
+  KT_RETURN_IF_ERROR(Fields::Read(*n, f.PathOf("minResources"), {}, &resources));
+  for (auto it = n->begin(); it != n->end(); ++it) {
+    const std::string name = it->first.Scalar();
+    const std::string path = resources.PathOf(name);
+    if (!IsResourceName(name)) {
+      return FieldError(path, "is not a resource name (e.g. cpu, memory, nvidia.com/gpu)");
+    }
+    if (!it->second.IsScalar()) return TypeError(path, "a quantity", it->second);
+    absl::StatusOr<int64_t> q = ParseQuantityMilli(it->second.Scalar());
+    if (!q.ok()) return FieldError(path, std::string(q.status().message()));
+    out->emplace(name, it->second.Scalar());
+  }
+  return absl::OkStatus();
+}
+
+// runPolicy.schedulingPolicy: TFJob's fields.
 absl::Status ParseSchedulingPolicy(const Fields& run_policy, RunPolicy* out) {
   const YAML::Node* n = run_policy.Get("schedulingPolicy");
   if (n == nullptr) return absl::OkStatus();
   Fields f;
-  KT_RETURN_IF_ERROR(
-      Fields::Read(*n, run_policy.PathOf("schedulingPolicy"),
-                   {"minAvailable", "queue", "priorityClass", "scheduleTimeoutSeconds"}, &f));
+  KT_RETURN_IF_ERROR(Fields::Read(
+      *n, run_policy.PathOf("schedulingPolicy"),
+      {"minAvailable", "queue", "priorityClass", "scheduleTimeoutSeconds", "minResources"}, &f));
   SchedulingPolicy& p = out->scheduling_policy.emplace();
   KT_RETURN_IF_ERROR(ReadInt32(f, "minAvailable", &p.min_available));
   KT_RETURN_IF_ERROR(ReadString(f, "queue", &p.queue));
   KT_RETURN_IF_ERROR(ReadString(f, "priorityClass", &p.priority_class));
   KT_RETURN_IF_ERROR(ReadInt32(f, "scheduleTimeoutSeconds", &p.schedule_timeout_seconds));
+  KT_RETURN_IF_ERROR(ReadMinResources(f, &p.min_resources));
   return absl::OkStatus();
 }
 

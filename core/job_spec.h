@@ -58,6 +58,9 @@ struct SchedulingPolicy {
   std::string queue;                 // Volcano's queue ("" = its default)
   std::string priority_class;        // PriorityClass of the PodGroup and of pods naming none
   std::optional<int> schedule_timeout_seconds;  // scheduler-plugins: the gang's wait
+  // The PodGroup's minResources, as given (resource name -> quantity); empty:
+  // the operator sums the requests of the first minAvailable tasks.
+  std::map<std::string, std::string> min_resources;
 };
 
 // A template container named `kubetrain` without a `command` is kubetrain's

@@ -1028,6 +1028,15 @@ TEST(JobSpecTest, SchedulingPolicyVolcanoParsesEveryField) {
   EXPECT_EQ(job->min_available(), 3);
 }
 
+TEST(JobSpecTest, SchedulingPolicyMinResourcesAsGiven) {
+  auto job = ParseTrainingJob(
+      Gang("volcano", "{minResources: {cpu: 8, memory: 16Gi, nvidia.com/gpu: \"2\"}}"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->run_policy.scheduling_policy->min_resources,
+            (std::map<std::string, std::string>{
+                {"cpu", "8"}, {"memory", "16Gi"}, {"nvidia.com/gpu", "2"}}));
+}
+
 TEST(JobSpecTest, SchedulingPolicyEmptyMeansEveryTask) {
   auto job = ParseTrainingJob(Gang("scheduler-plugins-scheduler", "{}"));
   ASSERT_TRUE(job.ok()) << job.status();
@@ -1047,7 +1056,17 @@ TEST(JobSpecTest, SchedulingPolicySchedulerPluginsTimeout) {
 TEST(JobSpecTest, SchedulingPolicyErrorsNameTheField) {
   EXPECT_EQ(ErrorOf(Gang("volcano", "{minMember: 2}")),
             "spec.runPolicy.schedulingPolicy.minMember: unknown field (known: minAvailable, "
-            "queue, priorityClass, scheduleTimeoutSeconds)");
+            "queue, priorityClass, scheduleTimeoutSeconds, minResources)");
+  EXPECT_STARTS_WITH(ErrorOf(Gang("volcano", "{minResources: {cpu: 2x}}")),
+                     "spec.runPolicy.schedulingPolicy.minResources.cpu: \"2x\" is not a quantity");
+  EXPECT_EQ(ErrorOf(Gang("volcano", "{minResources: {memory: -1Gi}}")),
+            "spec.runPolicy.schedulingPolicy.minResources.memory: \"-1Gi\" is negative");
+  EXPECT_STARTS_WITH(ErrorOf(Gang("volcano", "{minResources: {\"a b\": 1}}")),
+                     "spec.runPolicy.schedulingPolicy.minResources.a b: is not a resource name");
+  EXPECT_STARTS_WITH(ErrorOf(Gang("volcano", "{minResources: {cpu: [1]}}")),
+                     "spec.runPolicy.schedulingPolicy.minResources.cpu: expected a quantity");
+  EXPECT_EQ(ErrorOf(Gang("volcano", "{minResources: [cpu]}")),
+            "spec.runPolicy.schedulingPolicy.minResources: expected a mapping, got a list");
   EXPECT_EQ(ErrorOf(Gang("volcano", "{minAvailable: 6}")),
             "spec.runPolicy.schedulingPolicy.minAvailable: must be in [1, 5], got 6");
   EXPECT_EQ(ErrorOf(Gang("volcano", "{minAvailable: 0}")),

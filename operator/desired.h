@@ -183,9 +183,13 @@ nlohmann::json BuildConfigMap(const JobObject& job);
 const char* PodGroupApiVersion(GangScheduler scheduler);
 // The job's PodGroup {job}, owned by it. scheduler-plugins: spec.minMember
 // (minAvailable, else every task) and scheduleTimeoutSeconds; Volcano:
-// spec.minMember, queue and priorityClassName. REQUIRES:
+// spec.minMember, queue and priorityClassName; both: minResources (below). REQUIRES:
 // spec.run_policy.scheduling_policy (validation guarantees a scheduler name).
 nlohmann::json BuildPodGroup(const JobObject& job, const TrainingJob& spec);
+// The PodGroup's minResources: schedulingPolicy.minResources as given, else
+// the requests of the first minAvailable tasks (PS, then Chief, Worker,
+// Evaluator) summed from their templates; {} when nothing requests anything.
+nlohmann::json MinResources(const JobObject& job, const TrainingJob& spec);
 
 }  // namespace kubetrain
 

@@ -2,8 +2,13 @@
 // PodGroup, before its pods, and what each pod needs to be counted in it.
 // Which PodGroup API follows from the pods' schedulerName
 // (core/job_spec.h's GangSchedulerOf, TFJob's --gang-scheduler-name rule).
+#include <algorithm>
+#include <map>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "core/quantity.h"
 #include "operator/desired_internal.h"
 #include "operator/status.h"
 
@@ -16,10 +21,73 @@ const char* PodGroupApiVersion(GangScheduler scheduler) {
                                               : "scheduling.x-k8s.io/v1alpha1";
 }
 
+namespace {
+
+// A pod's request per resource (milli-units) as the scheduler counts it: the
+// sum over its containers (each resource's request, else its limit, as the
+// API server defaults a request to the limit), or the largest init
+// container's if that is more. A quantity that does not parse is left out:
+// the API server refuses that pod, naming it.
+std::map<std::string, int64_t> PodRequests(const json& pod_spec) {
+  auto container_requests = [](const json& c) {
+    std::map<std::string, int64_t> out;
+    for (const char* kind : {"limits", "requests"}) {  // requests win
+      const json r = c.value("resources", json::object()).value(kind, json::object());
+      if (!r.is_object()) continue;
+      for (const auto& [name, q] : r.items()) {
+        absl::StatusOr<int64_t> milli =
+            ParseQuantityMilli(q.is_string() ? q.get<std::string>() : q.dump());
+        if (milli.ok()) out[name] = *milli;
+      }
+    }
+    return out;
+  };
+  std::map<std::string, int64_t> sum;
+  for (const json& c : pod_spec.value("containers", json::array())) {
+    for (const auto& [name, milli] : container_requests(c)) sum[name] += milli;
+  }
+  for (const json& c : pod_spec.value("initContainers", json::array())) {
+    for (const auto& [name, milli] : container_requests(c)) {
+      sum[name] = std::max(sum[name], milli);
+    }
+  }
+  return sum;
+}
+
+}  // namespace
+
+json MinResources(const JobObject& job, const TrainingJob& spec) {
+  const SchedulingPolicy& policy = *spec.run_policy.scheduling_policy;
+  json out = json::object();
+  if (!policy.min_resources.empty()) {
+    for (const auto& [name, quantity] : policy.min_resources) out[name] = quantity;
+    return out;
+  }
+  // The tasks a gang of minAvailable is made of: the PS tasks first (no
+  // worker makes progress without them), then the chief and the workers.
+  int left = spec.min_available();
+  std::map<std::string, int64_t> total;
+  for (const char* type : {"PS", "Chief", "Worker", "Evaluator"}) {
+    auto it = spec.replica_specs.find(type);
+    if (it == spec.replica_specs.end() || left <= 0) continue;
+    const int n = std::min(left, it->second.replicas);
+    left -= n;
+    const json tmpl =
+        desired_internal::RawReplicaSpec(job.object, type).value("template", json::object());
+    for (const auto& [name, milli] : PodRequests(tmpl.value("spec", json::object()))) {
+      total[name] += milli * n;
+    }
+  }
+  for (const auto& [name, milli] : total) out[name] = FormatQuantityMilli(milli);
+  return out;
+}
+
 json BuildPodGroup(const JobObject& job, const TrainingJob& spec) {
   const SchedulingPolicy& policy = *spec.run_policy.scheduling_policy;
   const GangScheduler scheduler = GangSchedulerOf(spec.scheduler_name());
   json pg_spec = {{"minMember", spec.min_available()}};
+  json min_resources = MinResources(job, spec);
+  if (!min_resources.empty()) pg_spec["minResources"] = std::move(min_resources);
   if (scheduler == GangScheduler::kVolcano) {
     if (!policy.queue.empty()) pg_spec["queue"] = policy.queue;
     if (!policy.priority_class.empty()) pg_spec["priorityClassName"] = policy.priority_class;

@@ -49,6 +49,9 @@ void DecorateGangPod(const JobObject& job, const TrainingJob& spec, const std::s
 // desired_objects.cc: the job as controller of an object (garbage-collected
 // with it; how the operator tells its own objects from others of the same name).
 nlohmann::json OwnerReferences(const JobObject& job);
+// The job's replica spec object for `key` ("PS", "Worker", ...), matching the
+// keys case-insensitively as the parser does; {} if absent.
+nlohmann::json RawReplicaSpec(const nlohmann::json& object, const std::string& key);
 
 // desired_deadline.cc: activeDeadlineSeconds counts from status.startTime
 // (set on the first reconcile and again on resume).

@@ -13,16 +13,6 @@ namespace {
 
 using nlohmann::json;
 
-// The replica spec object for `key` in the raw job, matching keys case-insensitively
-// as the parser does.
-json RawReplicaSpec(const json& object, const std::string& key) {
-  const json& specs = object.value("/spec/replicaSpecs"_json_pointer, json::object());
-  for (auto& [k, v] : specs.items()) {
-    if (absl::AsciiStrToLower(k) == absl::AsciiStrToLower(key)) return v;
-  }
-  return json::object();
-}
-
 json TaskLabels(const std::string& job, const std::string& type, int index) {
   return {
       {kJobNameLabel, job}, {kReplicaTypeLabel, type}, {kReplicaIndexLabel, std::to_string(index)}};
@@ -86,6 +76,17 @@ json CustomisedRuntimeContainer(const json& runtime, const json& user) {
 }  // namespace
 
 namespace desired_internal {
+
+// The replica spec object for `key` in the raw job, matching keys case-insensitively
+// as the parser does.
+json RawReplicaSpec(const json& object, const std::string& key) {
+  const json& specs = object.value("/spec/replicaSpecs"_json_pointer, json::object());
+  for (auto& [k, v] : specs.items()) {
+    if (absl::AsciiStrToLower(k) == absl::AsciiStrToLower(key)) return v;
+  }
+  return json::object();
+}
+
 json OwnerReferences(const JobObject& job) {
   return json::array({{{"apiVersion", "kubetrain.io/v1"},
                        {"kind", "TrainingJob"},
@@ -97,6 +98,7 @@ json OwnerReferences(const JobObject& job) {
 }  // namespace desired_internal
 
 using desired_internal::OwnerReferences;
+using desired_internal::RawReplicaSpec;
 
 TaskAddress ServiceAddress(const std::string& job, const std::string& ns,
                            const OperatorConfig& config) {

@@ -761,6 +761,37 @@ TEST(DesiredTest, SchedulerPluginsGangDefaultsToEveryTaskAndLabelsPods) {
   EXPECT_EQ((*PodNamed(a, "mnist-worker-0"))["spec"]["priorityClassName"], "high");
 }
 
+TEST(DesiredTest, ThePodGroupAsksForTheRequestsOfTheGangsTasks) {
+  Observed o;
+  o.now = kT0;
+  JobObject job = GangJob("volcano", {{"minAvailable", 3}});
+  job.object["spec"]["replicaSpecs"]["PS"]["template"] = json::parse(R"({"spec": {"containers": [
+      {"name": "kubetrain", "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}}]}})");
+  // A worker: 500m + 100m of CPU in its containers, but its init container
+  // needs 1 (the scheduler counts the larger); a GPU by its limit alone.
+  job.object["spec"]["replicaSpecs"]["Worker"]["template"]["spec"].update(json::parse(R"({
+      "containers": [
+        {"name": "kubetrain", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                            "limits": {"cpu": "4", "nvidia.com/gpu": 1}}},
+        {"name": "sidecar", "image": "x", "resources": {"requests": {"cpu": "100m"}}}],
+      "initContainers": [{"name": "fetch", "image": "y", "resources": {"requests": {"cpu": 1}}}]})"));
+  Actions a = Desired(job, o, OperatorConfig{});
+  ASSERT_TRUE(a.create_pod_group.has_value()) << a.status.dump();
+  // minAvailable 3 = the two PS tasks and one worker.
+  EXPECT_EQ((*a.create_pod_group)["spec"]["minResources"],
+            json::parse(R"({"cpu": "5", "memory": "9663676416", "nvidia.com/gpu": "1"})"));
+  // Given in the policy: as given.
+  JobObject given = GangJob("volcano", {{"minResources", {{"cpu", "10"}, {"memory", "1Ti"}}}});
+  Actions b = Desired(given, o, OperatorConfig{});
+  ASSERT_TRUE(b.create_pod_group.has_value());
+  EXPECT_EQ((*b.create_pod_group)["spec"]["minResources"],
+            json::parse(R"({"cpu": "10", "memory": "1Ti"})"));
+  // Nothing requested: no minResources.
+  Actions c = Desired(GangJob("volcano", json::object()), o, OperatorConfig{});
+  ASSERT_TRUE(c.create_pod_group.has_value());
+  EXPECT_FALSE((*c.create_pod_group)["spec"].contains("minResources"));
+}
+
 TEST(DesiredTest, AnExistingPodGroupIsNotCreatedAgain) {
   Observed o;
   o.now = kT0;

@@ -165,6 +165,10 @@ ACCEPTED = {
         spec(o).update(runPolicy={"schedulingPolicy": {
             "minAvailable": 2, "queue": "research", "priorityClass": "high"}}),
         replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}})),
+    "scheduling-policy-min-resources": lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {
+            "minResources": {"cpu": "8", "memory": "16Gi", "nvidia.com/gpu": 2}}}),
+        replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}})),
     "scheduling-policy-scheduler-plugins-all-tasks": lambda o: (
         spec(o).update(runPolicy={"schedulingPolicy": {"scheduleTimeoutSeconds": 60}}),
         replicas(o)["Worker"].update(template={"spec": {"schedulerName": "sp"}}),
@@ -343,6 +347,10 @@ REFUSED = {
         spec(o).update(runPolicy={"schedulingPolicy": {"scheduleTimeoutSeconds": 5}}),
         replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}})),
         ["spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds", "Volcano's has no timeout"]),
+    "gang-min-resources-not-a-quantity": (lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {"minResources": {"cpu": "2x"}}}),
+        replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}})),
+        ["spec.runPolicy.schedulingPolicy.minResources.cpu", "should match"]),
     "gang-min-available-over-tasks": (lambda o: (
         spec(o).update(runPolicy={"schedulingPolicy": {"minAvailable": 99}}),
         replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}})),

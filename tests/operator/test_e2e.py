@@ -482,7 +482,8 @@ def test_gang_job_waits_for_the_podgroup_crd_then_gets_a_podgroup_the_api_server
     labelled with it, and the job runs to success."""
     k = cluster
     assert k.run("get", "crd", "podgroups.scheduling.x-k8s.io", check=False).returncode != 0
-    apply(k, gang_job("gang-sp", "scheduler-plugins-scheduler", {"scheduleTimeoutSeconds": 60}))
+    apply(k, gang_job("gang-sp", "scheduler-plugins-scheduler",
+                      {"scheduleTimeoutSeconds": 60, "minResources": {"cpu": "2", "memory": "1Gi"}}))
 
     def failing():
         st = status(k, "gang-sp")
@@ -499,7 +500,8 @@ def test_gang_job_waits_for_the_podgroup_crd_then_gets_a_podgroup_the_api_server
     install_crd(k, SP_CRD, "podgroups.scheduling.x-k8s.io")
     pg = wait_for(k, "PodGroup gang-sp", lambda: get_or_none(k, "podgroups.scheduling.x-k8s.io", "gang-sp"), 90)
     uid = k.json("get", "tj", "gang-sp")["metadata"]["uid"]
-    assert pg["spec"] == {"minMember": 3, "scheduleTimeoutSeconds": 60}, pg["spec"]
+    assert pg["spec"] == {"minMember": 3, "scheduleTimeoutSeconds": 60,
+                          "minResources": {"cpu": "2", "memory": "1Gi"}}, pg["spec"]
     owner = pg["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("TrainingJob", "gang-sp", uid, True)
     st = wait_state(k, "gang-sp", {"Succeeded", "Failed"}, timeout=300)
@@ -527,10 +529,16 @@ def test_volcano_gang_job_gets_its_podgroup_with_queue_and_priority(cluster):
     k.run("apply", "-f", "-", input=json.dumps({
         "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
         "metadata": {"name": "kubetrain-e2e-high"}, "value": 1000}))
-    apply(k, gang_job("gang-vc", "volcano",
-                      {"minAvailable": 2, "queue": "research", "priorityClass": "kubetrain-e2e-high"}))
+    obj = gang_job("gang-vc", "volcano",
+                   {"minAvailable": 2, "queue": "research", "priorityClass": "kubetrain-e2e-high"})
+    # Workers request resources (in the runtime container they customise): the PodGroup's
+    # minResources is what its gang of minAvailable (the PS and one worker) requests.
+    obj["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"] = [
+        {"name": "kubetrain", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]
+    apply(k, obj)
     pg = wait_for(k, "PodGroup gang-vc", lambda: get_or_none(k, "podgroups.scheduling.volcano.sh", "gang-vc"), 60)
-    assert pg["spec"] == {"minMember": 2, "queue": "research", "priorityClassName": "kubetrain-e2e-high"}, pg
+    assert pg["spec"] == {"minMember": 2, "queue": "research", "priorityClassName": "kubetrain-e2e-high",
+                          "minResources": {"cpu": "100m", "memory": "67108864"}}, pg
     assert pg["metadata"]["ownerReferences"][0]["uid"] == k.json("get", "tj", "gang-vc")["metadata"]["uid"]
     st = wait_state(k, "gang-vc", {"Succeeded", "Failed"}, timeout=300)
     assert st["state"] == "Succeeded", json.dumps(condition(st, "Failed")) + task_logs(k, "gang-vc")

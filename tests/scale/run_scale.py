@@ -207,6 +207,60 @@ def reference_create_s(api, jobs, qps, burst, parallelism):
     return time.time() - t0
 
 
+def start_cluster(prefix):
+    """A fresh kube-apiserver + etcd (tests/cluster/up.sh) with the
+    TrainingJob CRD and the namespace NS: (state dir, env with KUBECONFIG)."""
+    state = tempfile.mkdtemp(prefix=prefix)
+    env = dict(os.environ, KUBETRAIN_STATE=state)
+    env.pop("KUBECONFIG", None)
+    up = subprocess.run([os.path.join(ROOT, "tests", "cluster", "up.sh")], capture_output=True,
+                        text=True, env=env)
+    if up.returncode != 0:
+        sys.exit(f"up.sh failed:\n{up.stderr[-3000:]}")
+    for line in up.stdout.splitlines():
+        if line.startswith("export KUBECONFIG="):
+            env["KUBECONFIG"] = line.split("=", 1)[1].strip('"')
+    kubectl = os.path.join(CACHE, "bin", "kubectl")
+    run = lambda *a: subprocess.run([kubectl, *a], env=env, check=True, capture_output=True)
+    try:
+        run("apply", "--server-side", "-f", os.path.join(ROOT, "deploy", "crd", "kubetrain.io_trainingjobs.yaml"))
+        run("wait", "--for=condition=Established", "crd/trainingjobs.kubetrain.io", "--timeout=60s")
+        run("create", "namespace", NS)
+    except BaseException:
+        stop_cluster(env)
+        raise
+    return state, env
+
+
+def stop_cluster(env):
+    subprocess.run([os.path.join(ROOT, "tests", "cluster", "down.sh"), "--purge", "--quiet"], env=env)
+
+
+def idle_cost(api, op, jobs, seconds):
+    """What `jobs` finished jobs cost while nothing changes: the operator's
+    requests (as the API server counts them, watches included) per job per
+    minute, and its CPU, over `seconds`."""
+    # The Events of the burst drain first: the operator sends them from a
+    # queue at a tenth of its request budget, so they trail the jobs.
+    t0, last, quiet_since = time.time(), None, time.time()
+    while time.time() - t0 < 900:
+        n = request_counts(api.metrics()).get(("POST", "events", ""), 0)
+        if n != last:
+            last, quiet_since = n, time.time()
+        elif time.time() - quiet_since >= 5:
+            break
+        time.sleep(1)
+    log(f"Events sent {time.time() - t0:.0f} s after the last job finished")
+    before, cpu0 = request_counts(api.metrics()), op.sample()
+    log(f"idle for {seconds:.0f} s")
+    time.sleep(seconds)
+    used = operator_requests(delta(request_counts(api.metrics()), before))
+    cpu = op.sample() - cpu0
+    per_job_min = sum(used.values()) / jobs / (seconds / 60)
+    log(f"idle requests: {dict((' '.join(filter(None, k)), int(n)) for k, n in used.items())}")
+    return f"idle_s={seconds:.0f} idle_requests_per_job_min={per_job_min:.3f} idle_op_cpu_s={cpu:.2f}"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=1000)
@@ -217,30 +271,18 @@ def main():
                     help="skip the plain client creating the same objects (ref_create_s)")
     ap.add_argument("--qps", type=float, default=100, help="the operator's --kube-api-qps (and the reference's)")
     ap.add_argument("--burst", type=int, default=200)
+    ap.add_argument("--idle-seconds", type=float, default=0,
+                    help="after every job Succeeded, measure what the idle operator costs over this window")
     ap.add_argument("operator_flags", nargs="*")
     args = ap.parse_args()
 
     subprocess.run([os.path.join(HERE, "build_kwok.sh"), "--quiet"], check=True)
-    state = tempfile.mkdtemp(prefix="kubetrain-scale.")
-    env = dict(os.environ, KUBETRAIN_STATE=state)
-    env.pop("KUBECONFIG", None)
-    up = subprocess.run([os.path.join(ROOT, "tests", "cluster", "up.sh")], capture_output=True,
-                        text=True, env=env)
-    if up.returncode != 0:
-        sys.exit(f"up.sh failed:\n{up.stderr[-3000:]}")
-    for line in up.stdout.splitlines():
-        if line.startswith("export KUBECONFIG="):
-            env["KUBECONFIG"] = line.split("=", 1)[1].strip('"')
+    state, env = start_cluster("kubetrain-scale.")
     kubeconfig = env["KUBECONFIG"]
-    kubectl = os.path.join(CACHE, "bin", "kubectl")
     procs = []
     op = Operator(kubeconfig, state, args.operator_flags)
     op.qps, op.burst = args.qps, args.burst
     try:
-        run = lambda *a: subprocess.run([kubectl, *a], env=env, check=True, capture_output=True)
-        run("apply", "--server-side", "-f", os.path.join(ROOT, "deploy", "crd", "kubetrain.io_trainingjobs.yaml"))
-        run("wait", "--for=condition=Established", "crd/trainingjobs.kubetrain.io", "--timeout=60s")
-        run("create", "namespace", NS)
         api = KubeApi(kubeconfig)
         for i in range(args.nodes):
             api.request("POST", "/api/v1/nodes", {
@@ -296,7 +338,11 @@ def main():
             time.sleep(1)
         if finish_s is None:
             sys.exit(f"timed out: create_s={create_s}")
-        log(f"all {args.jobs} jobs Succeeded after {finish_s:.1f} s; deleting them")
+        log(f"all {args.jobs} jobs Succeeded after {finish_s:.1f} s")
+        idle = ""
+        if args.idle_seconds:
+            idle = " " + idle_cost(api, op, args.jobs, args.idle_seconds)
+        log("deleting the jobs")
         # Exactly the objects the jobs need, none twice under another name, none missing.
         want = {f"s{j}-{t}" for j in range(args.jobs) for t in ["ps-0"] + [f"worker-{w}" for w in range(WORKERS)]}
         names = {r: sorted(o["metadata"]["name"] for o in api.get(f"/api/v1/namespaces/{NS}/{r}")["items"])
@@ -341,7 +387,8 @@ def main():
             args.kill_operator or created == want_created)
         print(f"jobs={args.jobs} pods={tasks} create_s={create_s:.1f} finish_s={finish_s:.1f} "
               f"cleanup_s={cleanup_s:.1f} op_rss_mib={op.rss_peak_kib / 1024:.1f} op_cpu_s={op.cpu_s:.1f} "
-              f"operator_restarts={op.starts - 1}{ref} api_requests_per_object={total / objects:.2f}", flush=True)
+              f"operator_restarts={op.starts - 1}{ref} api_requests_per_object={total / objects:.2f}{idle}",
+              flush=True)
         if not ok:
             sys.exit(f"FAILED: creates {created} (want {want_created}), {len(leftovers)} pods left")
     finally:
@@ -353,7 +400,7 @@ def main():
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
-        subprocess.run([os.path.join(ROOT, "tests", "cluster", "down.sh"), "--purge", "--quiet"], env=env)
+        stop_cluster(env)
 
 
 if __name__ == "__main__":
