@@ -41,6 +41,7 @@
 #include "absl/time/time.h"
 #include "core/clock.h"
 #include "core/file_env.h"
+#include "core/job_report.h"
 #include "core/metrics.h"
 #include "core/task_config.h"
 #include "ps/checkpoint.h"
@@ -81,7 +82,8 @@ struct PsTaskOptions {
   int final_checkpoint_attempts = 4;
   // How long a task whose final checkpoint cannot be written keeps serving
   // its parameters read-only for `kubetrain export --from-ps` (0: exits at once).
-  absl::Duration keep_serving_after_checkpoint_failure = absl::Minutes(10);
+  absl::Duration keep_serving_after_checkpoint_failure =
+      absl::Seconds(kDefaultKeepServingAfterCheckpointFailureSeconds);
   // Signals received (counted by a signal handler): the first ends serving
   // as Stop() does; one more while holding the parameters exits at once. Not owned.
   const std::atomic<int>* signals = nullptr;
