@@ -306,6 +306,24 @@ bool TokensEqual(absl::string_view a, absl::string_view b) {
   return a.empty() || CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+TaskCredentials CredentialsForTask(const JobCredentials& job, absl::string_view task_type,
+                                   int index) {
+  TaskCredentials task;
+  if (task_type == "ps") {
+    task.job_key = job.job_key;
+  } else {
+    task.token = TaskToken(job.job_key, task_type, index);
+  }
+  task.ca_cert_pem = job.ca_cert_pem;
+  task.cert_pem = job.cert_pem;
+  task.key_pem = job.key_pem;
+  return task;
+}
+
+std::string TaskMetadataValue(absl::string_view task_type, int index) {
+  return absl::StrCat(task_type, "/", index);
+}
+
 absl::StatusOr<TaskCredentials> ReadTaskCredentials(const std::string& dir) {
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) {
@@ -347,6 +365,27 @@ absl::StatusOr<TaskCredentials> ReadTaskCredentials(const std::string& dir) {
     if (absl::Status s = CheckTlsFiles(dir, creds); !s.ok()) return s;
   }
   return creds;
+}
+
+absl::StatusOr<CallerCredentials> ReadCallerCredentials(const std::string& dir,
+                                                        absl::string_view task_type, int index) {
+  absl::StatusOr<TaskCredentials> files = ReadTaskCredentials(dir);
+  if (!files.ok()) return files.status();
+  CallerCredentials caller;
+  caller.task = TaskMetadataValue(task_type, index);
+  if (!files->job_key.empty()) {
+    caller.token = TaskToken(files->job_key, task_type, index);
+  } else if (!files->token.empty()) {
+    caller.token = files->token;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("auth directory ", dir, ": has neither ",
+                                                   kTokenFile, " nor ", kJobKeyFile,
+                                                   " (the task's credentials are missing)"));
+  }
+  caller.ca_cert_pem = std::move(files->ca_cert_pem);
+  caller.cert_pem = std::move(files->cert_pem);
+  caller.key_pem = std::move(files->key_pem);
+  return caller;
 }
 
 absl::Status WriteTaskCredentials(const std::string& dir, const TaskCredentials& creds) {

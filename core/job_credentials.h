@@ -75,6 +75,9 @@ std::string TaskToken(absl::string_view job_key, absl::string_view task_type, in
 // Constant-time equality (the time depends only on the lengths).
 bool TokensEqual(absl::string_view a, absl::string_view b);
 
+// The kTaskMetadataKey value of a task: "<task_type>/<index>".
+std::string TaskMetadataValue(absl::string_view task_type, int index);
+
 // What one task read from its directory; empty strings for absent files.
 struct TaskCredentials {
   std::string job_key;
@@ -85,6 +88,13 @@ struct TaskCredentials {
   bool tls() const { return !ca_cert_pem.empty(); }
 };
 
+// The files task `task_type`/`index` gets (what the operator mounts from the
+// job's Secret and `kubetrain run` writes): a PS task the job key (it checks
+// tokens), any other task its own token; every task the TLS files when the
+// job has them.
+TaskCredentials CredentialsForTask(const JobCredentials& job, absl::string_view task_type,
+                                   int index);
+
 // Reads `dir`. Whitespace around job.key and token is ignored (a Secret
 // written by hand often ends in a newline). Errors name the file: `dir` is
 // missing or not a directory, a file cannot be read, job.key or token is not
@@ -92,6 +102,23 @@ struct TaskCredentials {
 // PEM file does not parse, tls.key does not belong to tls.crt, or tls.crt is
 // not valid under ca.crt (another job's CA, expired).
 absl::StatusOr<TaskCredentials> ReadTaskCredentials(const std::string& dir);
+
+// What a task that calls PS tasks presents to them.
+struct CallerCredentials {
+  std::string task;         // the kTaskMetadataKey value
+  std::string token;        // sent as "authorization: Bearer <token>"
+  std::string ca_cert_pem;  // TLS when set, with the next two
+  std::string cert_pem;
+  std::string key_pem;
+  bool tls() const { return !ca_cert_pem.empty(); }
+};
+
+// The credentials of task `task_type`/`index` from `dir` (ReadTaskCredentials):
+// a token derived from job.key if the directory has it (whoever may act as
+// any task: the exporter), else its `token`; and the TLS files. An error
+// names `dir` if it holds neither file.
+absl::StatusOr<CallerCredentials> ReadCallerCredentials(const std::string& dir,
+                                                        absl::string_view task_type, int index);
 
 // Writes the files of `creds` that are non-empty into `dir` (created 0700,
 // files 0600), for `kubetrain run` and tests.

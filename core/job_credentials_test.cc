@@ -281,5 +281,53 @@ TEST(TaskCredentialsFilesTest, TlsFilesMustBeCompleteAndBelongTogether) {
   EXPECT_TRUE(read->tls());
 }
 
+TEST(CredentialsForTaskTest, PsTasksGetTheKeyOthersTheirToken) {
+  absl::StatusOr<JobCredentials> job = GenerateJobCredentials("mnist", true);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const TaskCredentials ps = CredentialsForTask(*job, "ps", 1);
+  EXPECT_EQ(ps.job_key, job->job_key);
+  EXPECT_EQ(ps.token, "");
+  const TaskCredentials worker = CredentialsForTask(*job, "worker", 1);
+  EXPECT_EQ(worker.job_key, "");
+  EXPECT_EQ(worker.token, TaskToken(job->job_key, "worker", 1));
+  for (const TaskCredentials* task : {&ps, &worker}) {
+    EXPECT_EQ(task->ca_cert_pem, job->ca_cert_pem);
+    EXPECT_EQ(task->cert_pem, job->cert_pem);
+    EXPECT_EQ(task->key_pem, job->key_pem);
+  }
+  absl::StatusOr<JobCredentials> plain = GenerateJobCredentials("mnist", false);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(CredentialsForTask(*plain, "chief", 0).tls());
+}
+
+TEST(CallerCredentialsTest, TheTokenFileOrOneDerivedFromTheJobKey) {
+  const std::string dir = NewTestDir("auth");
+  TaskCredentials files;
+  files.token = TaskToken(kKey, "worker", 2);
+  ASSERT_TRUE(WriteTaskCredentials(dir, files).ok());
+  absl::StatusOr<CallerCredentials> worker = ReadCallerCredentials(dir, "worker", 2);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ(worker->task, "worker/2");
+  EXPECT_EQ(worker->token, files.token);
+  EXPECT_FALSE(worker->tls());
+
+  const std::string launcher = NewTestDir("auth");
+  files = TaskCredentials();
+  files.job_key = kKey;
+  ASSERT_TRUE(WriteTaskCredentials(launcher, files).ok());
+  absl::StatusOr<CallerCredentials> exporter = ReadCallerCredentials(launcher, "exporter", 0);
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
+  EXPECT_EQ(exporter->task, "exporter/0");
+  EXPECT_EQ(exporter->token, "f429b97aa0f6732d27f768c07a6a6894695e59e029d805692d87aca392ec3da4");
+
+  const std::string empty = NewTestDir("auth");
+  ASSERT_EQ(::mkdir(empty.c_str(), 0700), 0);
+  absl::StatusOr<CallerCredentials> none = ReadCallerCredentials(empty, "worker", 0);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().message(), "auth directory " + empty +
+                                         ": has neither token nor job.key (the task's "
+                                         "credentials are missing)");
+}
+
 }  // namespace
 }  // namespace kubetrain
