@@ -10,7 +10,7 @@ BAZEL ?= bazel
 BAZEL_FLAGS ?=
 DEB_PACKAGES := bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev \
   protobuf-compiler libcpprest-dev libeigen3-dev prometheus-cpp-dev libyaml-cpp-dev zlib1g-dev \
-  libgtest-dev nlohmann-json3-dev dataset-fashion-mnist prometheus python3 python3-pytest curl openssl util-linux \
+  libgtest-dev nlohmann-json3-dev libssl-dev dataset-fashion-mnist prometheus python3 python3-pytest curl openssl util-linux \
   clang-format
 # Only for the tests and `make images` (`make deps`, not `make build-deps`), and
 # only in a clone (the Dockerfiles' builder stage runs `make deps` with the
