@@ -8,24 +8,30 @@ namespace kubetrain {
 using nlohmann::json;
 
 EventRecorder::EventRecorder(KubeClient* client, const Clock* clock, absl::Duration patch_interval,
-                             size_t max_queued)
+                             size_t max_queued, absl::Duration shutdown_grace)
     : client_(client),
       clock_(clock),
       patch_interval_(patch_interval),
       max_queued_(max_queued),
+      shutdown_grace_(shutdown_grace),
       sender_([this] { SendLoop(); }) {}
 
 EventRecorder::~EventRecorder() {
-  {
-    absl::MutexLock l(&mu_);
-    stop_ = true;
-  }
+  Stop();
   sender_.join();
+}
+
+void EventRecorder::Stop() {
+  absl::MutexLock l(&mu_);
+  if (stop_) return;
+  stop_ = true;
+  stop_deadline_ = clock_->Now() + shutdown_grace_;
 }
 
 void EventRecorder::Record(const EventTarget& job, const std::string& type,
                            const std::string& reason, const std::string& message) {
   absl::MutexLock l(&mu_);
+  if (stop_) return;
   if (queue_.size() >= max_queued_) {
     Log("operator: event queue full; dropping ", reason, " for ", job.namespace_, "/", job.name);
     return;
@@ -51,6 +57,12 @@ void EventRecorder::SendLoop() {
                ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) { return r->stop_ || !r->queue_.empty(); },
           this));
       if (queue_.empty()) return;  // stopping, and everything is sent
+      if (stop_ && clock_->Now() >= stop_deadline_) {
+        Log("operator: stopping: dropping ", queue_.size(), " Events not sent within ",
+            absl::FormatDuration(shutdown_grace_));
+        queue_.clear();
+        return;
+      }
       e = std::move(queue_.front());
       queue_.pop_front();
       sending_ = true;

@@ -7,7 +7,10 @@
 // cannot be written is logged, never an error. Events are sent by one
 // background thread (as client-go's broadcaster does), so a reconcile never
 // waits for them; at most `max_queued` wait, more are dropped and logged.
-// Thread-safe.
+// Once stopped (Stop(), the destructor) the sender goes on for at most
+// `shutdown_grace` and drops what is still queued then (logged): at 1000 jobs
+// thousands may wait behind the Events' rate limit, and an operator told to
+// stop must not take minutes to do so. Thread-safe.
 #ifndef KUBETRAIN_OPERATOR_EVENT_RECORDER_H_
 #define KUBETRAIN_OPERATOR_EVENT_RECORDER_H_
 
@@ -32,9 +35,14 @@ class EventRecorder {
  public:
   // `client` and `clock` must outlive the recorder.
   EventRecorder(KubeClient* client, const Clock* clock,
-                absl::Duration patch_interval = absl::Seconds(30), size_t max_queued = 10000);
-  // Sends what is queued, then stops the sender.
+                absl::Duration patch_interval = absl::Seconds(30), size_t max_queued = 10000,
+                absl::Duration shutdown_grace = absl::Seconds(5));
+  // Stop(), then waits for the sender.
   ~EventRecorder();
+
+  // Records nothing more; the sender sends what is queued for at most
+  // shutdown_grace (of the clock) and drops the rest. Returns at once.
+  void Stop();
 
   // Queues the Event (its time is now) and returns.
   void Record(const EventTarget& job, const std::string& type, const std::string& reason,
@@ -66,13 +74,15 @@ class EventRecorder {
   const Clock* const clock_;
   const absl::Duration patch_interval_;
   const size_t max_queued_;
+  const absl::Duration shutdown_grace_;
 
   absl::Mutex mu_;
   std::map<Key, Seen> seen_ ABSL_GUARDED_BY(mu_);
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool sending_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread sender_;  // last: starts after the rest is built
+  absl::Time stop_deadline_ ABSL_GUARDED_BY(mu_);  // once stop_: when what is queued is dropped
+  std::thread sender_;                             // last: starts after the rest is built
 };
 
 }  // namespace kubetrain

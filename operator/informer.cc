@@ -36,10 +36,10 @@ std::string Informer::KeyOf(const json& object) {
   return ns.empty() ? name : ns + "/" + name;
 }
 
-void Informer::Index(const std::string& key, const json* old_obj, const json* new_obj) {
-  if (!options_.job_of) return;
-  const std::string old_job = old_obj ? options_.job_of(*old_obj) : "";
-  const std::string new_job = new_obj ? options_.job_of(*new_obj) : "";
+nlohmann::json Informer::Unpack(const Entry& e) { return json::from_msgpack(e.packed); }
+
+void Informer::Index(const std::string& key, const std::string& old_job,
+                     const std::string& new_job) {
   if (old_job == new_job) return;
   if (!old_job.empty()) {
     auto it = by_job_.find(old_job);
@@ -55,21 +55,28 @@ bool Informer::Apply(WatchEventType type, json* object) {
   if (options_.transform) options_.transform(object);
   const std::string key = KeyOf(*object);
   if (key.empty()) return false;
+  Entry entry;
+  if (type != WatchEventType::kDeleted) {
+    if (options_.job_of) entry.job = options_.job_of(*object);
+    entry.resource_version = ResourceVersionOf(*object);
+    const std::vector<std::uint8_t> packed = json::to_msgpack(*object);
+    entry.packed.assign(packed.begin(), packed.end());
+  }
   absl::MutexLock l(&mu_);
   auto it = store_.find(key);
   if (type == WatchEventType::kDeleted) {
     if (it == store_.end()) return false;
-    Index(key, &it->second, nullptr);
+    Index(key, it->second.job, "");
     store_.erase(it);
     return true;
   }
   if (it != store_.end()) {
-    if (it->second == *object) return false;
-    Index(key, &it->second, object);
-    it->second = *object;
+    if (it->second.packed == entry.packed) return false;
+    Index(key, it->second.job, entry.job);
+    it->second = std::move(entry);
   } else {
-    Index(key, nullptr, object);
-    store_.emplace(key, *object);
+    Index(key, "", entry.job);
+    store_.emplace(key, std::move(entry));
   }
   return true;
 }
@@ -79,8 +86,7 @@ void Informer::Update(const json& object) {
   {
     absl::MutexLock l(&mu_);
     auto it = store_.find(KeyOf(object));
-    if (it != store_.end() && Older(ResourceVersionOf(object), ResourceVersionOf(it->second)))
-      return;
+    if (it != store_.end() && Older(ResourceVersionOf(object), it->second.resource_version)) return;
   }
   if (Apply(WatchEventType::kModified, &copy)) on_change_(WatchEventType::kModified, copy);
 }
@@ -112,8 +118,8 @@ absl::Status Informer::ListIntoStore(std::string* resource_version) {
         ++it;
         continue;
       }
-      Index(it->first, &it->second, nullptr);
-      gone.push_back(std::move(it->second));
+      Index(it->first, it->second.job, "");
+      gone.push_back(Unpack(it->second));
       it = store_.erase(it);
     }
   }
@@ -179,15 +185,16 @@ std::optional<json> Informer::Get(const std::string& ns, const std::string& name
   absl::MutexLock l(&mu_);
   auto it = store_.find(ns.empty() ? name : ns + "/" + name);
   if (it == store_.end()) return std::nullopt;
-  return it->second;
+  return Unpack(it->second);
 }
 
 std::vector<json> Informer::ByJob(const std::string& job_key) const {
-  absl::MutexLock l(&mu_);
   std::vector<json> out;
+  absl::MutexLock l(&mu_);
   auto it = by_job_.find(job_key);
   if (it == by_job_.end()) return out;
-  for (const auto& key : it->second) out.push_back(store_.at(key));
+  out.reserve(it->second.size());
+  for (const auto& key : it->second) out.push_back(Unpack(store_.at(key)));
   return out;
 }
 

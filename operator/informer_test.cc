@@ -86,6 +86,21 @@ TEST_F(InformerTest, ListsThenWatchesOnlySelectedObjectsIndexedByJob) {
   EXPECT_GE(kube_.calls("watch"), 2);
 }
 
+TEST_F(InformerTest, StoredObjectsReadBackExactlyAsTheyCame) {
+  json p = Pod("a", "j1");
+  p["status"] = json::parse(R"({"phase": "Running", "podIP": "10.0.0.1", "restartCount": 3,
+      "exitCode": -1, "ratio": 0.25, "ready": true, "message": "x\u00e9\n\"y\"",
+      "containerStatuses": [{"name": "kubetrain", "state": {"terminated": null}}]})");
+  ASSERT_TRUE(kube_.Create(ns_pods_, p).ok());
+  Start();
+  auto stored = kube_.Get({"/api/v1", "pods", "ns", "a", ""});
+  ASSERT_TRUE(stored.ok());
+  stored->erase("spec");  // the transform
+  EXPECT_EQ(*informer_->Get("ns", "a"), *stored);
+  EXPECT_EQ(informer_->ByJob("ns/j1"), std::vector<json>{*stored});
+  EXPECT_EQ((*informer_->Get("ns", "a"))["status"]["exitCode"].get<int>(), -1);
+}
+
 TEST_F(InformerTest, RelistsOn410AndReportsWhatVanishedMeanwhile) {
   ASSERT_TRUE(kube_.Create(ns_pods_, Pod("a", "j1")).ok());
   ASSERT_TRUE(kube_.Create(ns_pods_, Pod("b", "j1")).ok());

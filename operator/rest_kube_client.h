@@ -11,6 +11,11 @@
 // thread-safe and all per-call state is local; the bearer token cache is
 // mutex-guarded). A Watch blocks its calling thread only.
 //
+// TLS: with a CA in the kubeconfig, only that CA is trusted (as client-go
+// does), not the system's trust store; New() then also sets SSL_CERT_FILE to
+// /dev/null for the process, so that no connection loads the system bundle
+// only to drop it.
+//
 // Deadlines: every non-watch call (including all pages of a List) is bounded
 // by Options::request_timeout as an absolute deadline; when it expires the
 // request is cancelled and DeadlineExceeded is returned. A Watch uses its own
@@ -31,6 +36,8 @@
 #include "nlohmann/json.hpp"
 #include "operator/kube_client.h"
 #include "operator/kubeconfig.h"
+
+struct x509_store_st;  // OpenSSL's X509_STORE
 
 namespace web::http::client {
 class http_client;
@@ -95,6 +102,9 @@ class RestKubeClient : public KubeClient {
 
   const KubeConfig config_;
   const Options options_;
+  // The kubeconfig's CA as a trust store, shared by every connection (null:
+  // no CA given, the system's trust store is used). Set once by New().
+  std::shared_ptr<x509_store_st> trust_;
   std::unique_ptr<web::http::client::http_client> client_;
 
   absl::Mutex token_mu_;
