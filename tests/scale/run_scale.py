@@ -221,10 +221,18 @@ def start_cluster(prefix):
         if line.startswith("export KUBECONFIG="):
             env["KUBECONFIG"] = line.split("=", 1)[1].strip('"')
     kubectl = os.path.join(CACHE, "bin", "kubectl")
-    run = lambda *a: subprocess.run([kubectl, *a], env=env, check=True, capture_output=True)
+    def run(*a, attempts=1):
+        for attempt in range(attempts):
+            r = subprocess.run([kubectl, *a], env=env, capture_output=True, text=True)
+            if r.returncode == 0:
+                return
+            time.sleep(1)
+        raise RuntimeError(f"kubectl {' '.join(a)}: {r.stderr.strip()}")
     try:
         run("apply", "--server-side", "-f", os.path.join(ROOT, "deploy", "crd", "kubetrain.io_trainingjobs.yaml"))
-        run("wait", "--for=condition=Established", "crd/trainingjobs.kubetrain.io", "--timeout=60s")
+        # Right after the apply, kubectl may not find the CRD yet ("not found").
+        run("wait", "--for=condition=Established", "crd/trainingjobs.kubetrain.io", "--timeout=60s",
+            attempts=5)
         run("create", "namespace", NS)
     except BaseException:
         stop_cluster(env)
