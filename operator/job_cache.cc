@@ -1,5 +1,6 @@
 #include "operator/job_cache.h"
 
+#include "core/job_credentials.h"
 #include "operator/labels.h"
 
 namespace kubetrain {
@@ -28,6 +29,17 @@ std::string OwningJob(const json& o) {
   return job.empty() ? "" : NamespaceOf(o) + "/" + job;
 }
 
+// A Secret keeps the names of its keys and the job key (new tasks' tokens
+// are derived from it); every other value (tokens, the TLS key) is dropped.
+void TrimSecret(json* s) {
+  s->erase("stringData");
+  json& data = (*s)["data"];
+  if (!data.is_object()) data = json::object();
+  for (auto& [key, value] : data.items()) {
+    if (key != kJobKeyFile) value = "";
+  }
+}
+
 }  // namespace
 
 ResourceRef TrainingJobs(const std::string& ns, const std::string& name,
@@ -38,9 +50,9 @@ ResourceRef TrainingJobs(const std::string& ns, const std::string& name,
 JobCache::JobCache(KubeClient* client, const std::string& ns, int watch_timeout_seconds,
                    Expectations* expectations)
     : expectations_(expectations) {
-  auto owned = [&](const char* plural, std::function<void(json*)> trim) {
+  auto owned = [&](const char* api_path, const char* plural, std::function<void(json*)> trim) {
     InformerOptions o;
-    o.collection = {"/api/v1", plural, ns, "", ""};
+    o.collection = {api_path, plural, ns, "", ""};
     o.label_selector = kJobNameLabel;  // exists: only objects of some job
     o.transform = [trim](json* obj) {
       TrimMetadata(obj);
@@ -52,18 +64,21 @@ JobCache::JobCache(KubeClient* client, const std::string& ns, int watch_timeout_
       OnOwnedChange(plural, t, obj);
     });
   };
-  pods_ = owned("pods", [](json* p) {
+  pods_ = owned("/api/v1", "pods", [](json* p) {
     p->erase("spec");
     if (p->contains("status")) (*p)["status"].erase("conditions");
   });
-  services_ = owned("services", [](json* s) {
+  services_ = owned("/api/v1", "services", [](json* s) {
     s->erase("spec");
     s->erase("status");
   });
-  config_maps_ = owned("configmaps", [](json* c) {
+  config_maps_ = owned("/api/v1", "configmaps", [](json* c) {
     c->erase("data");
     c->erase("binaryData");
   });
+  secrets_ = owned("/api/v1", "secrets", TrimSecret);
+  network_policies_ =
+      owned(kNetworkPolicyApiPath, "networkpolicies", [](json* n) { n->erase("spec"); });
   InformerOptions o;
   o.collection = TrainingJobs(ns);
   o.transform = TrimMetadata;
@@ -72,7 +87,8 @@ JobCache::JobCache(KubeClient* client, const std::string& ns, int watch_timeout_
   jobs_ = std::make_unique<Informer>(client, o, [this](WatchEventType, const json& obj) {
     if (on_job_) on_job_(Informer::KeyOf(obj));
   });
-  all_ = {jobs_.get(), pods_.get(), services_.get(), config_maps_.get()};
+  all_ = {jobs_.get(),        pods_.get(),    services_.get(),
+          config_maps_.get(), secrets_.get(), network_policies_.get()};
 }
 
 JobCache::~JobCache() { Join(); }

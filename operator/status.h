@@ -9,12 +9,15 @@
 //   Suspended   TrainingJobSuspended   (False again: TrainingJobResumed)
 //   Succeeded   TrainingJobSucceeded
 //   Failed      TrainingJobFailed | BackoffLimitExceeded | DeadlineExceeded | InvalidSpec
-//               | CreateRejected
+//               | CreateRejected | AuthSecretLost
 //   CheckpointFailing  CheckpointWriteFailed (False again: CheckpointsWritten); not part of
 //               the state: training goes on while checkpoints fail (SetCheckpointCondition)
 //   PodGroupFailing  PodGroupAPIMissing | PodGroupRejected (False again: PodGroupCreated);
 //               gang scheduling: the job's PodGroup cannot be created, so no pod is
 //               created either (retried); not part of the state
+//   AuthSecretMissing  AuthSecretLost: the job's Secret {job}-auth was deleted (or its
+//               job.key spoiled) while tasks that use it run; not part of the state (the
+//               job fails, reason AuthSecretLost, once such a task must be started again)
 // `.status.state` (the State printer column) is StateOf(status).
 #ifndef KUBETRAIN_OPERATOR_STATUS_H_
 #define KUBETRAIN_OPERATOR_STATUS_H_
@@ -38,6 +41,7 @@ inline constexpr char kSucceeded[] = "Succeeded";
 inline constexpr char kFailed[] = "Failed";
 inline constexpr char kCheckpointFailing[] = "CheckpointFailing";
 inline constexpr char kPodGroupFailing[] = "PodGroupFailing";
+inline constexpr char kAuthSecretMissing[] = "AuthSecretMissing";
 }  // namespace condition
 
 namespace reason {
@@ -57,6 +61,7 @@ inline constexpr char kCheckpointsWritten[] = "CheckpointsWritten";
 inline constexpr char kPodGroupAPIMissing[] = "PodGroupAPIMissing";  // its CRD is not installed
 inline constexpr char kPodGroupRejected[] = "PodGroupRejected";      // refused (RBAC, validation)
 inline constexpr char kPodGroupCreated[] = "PodGroupCreated";
+inline constexpr char kAuthSecretLost[] = "AuthSecretLost";  // deleted while tasks used it
 }  // namespace reason
 
 // metav1.Time: RFC 3339 in UTC, whole seconds ("2027-01-15T08:00:00Z").
