@@ -23,7 +23,9 @@ constexpr const char* kTlsFiles[] = {kCaCertFile, kCertFile, kKeyFile};
 // makes the kubelet chown every volume of the pod, the user's data included.
 constexpr int kAuthFileMode = 0444;
 
-// The Secret key holding what task (type, index) proves itself with.
+// The Secret key holding what task (type, index) proves itself with: the job
+// key for a PS, else its own token (the split of CredentialsForTask, which
+// `kubetrain run` writes, core/job_credentials.h).
 std::string CredentialKey(const std::string& type, int index) {
   return type == "ps" ? kJobKeyFile : TokenKey(type, index);
 }

@@ -161,6 +161,11 @@ def test_sync_example_succeeds_with_status_and_printer_columns(cluster):
     data = auth_secret(k, "fashion-mnist-sync", job_uid)
     assert sorted(data) == ["ca.crt", "job.key", "tls.crt", "tls.key", "token.worker-0", "token.worker-1"]
     check_certificate(data)
+    for i in range(2):  # the PS tasks checked tokens and spoke mutual TLS
+        with open(os.path.join(k.state, "node-agent", "logs", f"default_fashion-mnist-sync-ps-{i}_kubetrain.log")) as f:
+            log = f.read()
+        assert (f"ps:{i} admits only fashion-mnist-sync's tasks: tokens checked, mutual TLS under the job's CA"
+                in log), log[-2000:]
     np = k.json("get", "networkpolicy", "fashion-mnist-sync")
     assert np["metadata"]["ownerReferences"][0]["uid"] == job_uid
     same_job = {"matchLabels": {"kubetrain.io/job-name": "fashion-mnist-sync"}}
@@ -660,23 +665,34 @@ def auth_dir_of(k, pod):
                         "volumes", "kubetrain-auth")
 
 
-def impostor(k, job_name, name, items, tf_config):
+def impostor(k, job_name, name, tf_config, items=None, config_map=None):
     """A pod inside the job's network (labelled as its pods are, so its NetworkPolicy admits it)
-    running kubetrain-worker as worker 1, with the given files of the job's Secret."""
+    running kubetrain-worker as worker 1, with `items` of the job's Secret as its credentials
+    (None: no credentials at all) and the job file of `config_map` (default: the job's)."""
+    env = [{"name": "TF_CONFIG", "value": tf_config},
+           {"name": "KUBETRAIN_TERMINATION_LOG", "value": "/dev/termination-log"}]
+    mounts = [{"name": "config", "mountPath": "/etc/kubetrain"}]
+    volumes = [{"name": "config", "configMap": {"name": config_map or f"{job_name}-config"}}]
+    if items is not None:
+        env.append({"name": "KUBETRAIN_AUTH_DIR", "value": "/var/run/kubetrain/auth"})
+        mounts.append({"name": "auth", "mountPath": "/var/run/kubetrain/auth"})
+        volumes.append({"name": "auth", "secret": {"secretName": f"{job_name}-auth", "items": items}})
     apply(k, {"apiVersion": "v1", "kind": "Pod",
               "metadata": {"name": name, "labels": {"kubetrain.io/job-name": job_name}},
-              "spec": {"restartPolicy": "Never",
+              "spec": {"restartPolicy": "Never", "volumes": volumes,
                        "containers": [{"name": "kubetrain", "image": RUNTIME_IMAGE,
                                        "command": ["kubetrain-worker"],
                                        "args": ["--config=/etc/kubetrain/trainingjob.yaml"],
-                                       "env": [{"name": "TF_CONFIG", "value": tf_config},
-                                               {"name": "KUBETRAIN_AUTH_DIR", "value": "/var/run/kubetrain/auth"},
-                                               {"name": "KUBETRAIN_TERMINATION_LOG", "value": "/dev/termination-log"}],
-                                       "volumeMounts": [{"name": "config", "mountPath": "/etc/kubetrain"},
-                                                        {"name": "auth", "mountPath": "/var/run/kubetrain/auth"}]}],
-                       "volumes": [{"name": "config", "configMap": {"name": f"{job_name}-config"}},
-                                   {"name": "auth", "secret": {"secretName": f"{job_name}-auth",
-                                                               "items": items}}]}})
+                                       "env": env, "volumeMounts": mounts}]}})
+
+
+def metric(ip, name, labels):
+    import urllib.request
+    with urllib.request.urlopen(f"http://{ip}:9090/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(f"{name}{{{labels}}} "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def ended_pod(k, name, timeout=120):
@@ -708,19 +724,31 @@ def test_each_pod_gets_only_its_credentials_and_an_impostor_is_refused(cluster):
         for f, content in want.items():
             assert open(os.path.join(d, f), "rb").read() == content, (name, f)
             assert os.stat(os.path.join(d, f)).st_mode & 0o777 == 0o444, (name, f)
+    ps = get_or_none(k, "pod", "auth-iso-ps-0")
+    ps_log = open(os.path.join(k.state, "node-agent", "logs", "default_auth-iso-ps-0_kubetrain.log")).read()
+    assert "ps:0 admits only auth-iso's tasks: tokens checked, mutual TLS under the job's CA" in ps_log, ps_log[-2000:]
     w1 = get_or_none(k, "pod", "auth-iso-worker-1")
     tf_config = next(e["value"] for e in w1["spec"]["containers"][0]["env"] if e["name"] == "TF_CONFIG")
-    tls_items = [{"key": f, "path": f} for f in tls]
-    impostor(k, "auth-iso", "auth-iso-impostor", [{"key": "token.worker-0", "path": "token"}] + tls_items,
-             tf_config)
-    impostor(k, "auth-iso", "auth-iso-no-token", tls_items, tf_config)
+    # Worker 0's token (and the job's TLS files) presented as worker 1.
+    impostor(k, "auth-iso", "auth-iso-impostor", tf_config,
+             items=[{"key": "token.worker-0", "path": "token"}] + [{"key": f, "path": f} for f in tls])
+    # No credentials at all (it gives up on the PS after 5 s instead of the job's 60).
+    job_file = json.loads(k.json("get", "configmap", "auth-iso-config")["data"]["trainingjob.yaml"])
+    job_file["spec"]["training"]["startupTimeoutSeconds"] = 5
+    apply(k, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "auth-iso-no-creds-config"},
+              "data": {"trainingjob.yaml": json.dumps(job_file)}})
+    impostor(k, "auth-iso", "auth-iso-no-creds", tf_config, config_map="auth-iso-no-creds-config")
     step_before = (status(k, "auth-iso").get("progress") or {}).get("globalStep", 0)
-    for name in ("auth-iso-impostor", "auth-iso-no-token"):
-        pod = ended_pod(k, name)
-        term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
-        log = open(os.path.join(k.state, "node-agent", "logs", f"default_{name}_kubetrain.log")).read()
-        assert pod["status"]["phase"] == "Failed" and term["exitCode"] == 2, (term, log[-2000:])
-        assert "UNAUTHENTICATED" in term.get("message", ""), (term, log[-2000:])
+    # The PS refuses the token: a configuration error, exit 2 with its reason.
+    term = ended_pod(k, "auth-iso-impostor")["status"]["containerStatuses"][0]["state"]["terminated"]
+    print(f"impostor: exit {term['exitCode']}: {term.get('message', '').strip()}")
+    assert term["exitCode"] == 2, term
+    assert "the token presented as worker/1 is not that task's token in this job" in term["message"], term
+    assert metric(ps["status"]["podIP"], "kubetrain_rpc_auth_failures_total", 'reason="unauthenticated"') >= 1
+    # Plaintext, no certificate: the TLS handshake never completes, so no call reaches the PS.
+    term = ended_pod(k, "auth-iso-no-creds")["status"]["containerStatuses"][0]["state"]["terminated"]
+    print(f"no credentials: exit {term['exitCode']}: {term.get('message', '').strip()}")
+    assert term["exitCode"] != 0 and "gave up on connect to ps:0" in term["message"], term
 
     # The job was not disturbed (and the operator ignores pods it does not own): still
     # Running with both workers, still stepping.
