@@ -42,8 +42,9 @@ def test_dynamic_job_trains_and_eval_of_its_model_reproduces_the_figures(tmp_pat
     print(f"dynamic {mode}:", {k: summary[k] for k in ("test_accuracy", "test_auc", "test_log_loss",
                                                        "global_step", "dynamic_rows",
                                                        "dynamic_rows_evicted")})
-    assert summary["test_accuracy"] >= 0.85, summary
-    assert summary["test_auc"] >= 0.90, summary
+    # The bar of the fixed-table example (issue 11), with a third of its epochs.
+    assert summary["test_accuracy"] >= 0.86, summary
+    assert summary["test_auc"] >= 0.91, summary
     out = proc.stdout + proc.stderr
     # Each PS task holds the rows of the ids it owns (id mod 2), created on first use.
     assert "embedding.native-country[dynamic x8]" in out, out[-3000:]
@@ -85,7 +86,8 @@ def test_ps_killed_mid_job_restores_its_dynamic_shard(tmp_path, live_runs):
     assert summary["restarts"]["ps-1"] == 1, summary["restarts"]
     assert "ps:1 restored version" in out
     assert summary["restored_version"] >= 900, summary
-    assert summary["test_accuracy"] >= 0.85, summary
+    assert summary["test_accuracy"] >= 0.86, summary
+    assert summary["test_auc"] >= 0.91, summary
     assert_eval_reproduces(model, summary)
 
 
