@@ -10,7 +10,7 @@ BAZEL ?= bazel
 BAZEL_FLAGS ?=
 DEB_PACKAGES := bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev \
   protobuf-compiler libcpprest-dev libeigen3-dev prometheus-cpp-dev libyaml-cpp-dev zlib1g-dev \
-  libgtest-dev nlohmann-json3-dev dataset-fashion-mnist prometheus python3 python3-pytest curl openssl util-linux \
+  libgtest-dev nlohmann-json3-dev libssl-dev dataset-fashion-mnist prometheus python3 python3-pytest curl openssl util-linux \
   clang-format
 # Only for the tests and `make images` (`make deps`, not `make build-deps`), and
 # only in a clone (the Dockerfiles' builder stage runs `make deps` with the
@@ -129,13 +129,15 @@ test: lint unit-test operator-test packaging-test integration-test
 asan: deps
 	$(BAZEL) test --config=asan //...
 
-# The PS wire fuzzer for longer than the 60 s of `make test`
-# (FUZZ_SECONDS; FUZZ_SEED=N repeats a run; see tests/transport/ps_wire_fuzz_test.cc).
+# The PS wire fuzzer for longer than the 60 s (+ 15 s against a PS that checks
+# tokens) of `make test` (FUZZ_SECONDS, a quarter of it authenticated;
+# FUZZ_SEED=N repeats a run; see tests/transport/ps_wire_fuzz_test.cc).
 FUZZ_SECONDS ?= 600
 fuzz: deps
 	$(BAZEL) test $(BAZEL_FLAGS) //tests/transport:ps_wire_fuzz_test --nocache_test_results \
-	  --test_env=FUZZ_SECONDS=$(FUZZ_SECONDS) $(if $(FUZZ_SEED),--test_env=FUZZ_SEED=$(FUZZ_SEED)) \
-	  --test_timeout=$$(( $(FUZZ_SECONDS) + 600 )) --test_output=all
+	  --test_env=FUZZ_SECONDS=$(FUZZ_SECONDS) --test_env=FUZZ_AUTH_SECONDS=$$(( $(FUZZ_SECONDS) / 4 )) \
+	  $(if $(FUZZ_SEED),--test_env=FUZZ_SEED=$(FUZZ_SEED)) \
+	  --test_timeout=$$(( $(FUZZ_SECONDS) * 5 / 4 + 600 )) --test_output=all
 
 # ThreadSanitizer over the unit tests, with an instrumented Abseil built from
 # Debian's source of the installed version (tests/sanitizers/build-tsan-absl.sh,

@@ -36,15 +36,19 @@ absl::StatusOr<std::vector<std::string>> ExportArgv(const ExportOptions& o) {
   if (o.output.empty()) {
     return absl::InvalidArgumentError("--output is required: the model file to write");
   }
-  return std::vector<std::string>{o.bin_dir + "/kubetrain-worker", "--config=" + o.job_file,
-                                  "--export_from_ps=" + o.from_ps, "--export_model=" + o.output,
-                                  "--metrics_address="};
+  std::vector<std::string> argv = {o.bin_dir + "/kubetrain-worker", "--config=" + o.job_file,
+                                   "--export_from_ps=" + o.from_ps, "--export_model=" + o.output,
+                                   "--metrics_address="};
+  if (!o.auth_dir.empty()) argv.push_back("--auth_dir=" + o.auth_dir);
+  return argv;
 }
 
 std::string ExportCommandLine(const std::vector<std::string>& ps_addresses,
-                              const std::string& job_file, const std::string& output) {
+                              const std::string& job_file, const std::string& output,
+                              const std::string& auth_dir) {
   return absl::StrCat("kubetrain export --from-ps ", ShellQuote(absl::StrJoin(ps_addresses, ",")),
-                      " --job ", ShellQuote(job_file), " --output ", ShellQuote(output));
+                      " --job ", ShellQuote(job_file), " --output ", ShellQuote(output),
+                      auth_dir.empty() ? "" : absl::StrCat(" --auth-dir ", ShellQuote(auth_dir)));
 }
 
 int ExportCommand(int argc, char** argv, const std::string& bin_dir, std::FILE* err) {
@@ -52,12 +56,16 @@ int ExportCommand(int argc, char** argv, const std::string& bin_dir, std::FILE* 
   options.bin_dir = bin_dir;
   FlagParser parser(
       "kubetrain export --from-ps HOST:PORT[,HOST:PORT...] --job FILE.yaml --output "
-      "MODEL");
+      "MODEL [--auth-dir DIR]");
   parser.String("from_ps", &options.from_ps,
                 "the job's live PS tasks, host:port of ps:0, ps:1, ... comma-separated");
   parser.String("job", &options.job_file, "the TrainingJob file the PS tasks run");
   parser.String("output", &options.output, "the model file to write (then: kubetrain eval FILE)");
   parser.String("bin_dir", &options.bin_dir, "directory holding kubetrain-worker");
+  parser.String("auth_dir", &options.auth_dir,
+                "the job's credentials: a directory with its job.key (and ca.crt, tls.crt, "
+                "tls.key when the job uses TLS), e.g. the one `kubetrain run` prints, or the "
+                "job's Secret on Kubernetes");
   std::vector<std::string> rest;
   if (auto exit_code = parser.ParseMain(argc, argv, 2, &rest)) return *exit_code;
   if (!rest.empty()) {

@@ -26,15 +26,19 @@ struct ExportOptions {
   std::string job_file;
   std::string output;
   std::string bin_dir;  // holds kubetrain-worker
+  // The job's credentials (job.key, and the TLS files when the job uses
+  // TLS): the exporter derives its token from the key. Empty: none.
+  std::string auth_dir;
 };
 
 // The exporter's command line, or an error naming the flag that is missing.
 absl::StatusOr<std::vector<std::string>> ExportArgv(const ExportOptions& options);
 
-// "kubetrain export --from-ps A,B --job FILE --output PATH", quoted for a
-// shell where needed: what `kubetrain run` tells the user to run.
+// "kubetrain export --from-ps A,B --job FILE --output PATH [--auth-dir DIR]",
+// quoted for a shell where needed: what `kubetrain run` tells the user to run.
 std::string ExportCommandLine(const std::vector<std::string>& ps_addresses,
-                              const std::string& job_file, const std::string& output);
+                              const std::string& job_file, const std::string& output,
+                              const std::string& auth_dir = "");
 
 // The command: argv[0] is the program, argv[1] "export"; --bin-dir defaults
 // to `bin_dir`. Returns only on error (the exit code); else it has become

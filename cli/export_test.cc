@@ -14,6 +14,14 @@ TEST(ExportArgvTest, RunsTheExporterOfKubetrainWorkerWithTheFlags) {
                                       "--export_model=/other/model.ktm", "--metrics_address="}));
 }
 
+TEST(ExportArgvTest, TheAuthDirGoesToTheExporter) {
+  ExportOptions options{"127.0.0.1:1", "job.yaml", "m.ktm", "/opt/bin"};
+  options.auth_dir = "/run/auth";
+  auto argv = ExportArgv(options);
+  ASSERT_TRUE(argv.ok()) << argv.status();
+  EXPECT_EQ(argv->back(), "--auth_dir=/run/auth");
+}
+
 TEST(ExportArgvTest, AMissingFlagIsNamed) {
   EXPECT_NE(ExportArgv({"", "job.yaml", "m.ktm", "b"}).status().message().find("--from-ps"),
             std::string::npos);
@@ -29,6 +37,9 @@ TEST(ExportCommandLineTest, QuotesWhatAShellWouldSplit) {
             "/tmp/m.ktm");
   EXPECT_EQ(ExportCommandLine({"h:1"}, "my job.yaml", "it's.ktm"),
             "kubetrain export --from-ps h:1 --job 'my job.yaml' --output 'it'\\''s.ktm'");
+  EXPECT_EQ(ExportCommandLine({"h:1"}, "a.yaml", "m.ktm", "/tmp/kubetrain-a-auth-x1/export"),
+            "kubetrain export --from-ps h:1 --job a.yaml --output m.ktm --auth-dir "
+            "/tmp/kubetrain-a-auth-x1/export");
 }
 
 }  // namespace

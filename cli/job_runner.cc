@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cli/export.h"
+#include "core/job_credentials.h"
 
 namespace kubetrain {
 
@@ -98,6 +99,9 @@ JobRunner::JobRunner(TrainingJob job, int64_t target_steps, std::vector<int> por
       t->spec.argv.push_back("--export_model=" + options_.export_model);
     }
     t->spec.env["TF_CONFIG"] = SerializeTfConfig(BuildTfConfig(job_, address, t->id));
+    if (auto dir = options_.auth_dirs.find(t->name); dir != options_.auth_dirs.end()) {
+      t->spec.env[kAuthDirEnv] = dir->second;
+    }
     t->on_line = [this, name = t->name, chief, ps](const std::string& line, bool is_stderr) {
       if (chief && !is_stderr) {
         if (auto report = ParseReportLine(line)) {
@@ -178,7 +182,8 @@ void JobRunner::StopAll(const std::atomic<bool>* interrupted, JobRunResult* out)
     if (t->id.type == "ps") ps.push_back(t->address);
   }
   out->export_command =
-      ExportCommandLine(ps, options_.job_path, absl::StrCat("/tmp/", job_.name, "-model.ktm"));
+      ExportCommandLine(ps, options_.job_path, absl::StrCat("/tmp/", job_.name, "-model.ktm"),
+                        options_.export_auth_dir);
   bool waiting = false;
   for (auto& t : tasks_) {
     if (t->process && !t->process->Poll()) waiting = true;

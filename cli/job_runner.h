@@ -48,6 +48,12 @@ struct JobRunnerOptions {
   // After success the other tasks get this long to exit by themselves (PS
   // tasks do once the chief ends the job) before they are stopped.
   absl::Duration cleanup_grace = absl::Seconds(30);
+  // Task name ("worker-1") -> its credentials directory, given to it as
+  // KUBETRAIN_AUTH_DIR (cli/local_credentials.h); a task not named gets none.
+  std::map<std::string, std::string> auth_dirs;
+  // The directory with the job key that the export command shown for PS
+  // tasks holding their parameters passes as --auth-dir ("": none).
+  std::string export_auth_dir;
 };
 
 // What the runner uses and does not own.

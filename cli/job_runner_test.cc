@@ -80,6 +80,7 @@ class JobRunnerTest : public ::testing::Test {
 
 TEST_F(JobRunnerTest, StartsEveryReplicaTypeWithItsBinaryFlagsAndTfConfig) {
   options_.export_model = "/tmp/out.ktm";
+  options_.auth_dirs = {{"ps-1", "/auth/ps-1"}, {"chief-0", "/auth/chief-0"}};
   TrainingJob job = Job("    Chief: {replicas: 1}\n    Evaluator: {replicas: 1}\n");
   launcher_.PrintOnExit("chief-0", 0, FormatReportLine(Result()));
   launcher_.ExitAt("chief-0", At(5), 0);
@@ -103,6 +104,10 @@ TEST_F(JobRunnerTest, StartsEveryReplicaTypeWithItsBinaryFlagsAndTfConfig) {
   EXPECT_EQ(tf->tasks("ps"), (std::vector<std::string>{"127.0.0.1:30002", "127.0.0.1:30004"}));
   EXPECT_EQ(tf->tasks("worker"), (std::vector<std::string>{"127.0.0.1:30006", "127.0.0.1:30008"}));
   EXPECT_EQ(tf->self_address(), "127.0.0.1:30010");
+  // Each task its own credentials directory; a task without one gets none.
+  EXPECT_EQ(specs["ps-1"].env["KUBETRAIN_AUTH_DIR"], "/auth/ps-1");
+  EXPECT_EQ(specs["chief-0"].env["KUBETRAIN_AUTH_DIR"], "/auth/chief-0");
+  EXPECT_EQ(specs["worker-0"].env.count("KUBETRAIN_AUTH_DIR"), 0u);
   EXPECT_CONTAINS(Output(),
                   "kubetrain run: mnist (sync, softmax, 1 chief, 2 PS, 2 workers, 1 evaluator, "
                   "100 global steps)");
@@ -216,12 +221,13 @@ TEST_F(JobRunnerTest, APsHoldingItsParametersIsKeptAndTheExportCommandShown) {
   launcher_.ExitAt("worker-0", At(5), 1);  // the chief cannot export
   launcher_.HoldOnSigterm("ps-0", kHoldLine);
   launcher_.ExitAt("ps-0", At(5 + 600), 1);  // the hold is over
+  options_.export_auth_dir = "/tmp/kubetrain-mnist-auth-x/export";
   JobRunResult r = Run(Job());
   EXPECT_EQ(r.status, "Failed");
   EXPECT_EQ(r.holding_tasks, std::vector<std::string>{"ps-0"});
   EXPECT_EQ(r.export_command,
             "kubetrain export --from-ps 127.0.0.1:30000,127.0.0.1:30002 --job /jobs/mnist.yaml "
-            "--output /tmp/mnist-model.ktm");
+            "--output /tmp/mnist-model.ktm --auth-dir /tmp/kubetrain-mnist-auth-x/export");
   EXPECT_GE(r.wall_seconds, 600);  // not killed after stop_grace
   std::map<std::string, int> codes;
   for (const auto& t : r.tasks) codes[t.name] = t.exit_code;

@@ -2,7 +2,7 @@
 //   kubetrain run FILE.yaml [--summary-json PATH] [--quiet] [--bin-dir DIR] ...
 //   kubetrain validate FILE.yaml
 //   kubetrain eval MODEL [--data DIR] [--json]
-//   kubetrain export --from-ps HOST:PORT,... --job FILE.yaml --output MODEL
+//   kubetrain export --from-ps HOST:PORT,... --job FILE.yaml --output MODEL [--auth-dir DIR]
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -23,7 +23,7 @@ constexpr char kUsage[] =
     "evaluator tasks)\n"
     "  validate FILE.yaml  check a TrainingJob spec and its data, and print what it means\n"
     "  eval MODEL          report a model file's accuracy on the Fashion-MNIST test set\n"
-    "  export --from-ps HOST:PORT,... --job FILE.yaml --output MODEL\n"
+    "  export --from-ps HOST:PORT,... --job FILE.yaml --output MODEL [--auth-dir DIR]\n"
     "                      save the model of a job's live PS tasks (e.g. ones that could not "
     "write their final checkpoint) to a model file\n\n"
     "`kubetrain <command> --help` lists a command's flags.\n";
@@ -64,6 +64,8 @@ int main(int argc, char** argv) {
     parser.Bool("quiet", &options.quiet, "hide task logs; show only progress and the summary");
     parser.String("export_model", &options.export_model,
                   "write the trained model to this file (then: kubetrain eval FILE)");
+    parser.Bool("tls", &options.tls,
+                "the tasks speak mutual TLS under a CA made for this run (tokens are always on)");
     parser.String("restart_policy", &restart_policy,
                   "restart failed tasks per this policy instead of the spec's: Never, OnFailure, "
                   "Always, ExitCode");

@@ -5,12 +5,16 @@
 
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cli/console.h"
 #include "cli/job_runner.h"
+#include "cli/local_credentials.h"
 #include "cli/process.h"
 #include "cli/validate.h"
 #include "core/clock.h"
@@ -120,9 +124,27 @@ int RunJob(const RunOptions& options) {
     return 1;
   }
 
+  // The job's credentials, in a private directory that lives as long as the
+  // run (PS tasks holding their parameters included): under $TMPDIR, else in
+  // memory (/dev/shm), else /tmp.
+  std::vector<std::string> parents = {"/dev/shm", "/tmp"};
+  if (const char* tmp = std::getenv("TMPDIR"); tmp != nullptr && *tmp != '\0') {
+    parents.insert(parents.begin(), tmp);
+  }
+  auto credentials = LocalCredentials::Create(*job, options.tls, parents);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(credentials.status().message()).c_str());
+    return 1;
+  }
+  runner.auth_dirs = (*credentials)->task_dirs();
+  runner.export_auth_dir = (*credentials)->export_dir();
+
   RealClock clock;
   SubprocessLauncher launcher;
   Console console(options.quiet, stderr, &clock);
+  console.Info(absl::StrCat("kubetrain run: task credentials (tokens",
+                            options.tls ? ", mutual TLS" : "", ") in ", (*credentials)->root(),
+                            ", removed at the end"));
   JobRunnerEnv env{&launcher, &clock, [](absl::Duration d) { absl::SleepFor(d); }, &console};
   JobRunResult result = JobRunner(*job, *target, *ports, runner, env).Run(options.interrupted);
 

@@ -28,6 +28,9 @@ struct RunOptions {
   // --memory-limit ("" = the cgroup's limit, else the machine's memory): every
   // task runs on this machine, so together they must fit in it.
   std::string memory_limit;
+  // Every task gets a token (cli/local_credentials.h); with `tls` also the
+  // job's CA and certificate, and the tasks speak mutual TLS.
+  bool tls = false;
   // Set (by a signal handler) to stop the job: children get SIGTERM, then SIGKILL.
   const std::atomic<bool>* interrupted = nullptr;
 };

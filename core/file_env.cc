@@ -150,6 +150,37 @@ FileEnv* FileEnv::Default() {
   return env;
 }
 
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));
+    return err == ENOENT ? absl::NotFoundError(msg) : absl::InternalError(msg);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  std::string data;
+  data.resize(static_cast<size_t>(st.st_size));
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::read(fd, &data[off], data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      return absl::InternalError(absl::StrCat(path, ": cannot read: ", std::strerror(err)));
+    }
+    if (n == 0) break;  // shrank under us
+    off += static_cast<size_t>(n);
+  }
+  data.resize(off);
+  ::close(fd);
+  return data;
+}
+
 absl::Status OsError(int err, const std::string& what) {
   absl::Status st = absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
   st.SetPayload(kErrnoPayload, absl::Cord(absl::StrCat(err)));

@@ -79,6 +79,12 @@ absl::Status OsError(int err, const std::string& what);
 // The errno an OsError carries; 0 if none.
 int ErrnoOf(const absl::Status& status);
 
+// The whole regular file at `path`, its allocation bounded by the file's real
+// size. NotFoundError "<path>: cannot open: No such file or directory" if it
+// does not exist; InvalidArgumentError "<path>: not a regular file"; other
+// errors name the path and the OS error.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+
 // Checks that `dir` can hold durable files, as a checkpoint writer needs it:
 // creates it (mkdir -p), then writes, fsyncs and renames a small probe file
 // (WriteFileAtomically) and deletes it. The error names the step and the OS

@@ -1,10 +1,5 @@
 #include "core/framed_file.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <cstring>
@@ -19,46 +14,9 @@ namespace {
 constexpr size_t kVersionAndLengthBytes = 4 + 8;
 constexpr size_t kTrailerBytes = 4;
 
-std::string ErrnoText(int err) { return std::strerror(err); }
-
 uint32_t Crc32(std::string_view data) {
   return static_cast<uint32_t>(
       ::crc32_z(0L, reinterpret_cast<const Bytef*>(data.data()), data.size()));
-}
-
-// ---------------------------------------------------------------------------
-// Reading.
-
-// Reads a whole regular file; the allocation is bounded by its real size.
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    std::string msg = absl::StrCat(path, ": cannot open: ", ErrnoText(err));
-    return err == ENOENT ? absl::NotFoundError(msg) : absl::InternalError(msg);
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  std::string data;
-  data.resize(static_cast<size_t>(st.st_size));
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::read(fd, &data[off], data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      return absl::InternalError(absl::StrCat(path, ": cannot read: ", ErrnoText(err)));
-    }
-    if (n == 0) break;  // shrank under us
-    off += static_cast<size_t>(n);
-  }
-  data.resize(off);
-  ::close(fd);
-  return data;
 }
 
 }  // namespace

@@ -6,7 +6,12 @@
 // read-only for --keep_serving_after_checkpoint_failure_seconds, for
 // `kubetrain export --from-ps`; a second SIGTERM exits at once), 2 on a
 // configuration error (including a checkpoint directory that cannot be
-// written at start).
+// written at start, or credentials that cannot be read).
+//
+// With --auth_dir (else $KUBETRAIN_AUTH_DIR; core/job_credentials.h) it
+// serves only its job's tasks: every call must carry a task's token (the
+// directory's job.key checks them), and with ca.crt, tls.crt and tls.key the
+// port speaks mutual TLS under the job's CA.
 #include <signal.h>
 
 #include <atomic>
@@ -17,7 +22,9 @@
 
 #include <prometheus/registry.h>
 
+#include "absl/strings/str_cat.h"
 #include "core/flags.h"
+#include "core/job_credentials.h"
 #include "core/log.h"
 #include "core/task_config.h"
 #include "ps/ps_task.h"
@@ -31,8 +38,9 @@ void OnSignal(int) { g_signals.fetch_add(1); }
 
 int main(int argc, char** argv) {
   using namespace kubetrain;
-  std::string config_file, tf_config;
+  std::string config_file, tf_config, auth_dir;
   if (const char* tf = std::getenv("TF_CONFIG")) tf_config = tf;
+  if (const char* dir = std::getenv(kAuthDirEnv)) auth_dir = dir;
   PsTaskOptions options;
   int64_t shutdown_grace_seconds = absl::ToInt64Seconds(options.shutdown_grace);
   int64_t keep_serving_seconds =
@@ -40,6 +48,9 @@ int main(int argc, char** argv) {
   FlagParser parser("kubetrain-ps --config=trainingjob.yaml  (TF_CONFIG in the environment)");
   parser.String("config", &config_file, "TrainingJob YAML file");
   parser.String("tf_config", &tf_config, "cluster spec JSON (default: $TF_CONFIG)");
+  parser.String("auth_dir", &auth_dir,
+                "the job's credentials: job.key, and ca.crt, tls.crt, tls.key for TLS (default: "
+                "$KUBETRAIN_AUTH_DIR; none: the PS serves any client)");
   parser.String("bind_host", &options.bind_host,
                 "address to listen on; the port comes from TF_CONFIG");
   parser.String("metrics_address", &options.metrics_address, "host:port for /metrics; empty = off");
@@ -70,6 +81,19 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   options.signals = &g_signals;
+
+  if (!auth_dir.empty()) {
+    auto credentials = ReadTaskCredentials(auth_dir);
+    if (!credentials.ok()) return ExitWithError(2, credentials.status().message(), termination_log);
+    if (credentials->job_key.empty()) {
+      return ExitWithError(2,
+                           absl::StrCat(auth_dir, "/", kJobKeyFile,
+                                        ": missing: a PS task checks its callers' tokens with the "
+                                        "job key"),
+                           termination_log);
+    }
+    options.credentials = *std::move(credentials);
+  }
 
   RealClock clock;
   auto config = LoadTaskConfig(config_file, tf_config);

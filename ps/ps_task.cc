@@ -76,6 +76,15 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
   m.service.push_streams_refused =
       counter("kubetrain_push_streams_refused_total",
               "Push streams refused for the per-PS or per-worker limit, or closed as idle");
+  auto& auth_failures = prometheus::BuildCounter()
+                            .Name("kubetrain_rpc_auth_failures_total")
+                            .Help(
+                                "Calls refused by the caller checks: reason unauthenticated (no "
+                                "or a wrong token) or permission_denied (not allowed to the "
+                                "caller, or naming another task)")
+                            .Register(registry);
+  m.service.auth_unauthenticated = &auth_failures.Add({{"reason", "unauthenticated"}});
+  m.service.auth_permission_denied = &auth_failures.Add({{"reason", "permission_denied"}});
   m.checkpoints_written =
       counter("kubetrain_checkpoints_written_total", "Shard checkpoints written");
   m.checkpoint_failures =
@@ -209,11 +218,12 @@ absl::Status PsTask::Start() {
   PsServiceOptions service_options;
   service_options.model_fingerprint = config_.fingerprint;
   service_options.max_chunk_bytes = job.training.chunk_bytes;
+  service_options.job_key = options_.credentials.job_key;
   service_ = std::make_unique<PsService>(shard_.get(), clock_, service_options, metrics_.service);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   const std::string listen = absl::StrCat(options_.bind_host, ":", options_.port);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(listen, PsServerCredentials(options_.credentials), &port_);
   ConfigurePsServer(job.training.chunk_bytes, &builder);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
@@ -227,6 +237,13 @@ absl::Status PsTask::Start() {
       TrainingModeName(job.training.mode), ", ", config_.num_workers, " workers, aggregate ",
       o.replicas_to_aggregate, ", target ", config_.target_steps, " steps");
   Log("job fingerprint ", config_.fingerprint, "; placement:\n", config_.placement.Describe());
+  if (options_.credentials.job_key.empty()) {
+    Log("ps:", index_, " runs open: no auth directory (--auth_dir, ", kAuthDirEnv,
+        "), so any client that reaches its port may push, pull or end the job");
+  } else {
+    Log("ps:", index_, " admits only ", job.name, "'s tasks: tokens checked",
+        options_.credentials.tls() ? ", mutual TLS under the job's CA" : ", no TLS (plaintext)");
+  }
   return absl::OkStatus();
 }
 

@@ -41,6 +41,7 @@
 #include "absl/time/time.h"
 #include "core/clock.h"
 #include "core/file_env.h"
+#include "core/job_credentials.h"
 #include "core/metrics.h"
 #include "core/task_config.h"
 #include "ps/checkpoint.h"
@@ -82,6 +83,10 @@ struct PsTaskOptions {
   // How long a task whose final checkpoint cannot be written keeps serving
   // its parameters read-only for `kubetrain export --from-ps` (0: exits at once).
   absl::Duration keep_serving_after_checkpoint_failure = absl::Minutes(10);
+  // What this task checks its callers with (core/job_credentials.h): the
+  // job key (empty: any client is served, which Start logs) and, with TLS
+  // files, mutual TLS under the job's CA. TLS needs the job key too.
+  TaskCredentials credentials;
   // Signals received (counted by a signal handler): the first ends serving
   // as Stop() does; one more while holding the parameters exits at once. Not owned.
   const std::atomic<int>* signals = nullptr;

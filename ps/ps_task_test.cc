@@ -228,6 +228,7 @@ TEST_F(PsTaskTest, RegistersThePsMetricsUnderTheirDocumentedNames) {
                                           "kubetrain_ps_holding_unsaved_parameters",
                                           "kubetrain_pushes_rejected_total",
                                           "kubetrain_restored_version",
+                                          "kubetrain_rpc_auth_failures_total",
                                           "kubetrain_rpc_duration_seconds",
                                           "kubetrain_sparse_pull_bytes_total",
                                           "kubetrain_sparse_push_bytes_total",

@@ -6,6 +6,7 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -210,6 +211,13 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
         assembler_(service->shard_) {
     service_->RegisterPush(this);  // before mu_: the lock order
     absl::MutexLock l(&mu_);
+    // The caller first: a stream that may not push takes no slot and no read.
+    absl::Status auth = service_->Authenticate(PsMethod::kPush, ctx_, &caller_);
+    if (auth.ok()) auth = service_->Authorize(PsMethod::kPush, caller_, caller_);
+    if (!auth.ok()) {
+      EndLocked(service_->Refuse("Push", ctx_, auth));
+      return;
+    }
     admitted_ = service_->AdmitPush();
     if (!admitted_) {
       EndLocked(service_->Refuse(
@@ -241,6 +249,10 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
     v1::PushRequest msg;
     absl::Status s = Parse("Push", &in_, &msg);
     if (!s.ok()) service_->shard_->RecordRejectedPush();  // the assembler counts its own
+    if (s.ok() && msg.has_header()) {
+      s = service_->Authorize(PsMethod::kPush, caller_,
+                              {TaskRole::kWorker, msg.header().worker_index()});
+    }
     if (s.ok()) s = assembler_.Add(msg);
     if (s.ok() && msg.has_header()) {
       if (!service_->AdmitWorker(msg.header().worker_index())) {
@@ -337,6 +349,7 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
   int64_t messages_ ABSL_GUARDED_BY(mu_) = 0;
   bool admitted_ ABSL_GUARDED_BY(mu_) = false;  // counted in the PS's open streams
   int worker_ ABSL_GUARDED_BY(mu_) = -1;        // counted as this worker's stream
+  TaskId caller_ ABSL_GUARDED_BY(mu_);          // as authenticated (with a job key)
   PushAssembler assembler_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -357,6 +370,14 @@ void ConfigurePsServer(uint64_t max_chunk_bytes, grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Accept the workers' pings (every 20 s, worker/grpc_shard_channel.cc).
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+}
+
+std::shared_ptr<grpc::ServerCredentials> PsServerCredentials(const TaskCredentials& creds) {
+  if (!creds.tls()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions tls(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  tls.pem_root_certs = creds.ca_cert_pem;
+  tls.pem_key_cert_pairs.push_back({creds.key_pem, creds.cert_pem});
+  return grpc::SslServerCredentials(tls);
 }
 
 PsService::PsService(Shard* shard, const Clock* clock, PsServiceOptions options,
@@ -442,12 +463,49 @@ grpc::ServerUnaryReactor* PsService::Answer(const char* method, grpc::CallbackSe
   return reactor;
 }
 
+absl::Status PsService::Authenticate(PsMethod method, grpc::CallbackServerContext* ctx,
+                                     TaskId* caller) {
+  if (options_.job_key.empty()) return absl::OkStatus();
+  const auto& metadata = ctx->client_metadata();
+  auto value = [&metadata](const char* key) -> std::optional<absl::string_view> {
+    auto it = metadata.find(key);
+    if (it == metadata.end()) return std::nullopt;
+    return absl::string_view(it->second.data(), it->second.size());
+  };
+  absl::StatusOr<TaskId> task = AuthenticateCaller(
+      method, options_.job_key, value(kTaskMetadataKey), value(kAuthorizationMetadataKey));
+  if (!task.ok()) {
+    if (metrics_.auth_unauthenticated) metrics_.auth_unauthenticated->Increment();
+    return task.status();
+  }
+  *caller = *task;
+  return absl::OkStatus();
+}
+
+absl::Status PsService::Authorize(PsMethod method, const TaskId& caller, const TaskId& named) {
+  if (options_.job_key.empty()) return absl::OkStatus();
+  absl::Status s = AuthorizeCall(method, caller, named, ChiefTask(shard_->options()));
+  if (!s.ok() && metrics_.auth_permission_denied) metrics_.auth_permission_denied->Increment();
+  return s;
+}
+
+template <typename Request>
+absl::Status PsService::Admit(PsMethod method, grpc::CallbackServerContext* ctx,
+                              const grpc::ByteBuffer* raw, Request* req) {
+  TaskId caller;
+  if (absl::Status s = Authenticate(method, ctx, &caller); !s.ok()) return s;
+  grpc::ByteBuffer copy(*raw);  // shares the slices; parsing consumes the buffer
+  if (absl::Status s = Parse(PsMethodName(method), &copy, req); !s.ok()) return s;
+  absl::StatusOr<TaskId> named = TaskFromWire(req->task_type(), req->worker_index());
+  if (!named.ok()) return named.status();
+  return Authorize(method, caller, *named);
+}
+
 grpc::ServerUnaryReactor* PsService::GetInfo(grpc::CallbackServerContext* ctx,
                                              const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
-  grpc::ByteBuffer copy(*raw);  // shares the slices; parsing consumes the buffer
   v1::InfoRequest req;
   v1::ShardInfo resp;
-  absl::Status s = Parse("GetInfo", &copy, &req);
+  absl::Status s = Admit(PsMethod::kGetInfo, ctx, raw, &req);
   if (s.ok())
     s = FillShardInfo(shard_, options_.model_fingerprint, options_.max_chunk_bytes, req, &resp);
   return Answer("GetInfo", ctx, s, resp, out);
@@ -455,9 +513,8 @@ grpc::ServerUnaryReactor* PsService::GetInfo(grpc::CallbackServerContext* ctx,
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* PsService::Pull(grpc::CallbackServerContext* ctx,
                                                             const grpc::ByteBuffer* raw) {
-  grpc::ByteBuffer copy(*raw);
   v1::PullRequest req;
-  absl::Status s = Parse("Pull", &copy, &req);
+  absl::Status s = Admit(PsMethod::kPull, ctx, raw, &req);
   absl::StatusOr<TaskId> task = s.ok() ? TaskFromWire(req.task_type(), req.worker_index()) : s;
   if (!task.ok()) return new RejectReactor(Refuse("Pull", ctx, task.status()));
   return new PullReactor(this, ctx, req, *task);
@@ -470,9 +527,8 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* PsService::Push(grpc::CallbackServerC
 
 grpc::ServerUnaryReactor* PsService::Leave(grpc::CallbackServerContext* ctx,
                                            const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
-  grpc::ByteBuffer copy(*raw);
   v1::LeaveRequest req;
-  absl::Status s = Parse("Leave", &copy, &req);
+  absl::Status s = Admit(PsMethod::kLeave, ctx, raw, &req);
   absl::StatusOr<TaskId> task = s.ok() ? TaskFromWire(req.task_type(), req.worker_index()) : s;
   s = task.ok() ? shard_->Leave(*task) : task.status();
   return Answer("Leave", ctx, s, v1::LeaveResponse(), out);
@@ -481,10 +537,9 @@ grpc::ServerUnaryReactor* PsService::Leave(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* PsService::SparsePull(grpc::CallbackServerContext* ctx,
                                                 const grpc::ByteBuffer* raw,
                                                 grpc::ByteBuffer* out) {
-  grpc::ByteBuffer copy(*raw);
   v1::SparsePullRequest req;
   v1::SparsePullResponse resp;
-  absl::Status s = Parse("SparsePull", &copy, &req);
+  absl::Status s = Admit(PsMethod::kSparsePull, ctx, raw, &req);
   if (s.ok()) s = ServeSparsePull(shard_, req, &resp);
   if (s.ok() && metrics_.sparse_pull_bytes) {
     double bytes = 0;
@@ -496,10 +551,9 @@ grpc::ServerUnaryReactor* PsService::SparsePull(grpc::CallbackServerContext* ctx
 
 grpc::ServerUnaryReactor* PsService::ListRows(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
-  grpc::ByteBuffer copy(*raw);
   v1::ListRowsRequest req;
   v1::ListRowsResponse resp;
-  absl::Status s = Parse("ListRows", &copy, &req);
+  absl::Status s = Admit(PsMethod::kListRows, ctx, raw, &req);
   if (s.ok()) s = ServeListRows(shard_, req, options_.max_chunk_bytes, &resp);
   if (s.ok() && metrics_.sparse_pull_bytes) {
     metrics_.sparse_pull_bytes->Increment(static_cast<double>(resp.rows().data().size()));
@@ -509,10 +563,9 @@ grpc::ServerUnaryReactor* PsService::ListRows(grpc::CallbackServerContext* ctx,
 
 grpc::ServerUnaryReactor* PsService::Shutdown(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
-  grpc::ByteBuffer copy(*raw);
   v1::ShutdownRequest req;
   v1::ShardStats resp;
-  absl::Status s = Parse("Shutdown", &copy, &req);
+  absl::Status s = Admit(PsMethod::kShutdown, ctx, raw, &req);
   absl::StatusOr<TaskId> task = s.ok() ? TaskFromWire(req.task_type(), req.worker_index()) : s;
   s = task.ok() ? shard_->RequestShutdown(*task) : task.status();
   if (s.ok()) FillShardStats(shard_->stats(), &resp);
@@ -521,10 +574,9 @@ grpc::ServerUnaryReactor* PsService::Shutdown(grpc::CallbackServerContext* ctx,
 
 grpc::ServerUnaryReactor* PsService::GetStats(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
-  grpc::ByteBuffer copy(*raw);
   v1::InfoRequest req;
   v1::ShardStats resp;
-  absl::Status s = Parse("GetStats", &copy, &req);
+  absl::Status s = Admit(PsMethod::kGetStats, ctx, raw, &req);
   if (s.ok()) FillShardStats(shard_->stats(), &resp);
   return Answer("GetStats", ctx, s, resp, out);
 }

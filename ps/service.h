@@ -22,6 +22,13 @@
 // chunks arrive (ps/shard_wire.h), so an idle stream holds none. Every
 // stream the PS ends abnormally is counted for Tick's caller, which may give
 // the freed memory back to the system.
+//
+// Callers (with options.job_key; ps/rpc_auth.h): every call is checked from
+// its metadata before its request is parsed -- a push stream before anything
+// is read or allocated for it, its header's worker index when it arrives --
+// and refused with UNAUTHENTICATED or PERMISSION_DENIED (counted in
+// PsServiceMetrics, logged like other refusals). TLS is the server's
+// (PsServerCredentials), not the service's.
 #ifndef KUBETRAIN_PS_SERVICE_H_
 #define KUBETRAIN_PS_SERVICE_H_
 
@@ -32,12 +39,15 @@
 #include <string>
 #include <vector>
 
+#include "core/job_credentials.h"
 #include "core/log.h"
 #include "proto/ps.grpc.pb.h"
+#include "ps/rpc_auth.h"
 #include "ps/shard.h"
 
 namespace grpc {
 class ServerBuilder;
+class ServerCredentials;
 }  // namespace grpc
 
 namespace prometheus {
@@ -60,12 +70,19 @@ struct PsServiceOptions {
   int max_push_streams_per_worker = 2;
   // A push stream that receives no message this long is closed.
   absl::Duration push_idle_timeout = absl::Seconds(30);
+  // The job's key (core/job_credentials.h): every call must carry a token
+  // derived from it. Empty: the PS is open to any client.
+  std::string job_key;
 };
 
 // The server-side transport settings of a PS (message size limits for
 // `max_chunk_bytes` and keepalive pings that find dead peers), for
 // kubetrain-ps and the tests alike.
 void ConfigurePsServer(uint64_t max_chunk_bytes, grpc::ServerBuilder* builder);
+
+// Plaintext without TLS files (creds.tls() false); else TLS with the task
+// certificate, requiring a client certificate that the job's CA signed.
+std::shared_ptr<grpc::ServerCredentials> PsServerCredentials(const TaskCredentials& creds);
 
 // Any pointer may be null.
 struct PsServiceMetrics {
@@ -78,6 +95,9 @@ struct PsServiceMetrics {
   prometheus::Gauge* push_streams = nullptr;         // push streams open now
   // Push streams refused for a limit or closed as idle.
   prometheus::Counter* push_streams_refused = nullptr;
+  // Calls refused by the caller checks (ps/rpc_auth.h), by status code.
+  prometheus::Counter* auth_unauthenticated = nullptr;
+  prometheus::Counter* auth_permission_denied = nullptr;
 };
 
 namespace internal {
@@ -125,6 +145,16 @@ class PsService final : public internal::RawPsService {
   class PushReactor;
   // Logs a refused request (rate-limited) and returns its gRPC status.
   grpc::Status Refuse(const char* method, grpc::CallbackServerContext* ctx, const absl::Status& s);
+  // With a job key, the caller the call's metadata proves (UNAUTHENTICATED
+  // otherwise, counted); without one, OK and *caller untouched.
+  absl::Status Authenticate(PsMethod method, grpc::CallbackServerContext* ctx, TaskId* caller);
+  // With a job key, AuthorizeCall (PERMISSION_DENIED counted); else OK.
+  absl::Status Authorize(PsMethod method, const TaskId& caller, const TaskId& named);
+  // Authenticate, parse `raw` into *req (INVALID_ARGUMENT), Authorize for
+  // the task the request names: what a call does before serving.
+  template <typename Request>
+  absl::Status Admit(PsMethod method, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                     Request* req);
   // Finishes a unary call: `resp` serialized on success, else Refuse(status).
   grpc::ServerUnaryReactor* Answer(const char* method, grpc::CallbackServerContext* ctx,
                                    const absl::Status& status,

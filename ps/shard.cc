@@ -15,12 +15,19 @@
 
 namespace kubetrain {
 
+const char* TaskTypeName(TaskRole role) {
+  return role == TaskRole::kChief       ? "chief"
+         : role == TaskRole::kEvaluator ? "evaluator"
+         : role == TaskRole::kExporter  ? "exporter"
+                                        : "worker";
+}
+
 std::string TaskName(const TaskId& task) {
-  const char* role = task.role == TaskRole::kChief       ? "chief"
-                     : task.role == TaskRole::kEvaluator ? "evaluator"
-                     : task.role == TaskRole::kExporter  ? "exporter"
-                                                         : "worker";
-  return absl::StrCat(role, ":", task.index);
+  return absl::StrCat(TaskTypeName(task.role), ":", task.index);
+}
+
+TaskId ChiefTask(const ShardOptions& options) {
+  return {options.has_chief_task ? TaskRole::kChief : TaskRole::kWorker, 0};
 }
 
 ShardOptions ShardOptions::ForTask(const TaskConfig& config, int64_t incarnation) {
@@ -835,7 +842,7 @@ absl::Status Shard::Leave(const TaskId& task) {
 }
 
 absl::Status Shard::RequestShutdown(const TaskId& from) {
-  const TaskId chief{options_.has_chief_task ? TaskRole::kChief : TaskRole::kWorker, 0};
+  const TaskId chief = ChiefTask(options_);
   if (from.role != chief.role || from.index != chief.index) {
     return absl::PermissionDeniedError(absl::StrCat("only the chief (", TaskName(chief),
                                                     ") may end the job, not ", TaskName(from)));

@@ -124,6 +124,8 @@ struct TaskId {
   TaskRole role = TaskRole::kWorker;
   int index = 0;
 };
+// TF_CONFIG's spelling of the role: "worker", "chief", "evaluator", "exporter".
+const char* TaskTypeName(TaskRole role);
 // "worker:0", "chief:0", "evaluator:0".
 std::string TaskName(const TaskId& task);
 
@@ -155,6 +157,10 @@ struct ShardOptions {
   // uses them.
   static ShardOptions ForTask(const TaskConfig& config, int64_t incarnation);
 };
+
+// The task that does the chief's duties and alone may end the job: the
+// Chief replica's task if the job has one, else worker 0.
+TaskId ChiefTask(const ShardOptions& options);
 
 // Where the shard reports what happens; any pointer may be null.
 struct ShardMetrics {
@@ -327,7 +333,7 @@ class Shard {
   // an evaluator reads nothing more. A chief's Leave changes nothing.
   absl::Status Leave(const TaskId& task);
   // Training is over: every held pull is answered. PERMISSION_DENIED unless
-  // `from` is the task that does the chief's duties.
+  // `from` is the task that does the chief's duties (ChiefTask).
   absl::Status RequestShutdown(const TaskId& from);
   bool shutdown_requested() const;
   // See Read-only above: from now on pushes get FAILED_PRECONDITION(reason)

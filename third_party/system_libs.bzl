@@ -13,6 +13,8 @@ _LIBS = {
     "prometheus": (["prometheus-cpp-pull", "prometheus-cpp-core"], []),
     "yaml_cpp": (["yaml-cpp"], []),
     "zlib": (["zlib"], []),
+    # Job keys, task tokens and the per-job CA (core/job_credentials).
+    "openssl": (["openssl"], []),
     "gtest": (["gtest"], []),
     "gtest_main": (["gtest_main", "gtest"], []),
     # Swiss tables (ps/dynamic_table): only the targets that use them link them.

@@ -18,7 +18,11 @@ absl::Status FromGrpc(const grpc::Status& s) {
 class GrpcShardChannel final : public ShardChannel {
  public:
   using ShardChannel::Push;
-  GrpcShardChannel(const std::string& address, int64_t chunk_bytes) : address_(address) {
+  GrpcShardChannel(const std::string& address, int64_t chunk_bytes, const CallerCredentials& caller)
+      : address_(address),
+        task_(caller.task),
+        authorization_(absl::StrCat(kBearerPrefix, caller.token)),
+        tls_(caller.tls()) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(chunk_bytes + (64 << 10)));
     args.SetMaxSendMessageSize(static_cast<int>(chunk_bytes + (64 << 10)));
@@ -32,19 +36,39 @@ class GrpcShardChannel final : public ShardChannel {
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-    stub_ = v1::ParameterServer::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+    if (tls_) {
+      grpc::SslCredentialsOptions tls;
+      tls.pem_root_certs = caller.ca_cert_pem;
+      tls.pem_private_key = caller.key_pem;
+      tls.pem_cert_chain = caller.cert_pem;
+      credentials = grpc::SslCredentials(tls);
+      // One certificate serves every task wherever it runs: its name is not the address.
+      args.SetSslTargetNameOverride(kTaskTlsName);
+    }
+    stub_ = v1::ParameterServer::NewStub(grpc::CreateCustomChannel(address, credentials, args));
   }
 
   absl::StatusOr<v1::ShardInfo> GetInfo(const v1::InfoRequest& request,
                                         absl::Duration timeout) override {
     grpc::ClientContext ctx;
+    Identify(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
     // Wait for the channel to connect (until the deadline) rather than failing
     // fast: a PS that is still starting is the normal case here.
     ctx.set_wait_for_ready(true);
     v1::ShardInfo info;
     auto s = stub_->GetInfo(&ctx, request, &info);
+    if (!s.ok() && tls_ &&
+        (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         s.error_code() == grpc::StatusCode::UNAVAILABLE)) {
+      // A TLS handshake that fails looks like a PS that is not there.
+      return Annotate(grpc::Status(
+          s.error_code(),
+          absl::StrCat(s.error_message(),
+                       " (TLS is on: if the PS is up, check that it has this job's ca.crt, "
+                       "tls.crt and tls.key)")));
+    }
     if (!s.ok()) return Annotate(s);
     return info;
   }
@@ -52,6 +76,7 @@ class GrpcShardChannel final : public ShardChannel {
   absl::StatusOr<v1::PullResponse::Header> Pull(const v1::PullRequest& request,
                                                 const ChunkSink& sink) override {
     grpc::ClientContext ctx;
+    Identify(&ctx);
     // The PS answers a held pull by its wait timeout; allow for the transfer on top.
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::milliseconds(request.wait_timeout_ms() + 60000));
@@ -81,6 +106,7 @@ class GrpcShardChannel final : public ShardChannel {
                                         const std::vector<ChunkRef>& chunks,
                                         const std::vector<SparseRef>& sparse) override {
     grpc::ClientContext ctx;
+    Identify(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
     v1::PushResponse resp;
     auto writer = stub_->Push(&ctx, &resp);
@@ -112,6 +138,7 @@ class GrpcShardChannel final : public ShardChannel {
 
   absl::StatusOr<v1::SparsePullResponse> SparsePull(const v1::SparsePullRequest& request) override {
     grpc::ClientContext ctx;
+    Identify(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     v1::SparsePullResponse resp;
     auto s = stub_->SparsePull(&ctx, request, &resp);
@@ -121,6 +148,7 @@ class GrpcShardChannel final : public ShardChannel {
 
   absl::StatusOr<v1::ListRowsResponse> ListRows(const v1::ListRowsRequest& request) override {
     grpc::ClientContext ctx;
+    Identify(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     v1::ListRowsResponse resp;
     auto s = stub_->ListRows(&ctx, request, &resp);
@@ -130,6 +158,7 @@ class GrpcShardChannel final : public ShardChannel {
 
   absl::Status Leave(const v1::LeaveRequest& request) override {
     grpc::ClientContext ctx;
+    Identify(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::LeaveResponse resp;
     return Annotate(stub_->Leave(&ctx, request, &resp));
@@ -137,6 +166,7 @@ class GrpcShardChannel final : public ShardChannel {
 
   absl::StatusOr<v1::ShardStats> Shutdown(const v1::ShutdownRequest& request) override {
     grpc::ClientContext ctx;
+    Identify(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::ShardStats stats;
     auto s = stub_->Shutdown(&ctx, request, &stats);
@@ -146,6 +176,7 @@ class GrpcShardChannel final : public ShardChannel {
 
   absl::StatusOr<v1::ShardStats> GetStats(const v1::InfoRequest& request) override {
     grpc::ClientContext ctx;
+    Identify(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::ShardStats stats;
     auto s = stub_->GetStats(&ctx, request, &stats);
@@ -154,19 +185,29 @@ class GrpcShardChannel final : public ShardChannel {
   }
 
  private:
+  void Identify(grpc::ClientContext* ctx) const {
+    if (task_.empty()) return;
+    ctx->AddMetadata(kTaskMetadataKey, task_);
+    ctx->AddMetadata(kAuthorizationMetadataKey, authorization_);
+  }
+
   absl::Status Annotate(const grpc::Status& s) {
     absl::Status st = FromGrpc(s);
     if (st.ok()) return st;
     return absl::Status(st.code(), absl::StrCat("ps at ", address_, ": ", st.message()));
   }
-  std::string address_;
+  const std::string address_;
+  const std::string task_;  // empty: no metadata
+  const std::string authorization_;
+  const bool tls_;
   std::unique_ptr<v1::ParameterServer::Stub> stub_;
 };
 
 }  // namespace
 
-std::unique_ptr<ShardChannel> NewGrpcShardChannel(const std::string& address, int64_t chunk_bytes) {
-  return std::make_unique<GrpcShardChannel>(address, chunk_bytes);
+std::unique_ptr<ShardChannel> NewGrpcShardChannel(const std::string& address, int64_t chunk_bytes,
+                                                  const CallerCredentials& caller) {
+  return std::make_unique<GrpcShardChannel>(address, chunk_bytes, caller);
 }
 
 }  // namespace kubetrain

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "core/job_credentials.h"
 #include "ps/shard_channel.h"
 
 namespace kubetrain {
@@ -15,7 +16,14 @@ namespace kubetrain {
 // A channel to the PS at `address` ("host:port"); messages never exceed
 // chunk_bytes plus framing, on both ends. It reconnects quickly (100 ms ..
 // 2 s) after a PS restart. Errors name the address.
-std::unique_ptr<ShardChannel> NewGrpcShardChannel(const std::string& address, int64_t chunk_bytes);
+//
+// `caller` (core/job_credentials.h): with a task set, every call carries its
+// x-kubetrain-task and "authorization: Bearer <token>" metadata; with TLS
+// files the channel speaks TLS, presents the task certificate and accepts
+// only a PS certificate that the job's CA signed for kTaskTlsName. The
+// default is a plaintext channel without metadata (an open PS).
+std::unique_ptr<ShardChannel> NewGrpcShardChannel(const std::string& address, int64_t chunk_bytes,
+                                                  const CallerCredentials& caller = {});
 
 }  // namespace kubetrain
 

@@ -11,6 +11,12 @@
 // --export_model (no TF_CONFIG). Exit code 0 when written, 1 if the PS tasks
 // cannot be read or the file cannot be written, 2 on bad input (a PS count or
 // fingerprint that does not match the job).
+//
+// With --auth_dir (else $KUBETRAIN_AUTH_DIR; core/job_credentials.h) every
+// call to a PS carries this task's token (the exporter derives its own from
+// job.key), over TLS when the directory has ca.crt. A PS that refuses the
+// credentials (UNAUTHENTICATED, PERMISSION_DENIED) is a configuration error:
+// exit code 2 with the PS's reason, no retry.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -21,6 +27,7 @@
 
 #include "absl/strings/str_split.h"
 #include "core/flags.h"
+#include "core/job_credentials.h"
 #include "core/log.h"
 #include "core/task_config.h"
 #include "worker/grpc_shard_channel.h"
@@ -29,14 +36,19 @@
 
 int main(int argc, char** argv) {
   using namespace kubetrain;
-  std::string config_file, tf_config;
+  std::string config_file, tf_config, auth_dir;
   if (const char* tf = std::getenv("TF_CONFIG")) tf_config = tf;
+  if (const char* dir = std::getenv(kAuthDirEnv)) auth_dir = dir;
   WorkerTaskOptions options;
   double progress_interval_seconds = 1.0;
   int64_t step_delay_ms = 0;
   FlagParser parser("kubetrain-worker --config=trainingjob.yaml  (TF_CONFIG in the environment)");
   parser.String("config", &config_file, "TrainingJob YAML file");
   parser.String("tf_config", &tf_config, "cluster spec JSON (default: $TF_CONFIG)");
+  parser.String("auth_dir", &auth_dir,
+                "this task's credentials for the PS tasks: token (or job.key), and ca.crt, "
+                "tls.crt, tls.key for TLS (default: $KUBETRAIN_AUTH_DIR; none: plaintext, no "
+                "token)");
   parser.String("metrics_address", &options.metrics_address, "host:port for /metrics; empty = off");
   parser.String("result_file", &options.result_file,
                 "chief: also write the final result JSON here (e.g. /dev/termination-log)");
@@ -63,6 +75,17 @@ int main(int argc, char** argv) {
   options.step_delay = absl::Milliseconds(step_delay_ms);
   InitProcess(ProcessProfile::kTensorBuffers);
 
+  // This task's credentials for the PS tasks (none without a directory).
+  auto caller_for = [&auth_dir](const std::string& type,
+                                int index) -> absl::StatusOr<CallerCredentials> {
+    if (auth_dir.empty()) return CallerCredentials();
+    return ReadCallerCredentials(auth_dir, type, index);
+  };
+  // A PS that refuses this task's credentials will refuse them again.
+  auto exit_code_for = [](const absl::Status& s) {
+    return absl::IsUnauthenticated(s) || absl::IsPermissionDenied(s) ? 2 : 1;
+  };
+
   RealClock clock;
   if (!export_from_ps.empty()) {
     ExportFromPsOptions export_options;
@@ -73,11 +96,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "error: --export_from_ps needs --export_model (the file to write)\n");
       return 2;
     }
-    auto exported = ExportFromPs(export_options, NewGrpcShardChannel, &clock);
+    auto caller = caller_for("exporter", 0);
+    if (!caller.ok()) return ExitWithError(2, caller.status().message(), termination_log);
+    auto channels = [&caller](const std::string& address, int64_t chunk_bytes) {
+      return NewGrpcShardChannel(address, chunk_bytes, *caller);
+    };
+    auto exported = ExportFromPs(export_options, channels, &clock);
     if (!exported.ok()) {
       const absl::Status& s = exported.status();
       const bool bad_input = absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s);
-      return ExitWithError(bad_input ? 2 : 1, s.message(), termination_log);
+      return ExitWithError(bad_input ? 2 : exit_code_for(s), s.message(), termination_log);
     }
     Log("exported ", export_options.job_file, "'s model at global step ", exported->global_step,
         " from ", export_options.ps_addresses.size(), " PS tasks to ", exported->path,
@@ -91,9 +119,11 @@ int main(int argc, char** argv) {
   if (!config.ok()) {
     return ExitWithError(2, config.status().message(), termination_log);
   }
+  auto caller = caller_for(config->tf.task_type, config->tf.task_index);
+  if (!caller.ok()) return ExitWithError(2, caller.status().message(), termination_log);
   std::vector<std::unique_ptr<ShardChannel>> channels;
   for (const std::string& address : config->tf.tasks("ps")) {
-    channels.push_back(NewGrpcShardChannel(address, config->job.training.chunk_bytes));
+    channels.push_back(NewGrpcShardChannel(address, config->job.training.chunk_bytes, *caller));
   }
   auto task = WorkerTask::Create(std::move(*config), options, &clock,
                                  std::make_shared<prometheus::Registry>(), std::move(channels));
@@ -101,7 +131,7 @@ int main(int argc, char** argv) {
     return ExitWithError(2, task.status().message(), termination_log);
   }
   if (absl::Status s = (*task)->Run(); !s.ok()) {
-    return ExitWithError(1, s.message(), termination_log);
+    return ExitWithError(exit_code_for(s), s.message(), termination_log);
   }
   return 0;
 }

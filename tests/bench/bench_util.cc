@@ -111,7 +111,8 @@ PsProcess::~PsProcess() {
 }
 
 absl::Status PsProcess::Start(const std::string& binary, const std::string& job_file,
-                              const std::string& tf_config, const std::string& log_path) {
+                              const std::string& tf_config, const std::string& log_path,
+                              const std::vector<std::string>& extra_args) {
   if (access(binary.c_str(), X_OK) != 0) {
     return absl::NotFoundError(
         absl::StrCat(binary, " is not an executable (run `make build`, or pass --ps_binary)"));
@@ -119,6 +120,7 @@ absl::Status PsProcess::Start(const std::string& binary, const std::string& job_
   log_path_ = log_path;
   std::vector<std::string> args = {binary, "--config=" + job_file, "--bind_host=127.0.0.1",
                                    "--metrics_address="};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) {
     if (std::strncmp(*e, "TF_CONFIG=", 10) != 0) env_strings.emplace_back(*e);

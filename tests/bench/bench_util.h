@@ -57,10 +57,12 @@ class PsProcess {
   ~PsProcess();
 
   // Starts `binary --config=<job_file> --bind_host=127.0.0.1 --metrics_address=`
-  // with TF_CONFIG set, stdout+stderr to `log_path`; the child gets SIGKILL if
-  // this process dies. Call before any other thread (gRPC) exists.
+  // and `extra_args` with TF_CONFIG set, stdout+stderr to `log_path`; the
+  // child gets SIGKILL if this process dies. Call before any other thread
+  // (gRPC) exists.
   absl::Status Start(const std::string& binary, const std::string& job_file,
-                     const std::string& tf_config, const std::string& log_path);
+                     const std::string& tf_config, const std::string& log_path,
+                     const std::vector<std::string>& extra_args = {});
   // Waits until 127.0.0.1:port accepts connections; fails at once if the
   // child exits first (the error carries its log).
   absl::Status WaitReady(int port, double timeout_seconds);

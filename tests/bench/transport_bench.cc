@@ -4,7 +4,10 @@
 //       writes, a receiver thread reads them into a buffer;
 //   (b) a real kubetrain-ps child process (async, sgd, one unsplit ~64 MiB
 //       MLP) and a PsClient over gRPC: Push(full gradient) then Pull(full
-//       model); bytes per round = 2 x model bytes.
+//       model); bytes per round = 2 x model bytes;
+//   (c) the same through a second kubetrain-ps that checks tokens and speaks
+//       mutual TLS (core/job_credentials.h), the client as worker 0 with its
+//       token and the job's certificate.
 // Each is repeated --rounds times; the figures are min/median/max GB/s
 // (1e9 bytes/s). The last line is key=value pairs. Never fails on a time.
 #include <arpa/inet.h>
@@ -25,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "core/clock.h"
 #include "core/flags.h"
+#include "core/job_credentials.h"
 #include "core/task_config.h"
 #include "tests/bench/bench_util.h"
 #include "worker/grpc_shard_channel.h"
@@ -145,15 +149,96 @@ spec:
 )");
 }
 
+struct PsFigures {
+  std::vector<double> push_gbps, pull_gbps, both_gbps;
+  int exit_code = 0;
+};
+
+// (b)/(c): --rounds of Push(full gradient) then Pull(full model) through the
+// PS at `port` as worker 0 with `caller`'s credentials, after an untimed
+// warm-up pull; then Leave and Shutdown (as the chief does) and the PS's exit.
+absl::StatusOr<PsFigures> MeasurePs(const Flags& f, const TaskConfig& config, int port,
+                                    const CallerCredentials& caller, PsProcess* ps,
+                                    const char* label) {
+  const int rounds = static_cast<int>(std::max<int64_t>(1, f.rounds));
+  const Model& model = *config.model;
+  int64_t model_bytes = 0;
+  for (const auto& v : model.variables()) model_bytes += v.num_bytes();
+  RealClock clock;
+  std::vector<std::unique_ptr<ShardChannel>> channels;
+  channels.push_back(NewGrpcShardChannel(absl::StrCat("127.0.0.1:", port), f.chunk_bytes, caller));
+  PsClient::Options options;
+  options.task_index = 0;
+  options.fingerprint = config.fingerprint;
+  options.chunk_bytes = f.chunk_bytes;
+  options.retry_timeout = absl::Seconds(30);
+  PsClient client(options, &config.placement, &clock, std::move(channels), PsClientMetrics{});
+  if (auto s = client.Connect(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(label, ": connect: ", s.message()));
+  }
+  Params params;
+  Params grads;
+  for (const auto& v : model.variables()) grads.emplace_back(v.num_elements(), 1e-3f);
+  auto first = client.Pull(false, 0, model.variables(), &params);  // warm-up, not timed
+  if (!first.ok()) {
+    return absl::Status(first.status().code(),
+                        absl::StrCat(label, ": pull: ", first.status().message()));
+  }
+  PsFigures out;
+  for (int r = 0; r < rounds; ++r) {
+    const double t0 = NowSeconds();
+    auto pushed = client.Push(grads, r + 1);
+    const double t1 = NowSeconds();
+    if (!pushed.ok()) {
+      return absl::Status(pushed.status().code(),
+                          absl::StrCat(label, ": push: ", pushed.status().message()));
+    }
+    auto pulled = client.Pull(false, r + 1, model.variables(), &params);
+    const double t2 = NowSeconds();
+    if (!pulled.ok()) {
+      return absl::Status(pulled.status().code(),
+                          absl::StrCat(label, ": pull: ", pulled.status().message()));
+    }
+    out.push_gbps.push_back(model_bytes / (t1 - t0) / 1e9);
+    out.pull_gbps.push_back(model_bytes / (t2 - t1) / 1e9);
+    out.both_gbps.push_back(2.0 * model_bytes / (t2 - t0) / 1e9);
+    std::printf(
+        "  %s round %d: push %.1f ms (%.2f GB/s), pull %.1f ms (%.2f GB/s), "
+        "push+pull %.2f GB/s; version %lld\n",
+        label, r + 1, (t1 - t0) * 1e3, out.push_gbps.back(), (t2 - t1) * 1e3, out.pull_gbps.back(),
+        out.both_gbps.back(), static_cast<long long>(pulled->version));
+    std::fflush(stdout);
+  }
+  absl::Status left = client.Leave();
+  auto stats = client.Shutdown();
+  out.exit_code = ps->WaitOrKill(10);
+  if (!left.ok()) {
+    std::fprintf(stderr, "warning: %s: leave: %s\n", label, std::string(left.message()).c_str());
+  }
+  if (!stats.ok()) {
+    std::fprintf(stderr, "warning: %s: shutdown: %s\n", label,
+                 std::string(stats.status().message()).c_str());
+  }
+  if (out.exit_code != 0) {
+    std::fprintf(stderr, "warning: %s kubetrain-ps %s; its log:\n%s\n", label,
+                 out.exit_code < 0 ? "did not exit within 10 s and was killed"
+                                   : absl::StrCat("exited with ", out.exit_code).c_str(),
+                 ReadFileOrEmpty(ps->log_path()).c_str());
+  }
+  return out;
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
 int Run(const Flags& f) {
   const int rounds = static_cast<int>(std::max<int64_t>(1, f.rounds));
 
-  // Start the PS first: fork before any thread (gRPC, the TCP threads) exists.
+  // Start both PS tasks first: fork before any thread (gRPC, the TCP threads) exists.
   auto dir = MakeTempDir("kubetrain-bench-transport-");
-  if (!dir.ok()) {
-    std::fprintf(stderr, "error: %s\n", std::string(dir.status().message()).c_str());
-    return 1;
-  }
+  if (!dir.ok()) return Fail(dir.status());
   struct Cleanup {
     std::string dir;
     bool keep;
@@ -162,33 +247,45 @@ int Run(const Flags& f) {
     }
   } cleanup{*dir, f.keep_temp};
   auto ps_port = FreeLoopbackPort();
+  auto tls_port = FreeLoopbackPort();
   auto worker_port = FreeLoopbackPort();
-  if (!ps_port.ok() || !worker_port.ok()) {
-    std::fprintf(stderr, "error: no free loopback port\n");
-    return 1;
+  if (!ps_port.ok() || !tls_port.ok() || !worker_port.ok() || *ps_port == *tls_port) {
+    return Fail(absl::UnavailableError("no free loopback port"));
   }
   const std::string job_file = *dir + "/job.yaml";
-  if (auto s = WriteFile(job_file, JobYaml(f)); !s.ok()) {
-    std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
+  if (auto s = WriteFile(job_file, JobYaml(f)); !s.ok()) return Fail(s);
   auto config = LoadTaskConfig(job_file, TfConfigJson(*ps_port, *worker_port, "worker"));
-  if (!config.ok()) {
-    std::fprintf(stderr, "error: %s\n", std::string(config.status().message()).c_str());
-    return 1;
+  if (!config.ok()) return Fail(config.status());
+  // (c)'s PS: the job's key and TLS files; its client: worker 0's.
+  auto job_credentials = GenerateJobCredentials(config->job.name, /*with_tls=*/true);
+  if (!job_credentials.ok()) return Fail(job_credentials.status());
+  const std::string ps_auth = *dir + "/auth-ps";
+  const std::string worker_auth = *dir + "/auth-worker";
+  if (auto s = WriteTaskCredentials(ps_auth, CredentialsForTask(*job_credentials, "ps", 0));
+      !s.ok()) {
+    return Fail(s);
   }
-  PsProcess ps;
+  if (auto s = WriteTaskCredentials(worker_auth, CredentialsForTask(*job_credentials, "worker", 0));
+      !s.ok()) {
+    return Fail(s);
+  }
+  auto worker_credentials = ReadCallerCredentials(worker_auth, "worker", 0);
+  if (!worker_credentials.ok()) return Fail(worker_credentials.status());
+  PsProcess ps, tls_ps;
   if (auto s = ps.Start(f.ps_binary, job_file, TfConfigJson(*ps_port, *worker_port, "ps"),
                         *dir + "/ps.log");
       !s.ok()) {
-    std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-    return 1;
+    return Fail(s);
+  }
+  if (auto s = tls_ps.Start(f.ps_binary, job_file, TfConfigJson(*tls_port, *worker_port, "ps"),
+                            *dir + "/ps-tls.log", {"--auth_dir=" + ps_auth});
+      !s.ok()) {
+    return Fail(s);
   }
 
-  // Let the PS initialise its shard first, so that it idles during (a).
-  if (auto s = ps.WaitReady(*ps_port, 60); !s.ok()) {
-    std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-    return 1;
+  // Let the PS tasks initialise their shards first, so that they idle during (a).
+  for (auto [p, port] : {std::pair{&ps, *ps_port}, std::pair{&tls_ps, *tls_port}}) {
+    if (auto s = p->WaitReady(port, 60); !s.ok()) return Fail(s);
   }
 
   // (a) raw TCP.
@@ -199,84 +296,25 @@ int Run(const Flags& f) {
   std::vector<double> tcp_gbps;
   for (int r = 0; r < rounds; ++r) {
     auto secs = TcpRound(tcp_bytes, write_size);
-    if (!secs.ok()) {
-      std::fprintf(stderr, "error: %s\n", std::string(secs.status().message()).c_str());
-      return 1;
-    }
+    if (!secs.ok()) return Fail(secs.status());
     tcp_gbps.push_back(tcp_bytes / *secs / 1e9);
     std::printf("  tcp round %d: %.0f MiB in %.3f s = %.2f GB/s\n", r + 1, tcp_bytes / 1048576.0,
                 *secs, tcp_gbps.back());
     std::fflush(stdout);
   }
 
-  // (b) push + pull through the real PS.
-  const Model& model = *config->model;
-  int64_t model_bytes = 0;
-  for (const auto& v : model.variables()) model_bytes += v.num_bytes();
-  RealClock clock;
-  std::vector<std::unique_ptr<ShardChannel>> channels;
-  channels.push_back(NewGrpcShardChannel(absl::StrCat("127.0.0.1:", *ps_port), f.chunk_bytes));
-  PsClient::Options options;
-  options.task_index = 0;
-  options.fingerprint = config->fingerprint;
-  options.chunk_bytes = f.chunk_bytes;
-  options.retry_timeout = absl::Seconds(30);
-  PsClient client(options, &config->placement, &clock, std::move(channels), PsClientMetrics{});
-  if (auto s = client.Connect(); !s.ok()) {
-    std::fprintf(stderr, "error: connect: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  Params params;
-  Params grads;
-  for (const auto& v : model.variables()) grads.emplace_back(v.num_elements(), 1e-3f);
-  auto first = client.Pull(false, 0, model.variables(), &params);  // warm-up, not timed
-  if (!first.ok()) {
-    std::fprintf(stderr, "error: pull: %s\n", std::string(first.status().message()).c_str());
-    return 1;
-  }
-  int64_t version = first->version;
-  std::vector<double> ps_gbps, push_gbps, pull_gbps;
-  for (int r = 0; r < rounds; ++r) {
-    const double t0 = NowSeconds();
-    auto pushed = client.Push(grads, r + 1);
-    const double t1 = NowSeconds();
-    if (!pushed.ok()) {
-      std::fprintf(stderr, "error: push: %s\n", std::string(pushed.status().message()).c_str());
-      return 1;
-    }
-    auto pulled = client.Pull(false, r + 1, model.variables(), &params);
-    const double t2 = NowSeconds();
-    if (!pulled.ok()) {
-      std::fprintf(stderr, "error: pull: %s\n", std::string(pulled.status().message()).c_str());
-      return 1;
-    }
-    version = pulled->version;
-    push_gbps.push_back(model_bytes / (t1 - t0) / 1e9);
-    pull_gbps.push_back(model_bytes / (t2 - t1) / 1e9);
-    ps_gbps.push_back(2.0 * model_bytes / (t2 - t0) / 1e9);
-    std::printf(
-        "  ps round %d: push %.1f ms (%.2f GB/s), pull %.1f ms (%.2f GB/s), "
-        "push+pull %.2f GB/s; version %lld\n",
-        r + 1, (t1 - t0) * 1e3, push_gbps.back(), (t2 - t1) * 1e3, pull_gbps.back(), ps_gbps.back(),
-        static_cast<long long>(version));
-    std::fflush(stdout);
-  }
-  absl::Status left = client.Leave();
-  auto stats = client.Shutdown();
-  int exit_code = ps.WaitOrKill(10);
-  if (!left.ok()) std::fprintf(stderr, "warning: leave: %s\n", std::string(left.message()).c_str());
-  if (!stats.ok()) {
-    std::fprintf(stderr, "warning: shutdown: %s\n", std::string(stats.status().message()).c_str());
-  }
-  if (exit_code != 0) {
-    std::fprintf(stderr, "warning: kubetrain-ps %s; its log:\n%s\n",
-                 exit_code < 0 ? "did not exit within 10 s and was killed"
-                               : absl::StrCat("exited with ", exit_code).c_str(),
-                 ReadFileOrEmpty(ps.log_path()).c_str());
-  }
+  // (b) push + pull through the plain PS, (c) through the TLS one.
+  auto plain = MeasurePs(f, *config, *ps_port, CallerCredentials(), &ps, "ps");
+  if (!plain.ok()) return Fail(plain.status());
+  auto tls = MeasurePs(f, *config, *tls_port, *worker_credentials, &tls_ps, "tls ps");
+  if (!tls.ok()) return Fail(tls.status());
 
-  Summary tcp = Summarize(tcp_gbps), psum = Summarize(ps_gbps), push = Summarize(push_gbps),
-          pull = Summarize(pull_gbps);
+  int64_t model_bytes = 0;
+  for (const auto& v : config->model->variables()) model_bytes += v.num_bytes();
+  Summary tcp = Summarize(tcp_gbps), psum = Summarize(plain->both_gbps),
+          push = Summarize(plain->push_gbps), pull = Summarize(plain->pull_gbps),
+          tsum = Summarize(tls->both_gbps), tpush = Summarize(tls->push_gbps),
+          tpull = Summarize(tls->pull_gbps);
   const double model_mib = model_bytes / 1048576.0;
   std::printf(
       "model: mlp 784-%lld-10, %lld bytes (%.1f MiB) in %zu unsplit parts on 1 PS; chunk %lld "
@@ -285,20 +323,28 @@ int Run(const Flags& f) {
       static_cast<long long>(f.hidden_units), static_cast<long long>(model_bytes), model_mib,
       config->placement.parts.size(), static_cast<long long>(f.chunk_bytes),
       static_cast<long long>(f.tcp_mib), static_cast<long long>(f.tcp_write_kib));
-  std::printf("raw tcp       GB/s: min %.2f  median %.2f  max %.2f\n", tcp.min, tcp.median,
+  std::printf("raw tcp           GB/s: min %.2f  median %.2f  max %.2f\n", tcp.min, tcp.median,
               tcp.max);
-  std::printf("ps push       GB/s: min %.2f  median %.2f  max %.2f\n", push.min, push.median,
+  std::printf("ps push           GB/s: min %.2f  median %.2f  max %.2f\n", push.min, push.median,
               push.max);
-  std::printf("ps pull       GB/s: min %.2f  median %.2f  max %.2f\n", pull.min, pull.median,
+  std::printf("ps pull           GB/s: min %.2f  median %.2f  max %.2f\n", pull.min, pull.median,
               pull.max);
-  std::printf("ps push+pull  GB/s: min %.2f  median %.2f  max %.2f  (%.1f MB per round)\n",
+  std::printf("ps push+pull      GB/s: min %.2f  median %.2f  max %.2f  (%.1f MB per round)\n",
               psum.min, psum.median, psum.max, 2.0 * model_bytes / 1e6);
-  std::printf("ps exit code: %d\n", exit_code);
+  std::printf("tls ps push       GB/s: min %.2f  median %.2f  max %.2f\n", tpush.min, tpush.median,
+              tpush.max);
+  std::printf("tls ps pull       GB/s: min %.2f  median %.2f  max %.2f\n", tpull.min, tpull.median,
+              tpull.max);
+  std::printf("tls ps push+pull  GB/s: min %.2f  median %.2f  max %.2f  (tokens + mutual TLS)\n",
+              tsum.min, tsum.median, tsum.max);
+  std::printf("ps exit codes: plain %d, tls %d\n", plain->exit_code, tls->exit_code);
   std::printf(
       "tcp_gbps=%.2f ps_gbps=%.2f ratio=%.3f tcp_min=%.2f tcp_max=%.2f ps_min=%.2f "
-      "ps_max=%.2f model_mib=%.1f rounds=%d\n",
+      "ps_max=%.2f tls_gbps=%.2f tls_ratio=%.3f tls_min=%.2f tls_max=%.2f model_mib=%.1f "
+      "rounds=%d\n",
       tcp.median, psum.median, tcp.median > 0 ? psum.median / tcp.median : 0.0, tcp.min, tcp.max,
-      psum.min, psum.max, model_mib, rounds);
+      psum.min, psum.max, tsum.median, psum.median > 0 ? tsum.median / psum.median : 0.0, tsum.min,
+      tsum.max, model_mib, rounds);
   std::fflush(stdout);
   return 0;
 }
@@ -310,7 +356,8 @@ int Run(const Flags& f) {
 int main(int argc, char** argv) {
   kubetrain::bench::Flags flags;
   kubetrain::FlagParser parser(
-      "transport_bench [--ps_binary=bin/kubetrain-ps] [--rounds=5]: raw TCP vs PS push+pull");
+      "transport_bench [--ps_binary=bin/kubetrain-ps] [--rounds=5]: raw TCP vs PS push+pull, "
+      "plain and over TLS");
   parser.String("ps_binary", &flags.ps_binary, "the kubetrain-ps binary to start");
   parser.Int("rounds", &flags.rounds, "repetitions of each measurement");
   parser.Int("tcp_mib", &flags.tcp_mib, "MiB sent per raw TCP round");

@@ -17,17 +17,18 @@ for a in "$@"; do
     *) echo "build_kwok.sh: unknown argument $a" >&2; exit 2 ;;
   esac
 done
-GO="${KUBETRAIN_GO:-}"
-if [ -z "$GO" ]; then
-  if [ -x /usr/local/go/bin/go ]; then GO=/usr/local/go/bin/go; else GO="$(command -v go || true)"; fi
-fi
-[ -n "$GO" ] || { echo "build_kwok.sh: no Go toolchain (need Go >= 1.26; set KUBETRAIN_GO)" >&2; exit 1; }
+MOD="$HERE/go/kwok"
 mkdir -p "$CACHE/bin" "$CACHE/go/mod" "$CACHE/go/build"
 export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build"
-export GOFLAGS="-modcacherw -mod=readonly" GOTOOLCHAIN=local CGO_ENABLED=0
-MOD="$HERE/go/kwok"
+export GOFLAGS="-modcacherw -mod=readonly"
+# GO, GOTOOLCHAIN (local, or a newer one fetched once into GOMODCACHE), GOVER:
+# the same toolchain choice as the control plane's (a fresh machine has only
+# Debian's golang-1.23, which fetches the newer toolchain go.mod needs).
+# shellcheck source=tests/cluster/go-env.sh
+. "$HERE/../cluster/go-env.sh"
+setup_go "$(need_minor "$MOD/go.mod")" build_kwok.sh
+export CGO_ENABLED=0
 out="$CACHE/bin/kwok"
-GOVER="$("$GO" env GOVERSION)"
 stamp="$( { echo "kwok $GOVER"; (cd "$MOD" && sha256sum go.mod go.sum); } | sha256sum | cut -d' ' -f1)"
 exec 9>"$CACHE/.build.lock"
 flock 9

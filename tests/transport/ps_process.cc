@@ -57,7 +57,8 @@ double Metric(const std::string& text, const std::string& name) {
   return -1;
 }
 
-PsProcess::PsProcess(const std::string& binary, const std::string& job_yaml, int num_workers) {
+PsProcess::PsProcess(const std::string& binary, const std::string& job_yaml, int num_workers,
+                     const std::vector<std::string>& extra_args) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const int port = FreePort();
   metrics_port_ = FreePort();
@@ -73,6 +74,7 @@ PsProcess::PsProcess(const std::string& binary, const std::string& job_yaml, int
                    "]}, \"task\": {\"type\": \"ps\", \"index\": 0}}");
   std::vector<std::string> args = {binary, "--config=" + job, "--bind_host=127.0.0.1",
                                    absl::StrCat("--metrics_address=127.0.0.1:", metrics_port_)};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

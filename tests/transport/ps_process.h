@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 namespace kubetrain {
 
@@ -18,11 +19,13 @@ std::string ScrapeMetrics(int port);
 double Metric(const std::string& text, const std::string& name);
 
 // PS task 0 of a job whose spec is `job_yaml` with `num_workers` workers,
-// run from `binary` (a runfiles path such as "ps/kubetrain-ps"). The job file
-// goes to $TEST_TMPDIR (else /tmp). Killed (SIGKILL) when destroyed.
+// run from `binary` (a runfiles path such as "ps/kubetrain-ps") with
+// `extra_args` (e.g. --auth_dir=DIR). The job file goes to $TEST_TMPDIR
+// (else /tmp). Killed (SIGKILL) when destroyed.
 class PsProcess {
  public:
-  PsProcess(const std::string& binary, const std::string& job_yaml, int num_workers);
+  PsProcess(const std::string& binary, const std::string& job_yaml, int num_workers,
+            const std::vector<std::string>& extra_args = {});
   ~PsProcess();
   PsProcess(const PsProcess&) = delete;
   PsProcess& operator=(const PsProcess&) = delete;

@@ -21,6 +21,13 @@
 // (the seed is printed first; one thread, so a seed replays the same bytes).
 // `make fuzz FUZZ_SECONDS=600` runs longer.
 //
+// The same run against a PS that checks its callers (--auth_dir with the
+// job's key, ps/rpc_auth.h) sends each case with metadata picked at random:
+// a worker's own token (most cases), the chief's or the exporter's, another
+// job's token, a malformed task, or none; UNAUTHENTICATED and
+// PERMISSION_DENIED are then codes the PS means too. It runs for
+// FUZZ_AUTH_SECONDS (default 15), at least FUZZ_MIN_CASES / 3 cases.
+//
 // To fuzz another RPC (e.g. sparse tables' ones), add a Target to Targets():
 // how to build a valid request from the shard's state, which fields to set
 // to edge values, and how it is sent (unary, server stream or client stream).
@@ -43,6 +50,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/job_credentials.h"
+#include "core/testing/temp_files.h"
 #include "proto/ps.pb.h"
 #include "tests/transport/ps_process.h"
 #include "tests/transport/raw_ps_client.h"
@@ -333,9 +342,56 @@ void MutateBytes(Rng& rng, Case* c) {
   }
 }
 
+// The metadata a case is sent with against a PS that checks its callers.
+RawPsClient::Metadata CallerMetadata(Rng& rng, const std::string& job_key,
+                                     const std::string& other_job_key, std::string* what) {
+  auto as = [](const std::string& key, const std::string& type, int index) {
+    return RawPsClient::Metadata{
+        {kTaskMetadataKey, TaskMetadataValue(type, index)},
+        {kAuthorizationMetadataKey, kBearerPrefix + TaskToken(key, type, index)}};
+  };
+  switch (rng() % 10) {
+    case 0:
+      *what += " as chief/0";
+      return as(job_key, "chief", 0);
+    case 1:
+      *what += " as exporter/0";
+      return as(job_key, "exporter", 0);
+    case 2:
+      *what += " with another job's token";
+      return as(other_job_key, "worker", static_cast<int>(rng() % kWorkers));
+    case 3: {
+      *what += " with a malformed task";
+      RawPsClient::Metadata m = as(job_key, "worker", 0);
+      m[0].second = Pick<std::string>(
+          rng, {"", "worker", "worker/", "worker/-1", "ps/0", "worker/0/0", std::string(300, 'w')});
+      return m;
+    }
+    case 4:
+      *what += " without credentials";
+      return {};
+    default: {
+      const int w = static_cast<int>(rng() % kWorkers);
+      return as(job_key, "worker", w);  // a worker's own token: the common case
+    }
+  }
+}
+
 class PsWireFuzzTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  // `authenticated`: the PS gets a job key (--auth_dir) and checks every call.
+  void StartPs(bool authenticated) {
+    std::vector<std::string> args;
+    if (authenticated) {
+      auto job = GenerateJobCredentials("wire-fuzz", false);
+      auto other = GenerateJobCredentials("wire-fuzz", false);
+      ASSERT_TRUE(job.ok() && other.ok());
+      job_key_ = job->job_key;
+      other_job_key_ = other->job_key;
+      const std::string dir = NewTestDir("fuzz-auth");
+      ASSERT_TRUE(WriteTaskCredentials(dir, CredentialsForTask(*job, "ps", 0)).ok());
+      args.push_back("--auth_dir=" + dir);
+    }
     ps_ = std::make_unique<PsProcess>(
         "ps/kubetrain-ps",
         absl::StrCat("apiVersion: kubetrain.io/v1\n"
@@ -353,10 +409,10 @@ class PsWireFuzzTest : public ::testing::Test {
                      "    batchSize: 32\n    steps: 100000000\n"
                      "    transport:\n      chunkBytes: ",
                      kChunkBytes, "\n"),
-        kWorkers);
+        kWorkers, args);
     ASSERT_TRUE(ps_->started()) << "cannot start ps/kubetrain-ps";
-    raw_ = std::make_unique<RawPsClient>(
-        grpc::CreateChannel(ps_->address(), grpc::InsecureChannelCredentials()));
+    channel_ = grpc::CreateChannel(ps_->address(), grpc::InsecureChannelCredentials());
+    raw_ = std::make_unique<RawPsClient>(channel_, Worker(0));
     // The PS takes a moment to listen.
     absl::Status st;
     for (int i = 0; i < 600; ++i) {
@@ -422,15 +478,27 @@ class PsWireFuzzTest : public ::testing::Test {
     return absl::OkStatus();
   }
 
-  grpc::Status Send(const Case& c) {
-    const absl::Duration deadline = c.may_hold ? kHoldDeadline : kHangDeadline;
-    switch (c.kind) {
+  // Worker `w`'s own credentials (none against an open PS).
+  RawPsClient::Metadata Worker(int w) const {
+    if (job_key_.empty()) return {};
+    return {{kTaskMetadataKey, TaskMetadataValue("worker", w)},
+            {kAuthorizationMetadataKey, kBearerPrefix + TaskToken(job_key_, "worker", w)}};
+  }
+
+  // Sends `c`, against a PS that checks callers with metadata picked by
+  // `rng` (CallerMetadata; described in c->what).
+  grpc::Status Send(Rng& rng, Case* c) {
+    RawPsClient::Metadata metadata;
+    if (!job_key_.empty()) metadata = CallerMetadata(rng, job_key_, other_job_key_, &c->what);
+    RawPsClient client(channel_, metadata);
+    const absl::Duration deadline = c->may_hold ? kHoldDeadline : kHangDeadline;
+    switch (c->kind) {
       case Case::Kind::kUnary:
-        return raw_->Unary(c.method, c.messages[0], nullptr, deadline);
+        return client.Unary(c->method, c->messages[0], nullptr, deadline);
       case Case::Kind::kPull:
-        return raw_->Pull(c.messages[0], nullptr, deadline);
+        return client.Pull(c->messages[0], nullptr, deadline);
       case Case::Kind::kPush:
-        return raw_->Push(c.messages, c.end, nullptr, nullptr, deadline);
+        return client.Push(c->messages, c->end, nullptr, nullptr, deadline);
     }
     return grpc::Status::OK;
   }
@@ -442,21 +510,37 @@ class PsWireFuzzTest : public ::testing::Test {
     return r.min_version() > state_.version;
   }
 
+  // The run; `seconds_var` and `min_cases` bound it (see the file comment).
+  void Fuzz(const char* seconds_var, int64_t default_seconds, int64_t min_cases);
+
   std::unique_ptr<PsProcess> ps_;
-  std::unique_ptr<RawPsClient> raw_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<RawPsClient> raw_;  // as worker 0
+  std::string job_key_;               // empty: an open PS
+  std::string other_job_key_;
   ShardState state_;
 };
 
 TEST_F(PsWireFuzzTest, MutatedPushesPullsAndGetInfoNeverCrashHangOrPoisonTheShard) {
+  StartPs(false);
+  Fuzz("FUZZ_SECONDS", 60, EnvInt("FUZZ_MIN_CASES", 300));
+}
+
+TEST_F(PsWireFuzzTest, AnAuthenticatedPsToo) {
+  StartPs(true);
+  Fuzz("FUZZ_AUTH_SECONDS", 15, EnvInt("FUZZ_MIN_CASES", 300) / 3);
+}
+
+void PsWireFuzzTest::Fuzz(const char* seconds_var, int64_t default_seconds, int64_t min_cases) {
+  if (HasFatalFailure()) return;
   const uint64_t seed = static_cast<uint64_t>(
       EnvInt("FUZZ_SEED", static_cast<int64_t>(std::random_device()() & 0x7fffffff)));
-  const int64_t min_cases = EnvInt("FUZZ_MIN_CASES", 300);
   const int64_t max_cases = std::max(min_cases, EnvInt("FUZZ_MAX_CASES", 200000));
-  const absl::Duration run_for = absl::Seconds(EnvInt("FUZZ_SECONDS", 60));
-  std::printf("ps wire fuzz: seed %llu (FUZZ_SEED=%llu repeats it), %lld..%lld cases, %s\n",
-              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed),
-              static_cast<long long>(min_cases), static_cast<long long>(max_cases),
-              absl::FormatDuration(run_for).c_str());
+  const absl::Duration run_for = absl::Seconds(EnvInt(seconds_var, default_seconds));
+  std::printf("ps wire fuzz%s: seed %llu (FUZZ_SEED=%llu repeats it), %lld..%lld cases, %s\n",
+              job_key_.empty() ? "" : " (authenticated PS)", static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(seed), static_cast<long long>(min_cases),
+              static_cast<long long>(max_cases), absl::FormatDuration(run_for).c_str());
   std::fflush(stdout);
   Rng rng(seed);
   const std::vector<Target> targets = Targets();
@@ -475,7 +559,7 @@ TEST_F(PsWireFuzzTest, MutatedPushesPullsAndGetInfoNeverCrashHangOrPoisonTheShar
     }
     mutated += !c.what.empty();
     if (c.kind == Case::Kind::kPull) c.may_hold = MayHold(c);
-    const grpc::Status s = Send(c);
+    const grpc::Status s = Send(rng, &c);
     const std::string where = absl::StrCat("case ", n, " (seed ", seed, ") ", targets[t].name, ":",
                                            c.what.empty() ? " valid" : c.what);
     std::string how;
@@ -486,9 +570,12 @@ TEST_F(PsWireFuzzTest, MutatedPushesPullsAndGetInfoNeverCrashHangOrPoisonTheShar
       ASSERT_TRUE(c.may_hold) << where << ": no answer within "
                               << absl::FormatDuration(kHangDeadline) << " (hang)";
     } else if (code != grpc::StatusCode::OK) {
+      const bool refused_caller =
+          !job_key_.empty() && (code == grpc::StatusCode::UNAUTHENTICATED ||
+                                code == grpc::StatusCode::PERMISSION_DENIED);
       ASSERT_TRUE(code == grpc::StatusCode::INVALID_ARGUMENT ||
                   code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
-                  code == grpc::StatusCode::CANCELLED)
+                  code == grpc::StatusCode::CANCELLED || refused_caller)
           << where << ": answered " << code << " " << s.error_message();
       ASSERT_FALSE(s.error_message().empty()) << where << ": " << code << " without a message";
       if (code == grpc::StatusCode::CANCELLED) {
@@ -510,17 +597,19 @@ TEST_F(PsWireFuzzTest, MutatedPushesPullsAndGetInfoNeverCrashHangOrPoisonTheShar
   const int64_t before = state_.version;
   for (int w = 0; w < kWorkers; ++w) {
     std::vector<PartGradient> grads = state_.parts;
-    grpc::Status s = raw_->Push(EncodePush(ValidPushHeader(rng, state_, w), grads, kChunkBytes / 4),
-                                RawPsClient::End::kHalfClose, nullptr, nullptr, kHangDeadline);
+    RawPsClient worker(channel_, Worker(w));
+    grpc::Status s =
+        worker.Push(EncodePush(ValidPushHeader(rng, state_, w), grads, kChunkBytes / 4),
+                    RawPsClient::End::kHalfClose, nullptr, nullptr, kHangDeadline);
     ASSERT_TRUE(s.ok()) << "valid push of worker " << w << ": " << s.error_message();
   }
   ASSERT_TRUE(Refresh().ok());
   EXPECT_GT(state_.version, before);
   v = CheckValues("after the final step");
   ASSERT_TRUE(v.ok()) << v;
-  std::printf("ps wire fuzz: %lld cases (%lld mutated) in %s, seed %llu, shard at version %lld\n",
-              static_cast<long long>(n), static_cast<long long>(mutated),
-              absl::FormatDuration(absl::Now() - start).c_str(),
+  std::printf("ps wire fuzz%s: %lld cases (%lld mutated) in %s, seed %llu, shard at version %lld\n",
+              job_key_.empty() ? "" : " (authenticated PS)", static_cast<long long>(n),
+              static_cast<long long>(mutated), absl::FormatDuration(absl::Now() - start).c_str(),
               static_cast<unsigned long long>(seed), static_cast<long long>(state_.version));
   for (size_t t = 0; t < targets.size(); ++t) {
     std::string line;

@@ -27,18 +27,19 @@ std::string FromBuffer(const grpc::ByteBuffer& buffer) {
   return out;
 }
 
-void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
-  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
-}
-
 }  // namespace
+
+void RawPsClient::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  for (const auto& [key, value] : metadata_) ctx->AddMetadata(key, value);
+}
 
 grpc::Status RawPsClient::Unary(const std::string& method, const std::string& request,
                                 std::string* response, absl::Duration timeout) {
   const std::string path = MethodPath(method);
   grpc::internal::RpcMethod rpc(path.c_str(), grpc::internal::RpcMethod::NORMAL_RPC);
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, timeout);
+  Prepare(&ctx, timeout);
   grpc::ByteBuffer out;
   grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
       channel_.get(), rpc, &ctx, ToBuffer(request), &out);
@@ -51,7 +52,7 @@ grpc::Status RawPsClient::Pull(const std::string& request, std::vector<std::stri
   const std::string path = MethodPath("Pull");
   grpc::internal::RpcMethod rpc(path.c_str(), grpc::internal::RpcMethod::SERVER_STREAMING);
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, timeout);
+  Prepare(&ctx, timeout);
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), rpc, &ctx,
                                                                     ToBuffer(request)));
@@ -68,7 +69,7 @@ grpc::Status RawPsClient::Push(const std::vector<std::string>& messages, End end
   const std::string path = MethodPath("Push");
   grpc::internal::RpcMethod rpc(path.c_str(), grpc::internal::RpcMethod::CLIENT_STREAMING);
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, timeout);
+  Prepare(&ctx, timeout);
   grpc::ByteBuffer out;
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), rpc, &ctx,

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -19,7 +20,11 @@ namespace kubetrain {
 
 class RawPsClient {
  public:
-  explicit RawPsClient(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)) {}
+  // `metadata` goes with every call (e.g. a task's x-kubetrain-task and
+  // authorization, right or wrong).
+  using Metadata = std::vector<std::pair<std::string, std::string>>;
+  explicit RawPsClient(std::shared_ptr<grpc::Channel> channel, Metadata metadata = {})
+      : channel_(std::move(channel)), metadata_(std::move(metadata)) {}
 
   // A unary call of ParameterServer.`method` ("GetInfo", "Leave", ...).
   grpc::Status Unary(const std::string& method, const std::string& request, std::string* response,
@@ -36,7 +41,11 @@ class RawPsClient {
                     absl::Duration timeout = absl::Seconds(10));
 
  private:
+  // A context with the deadline and the metadata.
+  void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
+
   std::shared_ptr<grpc::Channel> channel_;
+  const Metadata metadata_;
 };
 
 struct PartGradient {
