@@ -284,4 +284,17 @@ std::optional<Progress> ProgressFromMetrics(const std::string& text) {
   return p;
 }
 
+std::optional<double> MetricValue(const std::string& metrics_text, const std::string& name) {
+  std::istringstream in(metrics_text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#' || line.compare(0, name.size(), name) != 0) continue;
+    std::string sample;
+    std::map<std::string, std::string> labels;
+    double v = 0;
+    if (ParseSample(line, &sample, &labels, &v) && sample == name) return v;
+  }
+  return std::nullopt;
+}
+
 }  // namespace kubetrain

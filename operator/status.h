@@ -15,6 +15,10 @@
 //   PodGroupFailing  PodGroupAPIMissing | PodGroupRejected (False again: PodGroupCreated);
 //               gang scheduling: the job's PodGroup cannot be created, so no pod is
 //               created either (retried); not part of the state
+//   ParametersHeld  FinalCheckpointFailed (False again: ParametersReleased); a job that
+//               did not succeed: its PS tasks could not write their final checkpoint
+//               and hold the parameters for `kubetrain export --from-ps`; the message
+//               says how to save the model (desired_hold.cc); not part of the state
 // `.status.state` (the State printer column) is StateOf(status).
 #ifndef KUBETRAIN_OPERATOR_STATUS_H_
 #define KUBETRAIN_OPERATOR_STATUS_H_
@@ -38,6 +42,7 @@ inline constexpr char kSucceeded[] = "Succeeded";
 inline constexpr char kFailed[] = "Failed";
 inline constexpr char kCheckpointFailing[] = "CheckpointFailing";
 inline constexpr char kPodGroupFailing[] = "PodGroupFailing";
+inline constexpr char kParametersHeld[] = "ParametersHeld";
 }  // namespace condition
 
 namespace reason {
@@ -57,6 +62,8 @@ inline constexpr char kCheckpointsWritten[] = "CheckpointsWritten";
 inline constexpr char kPodGroupAPIMissing[] = "PodGroupAPIMissing";  // its CRD is not installed
 inline constexpr char kPodGroupRejected[] = "PodGroupRejected";      // refused (RBAC, validation)
 inline constexpr char kPodGroupCreated[] = "PodGroupCreated";
+inline constexpr char kFinalCheckpointFailed[] = "FinalCheckpointFailed";  // PS tasks hold
+inline constexpr char kParametersReleased[] = "ParametersReleased";        // they exited
 }  // namespace reason
 
 // metav1.Time: RFC 3339 in UTC, whole seconds ("2027-01-15T08:00:00Z").
