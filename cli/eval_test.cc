@@ -3,7 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -132,6 +134,7 @@ spec:
   Batch all;
   all.x = test->images.data();
   all.labels = test->labels.data();
+  all.lookup_ids = test->lookup_ids.data();
   all.size = test->size;
   const EvalMetrics expected = model->Evaluate(f.params, all);
   ASSERT_TRUE(expected.auc.has_value());
@@ -139,6 +142,114 @@ spec:
   auto result = EvaluateModelFile(path, "");
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->examples, 60);
+  EXPECT_EQ(result->test_accuracy, expected.accuracy.value());
+  EXPECT_EQ(result->test_auc, expected.auc);
+  EXPECT_EQ(result->test_log_loss, expected.log_loss);
+}
+
+// The rows of one dynamic table, given whole (a model file's writer lists them).
+class OneTableRows : public DynamicRowSource {
+ public:
+  std::vector<int64_t> ids;
+  std::vector<float> values;
+  absl::StatusOr<int64_t> CountRows(int) override { return static_cast<int64_t>(ids.size()); }
+  absl::Status ForEachPage(int, const Page& page) override {
+    page(ids.data(), values.data(), static_cast<int64_t>(ids.size()));
+    return absl::OkStatus();
+  }
+};
+
+// A dynamic column: the model file holds the rows of some shops only; eval
+// reads the others as their initial values (from the recorded seed), as the
+// PS tasks serve them to the chief.
+TEST(EvalTest, ADynamicTableReadsTheRowsItHoldsAndInitialValuesForTheRest) {
+  const std::string dir = NewTestDir("eval");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::string csv;
+  for (int i = 0; i < 40; ++i) {
+    absl::StrAppend(&csv, 0.1 * i, ",s", (i * 7) % 11, ",", i % 3 == 0 ? 1 : 0, "\n");
+  }
+  WriteFile(dir + "/test.csv", csv);
+  const std::string yaml = absl::StrCat(R"(apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata: {name: dyn}
+spec:
+  replicaSpecs: {PS: {replicas: 1}, Worker: {replicas: 1}}
+  training:
+    model:
+      embeddings: [{column: shop, dim: 2, combiner: sum}]
+      layers: [{type: dense, units: 1}]
+      head: sigmoid
+    dataset:
+      format: csv
+      trainFiles: [)",
+                                        dir, R"(/test.csv]
+      testFiles: [)",
+                                        dir, R"(/test.csv]
+      columns:
+        - {name: x, type: numeric}
+        - {name: shop, type: categorical, dynamic: true}
+        - {name: y, type: label, classes: {"0": 0, "1": 1}}
+    steps: 1
+)");
+  auto job = ParseTrainingJob(yaml);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const TrainingSpec& t = job->training;
+  auto model = Model::Create(t.model);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int table = model->tables()[0];
+  ASSERT_TRUE(model->variables()[table].dynamic);
+  Dataset norm;
+  norm.norm_mean = {0, 0, 0};
+  norm.norm_std = {1, 1, 1};
+  auto test = LoadTabular(t.tabular, t.tabular.test_files, &norm);
+  ASSERT_TRUE(test.ok()) << test.status();
+  // The file holds shops s0..s4 (trained values); s5..s10 are missing.
+  OneTableRows rows;
+  std::map<int64_t, std::vector<float>> held;
+  for (int k = 0; k < 5; ++k) {
+    const int64_t id = DynamicColumnId(absl::StrCat("s", k));
+    rows.ids.push_back(id);
+    held[id] = {0.5f * k - 1, 1.0f - 0.25f * k};
+    rows.values.insert(rows.values.end(), held[id].begin(), held[id].end());
+  }
+  ModelFile f;
+  f.spec = t.model;
+  f.params = model->InitialParams(3);
+  for (auto& v : f.params) std::fill(v.begin(), v.end(), 0.5f);
+  f.seed = 77;
+  f.dataset_yaml = t.dataset_yaml;
+  f.norm_mean = norm.norm_mean;
+  f.norm_std = norm.norm_std;
+  f.dynamic_rows = &rows;
+  const std::string path = dir + "/dyn.ktm";
+  ASSERT_TRUE(WriteModelFile(path, f).ok());
+
+  // What the chief computes: the test set's rows, held or initial.
+  SparseBatch lookups = model->Lookups(test->lookup_ids.data(), test->size);
+  const TableIds ids = CompactLookups(&lookups);
+  Params params = f.params;
+  params[table].clear();
+  for (int64_t id : ids[0]) {
+    std::vector<float> row(2);
+    if (held.count(id)) {
+      row = held[id];
+    } else {
+      InitialTableRow(model->variables()[table], 77, id, row.data());
+    }
+    params[table].insert(params[table].end(), row.begin(), row.end());
+  }
+  Batch all;
+  all.x = test->images.data();
+  all.labels = test->labels.data();
+  all.lookup_ids = test->lookup_ids.data();
+  all.size = test->size;
+  all.sparse = &lookups;
+  const EvalMetrics expected = model->Evaluate(params, all);
+
+  auto result = EvaluateModelFile(path, "");
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->examples, 40);
   EXPECT_EQ(result->test_accuracy, expected.accuracy.value());
   EXPECT_EQ(result->test_auc, expected.auc);
   EXPECT_EQ(result->test_log_loss, expected.log_loss);

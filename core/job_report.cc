@@ -65,6 +65,8 @@ const std::vector<Field<JobResult>>& JobResultFields() {
       {"checkpoint_failures", &JobResult::checkpoint_failures},
       {"checkpoints_failing", &JobResult::checkpoints_failing},
       {"checkpoint_error", &JobResult::checkpoint_error},
+      {"dynamic_rows", &JobResult::dynamic_rows},
+      {"dynamic_rows_evicted", &JobResult::dynamic_rows_evicted},
   };
   return *fields;
 }
@@ -280,6 +282,19 @@ std::optional<Progress> ProgressFromMetrics(const std::string& text) {
   }
   if (!have_step) return std::nullopt;
   return p;
+}
+
+std::optional<double> MetricValue(const std::string& metrics_text, const std::string& name) {
+  std::istringstream in(metrics_text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#' || line.compare(0, name.size(), name) != 0) continue;
+    std::string sample;
+    std::map<std::string, std::string> labels;
+    double v = 0;
+    if (ParseSample(line, &sample, &labels, &v) && sample == name) return v;
+  }
+  return std::nullopt;
 }
 
 }  // namespace kubetrain

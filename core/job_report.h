@@ -51,6 +51,14 @@ inline constexpr char kCheckpointErrorLabel[] = "last_error";
 // such a task running and tells the user the export command.
 inline constexpr char kHoldingParametersNote[] =
     "serving the parameters read-only for `kubetrain export --from-ps`";
+// A PS task's gauge: 1 while it holds them (read by the operator from the PS
+// pods it is stopping, to keep them and tell the user how to save the model).
+inline constexpr char kHoldingUnsavedParametersMetric[] = "kubetrain_ps_holding_unsaved_parameters";
+// How long a PS task holds them by default (kubetrain-ps
+// --keep_serving_after_checkpoint_failure_seconds); the operator gives PS pods
+// a termination grace period longer than this, so the kubelet does not cut
+// the hold short.
+inline constexpr int64_t kDefaultKeepServingAfterCheckpointFailureSeconds = 600;
 
 // Stdout tags of the chief's report lines.
 inline constexpr char kProgressTag[] = "kubetrain-progress";
@@ -111,6 +119,10 @@ struct JobResult {
   int64_t checkpoint_failures = 0;  // as in Progress, when the chief ended the job
   int64_t checkpoints_failing = 0;
   std::string checkpoint_error;
+  // Dynamic tables, summed over tables and PS tasks when the chief ended the
+  // job: rows held, and rows evicted to keep them within maxRows.
+  int64_t dynamic_rows = 0;
+  int64_t dynamic_rows_evicted = 0;
 };
 
 // One line on the PS tasks' checkpoint writes, "" if none failed:
@@ -147,6 +159,10 @@ std::optional<ReportLine> ParseReportLine(const std::string& line);
 // Progress from Prometheus text exposition (the chief's /metrics, the
 // metrics named above); nullopt if the text has no kGlobalStepMetric sample.
 std::optional<Progress> ProgressFromMetrics(const std::string& metrics_text);
+
+// The value of the first sample of metric `name` (any labels) in Prometheus
+// text exposition; nullopt if there is none.
+std::optional<double> MetricValue(const std::string& metrics_text, const std::string& name);
 
 }  // namespace kubetrain
 

@@ -123,6 +123,18 @@ TEST(JobReportTest, ProgressFromMetricsText) {
   EXPECT_FALSE(ProgressFromMetrics("kubetrain_training_loss 1\n").has_value());
 }
 
+TEST(JobReportTest, MetricValueReadsOneMetricByItsWholeName) {
+  const std::string text =
+      "# HELP kubetrain_ps_holding_unsaved_parameters x\n"
+      "kubetrain_ps_holding_unsaved_parameters_other 7\n"
+      "kubetrain_ps_holding_unsaved_parameters 1\n"
+      "kubetrain_table_rows{table=\"ids\"} 12\n";
+  EXPECT_EQ(MetricValue(text, kHoldingUnsavedParametersMetric), 1.0);
+  EXPECT_EQ(MetricValue(text, "kubetrain_table_rows"), 12.0);
+  EXPECT_FALSE(MetricValue(text, "kubetrain_global_step").has_value());
+  EXPECT_FALSE(MetricValue("", kHoldingUnsavedParametersMetric).has_value());
+}
+
 TEST(JobReportTest, StorageHealthAndAbsentWorkersTravelThroughEveryProjection) {
   JobResult r = SampleResult();
   r.absent_workers = 1;

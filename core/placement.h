@@ -82,6 +82,8 @@ struct Placement {
   std::vector<TablePlacement> tables;  // in variable order, on every shard
 
   std::vector<const PartPlacement*> PartsOfShard(int shard) const;
+  // Bytes of values `shard` holds: its parts, its rows of the fixed tables
+  // and each bounded dynamic table's maxRows share.
   int64_t ShardBytes(int shard) const;
   // A hash of model variables, part boundaries and assignment.
   std::string Fingerprint() const;

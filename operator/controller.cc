@@ -66,9 +66,9 @@ Controller::Controller(JobCache* cache, Reconciler* reconciler, Expectations* ex
   for (const char* r : {"success", "error", "requeue"}) reconciles_.Add({{"result", r}});
   for (const char* s : kStates) jobs_by_state_.Add({{"state", s}});
   for (const Informer* i : cache_->informers()) {
-    watch_restarts_.Add({{"resource", i->plural()}});
-    relists_.Add({{"resource", i->plural()}});
-    cache_objects_.Add({{"resource", i->plural()}});
+    watch_restarts_.Add({{"resource", i->resource()}});
+    relists_.Add({{"resource", i->resource()}});
+    cache_objects_.Add({{"resource", i->resource()}});
   }
   cache_->set_on_job([this](const std::string& key) { queue_.Add(key); });
 }
@@ -91,11 +91,11 @@ void Controller::UpdateGauges() {
   expectations_pending_.Set(static_cast<double>(expectations_->pending()));
   absl::MutexLock l(&mu_);
   for (const Informer* i : cache_->informers()) {
-    cache_objects_.Add({{"resource", i->plural()}}).Set(static_cast<double>(i->size()));
+    cache_objects_.Add({{"resource", i->resource()}}).Set(static_cast<double>(i->size()));
     for (auto [family, name, now] : {std::tuple{&watch_restarts_, "w/", i->watch_restarts()},
                                      std::tuple{&relists_, "r/", i->relists()}}) {
-      int64_t& seen = counted_[name + i->plural()];
-      if (now > seen) family->Add({{"resource", i->plural()}}).Increment(now - seen);
+      int64_t& seen = counted_[name + i->resource()];
+      if (now > seen) family->Add({{"resource", i->resource()}}).Increment(now - seen);
       seen = now;
     }
   }

@@ -30,7 +30,7 @@ Actions Desired(const JobObject& job, const Observed& observed, const OperatorCo
              observed.pods, "None", now, &a);
     }
   } else if (IsFinished(a.status)) {
-    AfterFinish(*spec, observed, config, &a);
+    AfterFinish(job, *spec, observed, config, &a);
   } else if (!observed.create_rejected.empty()) {
     Finish(condition::kFailed, reason::kCreateRejected, observed.create_rejected, observed.pods,
            spec->run_policy.clean_pod_policy, now, &a);

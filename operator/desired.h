@@ -28,6 +28,12 @@
 //           terminationMessagePolicy FallbackToLogsOnError unless its
 //           template sets one; the Restarting and Failed conditions quote
 //           its last termination (DescribeTermination).
+// PS pods that run the kubetrain runtime in a job with a checkpoint directory
+// get terminationGracePeriodSeconds kPsTerminationGraceSeconds (unless their
+// template sets one): a PS task stopped at the end (or deleted) writes a
+// final checkpoint, and if it cannot, holds the parameters for
+// `kubetrain export --from-ps` (desired_hold.cc); the kubelet must not kill
+// it first.
 // Plus one ConfigMap {job}-config holding the job (trainingjob.yaml), mounted
 // into kubetrain runtime containers.
 // Authentication (desired_auth.cc; docs/trainingjob.md, "Authentication and
@@ -48,7 +54,8 @@
 // reads).
 // Gang scheduling (runPolicy.schedulingPolicy, desired_gang.cc): one PodGroup
 // {job} for the scheduler the templates name, created before any pod (pods
-// wait while it cannot be created), and every pod names it: label
+// wait while it cannot be created), recreated when it is deleted and patched
+// when its spec differs while the job runs, and every pod names it: label
 // scheduling.x-k8s.io/pod-group (scheduler-plugins) or annotation
 // scheduling.k8s.io/group-name (Volcano); pods whose template names no
 // schedulerName / priorityClassName get the job's.
@@ -73,6 +80,12 @@
 #include "operator/labels.h"
 
 namespace kubetrain {
+
+// A PS pod's termination grace period (see above): the time a PS task holds
+// parameters it could not save, plus two minutes for the attempts at its
+// final checkpoint before that.
+inline constexpr int64_t kPsTerminationGraceSeconds =
+    kDefaultKeepServingAfterCheckpointFailureSeconds + 120;
 
 struct OperatorConfig {
   std::string runtime_image = "kubetrain-runtime:latest";
@@ -132,7 +145,15 @@ struct ObservedPod {
     std::string message;
   };
   std::optional<Termination> last_termination;
-  std::string waiting_reason;     // state.waiting.reason, e.g. CrashLoopBackOff
+  std::string waiting_reason;  // state.waiting.reason, e.g. CrashLoopBackOff
+  // metadata.deletionTimestamp: when the kubelet kills what still runs of a
+  // pod being deleted (InfiniteFuture: not being deleted).
+  absl::Time deletion_deadline = absl::InfiniteFuture();
+  // A PS task that could not write its final checkpoint and serves its
+  // parameters read-only for `kubetrain export --from-ps` (its /metrics:
+  // kHoldingUnsavedParametersMetric 1). Read only for the running PS pods of
+  // a job for which PsTasksMayHoldParameters().
+  bool holds_unsaved_parameters = false;
   bool uses_auth_secret = false;  // annotated kAuthSecretAnnotation: mounts the job's Secret
 };
 
@@ -160,11 +181,14 @@ struct Observed {
   // (400/422, e.g. a template container without an image): its message.
   // Retrying cannot help, so the job fails with reason CreateRejected.
   std::string create_rejected;
-  // Gang scheduling: whether the job's PodGroup is known to exist (this
-  // operator created it or found it), and why it cannot be created now
+  // Gang scheduling: whether the job's PodGroup is known to exist (the
+  // PodGroup cache shows it; before that cache has listed: this operator
+  // created or found it), its spec as the cache shows it (nullopt: not
+  // cached yet, so not compared), and why it cannot be created now
   // (reason is status.h's PodGroupAPIMissing or PodGroupRejected; "" = no
   // known obstacle).
   bool pod_group_exists = false;
+  std::optional<nlohmann::json> pod_group_spec;
   std::string pod_group_blocked_reason;
   std::string pod_group_blocked;
 };
@@ -185,6 +209,11 @@ struct AuthSecretRequest {
 struct Actions {
   // Created before the pods; pods are created only once it exists.
   std::optional<nlohmann::json> create_pod_group;
+  // The existing PodGroup's spec differs from what the job asks for
+  // (schedulingPolicy or the templates' requests changed, or someone edited
+  // it): its apiVersion and metadata (name, namespace), and in "spec" the
+  // merge patch of its spec (PodGroupSpecPatch).
+  std::optional<nlohmann::json> patch_pod_group;
   // Created before the pods; a pod is created only once the cache shows its
   // files in it.
   std::optional<AuthSecretRequest> create_auth_secret;
@@ -211,6 +240,14 @@ struct Actions {
 };
 
 Actions Desired(const JobObject& job, const Observed& observed, const OperatorConfig& config);
+
+// Whether the PS tasks of a finished job (`status`) may hold parameters they
+// could not save, so that the reconciler reads their metrics
+// (ObservedPod::holds_unsaved_parameters) and Desired() keeps them and the
+// job (condition ParametersHeld): the job did not succeed (a succeeded job's
+// model is written), it has a checkpoint directory and its PS tasks run the
+// kubetrain runtime.
+bool PsTasksMayHoldParameters(const TrainingJob& spec, const nlohmann::json& status);
 
 // Building blocks, exposed for tests.
 // Where a task of `job` listens in the cluster: its Service's DNS name,
@@ -243,6 +280,13 @@ nlohmann::json BuildPodGroup(const JobObject& job, const TrainingJob& spec);
 // the requests of the first minAvailable tasks (PS, then Chief, Worker,
 // Evaluator) summed from their templates; {} when nothing requests anything.
 nlohmann::json MinResources(const JobObject& job, const TrainingJob& spec);
+// The merge patch of a PodGroup's spec that makes `observed` what `desired`
+// (BuildPodGroup's spec) asks for; {} when nothing differs. The fields the
+// operator sets are kept equal (minResources whole); minResources and
+// scheduleTimeoutSeconds it no longer sets are removed; fields it never sets,
+// or sets only sometimes and others default (queue, priorityClassName), are
+// left to others when it does not set them.
+nlohmann::json PodGroupSpecPatch(const nlohmann::json& desired, const nlohmann::json& observed);
 
 }  // namespace kubetrain
 

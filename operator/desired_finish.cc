@@ -1,5 +1,6 @@
 // Desired(), finish and cleanup: the final condition, cleanPodPolicy (after
-// a grace period once the job succeeded) and ttlSecondsAfterFinished.
+// a grace period once the job succeeded) and ttlSecondsAfterFinished (which
+// waits for PS tasks holding unsaved parameters, desired_hold.cc).
 #include "operator/desired_internal.h"
 #include "operator/status.h"
 
@@ -37,8 +38,8 @@ void Finish(const char* type, const std::string& reason, const std::string& mess
   a->patch_auth_secret.reset();
 }
 
-void AfterFinish(const TrainingJob& spec, const Observed& observed, const OperatorConfig& config,
-                 Actions* a) {
+void AfterFinish(const JobObject& job, const TrainingJob& spec, const Observed& observed,
+                 const OperatorConfig& config, Actions* a) {
   const RunPolicy& policy = spec.run_policy;
   const absl::Time now = observed.now;
   const auto done_at = ParseTimestamp(a->status.value("completionTime", json()));
@@ -51,13 +52,16 @@ void AfterFinish(const TrainingJob& spec, const Observed& observed, const Operat
   } else {
     a->requeue_after = clean_at - now;
   }
-  if (policy.ttl_seconds_after_finished && done_at) {
+  const bool ttl_due = policy.ttl_seconds_after_finished && done_at &&
+                       now >= *done_at + absl::Seconds(*policy.ttl_seconds_after_finished);
+  // The TTL stops PS tasks that may hold the only copy of the parameters
+  // first, and deletes the job only once they are gone.
+  const bool keep = KeepUnsavedParameters(job, spec, observed, config, ttl_due, a);
+  if (ttl_due && !keep) {
+    a->delete_job = true;
+  } else if (policy.ttl_seconds_after_finished && done_at && !ttl_due) {
     const absl::Time due = *done_at + absl::Seconds(*policy.ttl_seconds_after_finished);
-    if (now >= due) {
-      a->delete_job = true;
-    } else if (!a->requeue_after || due - now < *a->requeue_after) {
-      a->requeue_after = due - now;
-    }
+    if (!a->requeue_after || due - now < *a->requeue_after) a->requeue_after = due - now;
   }
 }
 

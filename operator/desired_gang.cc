@@ -1,5 +1,6 @@
 // Desired(), gang scheduling (runPolicy.schedulingPolicy): the job's
-// PodGroup, before its pods, and what each pod needs to be counted in it.
+// PodGroup, before its pods, kept as the job asks while it runs, and what
+// each pod needs to be counted in it.
 // Which PodGroup API follows from the pods' schedulerName
 // (core/job_spec.h's GangSchedulerOf, TFJob's --gang-scheduler-name rule).
 #include <algorithm>
@@ -100,6 +101,26 @@ json BuildPodGroup(const JobObject& job, const TrainingJob& spec) {
           {"spec", pg_spec}};
 }
 
+json PodGroupSpecPatch(const json& desired, const json& observed) {
+  json patch = json::object();
+  const json seen = observed.is_object() ? observed : json::object();
+  for (const auto& [key, want] : desired.items()) {
+    if (seen.contains(key) && seen[key] == want) continue;
+    json value = want;
+    // A merge patch merges objects: what minResources no longer has goes.
+    if (want.is_object() && seen.contains(key) && seen[key].is_object()) {
+      for (const auto& had : seen[key].items()) {
+        if (!want.contains(had.key())) value[had.key()] = nullptr;
+      }
+    }
+    patch[key] = value;
+  }
+  for (const char* key : {"minResources", "scheduleTimeoutSeconds"}) {
+    if (seen.contains(key) && !desired.contains(key)) patch[key] = nullptr;
+  }
+  return patch;
+}
+
 namespace desired_internal {
 
 void DecorateGangPod(const JobObject& job, const TrainingJob& spec, const std::string& type,
@@ -141,12 +162,24 @@ void GangSchedule(const JobObject& job, const TrainingJob& spec, const Observed&
     }
     return;
   }
-  if (observed.pod_group_exists) {
-    SetCondition(&a->status, condition::kPodGroupFailing, false, reason::kPodGroupCreated,
-                 absl::StrCat("PodGroup ", PodGroupName(job.name), " exists."), observed.now);
+  if (!observed.pod_group_exists) {
+    // New, or deleted by someone: (again) before any pod still to create.
+    a->create_pod_group = BuildPodGroup(job, spec);
     return;
   }
-  a->create_pod_group = BuildPodGroup(job, spec);
+  SetCondition(&a->status, condition::kPodGroupFailing, false, reason::kPodGroupCreated,
+               absl::StrCat("PodGroup ", PodGroupName(job.name), " exists."), observed.now);
+  if (observed.pod_group_spec) {
+    json want = BuildPodGroup(job, spec);
+    json patch = PodGroupSpecPatch(want["spec"], *observed.pod_group_spec);
+    if (!patch.empty()) {
+      a->patch_pod_group = {
+          {"apiVersion", want["apiVersion"]},
+          {"metadata",
+           {{"name", want["metadata"]["name"]}, {"namespace", want["metadata"]["namespace"]}}},
+          {"spec", std::move(patch)}};
+    }
+  }
 }
 
 }  // namespace desired_internal

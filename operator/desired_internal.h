@@ -26,17 +26,31 @@ void Finish(const char* type, const std::string& reason, const std::string& mess
             Actions* a);
 // A finished job: cleanPodPolicy after the cleanup grace (after success),
 // ttlSecondsAfterFinished.
-void AfterFinish(const TrainingJob& spec, const Observed& observed, const OperatorConfig& config,
-                 Actions* a);
+// The PS pods go after their grace even while the job stays
+// (KeepUnsavedParameters).
+void AfterFinish(const JobObject& job, const TrainingJob& spec, const Observed& observed,
+                 const OperatorConfig& config, Actions* a);
+
+// desired_hold.cc: a job that did not succeed, whose PS tasks may hold
+// parameters they could not save (PsTasksMayHoldParameters). Sets
+// ParametersHeld (True with the recipe to save the model while a PS task
+// holds; False once none runs) and its Events; with `stop_running`, deletes
+// the PS pods still running normally (so they save or hold). Looks again
+// after config.progress_interval while a stopping PS task's state is not yet
+// known. True while any PS task still runs: the job must stay (its ConfigMap
+// and condition are the way to the model).
+bool KeepUnsavedParameters(const JobObject& job, const TrainingJob& spec, const Observed& observed,
+                           const OperatorConfig& config, bool stop_running, Actions* a);
 
 // desired_suspend.cc: runPolicy.suspend.
 void Suspend(const JobObject& job, const Observed& observed, Actions* a);
 void ResumeIfSuspended(const JobObject& job, absl::Time now, Actions* a);
 
 // desired_gang.cc: runPolicy.schedulingPolicy. Queues the PodGroup while it
-// is not known to exist; while it cannot be created, holds back the pods
-// queued so far (PodGroupFailing, a Warning, a retry after
-// config.pod_group_retry).
+// is not known to exist (new, or deleted by someone), a patch of its spec
+// when that differs from what the job asks for; while it cannot be created,
+// holds back the pods queued so far (PodGroupFailing, a Warning, a retry
+// after config.pod_group_retry).
 void GangSchedule(const JobObject& job, const TrainingJob& spec, const Observed& observed,
                   const OperatorConfig& config, Actions* a);
 // What a pod of replica type `type` (lower-case) needs for gang scheduling:

@@ -206,6 +206,12 @@ json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& 
   if (!containers[target].contains("terminationMessagePolicy")) {
     containers[target]["terminationMessagePolicy"] = "FallbackToLogsOnError";
   }
+  // A stopped PS task writes its final checkpoint, or holds the parameters
+  // it could not save for an export: the kubelet waits for it (desired.h).
+  if (type == "ps" && !replica.own_containers && !spec.training.checkpoint_dir.empty() &&
+      !pod_spec.contains("terminationGracePeriodSeconds")) {
+    pod_spec["terminationGracePeriodSeconds"] = kPsTerminationGraceSeconds;
+  }
   // OnFailure/Always: the kubelet restarts in place. Never/ExitCode: the
   // operator decides, from the exit code, whether to recreate the pod.
   pod_spec["restartPolicy"] = replica.restart_policy == RestartPolicy::kOnFailure ||

@@ -828,6 +828,48 @@ TEST(DesiredTest, AnExistingPodGroupIsNotCreatedAgain) {
   EXPECT_EQ(Condition(a.status, "PodGroupFailing"), "absent");
 }
 
+TEST(DesiredTest, AnExistingPodGroupIsPatchedToWhatTheJobAsksForAndADeletedOneCreated) {
+  Observed o = Fresh(JobJson());
+  o.pod_group_exists = true;
+  const JobObject job = GangJob("volcano", {{"minAvailable", 3}, {"queue", "research"}});
+  // Not cached yet: nothing to compare with.
+  EXPECT_FALSE(Desired(job, o, OperatorConfig{}).patch_pod_group.has_value());
+  // As created: nothing to do (a queue Volcano defaulted is left alone elsewhere).
+  o.pod_group_spec = json::parse(R"({"minMember": 3, "queue": "research"})");
+  EXPECT_FALSE(Desired(job, o, OperatorConfig{}).patch_pod_group.has_value());
+  // Edited (here by someone else): patched back.
+  o.pod_group_spec = json::parse(R"({"minMember": 1, "queue": "research"})");
+  Actions a = Desired(job, o, OperatorConfig{});
+  ASSERT_TRUE(a.patch_pod_group.has_value());
+  EXPECT_EQ(*a.patch_pod_group, json::parse(R"({"apiVersion": "scheduling.volcano.sh/v1beta1",
+      "metadata": {"name": "mnist", "namespace": "ns3"}, "spec": {"minMember": 3}})"));
+  EXPECT_FALSE(a.create_pod_group.has_value());
+  EXPECT_EQ(a.create_pods.size(), 4u);
+  // Deleted: created again.
+  o.pod_group_exists = false;
+  o.pod_group_spec.reset();
+  EXPECT_TRUE(Desired(job, o, OperatorConfig{}).create_pod_group.has_value());
+}
+
+TEST(DesiredTest, APodGroupSpecPatchKeepsWhatTheOperatorSetsAndLeavesTheRest) {
+  const json desired = json::parse(R"({"minMember": 4, "minResources": {"cpu": "2"}})");
+  EXPECT_EQ(PodGroupSpecPatch(desired, desired), json::object());
+  // A queue the scheduler's admission defaulted is not the operator's to remove.
+  EXPECT_EQ(PodGroupSpecPatch(desired, json::parse(R"({"minMember": 4, "queue": "default",
+                                                        "minResources": {"cpu": "2"}})")),
+            json::object());
+  // minResources is replaced whole (a merge patch merges objects).
+  EXPECT_EQ(PodGroupSpecPatch(desired, json::parse(R"({"minMember": 2,
+                                  "minResources": {"cpu": "1", "memory": "1Gi"}})")),
+            json::parse(R"({"minMember": 4, "minResources": {"cpu": "2", "memory": null}})"));
+  // What it no longer sets goes.
+  EXPECT_EQ(PodGroupSpecPatch(json::parse(R"({"minMember": 4})"),
+                              json::parse(R"({"minMember": 4, "scheduleTimeoutSeconds": 60,
+                                              "minResources": {"cpu": "2"}})")),
+            json::parse(R"({"scheduleTimeoutSeconds": null, "minResources": null})"));
+  EXPECT_EQ(PodGroupSpecPatch(desired, json()), desired);
+}
+
 TEST(DesiredTest, PodsWaitWhileThePodGroupCannotBeCreatedThenStart) {
   Observed o = Fresh(JobJson());
   o.pod_group_blocked_reason = "PodGroupAPIMissing";
@@ -887,6 +929,151 @@ TEST(DesiredTest, ASuspendedGangJobCreatesNoPodGroup) {
   EXPECT_FALSE(a.create_pod_group.has_value());
   EXPECT_TRUE(a.create_pods.empty());
   EXPECT_EQ(a.status["state"], "Suspended");
+}
+
+// --- The end of a job never destroys the only copy of the parameters (desired_hold.cc) ---------
+
+json CheckpointingJob(const std::string& run_policy = "") {
+  json j = JobJson(run_policy);
+  j["spec"]["training"]["checkpoint"] = {{"directory", "/ckpt"}};
+  return j;
+}
+
+// The chief could not export the model: the job failed at kT0.
+json FailedStatus() {
+  return {{"conditions", json::array({{{"type", "Failed"},
+                                       {"status", "True"},
+                                       {"reason", "TrainingJobFailed"},
+                                       {"message", "worker-0 exited 1: cannot export"}},
+                                      {{"type", "Created"},
+                                       {"status", "True"},
+                                       {"reason", "TrainingJobCreated"},
+                                       {"message", ""}}})},
+          {"completionTime", "2027-01-15T08:00:00Z"}};
+}
+
+TEST(DesiredTest, PsPodsOfACheckpointingJobMayTakeTheirTimeToSaveOrHold) {
+  Observed o = Fresh(JobJson());
+  Actions a = Desired(Job(CheckpointingJob()), o, OperatorConfig{});
+  EXPECT_EQ((*PodNamed(a, "mnist-ps-0"))["spec"]["terminationGracePeriodSeconds"], 720);
+  EXPECT_EQ(kPsTerminationGraceSeconds, kDefaultKeepServingAfterCheckpointFailureSeconds + 120);
+  EXPECT_FALSE((*PodNamed(a, "mnist-worker-0"))["spec"].contains("terminationGracePeriodSeconds"));
+  // No checkpoint directory: nothing to save, the default grace.
+  Actions b = Desired(Job(JobJson()), o, OperatorConfig{});
+  EXPECT_FALSE((*PodNamed(b, "mnist-ps-0"))["spec"].contains("terminationGracePeriodSeconds"));
+  // The template's own grace period wins (it bounds the hold).
+  json own = CheckpointingJob();
+  own["spec"]["replicaSpecs"]["PS"]["template"] = {
+      {"spec", {{"terminationGracePeriodSeconds", 60}}}};
+  Actions c = Desired(Job(own), o, OperatorConfig{});
+  EXPECT_EQ((*PodNamed(c, "mnist-ps-0"))["spec"]["terminationGracePeriodSeconds"], 60);
+}
+
+TEST(DesiredTest, PsTasksHoldingUnsavedParametersKeepTheJobAndSayHowToSaveTheModel) {
+  const OperatorConfig config;
+  const JobObject job = Job(CheckpointingJob("{\"ttlSecondsAfterFinished\": 0}"), FailedStatus());
+  ASSERT_TRUE(PsTasksMayHoldParameters(*ParseTrainingJob(job.object.dump()), job.status));
+  // cleanPodPolicy stopped the PS tasks: they are writing their final checkpoint.
+  Observed o = AllPods("Running", kT0 + absl::Seconds(5));
+  o.pods.erase(o.pods.begin() + 3);  // worker-1 is gone
+  o.pods.erase(o.pods.begin() + 1);  // worker-0 too
+  for (auto& p : o.pods) {
+    p.deleting = true;
+    p.deletion_deadline = kT0 + absl::Seconds(kPsTerminationGraceSeconds);
+  }
+  Actions a = Desired(job, o, config);
+  EXPECT_FALSE(a.delete_job);  // the TTL waits for them
+  EXPECT_TRUE(a.delete_pods.empty());
+  EXPECT_EQ(a.requeue_after, config.progress_interval);  // to read their metrics again
+  EXPECT_EQ(Condition(a.status, "ParametersHeld"), "absent");
+
+  // They could not: they hold the parameters.
+  for (auto& p : o.pods) p.holds_unsaved_parameters = true;
+  Actions b = Desired(job, o, config);
+  EXPECT_FALSE(b.delete_job);
+  EXPECT_EQ(Condition(b.status, "ParametersHeld"), "True/FinalCheckpointFailed");
+  EXPECT_EQ(b.status["state"], "Failed");  // not a state: the job failed
+  const std::string message = ConditionMessage(b.status, "ParametersHeld");
+  EXPECT_EQ(message,
+            "mnist-ps-0, mnist-ps-1 could not write the final checkpoint to "
+            "spec.training.checkpoint.directory /ckpt and hold the trained parameters read-only "
+            "until 2027-01-15T08:12:00Z; then they are gone. Save the model now "
+            "(docs/trainingjob.md, \"Full, read-only and failing disks\"), with every PS task:\n"
+            "  kubectl -n ns3 port-forward pod/mnist-ps-0 22220:2222 &\n"
+            "  kubectl -n ns3 port-forward pod/mnist-ps-1 22221:2222 &\n"
+            "  kubectl -n ns3 get configmap mnist-config -o "
+            "jsonpath='{.data.trainingjob\\.yaml}' > mnist.yaml\n"
+            "  mkdir -m 700 mnist-auth\n"
+            "  kubectl -n ns3 get secret mnist-auth -o jsonpath='{.data.job\\.key}' | base64 -d > "
+            "mnist-auth/job.key\n"
+            "  kubectl -n ns3 get secret mnist-auth -o jsonpath='{.data.ca\\.crt}' | base64 -d > "
+            "mnist-auth/ca.crt\n"
+            "  kubectl -n ns3 get secret mnist-auth -o jsonpath='{.data.tls\\.crt}' | base64 -d > "
+            "mnist-auth/tls.crt\n"
+            "  kubectl -n ns3 get secret mnist-auth -o jsonpath='{.data.tls\\.key}' | base64 -d > "
+            "mnist-auth/tls.key\n"
+            "  kubetrain export --from-ps 127.0.0.1:22220,127.0.0.1:22221 --job mnist.yaml "
+            "--output mnist-model.ktm --auth-dir mnist-auth\n"
+            "then end the hold: kubectl -n ns3 delete pod mnist-ps-0 mnist-ps-1 --grace-period=1");
+  ASSERT_EQ(b.events.size(), 1u);
+  EXPECT_EQ(b.events[0].type, "Warning");
+  EXPECT_EQ(b.events[0].reason, "FinalCheckpointFailed");
+  EXPECT_EQ(b.events[0].message, message);
+  // Holding on: nothing new, no second Event, no polling (their exit is a pod event).
+  Actions c = Desired(Job(job.object, b.status), o, config);
+  EXPECT_TRUE(c.events.empty());
+  EXPECT_FALSE(c.delete_job);
+  EXPECT_FALSE(c.requeue_after.has_value());
+
+  // The hold is over (ended or timed out): they exited. The job goes now.
+  Observed gone;
+  gone.now = kT0 + absl::Seconds(300);
+  for (int i = 0; i < 2; ++i) {
+    gone.pods.push_back(Pod("ps", i, "Failed", 1));
+    gone.pods.back().last_termination = ObservedPod::Termination{
+        1, "Error",
+        "the final checkpoint of ps:" + std::to_string(i) +
+            " at version 300 could not be written to spec.training.checkpoint.directory /ckpt"};
+  }
+  Actions d = Desired(Job(job.object, c.status), gone, config);
+  EXPECT_EQ(Condition(d.status, "ParametersHeld"), "False/ParametersReleased");
+  EXPECT_EQ(ConditionMessage(d.status, "ParametersHeld"),
+            "The PS tasks no longer hold the parameters: ps-0 exited 1: the final checkpoint of "
+            "ps:0 at version 300 could not be written to spec.training.checkpoint.directory "
+            "/ckpt; ps-1 exited 1: the final checkpoint of ps:1 at version 300 could not be "
+            "written to spec.training.checkpoint.directory /ckpt");
+  EXPECT_TRUE(d.delete_job);
+}
+
+TEST(DesiredTest, TheTtlStopsPsTasksThatMayHoldParametersBeforeDeletingTheJob) {
+  // cleanPodPolicy None kept the PS tasks running (serving, not read-only).
+  const JobObject job =
+      Job(CheckpointingJob("{\"ttlSecondsAfterFinished\": 60, \"cleanPodPolicy\": \"None\"}"),
+          FailedStatus());
+  Observed o = AllPods("Running", kT0 + absl::Seconds(30));
+  Actions a = Desired(job, o, OperatorConfig{});
+  EXPECT_TRUE(a.delete_pods.empty());
+  EXPECT_EQ(a.requeue_after, absl::Seconds(30));  // the TTL
+  o.now = kT0 + absl::Seconds(60);
+  Actions b = Desired(job, o, OperatorConfig{});
+  EXPECT_FALSE(b.delete_job);
+  EXPECT_EQ(b.delete_pods, (std::vector<std::string>{"mnist-ps-0", "mnist-ps-1"}));
+  // Without a checkpoint directory there is nothing to save: the job goes.
+  const JobObject plain = Job(
+      JobJson("{\"ttlSecondsAfterFinished\": 60, \"cleanPodPolicy\": \"None\"}"), FailedStatus());
+  EXPECT_TRUE(Desired(plain, o, OperatorConfig{}).delete_job);
+}
+
+TEST(DesiredTest, ASucceededJobsModelIsSavedSoItsPsTasksAreNotKept) {
+  json status = FailedStatus();
+  status["conditions"][0]["type"] = "Succeeded";
+  const JobObject job = Job(CheckpointingJob("{\"ttlSecondsAfterFinished\": 0}"), status);
+  EXPECT_FALSE(PsTasksMayHoldParameters(*ParseTrainingJob(job.object.dump()), job.status));
+  Observed o = AllPods("Running", kT0 + absl::Seconds(60));
+  for (auto& p : o.pods) p.holds_unsaved_parameters = true;
+  Actions a = Desired(job, o, OperatorConfig{});
+  EXPECT_TRUE(a.delete_job);
+  EXPECT_EQ(Condition(a.status, "ParametersHeld"), "absent");
 }
 
 // --- authentication and isolation ---------------------------------------------------------

@@ -124,7 +124,7 @@ absl::Status Informer::ListIntoStore(std::string* resource_version) {
 }
 
 void Informer::Run(const std::atomic<bool>* stop) {
-  const std::string& what = options_.collection.plural;
+  const std::string& what = resource();
   absl::Duration backoff = absl::Milliseconds(200);
   std::string rv;
   bool listed = false;

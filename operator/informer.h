@@ -33,6 +33,8 @@ namespace kubetrain {
 
 struct InformerOptions {
   ResourceRef collection;  // name empty; namespace "" = all namespaces
+  // How metrics and logs name the kind ("" = collection.plural).
+  std::string resource;
   std::string label_selector;
   // Applied to every object before it is stored (and passed to on_change).
   std::function<void(nlohmann::json*)> transform;
@@ -67,7 +69,9 @@ class Informer {
   // Relists (after the first) and watch restarts so far, for metrics.
   int64_t relists() const { return relists_.load(); }
   int64_t watch_restarts() const { return watch_restarts_.load(); }
-  const std::string& plural() const { return options_.collection.plural; }
+  const std::string& resource() const {
+    return options_.resource.empty() ? options_.collection.plural : options_.resource;
+  }
 
   // Stores the answer of this operator's own write (e.g. a status update)
   // at once, so the next reconcile does not decide from the version before

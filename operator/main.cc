@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   Reconciler reconciler(
       &kube, &cache, &expectations, o.config, &clock,
       [port = o.config.metrics_port](const std::string& ip) {
-        return ScrapeProgress(ip, port, absl::Seconds(1));
+        return ScrapeMetrics(ip, port, absl::Seconds(1));
       },
       o.reconciler);
   Controller controller(&cache, &reconciler, &expectations, &clock, o.controller, *registry);

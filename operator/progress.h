@@ -1,6 +1,8 @@
-// Live progress of a running job, read from its chief's /metrics (the same
-// endpoint Prometheus scrapes) with core/job_report.h's ProgressFromMetrics,
-// for status.progress and `kubectl get tj`.
+// A task's /metrics (the same endpoint Prometheus scrapes), read by the
+// operator: the chief's for live progress (core/job_report.h's
+// ProgressFromMetrics, for status.progress and `kubectl get tj`), and those of
+// PS tasks being stopped after a failed job, to see whether they hold
+// parameters that could not be saved (kHoldingUnsavedParametersMetric).
 #ifndef KUBETRAIN_OPERATOR_PROGRESS_H_
 #define KUBETRAIN_OPERATOR_PROGRESS_H_
 
@@ -8,14 +10,13 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "core/job_report.h"
 
 namespace kubetrain {
 
-// GET http://<pod_ip>:<port>/metrics with a short timeout; nullopt on any
-// failure (the chief may not be up yet, or already gone) or when the text
-// has no global step yet.
-std::optional<Progress> ScrapeProgress(const std::string& pod_ip, int port, absl::Duration timeout);
+// The text of GET http://<pod_ip>:<port>/metrics, with a short timeout;
+// nullopt on any failure (the task may not be up yet, or already gone).
+std::optional<std::string> ScrapeMetrics(const std::string& pod_ip, int port,
+                                         absl::Duration timeout);
 
 }  // namespace kubetrain
 

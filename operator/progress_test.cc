@@ -3,6 +3,8 @@
 
 #include "operator/progress.h"
 
+#include "core/job_report.h"
+
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -37,8 +39,10 @@ TEST(ProgressTest, ScrapesTheChiefsMetrics) {
               "kubetrain_rpc_duration_seconds_count{method=\"Pull\",side=\"client\"} 5\n");
   });
   metrics.open().wait();
-  auto p = ScrapeProgress("127.0.0.1", port, absl::Seconds(2));
+  auto text = ScrapeMetrics("127.0.0.1", port, absl::Seconds(2));
   metrics.close().wait();
+  ASSERT_TRUE(text.has_value());
+  auto p = ProgressFromMetrics(*text);
   ASSERT_TRUE(p.has_value());
   EXPECT_EQ(p->global_step, 1200);
   EXPECT_EQ(p->target_steps, 3750);
@@ -47,7 +51,7 @@ TEST(ProgressTest, ScrapesTheChiefsMetrics) {
 }
 
 TEST(ProgressTest, NothingListeningIsNoProgress) {
-  EXPECT_FALSE(ScrapeProgress("127.0.0.1", FreePort(), absl::Milliseconds(500)).has_value());
+  EXPECT_FALSE(ScrapeMetrics("127.0.0.1", FreePort(), absl::Milliseconds(500)).has_value());
 }
 
 }  // namespace

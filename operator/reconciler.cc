@@ -64,6 +64,10 @@ ObservedPod ObservePod(const json& pod) {
   p.index = std::atoi(labels.value(kReplicaIndexLabel, "0").c_str());
   p.phase = pod.value("/status/phase"_json_pointer, std::string());
   p.deleting = pod.contains("metadata") && pod["metadata"].contains("deletionTimestamp");
+  if (p.deleting) {
+    p.deletion_deadline =
+        ParseTimestamp(pod["metadata"]["deletionTimestamp"]).value_or(absl::InfiniteFuture());
+  }
   p.uses_auth_secret = pod.value("/metadata/annotations"_json_pointer, json::object())
                            .contains(kAuthSecretAnnotation);
   if (auto cs = TrainingContainerStatus(pod)) {
@@ -130,14 +134,14 @@ absl::Status RunBounded(size_t n, int parallelism,
 }  // namespace
 
 Reconciler::Reconciler(KubeClient* client, JobCache* cache, Expectations* expectations,
-                       OperatorConfig config, const Clock* clock, ProgressReader progress,
+                       OperatorConfig config, const Clock* clock, TaskMetricsReader metrics,
                        ReconcilerOptions options)
     : client_(client),
       cache_(cache),
       expectations_(expectations),
       config_(std::move(config)),
       clock_(clock),
-      progress_(std::move(progress)),
+      metrics_(std::move(metrics)),
       options_(options),
       events_(client, clock) {}
 
@@ -246,24 +250,36 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
     // replica's, else worker 0).
     auto spec = ParseTrainingJob(object->dump());
     const std::string chief_type = spec.ok() ? spec->chief_task_type() : "worker";
+    // After a job that did not succeed, whether its PS tasks hold parameters
+    // they could not save shows in their metrics.
+    const bool read_ps = metrics_ && spec.ok() && IsFinished(job.status) &&
+                         PsTasksMayHoldParameters(*spec, job.status);
     std::string chief_ip;
     for (const auto& pod : cache_->Pods(key)) {
       if (!OwnedBy(pod, job.uid)) continue;  // not ours (e.g. a previous job of the same name)
       observed.pods.push_back(ObservePod(pod));
-      if (observed.pods.back().type == chief_type && observed.pods.back().index == 0) {
-        chief_ip = pod.value("/status/podIP"_json_pointer, std::string());
+      ObservedPod& p = observed.pods.back();
+      const std::string ip = pod.value("/status/podIP"_json_pointer, std::string());
+      if (p.type == chief_type && p.index == 0) chief_ip = ip;
+      if (read_ps && p.type == "ps" && p.phase == "Running" && !ip.empty()) {
+        const std::optional<std::string> text = metrics_(ip);
+        p.holds_unsaved_parameters =
+            text && MetricValue(*text, kHoldingUnsavedParametersMetric).value_or(0) == 1;
       }
     }
     for (const auto& svc : cache_->Services(key)) {
       if (OwnedBy(svc, job.uid)) observed.services.push_back(NameOf(svc));
     }
     if (spec.ok() && spec->run_policy.scheduling_policy.has_value()) {
-      ObservePodGroup(key, job.uid, PodGroupApiVersion(GangSchedulerOf(spec->scheduler_name())),
-                      &observed);
+      ObservePodGroup(ns, name, job.uid,
+                      PodGroupApiVersion(GangSchedulerOf(spec->scheduler_name())), &observed);
     }
     // A job of the user's own containers serves no kubetrain metrics to read.
-    if (progress_ && !chief_ip.empty() && spec.ok() && spec->has_training) {
-      observed.progress = progress_(chief_ip);
+    if (metrics_ && !chief_ip.empty() && spec.ok() && spec->has_training &&
+        !IsFinished(job.status)) {
+      if (std::optional<std::string> text = metrics_(chief_ip)) {
+        observed.progress = ProgressFromMetrics(*text);
+      }
     }
 
     Actions actions = Desired(job, observed, config_);
@@ -288,11 +304,21 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
   return out;
 }
 
-void Reconciler::ObservePodGroup(const std::string& key, const std::string& uid,
-                                 const std::string& api_version, Observed* observed) {
+void Reconciler::ObservePodGroup(const std::string& ns, const std::string& name,
+                                 const std::string& uid, const std::string& api_version,
+                                 Observed* observed) {
+  const std::string key = ns + "/" + name;
+  const bool cached = cache_->PodGroupsSynced(api_version);
+  if (cached) {
+    const std::optional<json> pg = cache_->PodGroup(api_version, ns, PodGroupName(name));
+    observed->pod_group_exists = pg && OwnedBy(*pg, uid);
+    if (observed->pod_group_exists) observed->pod_group_spec = pg->value("spec", json::object());
+  }
   absl::MutexLock l(&mu_);
-  auto it = pod_groups_.find(key);
-  observed->pod_group_exists = it != pod_groups_.end() && it->second.uid == uid;
+  if (!cached) {
+    auto it = pod_groups_.find(key);
+    observed->pod_group_exists = it != pod_groups_.end() && it->second.uid == uid;
+  }
   for (const std::string& k : {api_version, key}) {
     auto b = pod_group_blocked_.find(k);
     if (b == pod_group_blocked_.end()) continue;
@@ -310,9 +336,15 @@ absl::StatusOr<bool> Reconciler::CreatePodGroup(const JobObject& job, const json
   const std::string api_version = pod_group.value("apiVersion", "");
   const std::string key = job.namespace_ + "/" + job.name;
   ResourceRef ref{"/apis/" + api_version, "podgroups", job.namespace_, "", ""};
+  const std::string what = "podgroups/" + NameOf(pod_group);
+  expectations_->ExpectCreate(key, what);
   auto r = client_->Create(ref, pod_group);
   ref.name = NameOf(pod_group);
+  if (!r.ok()) expectations_->Forget(key, what);
   if (r.ok() || absl::IsAlreadyExists(r.status())) {
+    // The API is served: from now on its PodGroups are watched (an edit or a
+    // delete re-queues the job).
+    cache_->WatchPodGroups(api_version);
     absl::MutexLock l(&mu_);
     pod_groups_[key] = {job.uid, ref};
     pod_group_blocked_.erase(key);
@@ -343,6 +375,19 @@ absl::StatusOr<bool> Reconciler::CreatePodGroup(const JobObject& job, const json
   }
   Log("operator: cannot create podgroups ", key, ": ", s.message());
   return false;
+}
+
+absl::Status Reconciler::PatchPodGroup(const JobObject& job, const json& patch) {
+  const ResourceRef ref{"/apis/" + patch.value("apiVersion", ""), "podgroups", job.namespace_,
+                        NameOf(patch), ""};
+  auto r = client_->MergePatch(ref, {{"spec", patch.at("spec")}});
+  // Deleted meanwhile: its watch event brings the job back to create it.
+  if (absl::IsNotFound(r.status())) return absl::OkStatus();
+  if (!r.ok()) return r.status();
+  Log("operator: updated podgroups ", job.namespace_, "/", ref.name, ": ", patch.at("spec").dump());
+  events_.Record({job.namespace_, job.name, job.uid}, "Normal", "SuccessfulUpdatePodGroup",
+                 absl::StrCat("Updated PodGroup ", ref.name, " spec: ", patch.at("spec").dump()));
+  return absl::OkStatus();
 }
 
 absl::Status Reconciler::CreateAll(const JobObject& job, const std::string& plural,
@@ -491,6 +536,7 @@ absl::Status Reconciler::Apply(const JobObject& job, const Actions& a,
     }
   });
   if (applied.ok()) applied = pod_group;
+  if (applied.ok() && a.patch_pod_group) applied = PatchPodGroup(job, *a.patch_pod_group);
   if (applied.ok() && pods_may_go) applied = CreateAll(job, "pods", a.create_pods, true);
   absl::Status deleted = DeleteAll(ns, job.name, "pods", a.delete_pods);
   if (applied.ok()) applied = deleted;

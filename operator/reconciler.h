@@ -1,6 +1,8 @@
 // One reconcile of one TrainingJob: observe (the job, its pods, Services,
-// ConfigMap, Secret and NetworkPolicy, read from the informer cache, operator/job_cache.h: no
-// request to the API server; and the chief task's live progress) -> Desired() (pure,
+// ConfigMap, Secret and NetworkPolicy, read from the informer cache,
+// operator/job_cache.h: no request to the API server; the chief task's live
+// progress; after a failed job, whether its PS tasks hold unsaved
+// parameters) -> Desired() (pure,
 // operator/desired.h) -> apply (creates with a bounded fan-out, deletes,
 // status only when it changed, aggregated events).
 //
@@ -21,13 +23,15 @@
 // name that is not the job's leaves its pods waiting (a Warning Event).
 //
 // Gang scheduling (runPolicy.schedulingPolicy): the job's PodGroup is created
-// before its pods, once per job and operator run (no informer: the operator
-// never reads a PodGroup; AlreadyExists counts as created, so a restarted
-// operator sends one request per gang job). When the PodGroup API is not
-// served (its CRD is not installed: 404) that is remembered for every job
-// using it, and a refusal (403, 422) for the job, for
-// OperatorConfig::pod_group_retry: the jobs' pods wait (PodGroupFailing) and
-// nothing is retried, listed or watched meanwhile; the operator runs on.
+// before its pods (AlreadyExists counts as created). Once one of an API was
+// created, that API's PodGroups are watched (JobCache::WatchPodGroups): from
+// then on a PodGroup deleted by someone is created again and one whose spec
+// differs is patched (Desired() decides from the cache); until that cache
+// has listed, the PodGroups this operator created are taken to exist. When
+// the PodGroup API is not served (its CRD is not installed: 404) that is
+// remembered for every job using it, and a refusal (403, 422) for the job,
+// for OperatorConfig::pod_group_retry: the jobs' pods wait (PodGroupFailing)
+// and nothing is retried, listed or watched meanwhile; the operator runs on.
 //
 // Thread-safe: different jobs may be reconciled concurrently; the caller
 // (the work queue) never runs two passes of one job at once.
@@ -58,9 +62,11 @@ struct ReconcileOutcome {
   std::string state;                            // the job's state after this pass ("" if gone)
 };
 
-// Reads the chief's live progress (e.g. from its /metrics, see
-// operator/progress.h) given its pod IP; may return nullopt. Optional.
-using ProgressReader = std::function<std::optional<Progress>(const std::string& pod_ip)>;
+// Reads a task's /metrics text given its pod IP (operator/progress.h); may
+// return nullopt. Optional. Asked for the chief's (live progress) while a job
+// runs, and for the running PS pods of a job whose PS tasks may hold
+// parameters they could not save (PsTasksMayHoldParameters).
+using TaskMetricsReader = std::function<std::optional<std::string>(const std::string& pod_ip)>;
 
 struct ReconcilerOptions {
   // Writes in flight at once for one job. Pods go in slow-start batches
@@ -82,7 +88,7 @@ class Reconciler {
   // Everything passed must outlive the reconciler. `client` is used for
   // writes only; reads come from `cache`.
   Reconciler(KubeClient* client, JobCache* cache, Expectations* expectations, OperatorConfig config,
-             const Clock* clock, ProgressReader progress = nullptr,
+             const Clock* clock, TaskMetricsReader metrics = nullptr,
              ReconcilerOptions options = ReconcilerOptions());
 
   ReconcileOutcome Reconcile(const std::string& ns, const std::string& name);
@@ -109,9 +115,12 @@ class Reconciler {
   // Creates the job's PodGroup: true once it exists, false if it cannot be
   // created now (remembered in pod_group_blocked_), or a transient error.
   absl::StatusOr<bool> CreatePodGroup(const JobObject& job, const nlohmann::json& pod_group);
+  // Sends Actions::patch_pod_group.
+  absl::Status PatchPodGroup(const JobObject& job, const nlohmann::json& patch);
   // Fills observed's pod_group_* fields for a gang job whose PodGroup is of
-  // `api_version`.
-  void ObservePodGroup(const std::string& key, const std::string& uid,
+  // `api_version`: from the PodGroup cache once it has listed, else from
+  // pod_groups_.
+  void ObservePodGroup(const std::string& ns, const std::string& name, const std::string& uid,
                        const std::string& api_version, Observed* observed);
 
   // Constant after construction.
@@ -120,7 +129,7 @@ class Reconciler {
   Expectations* const expectations_;
   const OperatorConfig config_;
   const Clock* const clock_;
-  const ProgressReader progress_;
+  const TaskMetricsReader metrics_;
   const ReconcilerOptions options_;
   EventRecorder events_;
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/job_credentials.h"
 #include "operator/fake_kube_client.h"
@@ -34,10 +35,10 @@ const ResourceRef kAuthSecret{"/api/v1", "secrets", "default", "mnist-auth", ""}
 // the fake's watch.
 class ReconcilerTest : public ::testing::Test {
  protected:
-  void Start(OperatorConfig config = OperatorConfig{}, ProgressReader progress = nullptr) {
+  void Start(OperatorConfig config = OperatorConfig{}, TaskMetricsReader metrics = nullptr) {
     cache_ = std::make_unique<JobCache>(&kube_, "", 5, &expectations_);
     reconciler_ = std::make_unique<Reconciler>(&kube_, cache_.get(), &expectations_, config,
-                                               &clock_, progress);
+                                               &clock_, metrics);
     cache_->Start(&stop_);
     ASSERT_TRUE(WaitFor([&] { return cache_->synced(); }));
   }
@@ -74,8 +75,11 @@ class ReconcilerTest : public ::testing::Test {
     kube_.ResetCalls();
     ReconcileOutcome out = reconciler_->Reconcile("default", "mnist");
     reconciler_->FlushEvents();
-    // The point of the cache: a reconcile never lists and never reads.
-    EXPECT_EQ(kube_.calls("list"), 0);
+    // The point of the cache: a reconcile never lists and never reads. (The
+    // PodGroup informer a reconcile starts after its first PodGroup create
+    // lists once, on its own thread.)
+    EXPECT_EQ(kube_.calls("list") - kube_.calls("list", "podgroups"), 0);
+    EXPECT_LE(kube_.calls("list", "podgroups"), 1);
     EXPECT_EQ(kube_.calls("get"), 0);
     return out;
   }
@@ -327,11 +331,9 @@ TEST_F(ReconcilerTest, ProgressIsReadFromTheChiefTasksPod) {
   job["spec"]["replicaSpecs"]["Chief"] = {{"replicas", 1}};
   ASSERT_TRUE(kube_.Create(TrainingJobs("default"), job).ok());
   std::vector<std::string> asked;
-  Start(OperatorConfig{}, [&](const std::string& ip) -> std::optional<Progress> {
+  Start(OperatorConfig{}, [&](const std::string& ip) -> std::optional<std::string> {
     asked.push_back(ip);
-    Progress p;
-    p.global_step = 7;
-    return p;
+    return "kubetrain_global_step 7\n";
   });
   Launch();
   for (const char* pod : {"mnist-chief-0", "mnist-worker-0"}) {
@@ -355,6 +357,88 @@ TEST_F(ReconcilerTest, ProgressIsReadFromTheChiefTasksPod) {
   // Same progress again: no status write.
   auto out = Pass();
   EXPECT_EQ(kube_.calls("update"), 0);
+}
+
+TEST_F(ReconcilerTest, StoppingPsTasksOfAFailedCheckpointingJobAreAskedWhetherTheyHold) {
+  json job = Job();
+  job["spec"]["training"]["checkpoint"] = {{"directory", "/ckpt"}};
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), job).ok());
+  std::vector<std::string> asked;
+  bool holding = false;
+  Start(OperatorConfig{}, [&](const std::string& ip) -> std::optional<std::string> {
+    asked.push_back(ip);
+    if (ip == "10.0.0.9") return "kubetrain_global_step 10\n";  // the chief, worker 0
+    return absl::StrCat("kubetrain_ps_holding_unsaved_parameters ", holding ? 1 : 0, "\n");
+  });
+  Launch();
+  auto patch_pod = [&](const std::string& pod, const json& patch) {
+    ASSERT_TRUE(kube_.MergePatch({"/api/v1", "pods", "default", pod, ""}, patch).ok());
+  };
+  patch_pod("mnist-ps-0", {{"status", {{"phase", "Running"}, {"podIP", "10.0.0.1"}}}});
+  patch_pod("mnist-worker-0", {{"status", {{"phase", "Running"}, {"podIP", "10.0.0.9"}}}});
+  ASSERT_TRUE(WaitFor([&] {
+    int running = 0;
+    for (const auto& p : cache_->Pods("default/mnist"))
+      running += p.value("/status/phase"_json_pointer, std::string()) == "Running";
+    return running == 2;
+  }));
+  ASSERT_TRUE(Pass().status.ok());
+  // While the job runs only the chief is asked (its progress).
+  EXPECT_EQ(asked, std::vector<std::string>{"10.0.0.9"});
+
+  // The chief failed (it could not export the model): the job fails, and
+  // cleanPodPolicy stops the PS task (being deleted, it still runs).
+  patch_pod(
+      "mnist-worker-0",
+      {{"status",
+        {{"phase", "Failed"},
+         {"containerStatuses",
+          json::array({{{"name", "kubetrain"},
+                        {"state",
+                         {{"terminated",
+                           {{"exitCode", 1}, {"message", "cannot export the model"}}}}}}})}}}});
+  ASSERT_TRUE(WaitFor([&] {
+    auto pods = cache_->Pods("default/mnist");
+    for (const auto& p : pods)
+      if (p["metadata"]["name"] == "mnist-worker-0")
+        return p.value("/status/phase"_json_pointer, std::string()) == "Failed";
+    return false;
+  }));
+  ASSERT_TRUE(Pass().status.ok());
+  ASSERT_EQ((*kube_.Get(TrainingJobs("default", "mnist")))["status"]["state"], "Failed");
+  EXPECT_GE(kube_.calls("delete", "pods"), 1);
+  // The fake deletes at once; a real pod lingers while it terminates.
+  ASSERT_TRUE(
+      kube_
+          .Create({"/api/v1", "pods", "default", "", ""},
+                  {{"metadata",
+                    {{"name", "mnist-ps-0"},
+                     {"labels",
+                      {{"kubetrain.io/job-name", "mnist"},
+                       {"kubetrain.io/replica-type", "ps"},
+                       {"kubetrain.io/replica-index", "0"}}},
+                     {"ownerReferences", json::array({{{"uid", "job-uid"}, {"controller", true}}})},
+                     {"deletionTimestamp", "2027-01-15T08:12:00Z"}}},
+                   {"status", {{"phase", "Running"}, {"podIP", "10.0.0.1"}}}})
+          .ok());
+  asked.clear();
+  auto out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(asked, std::vector<std::string>{"10.0.0.1"});  // the PS task, not the failed chief
+  EXPECT_EQ(out.requeue_after, OperatorConfig{}.progress_interval);
+  holding = true;
+  out = Pass();
+  const json status = (*kube_.Get(TrainingJobs("default", "mnist")))["status"];
+  bool held = false;
+  for (const auto& c : status["conditions"]) {
+    if (c["type"] == "ParametersHeld") {
+      held = c["status"] == "True";
+      EXPECT_NE(c["message"].get<std::string>().find("until 2027-01-15T08:12:00Z"),
+                std::string::npos)
+          << c["message"];
+    }
+  }
+  EXPECT_TRUE(held) << status.dump();
 }
 
 TEST_F(ReconcilerTest, CountOnlyStatusChangesAreCoalesced) {
@@ -431,6 +515,52 @@ TEST_F(ReconcilerTest, AGangJobGetsItsPodGroupBeforeItsPodsOnce) {
   out = Pass();
   ASSERT_TRUE(out.status.ok()) << out.status;
   EXPECT_EQ(kube_.Count("/apis/scheduling.volcano.sh/v1beta1/namespaces/default/podgroups"), 0u);
+}
+
+TEST_F(ReconcilerTest, APodGroupIsKeptAsTheJobAsksWhileItRuns) {
+  const std::string api = "scheduling.volcano.sh/v1beta1";
+  const ResourceRef pg{"/apis/" + api, "podgroups", "default", "mnist", ""};
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), GangJob("volcano")).ok());
+  Start();
+  ASSERT_TRUE(Pass().status.ok());
+  // Created: from now on the PodGroups of that API are watched.
+  ASSERT_TRUE(WaitFor([&] { return cache_->PodGroupsSynced(api); }));
+  auto cached_spec = [&] {
+    auto got = cache_->PodGroup(api, "default", "mnist");
+    return got ? got->value("spec", json()) : json();
+  };
+  // The user asks for more of the gang and a queue.
+  ASSERT_TRUE(kube_
+                  .MergePatch(TrainingJobs("default", "mnist"),
+                              json::parse(R"({"spec": {"runPolicy": {"schedulingPolicy":
+                                  {"minAvailable": 3, "queue": "research"}}}})"))
+                  .ok());
+  auto out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("patch", "podgroups"), 1);
+  const json want = json::parse(R"({"minMember": 3, "queue": "research"})");
+  EXPECT_EQ((*kube_.Get(pg))["spec"], want);
+  ASSERT_TRUE(WaitFor([&] { return cached_spec() == want; }));
+  out = Pass();
+  EXPECT_EQ(kube_.calls("patch"), 0);  // settled
+  EXPECT_EQ(kube_.calls("create", "podgroups"), 0);
+
+  // Someone edits it: put back.
+  ASSERT_TRUE(kube_.MergePatch(pg, json::parse(R"({"spec": {"minMember": 1}})")).ok());
+  ASSERT_TRUE(WaitFor([&] { return cached_spec().value("minMember", 0) == 1; }));
+  out = Pass();
+  EXPECT_EQ((*kube_.Get(pg))["spec"], want);
+
+  // Someone deletes it: created again, from its watch event.
+  ASSERT_TRUE(kube_.Delete(pg, kPropagationBackground).ok());
+  ASSERT_TRUE(WaitFor([&] { return !cache_->PodGroup(api, "default", "mnist").has_value(); }));
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("create", "podgroups"), 1);
+  auto again = kube_.Get(pg);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)["spec"], want);
+  EXPECT_EQ((*again)["metadata"]["ownerReferences"][0]["uid"], "job-uid");
 }
 
 TEST_F(ReconcilerTest, WithoutThePodGroupCrdPodsWaitAndTheApiIsNotAskedUntilTheRetry) {

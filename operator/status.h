@@ -15,6 +15,10 @@
 //   PodGroupFailing  PodGroupAPIMissing | PodGroupRejected (False again: PodGroupCreated);
 //               gang scheduling: the job's PodGroup cannot be created, so no pod is
 //               created either (retried); not part of the state
+//   ParametersHeld  FinalCheckpointFailed (False again: ParametersReleased); a job that
+//               did not succeed: its PS tasks could not write their final checkpoint
+//               and hold the parameters for `kubetrain export --from-ps`; the message
+//               says how to save the model (desired_hold.cc); not part of the state
 //   AuthSecretMissing  AuthSecretLost: the job's Secret {job}-auth was deleted (or its
 //               job.key spoiled) while tasks that use it run; not part of the state (the
 //               job fails, reason AuthSecretLost, once such a task must be started again)
@@ -41,6 +45,7 @@ inline constexpr char kSucceeded[] = "Succeeded";
 inline constexpr char kFailed[] = "Failed";
 inline constexpr char kCheckpointFailing[] = "CheckpointFailing";
 inline constexpr char kPodGroupFailing[] = "PodGroupFailing";
+inline constexpr char kParametersHeld[] = "ParametersHeld";
 inline constexpr char kAuthSecretMissing[] = "AuthSecretMissing";
 }  // namespace condition
 
@@ -61,6 +66,8 @@ inline constexpr char kCheckpointsWritten[] = "CheckpointsWritten";
 inline constexpr char kPodGroupAPIMissing[] = "PodGroupAPIMissing";  // its CRD is not installed
 inline constexpr char kPodGroupRejected[] = "PodGroupRejected";      // refused (RBAC, validation)
 inline constexpr char kPodGroupCreated[] = "PodGroupCreated";
+inline constexpr char kFinalCheckpointFailed[] = "FinalCheckpointFailed";  // PS tasks hold
+inline constexpr char kParametersReleased[] = "ParametersReleased";        // they exited
 inline constexpr char kAuthSecretLost[] = "AuthSecretLost";  // deleted while tasks used it
 }  // namespace reason
 

@@ -1,5 +1,6 @@
 #include "ps/dynamic_table.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -17,7 +18,7 @@ struct Fixture {
   explicit Fixture(const char* optimizer = "adagrad", int64_t dim = 8) : dim(dim) {
     ModelSpec spec;
     spec.type = "layers";
-    spec.input_shape = {2};  // one dense feature, one id slot
+    spec.input_shape = {1};  // one dense feature (and one lookup id)
     LayerSpec dense;
     dense.units = 1;
     spec.layers = {dense};
@@ -212,6 +213,47 @@ TEST(DynamicTableTest, ExportImportRoundTripsRowsAndSlots) {
   bad.values.pop_back();
   EXPECT_FALSE(restored->Import(bad).ok());
   EXPECT_EQ(restored->Export().values, d->Export().values);
+}
+
+// A restored table evicts what the original would have: recency comes back
+// with the rows.
+TEST(DynamicTableTest, ARestoredTableEvictsInTheOriginalsOrder) {
+  Fixture f("sgd");
+  auto d = f.Make(1, 3);
+  d->Touch({10, 20, 30});
+  d->Touch({10});  // 20 is now the least recently used
+  auto restored = f.Make(1, 3);
+  ASSERT_TRUE(restored->Import(d->Export()).ok());
+  for (DynamicTable* t : {d.get(), restored.get()}) {
+    t->Touch({40});
+    std::vector<int64_t> ids = t->Export().ids;
+    std::sort(ids.begin(), ids.end());
+    EXPECT_EQ(ids, (std::vector<int64_t>{10, 30, 40}));
+  }
+}
+
+// List pages through the held rows in slab order, skipping evicted ones;
+// the generation moves with every row created or evicted.
+TEST(DynamicTableTest, ListPagesThroughTheHeldRowsOnly) {
+  Fixture f("sgd");
+  auto d = f.Make(1, 4);
+  d->Touch({1, 2, 3, 4, 5, 6});  // one touch may pass the bound
+  const int64_t generation = d->generation();
+  d->Touch({7});  // evicts 1, 2 and 3 (4 rows held again), reuses a slab row
+  EXPECT_GT(d->generation(), generation);
+  std::vector<int64_t> ids;
+  std::vector<float> values;
+  int64_t cursor = 0;
+  int pages = 0;
+  do {
+    cursor = d->List(cursor, 2, &ids, &values);
+    ++pages;
+  } while (cursor >= 0);
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<int64_t>{4, 5, 6, 7}));
+  EXPECT_GE(pages, 2);
+  EXPECT_EQ(values.size(), ids.size() * 8);
+  EXPECT_EQ(d->List(0, 0, &ids, &values), 0);  // nothing listed, nothing skipped
 }
 
 // Memory: bytes per held row stay within dim x 4 x (1 + slots) +

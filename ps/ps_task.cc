@@ -95,7 +95,7 @@ PsTask::Metrics PsTask::RegisterMetrics(prometheus::Registry& registry) {
   m.restored_version =
       gauge("kubetrain_restored_version",
             "Version restored from a checkpoint when this PS task started (0: none)");
-  m.holding = gauge("kubetrain_ps_holding_unsaved_parameters",
+  m.holding = gauge(kHoldingUnsavedParametersMetric,
                     "1 while this PS task, unable to write its final checkpoint, serves its "
                     "parameters read-only for kubetrain export --from-ps");
   return m;

@@ -42,6 +42,7 @@
 #include "core/clock.h"
 #include "core/file_env.h"
 #include "core/job_credentials.h"
+#include "core/job_report.h"
 #include "core/metrics.h"
 #include "core/task_config.h"
 #include "ps/checkpoint.h"
@@ -82,7 +83,8 @@ struct PsTaskOptions {
   int final_checkpoint_attempts = 4;
   // How long a task whose final checkpoint cannot be written keeps serving
   // its parameters read-only for `kubetrain export --from-ps` (0: exits at once).
-  absl::Duration keep_serving_after_checkpoint_failure = absl::Minutes(10);
+  absl::Duration keep_serving_after_checkpoint_failure =
+      absl::Seconds(kDefaultKeepServingAfterCheckpointFailureSeconds);
   // What this task checks its callers with (core/job_credentials.h): the
   // job key (empty: any client is served, which Start logs) and, with TLS
   // files, mutual TLS under the job's CA. TLS needs the job key too.

@@ -296,3 +296,12 @@ def live_runs():
     yield start
     for r in runs:
         r.kill()
+
+
+def report_lines(log, tag):
+    """The JSON reports a task printed with `tag` (kubetrain-result, kubetrain-progress)."""
+    out = []
+    for line in log.splitlines():
+        if line.startswith(tag + " "):
+            out.append(json.loads(line[len(tag) + 1:]))
+    return out

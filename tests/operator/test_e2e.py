@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -615,6 +616,35 @@ def test_volcano_gang_job_gets_its_podgroup_with_queue_and_priority(cluster):
     k.run("delete", "priorityclass", "kubetrain-e2e-high")
 
 
+def test_a_gang_jobs_podgroup_follows_edits_and_comes_back_when_deleted(cluster):
+    """While the job runs, its PodGroup is what its schedulingPolicy says: an edited policy is
+    patched into it (the real CRD stores it), an edit of the PodGroup itself is put back, and a
+    deleted PodGroup is created again from its watch event."""
+    k = cluster
+    install_crd(k, SP_CRD, "podgroups.scheduling.x-k8s.io")
+    apply(k, gang_job("gang-edit", "scheduler-plugins-scheduler", {"minAvailable": 2}, steps=10000000))
+    pg_of = lambda: get_or_none(k, "podgroups.scheduling.x-k8s.io", "gang-edit")  # noqa: E731
+    assert wait_for(k, "PodGroup gang-edit", pg_of, 60)["spec"] == {"minMember": 2}
+    wait_state(k, "gang-edit", {"Running"})
+    k.run("patch", "tj", "gang-edit", "--type=merge", "-p",
+          '{"spec":{"runPolicy":{"schedulingPolicy":{"minAvailable":3,"scheduleTimeoutSeconds":120}}}}')
+    wait_for(k, "the edited policy in the PodGroup",
+             lambda: (pg_of() or {}).get("spec") == {"minMember": 3, "scheduleTimeoutSeconds": 120}, 30)
+    k.run("patch", "podgroups.scheduling.x-k8s.io", "gang-edit", "--type=merge", "-p", '{"spec":{"minMember":1}}')
+    wait_for(k, "the PodGroup put back", lambda: (pg_of() or {}).get("spec", {}).get("minMember") == 3, 30)
+    uid = pg_of()["metadata"]["uid"]
+    k.run("delete", "podgroups.scheduling.x-k8s.io", "gang-edit")
+    again = wait_for(k, "the PodGroup created again",
+                     lambda: (lambda pg: pg if pg and pg["metadata"]["uid"] != uid else None)(pg_of()), 30)
+    assert again["spec"] == {"minMember": 3, "scheduleTimeoutSeconds": 120}, again
+    assert again["metadata"]["ownerReferences"][0]["uid"] == k.json("get", "tj", "gang-edit")["metadata"]["uid"]
+    assert status(k, "gang-edit")["state"] == "Running"
+    reasons = [e["reason"] for e in
+               k.json("get", "events", "--field-selector", "involvedObject.name=gang-edit")["items"]]
+    assert "SuccessfulUpdatePodGroup" in reasons and reasons.count("SuccessfulCreatePodGroup") == 1, reasons
+    k.run("delete", "tj", "gang-edit")
+
+
 def test_census_job_reads_its_data_from_a_volume_mounted_into_the_runtime(cluster):
     """The Census example with its CSV files on a hostPath volume: a `kubetrain` container
     without a command in each template mounts it into kubetrain's runtime (the operator keeps
@@ -650,6 +680,155 @@ def test_census_job_reads_its_data_from_a_volume_mounted_into_the_runtime(cluste
         assert len(c) == 1 and c[0]["command"][0] in ("kubetrain-ps", "kubetrain-worker"), c
         assert [m["mountPath"] for m in c[0]["volumeMounts"]][2:] == [mount], c[0]["volumeMounts"]
     k.run("delete", "tj", "census-volume")
+
+
+# --- The end of a job never destroys the only copy of the parameters -----------------------------
+
+class PortForward:
+    """What `kubectl port-forward pod/P LOCAL:REMOTE` does, for the test cluster (whose node
+    agent serves no kubelet API): 127.0.0.1:LOCAL relayed to the pod's IP and port."""
+
+    def __init__(self, local_port, ip, port):
+        import socket
+        import threading
+        self.target = (ip, port)
+        self.server = socket.create_server(("127.0.0.1", local_port))
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        import socket
+        import threading
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target, timeout=10)
+            upstream.settimeout(None)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self.pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def pump(src, dst):
+        import socket
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.server.close()
+
+
+def test_ps_tasks_that_cannot_save_hold_the_parameters_until_the_model_is_exported(cluster):
+    """The checkpoint directory (a tmpfs on a hostPath volume) turns read-only during training:
+    the chief cannot export model.ktm, the job fails naming the directory, and cleanPodPolicy
+    stops the PS tasks, which cannot write their final checkpoints either. They hold the
+    parameters within their pods' long grace period; the operator keeps them and the job (its
+    ttlSecondsAfterFinished waits) and says in ParametersHeld how to save the model. The recipe,
+    run as written (port-forwards stood in for by local relays), exports a model that evaluates
+    exactly as the chief's; ending the hold as it says lets the PS pods go, then the TTL."""
+    k = cluster
+    disk = tempfile.mkdtemp(prefix="kubetrain-e2e-hold.")
+    # Writable by the runtime image's user as well (pods may run from the image).
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=1777", "tmpfs", disk], check=True)
+    forwards = []
+    work = tempfile.mkdtemp(prefix="kubetrain-e2e-export.")
+    try:
+        mount = "/mnt/kubetrain-e2e-ckpt"
+        obj = job("hold", steps=3000, ps=2, workers=1, run_policy={"ttlSecondsAfterFinished": 1},
+                  extra_training={"checkpoint": {"directory": mount, "everySteps": 100}})
+        template = {"spec": {
+            "containers": [{"name": "kubetrain", "volumeMounts": [{"name": "ckpt", "mountPath": mount}]}],
+            "volumes": [{"name": "ckpt", "hostPath": {"path": disk, "type": "Directory"}}]}}
+        for replica in obj["spec"]["replicaSpecs"].values():
+            replica["template"] = template
+        apply(k, obj)
+        # The first checkpoint is written: from now on nothing can be.
+        deadline = time.time() + 180
+        while not glob.glob(os.path.join(disk, "ps-0", "ckpt-*")):
+            assert time.time() < deadline, "no checkpoint written\n" + task_logs(k, "hold")
+            time.sleep(0.02)
+        deadline = time.time() + 30
+        while subprocess.run(["mount", "-o", "remount,ro", disk], capture_output=True).returncode != 0:
+            assert time.time() < deadline, "cannot remount the checkpoint tmpfs read-only"
+            time.sleep(0.05)
+
+        st = wait_state(k, "hold", {"Failed", "Succeeded"}, timeout=300)
+        assert st["state"] == "Failed", st
+        failed = condition(st, "Failed")["message"]
+        assert f"cannot export the final model to {mount}/model.ktm" in failed, failed
+        assert "spec.training.checkpoint.directory" in failed, failed
+
+        def held():
+            s = status(k, "hold")
+            return s if (condition(s, "ParametersHeld") or {}).get("status") == "True" else None
+        st = wait_for(k, "ParametersHeld", held, 120)
+        message = condition(st, "ParametersHeld")["message"]
+        assert condition(st, "ParametersHeld")["reason"] == "FinalCheckpointFailed", st
+        assert message.startswith("hold-ps-0, hold-ps-1 could not write the final checkpoint to "
+                                  f"spec.training.checkpoint.directory {mount}"), message
+        ps_pods = {p["metadata"]["name"]: p for p in pods(k, "hold") if "-ps-" in p["metadata"]["name"]}
+        assert sorted(ps_pods) == ["hold-ps-0", "hold-ps-1"], ps_pods
+        for p in ps_pods.values():
+            # Being deleted (cleanPodPolicy), still running: the kubelet waits for the hold.
+            assert p["metadata"].get("deletionTimestamp") and p["status"]["phase"] == "Running", p["metadata"]
+            assert p["spec"]["terminationGracePeriodSeconds"] == 720
+        assert f"until {min(p['metadata']['deletionTimestamp'] for p in ps_pods.values())};" in message, message
+        describe = k.run("describe", "tj", "hold").stdout
+        assert "FinalCheckpointFailed" in describe and "port-forward pod/hold-ps-1" in describe, describe
+        time.sleep(2)
+        assert k.run("get", "tj", "hold", check=False).returncode == 0, "the TTL must wait for the PS tasks"
+
+        # The recipe, line by line, as a user would run it.
+        shell_env = dict(k.env, PATH=os.pathsep.join([os.path.dirname(k.binary), BIN, os.environ["PATH"]]))
+
+        def sh(line):
+            return subprocess.run(["bash", "-c", line], cwd=work, env=shell_env, capture_output=True,
+                                  text=True, timeout=120)
+        steps = [line.strip() for line in message.split("\n")[1:]]
+        end_hold = steps.pop().split(": ", 1)[1]
+        for step in steps:
+            args = step.rstrip("&").split()
+            if args[3] == "port-forward":
+                local, remote = (int(x) for x in args[5].split(":"))
+                pod = args[4].split("/", 1)[1]
+                forwards.append(PortForward(local, ps_pods[pod]["status"]["podIP"], remote))
+                continue
+            done = sh(step)
+            assert done.returncode == 0, f"{step}\n{done.stderr}"
+            if args[0] == "kubetrain":
+                assert "at global step 3000 from 2 PS tasks" in done.stderr, done.stderr
+        ev = sh("kubetrain eval hold-model.ktm --json")
+        assert ev.returncode == 0, ev.stderr
+        with open(os.path.join(k.state, "node-agent", "logs", "default_hold-worker-0_kubetrain.log")) as f:
+            chief_log = f.read()
+        chief = re.search(r"chief: global step 3000/3000 test accuracy ([0-9.]+)", chief_log)
+        assert chief, chief_log[-3000:]
+        assert abs(json.loads(ev.stdout)["test_accuracy"] - float(chief.group(1))) < 1e-4, ev.stdout
+
+        # Ending the hold lets the PS pods go (ParametersHeld turns False), then the TTL.
+        assert end_hold == "kubectl -n default delete pod hold-ps-0 hold-ps-1 --grace-period=1", end_hold
+        done = sh(end_hold)
+        assert done.returncode == 0, done.stderr
+        wait_for(k, "the job deleted by its TTL",
+                 lambda: k.run("get", "tj", "hold", check=False).returncode != 0, 60)
+        assert not pods(k, "hold")
+        reasons = [e["reason"] for e in
+                   k.json("get", "events", "--field-selector", "involvedObject.name=hold")["items"]]
+        assert "FinalCheckpointFailed" in reasons and "ParametersReleased" in reasons, reasons
+    finally:
+        for f in forwards:
+            f.close()
+        k.run("delete", "tj", "hold", "--wait=false", check=False)
+        subprocess.run(["umount", "-l", disk], check=False)
 
 
 # --- authentication and isolation: the job's Secret, each pod's files, impostors refused -------

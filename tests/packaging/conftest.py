@@ -48,7 +48,7 @@ OPERATOR_RULES = [
      "verbs": ["list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": ["scheduling.x-k8s.io", "scheduling.volcano.sh"], "resources": ["podgroups"],
-     "verbs": ["create", "delete"]},
+     "verbs": ["list", "watch", "create", "patch", "delete"]},
 ]
 # operator/leader_election.cc: Lease kubetrain-operator, GET / CREATE / PUT.
 LEASE_RULES = [

@@ -118,7 +118,7 @@ def test_apply_grants_the_operator_exactly_its_verbs(kube_cluster, pk):
                       ("volcano/scheduling.volcano.sh_podgroups.yaml", "podgroups.scheduling.volcano.sh")):
         k.run("apply", "--server-side", "-f", os.path.join(crds, path))
         k.run("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
-        granted += [("create", crd, None), ("delete", crd, None)]
+        granted += [(v, crd, None) for v in ("list", "watch", "create", "patch", "delete")]
     for verb, res, sub in granted:
         assert pk.can_i(k, verb, res, SA, subresource=sub), f"operator cannot {verb} {res} {sub or ''}"
     refused = [("create", "trainingjobs.kubetrain.io", None), ("update", "trainingjobs.kubetrain.io", None),
@@ -128,8 +128,7 @@ def test_apply_grants_the_operator_exactly_its_verbs(kube_cluster, pk):
                ("update", "networkpolicies.networking.k8s.io", None),
                ("create", "deployments.apps", None), ("get", "services", None), ("update", "configmaps", None),
                ("create", "leases.coordination.k8s.io", None),
-               ("get", "podgroups.scheduling.x-k8s.io", None), ("list", "podgroups.scheduling.volcano.sh", None),
-               ("update", "podgroups.scheduling.volcano.sh", None)]
+               ("get", "podgroups.scheduling.x-k8s.io", None), ("update", "podgroups.scheduling.volcano.sh", None)]
     for verb, res, sub in refused:
         assert not pk.can_i(k, verb, res, SA, subresource=sub), f"operator may {verb} {res} {sub or ''}"
     # Leases only in the operator's namespace, get/update only the operator's Lease.
