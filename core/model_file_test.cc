@@ -49,6 +49,25 @@ void ExpectSame(const ModelFile& a, const ModelFile& b) {
   EXPECT_EQ(a.job_name, b.job_name);
 }
 
+// The payload of a version 1 file, which later versions extend: job, step,
+// spec type, hidden layers, input_dim, classes and every variable.
+void PutVersionOnePayload(const ModelFile& f, const Model& model, int input_dim, BinaryWriter* w) {
+  w->PutString(f.job_name);
+  w->PutI64(f.global_step);
+  w->PutString(f.spec.type);
+  w->PutU32(static_cast<uint32_t>(f.spec.hidden_units.size()));
+  for (int h : f.spec.hidden_units) w->PutI32(h);
+  w->PutI32(input_dim);
+  w->PutI32(f.spec.num_classes);
+  w->PutU32(static_cast<uint32_t>(model.variables().size()));
+  for (size_t i = 0; i < model.variables().size(); ++i) {
+    w->PutString(model.variables()[i].name);
+    w->PutI64(model.variables()[i].rows);
+    w->PutI64(model.variables()[i].cols);
+    w->PutFloats(f.params[i]);
+  }
+}
+
 TEST(ModelFileTest, SoftmaxRoundTrip) {
   const std::string dir = NewTestDir("model_file");
   const std::string path = dir + "/sub/dir/model.ktm";  // directories are created
@@ -261,19 +280,7 @@ TEST(ModelFileTest, ReadsVersionThreeFiles) {
   auto model = Model::Create(spec);
   ASSERT_TRUE(model.ok());
   BinaryWriter w;
-  w.PutString(f.job_name);
-  w.PutI64(f.global_step);
-  w.PutString(spec.type);
-  w.PutU32(0);
-  w.PutI32(spec.input_dim + 3);  // 2 dense features + 3 lookup ids
-  w.PutI32(spec.num_classes);
-  w.PutU32(static_cast<uint32_t>(model->variables().size()));
-  for (size_t i = 0; i < model->variables().size(); ++i) {
-    w.PutString(model->variables()[i].name);
-    w.PutI64(model->variables()[i].rows);
-    w.PutI64(model->variables()[i].cols);
-    w.PutFloats(f.params[i]);
-  }
+  PutVersionOnePayload(f, *model, spec.input_dim + 3, &w);  // 2 dense features + 3 lookup ids
   w.PutU32(1);
   w.PutI32(spec.input_shape[0] + 3);
   w.PutU32(static_cast<uint32_t>(spec.layers.size()));
@@ -325,20 +332,7 @@ TEST(ModelFileTest, ReadsVersionOneFiles) {
   ModelFile f = MakeModelFile(Mlp(), 9);
   auto model = Model::Create(f.spec);
   BinaryWriter w;
-  w.PutString(f.job_name);
-  w.PutI64(f.global_step);
-  w.PutString(f.spec.type);
-  w.PutU32(static_cast<uint32_t>(f.spec.hidden_units.size()));
-  for (int h : f.spec.hidden_units) w.PutI32(h);
-  w.PutI32(f.spec.input_dim);
-  w.PutI32(f.spec.num_classes);
-  w.PutU32(static_cast<uint32_t>(model->variables().size()));
-  for (size_t i = 0; i < model->variables().size(); ++i) {
-    w.PutString(model->variables()[i].name);
-    w.PutI64(model->variables()[i].rows);
-    w.PutI64(model->variables()[i].cols);
-    w.PutFloats(f.params[i]);
-  }
+  PutVersionOnePayload(f, *model, f.spec.input_dim, &w);
   ASSERT_TRUE(WriteFramedFile(path, "KTMODEL1", 1, w.data()).ok());
   auto read = ReadModelFile(path);
   ASSERT_TRUE(read.ok()) << read.status();

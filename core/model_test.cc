@@ -776,6 +776,22 @@ SparseData SparseRows(std::mt19937_64* rng, int batch) {
   return d;
 }
 
+// params with each table cut down to the rows of its `unique` ids, in
+// order: what a worker pulls for a batch (CompactLookups).
+Params CompactTables(const Model& model, const Params& params, const TableIds& unique) {
+  Params compact = params;
+  for (size_t t = 0; t < model.tables().size(); ++t) {
+    const int v = model.tables()[t];
+    const int64_t dim = model.variables()[v].cols;
+    compact[v].clear();
+    for (int64_t id : unique[t]) {
+      compact[v].insert(compact[v].end(), params[v].begin() + id * dim,
+                        params[v].begin() + (id + 1) * dim);
+    }
+  }
+  return compact;
+}
+
 void CheckSparseGradients(const Model& model, uint64_t seed) {
   std::mt19937_64 rng(seed);
   Params params = RandomParams(model, &rng);
@@ -883,16 +899,7 @@ TEST(ModelSparseTest, CompactLookupsGiveTheSameLossAndRowGradients) {
 
   SparseBatch lookups = model.Lookups(data.ids.data(), batch);
   std::vector<std::vector<int64_t>> unique = CompactLookups(&lookups);
-  Params compact = params;
-  for (size_t t = 0; t < model.tables().size(); ++t) {
-    const int v = model.tables()[t];
-    const int64_t dim = model.variables()[v].cols;
-    compact[v].clear();
-    for (int64_t id : unique[t]) {
-      compact[v].insert(compact[v].end(), params[v].begin() + id * dim,
-                        params[v].begin() + (id + 1) * dim);
-    }
-  }
+  const Params compact = CompactTables(model, params, unique);
   Batch b = full;
   b.sparse = &lookups;
   Params compact_grads;
@@ -999,16 +1006,7 @@ TEST(ModelSparseTest, EvaluateWithCompactTablesEqualsWholeTables) {
 
   SparseBatch lookups = model.Lookups(data.ids.data(), n);
   const TableIds unique = CompactLookups(&lookups);
-  Params compact = params;
-  for (size_t t = 0; t < model.tables().size(); ++t) {
-    const int v = model.tables()[t];
-    const int64_t dim = model.variables()[v].cols;
-    compact[v].clear();
-    for (int64_t id : unique[t]) {
-      compact[v].insert(compact[v].end(), params[v].begin() + id * dim,
-                        params[v].begin() + (id + 1) * dim);
-    }
-  }
+  const Params compact = CompactTables(model, params, unique);
   Batch b = whole;
   b.sparse = &lookups;
   const EvalMetrics got = model.Evaluate(compact, b);

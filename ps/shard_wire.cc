@@ -110,7 +110,6 @@ absl::Status ServeSparsePull(Shard* shard, const v1::SparsePullRequest& request,
   for (int i = 0; i < request.tables_size(); ++i) {
     v1::SparseRows* out = response->add_tables();
     out->set_table(request.tables(i).table());
-    *out->mutable_ids() = request.tables(i).ids();
     out->set_data(reinterpret_cast<const char*>(r->rows[i].data()), r->rows[i].size() * 4);
   }
   return absl::OkStatus();

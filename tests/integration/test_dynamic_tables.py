@@ -11,25 +11,17 @@ first use, bounded by maxRows), real processes on loopback.
   the summary, and the exported model still evaluates as the job did;
 - a maxRows that a batch's ids could overflow on one PS task is refused,
   naming the field."""
-import json
 import os
 import signal
 
 import pytest
 
-from conftest import census_example, run_cli, run_job, write
+from conftest import assert_eval_reproduces, census_example, run_cli, run_job, write
 
 EXAMPLE = "census-income-dynamic.yaml"
 
 
-def assert_eval_reproduces(model, summary):
-    ev = run_cli("eval", model, "--json")
-    assert ev.returncode == 0, ev.stderr
-    result = json.loads(ev.stdout)
-    assert result["examples"] == 16281
-    assert result["global_step"] == summary["global_step"]
-    for key in ("test_accuracy", "test_auc", "test_log_loss"):
-        assert abs(result[key] - summary[key]) < 1e-9, (key, result, summary)
+TEST_EXAMPLES = 16281  # adult.test
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -55,7 +47,7 @@ def test_dynamic_job_trains_and_eval_of_its_model_reproduces_the_figures(tmp_pat
     assert summary["dynamic_rows_evicted"] == 0, summary
     assert f"dynamic tables: {summary['dynamic_rows']} rows held, 0 evicted" in out
     assert summary["model_path"] == model, summary
-    assert_eval_reproduces(model, summary)
+    assert_eval_reproduces(model, summary, TEST_EXAMPLES)
 
 
 def test_ps_killed_mid_job_restores_its_dynamic_shard(tmp_path, live_runs):
@@ -88,7 +80,7 @@ def test_ps_killed_mid_job_restores_its_dynamic_shard(tmp_path, live_runs):
     assert summary["restored_version"] >= 900, summary
     assert summary["test_accuracy"] >= 0.86, summary
     assert summary["test_auc"] >= 0.91, summary
-    assert_eval_reproduces(model, summary)
+    assert_eval_reproduces(model, summary, TEST_EXAMPLES)
 
 
 def test_max_rows_evicts_rows_counts_them_and_the_model_still_evaluates_as_the_job(
@@ -114,7 +106,7 @@ def test_max_rows_evicts_rows_counts_them_and_the_model_still_evaluates_as_the_j
     assert code == 0, out[-4000:]
     assert summary["dynamic_rows_evicted"] > 0, summary
     assert f"{summary['dynamic_rows_evicted']} evicted (maxRows)" in out
-    assert_eval_reproduces(model, summary)
+    assert_eval_reproduces(model, summary, TEST_EXAMPLES)
 
 
 @pytest.mark.parametrize("old,new,field", [
