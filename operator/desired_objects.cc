@@ -30,21 +30,27 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
   if (spec.IsChiefTask(type, index)) {
     args.push_back(absl::StrCat("--result_file=", kTerminationLogPath));
   }
-  return {{"name", "kubetrain"},
-          {"image", config.runtime_image},
-          {"imagePullPolicy", config.image_pull_policy},
-          {"command", json::array({ps ? "kubetrain-ps" : "kubetrain-worker"})},
-          {"args", args},
-          // A fatal error's reason becomes the termination message (the
-          // Restarting and Failed conditions quote it). An environment
-          // variable, not a flag: a runtime image older than the operator
-          // ignores it instead of refusing to start.
-          {"env", json::array({{{"name", kTerminationLogEnv}, {"value", kTerminationLogPath}}})},
-          {"ports", json::array({{{"name", "kubetrain"}, {"containerPort", config.port}},
-                                 {{"name", "metrics"}, {"containerPort", config.metrics_port}}})},
-          {"volumeMounts", json::array({{{"name", "kubetrain-config"},
-                                         {"mountPath", config.config_dir},
-                                         {"readOnly", true}}})}};
+  return {
+      {"name", "kubetrain"},
+      {"image", config.runtime_image},
+      {"imagePullPolicy", config.image_pull_policy},
+      {"command", json::array({ps ? "kubetrain-ps" : "kubetrain-worker"})},
+      {"args", args},
+      // A fatal error's reason becomes the termination message (the
+      // Restarting and Failed conditions quote it). An environment
+      // variable, not a flag: a runtime image older than the operator
+      // ignores it instead of refusing to start.
+      // The credentials' directory likewise (core/job_credentials.h).
+      {"env", json::array({{{"name", kTerminationLogEnv}, {"value", kTerminationLogPath}},
+                           {{"name", kAuthDirEnv}, {"value", config.auth_dir}}})},
+      {"ports", json::array({{{"name", "kubetrain"}, {"containerPort", config.port}},
+                             {{"name", "metrics"}, {"containerPort", config.metrics_port}}})},
+      {"volumeMounts",
+       json::array(
+           {{{"name", "kubetrain-config"}, {"mountPath", config.config_dir}, {"readOnly", true}},
+            {{"name", desired_internal::kAuthVolumeName},
+             {"mountPath", config.auth_dir},
+             {"readOnly", true}}})}};
 }
 
 bool IsRuntimeContainerJson(const json& c) {
@@ -95,6 +101,13 @@ json OwnerReferences(const JobObject& job) {
                        {"controller", true},
                        {"blockOwnerDeletion", true}}});
 }
+
+json JobObjectMetadata(const JobObject& job, const std::string& name) {
+  return {{"name", name},
+          {"namespace", job.namespace_},
+          {"labels", {{kJobNameLabel, job.name}}},
+          {"ownerReferences", OwnerReferences(job)}};
+}
 }  // namespace desired_internal
 
 using desired_internal::OwnerReferences;
@@ -136,16 +149,12 @@ json BuildConfigMap(const JobObject& job) {
               {"spec", job.object.value("spec", json::object())}};
   return {{"apiVersion", "v1"},
           {"kind", "ConfigMap"},
-          {"metadata",
-           {{"name", ConfigMapName(job.name)},
-            {"namespace", job.namespace_},
-            {"labels", {{kJobNameLabel, job.name}}},
-            {"ownerReferences", OwnerReferences(job)}}},
+          {"metadata", desired_internal::JobObjectMetadata(job, ConfigMapName(job.name))},
           {"data", {{kConfigFileName, doc.dump(2) + "\n"}}}};
 }
 
 json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& spec_key, int index,
-              const OperatorConfig& config) {
+              bool tls, const OperatorConfig& config) {
   const std::string type = TaskTypeOf(spec_key);
   const ReplicaSpec& replica = spec.replica_specs.at(spec_key);
   json tmpl = RawReplicaSpec(job.object, spec_key).value("template", json::object());
@@ -169,6 +178,8 @@ json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& 
     if (!volumes.is_array()) volumes = json::array();
     volumes.push_back(
         {{"name", "kubetrain-config"}, {"configMap", {{"name", ConfigMapName(job.name)}}}});
+    volumes.push_back(desired_internal::AuthVolume(job, type, index, tls));
+    annotations[kAuthSecretAnnotation] = AuthSecretName(job.name);
   }
   // TF_CONFIG (and the pod IP) go into the training container: the one named
   // kubetrain or tensorflow, else the first.
