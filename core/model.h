@@ -232,6 +232,8 @@ class Model {
   // With data.sparse, params hold the compact tables of those lookups.
   EvalMetrics Evaluate(const Params& params, const Batch& data) const;
   // Fraction of the n examples whose argmax prediction equals the label.
+  // REQUIRES: not sparse (a sparse model's examples need their lookup ids:
+  // Evaluate).
   double Accuracy(const Params& params, const float* x, const int32_t* y, int64_t n) const;
 
  private:
