@@ -62,11 +62,7 @@ std::vector<const PartPlacement*> Placement::PartsOfShard(int shard) const {
 int64_t Placement::ShardBytes(int shard) const {
   int64_t total = 0;
   for (const auto* p : PartsOfShard(shard)) total += p->num_bytes();
-  for (const auto& t : tables) {
-    // A dynamic table: its bound (unbounded ones cannot be counted ahead).
-    const int64_t rows = t.dynamic ? t.MaxRowsPerShard(num_shards) : t.LocalRows(shard, num_shards);
-    total += rows * t.dim * 4;
-  }
+  for (const auto& t : tables) total += t.ShardRows(shard, num_shards) * t.dim * 4;
   return total;
 }
 

@@ -10,7 +10,9 @@
 // slot + 1 control byte, at a load factor between 7/16 and 7/8). Bytes()
 // counts all of it from the containers' capacities, so bytes per row =
 // dim x 4 x (1 + slots) + kRowOverheadBytes at most, plus the slab's growth
-// slack (it grows by max(256 rows, 1/8), never past max_rows).
+// slack (it grows by max(256 rows, 1/8), never past max_rows). A bounded
+// table filled to max_rows holds exactly what the memory check counts for it
+// (DynamicTableBookkeepingBytes, core/memory_budget.h).
 //
 // Recency: Touch marks rows most recently used; the row evicted is the least
 // recently touched one, never one touched by the same Touch call (a call that

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/memory_budget.h"
 #include "core/model.h"
 
 namespace kubetrain {
@@ -281,6 +282,31 @@ TEST(DynamicTableTest, BytesPerRowAreThePayloadPlusASmallConstant) {
     std::printf("%s dim 16: %.1f bytes per row, payload %lld, constant bound %lld\n", type,
                 static_cast<double>(d->Bytes()) / n, static_cast<long long>(payload),
                 static_cast<long long>(DynamicTable::kRowOverheadBytes));
+  }
+}
+
+// A bounded table filled to its bound holds exactly the payload plus what
+// the memory check counts for it (core/memory_budget.h): the slab stops at
+// max_rows, and the hash map has absl's capacity for that many ids.
+TEST(DynamicTableTest, AFullBoundedTableHoldsWhatTheMemoryCheckCounts) {
+  for (const char* type : {"sgd", "adagrad", "adam"}) {
+    for (int64_t max_rows : {3000, 50000}) {
+      Fixture f(type, 16);
+      auto d = f.Make(1, max_rows);
+      std::vector<int64_t> ids;
+      for (int64_t i = 0; i < max_rows; ++i) {
+        ids.push_back(static_cast<int64_t>((i + 1) * 0x9e3779b97f4a7c15ULL >> 1));
+        if (ids.size() == 1000 || i + 1 == max_rows) {
+          d->Touch(ids);
+          ids.clear();
+        }
+      }
+      ASSERT_EQ(d->size(), max_rows);
+      ASSERT_EQ(d->rows_evicted(), 0);
+      const int64_t payload = 16 * 4 * (1 + d->optimizer()->num_slots());
+      EXPECT_EQ(d->Bytes(), max_rows * payload + DynamicTableBookkeepingBytes(max_rows))
+          << type << " " << max_rows;
+    }
   }
 }
 
