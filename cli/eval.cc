@@ -43,16 +43,17 @@ absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path,
   if (training.dataset_format != "idx") {
     if (!data.empty()) training.tabular.test_files = {data};
     // The columns the model looks up by id (embeddings, the wide part) are
-    // read as id slots, as the job's spec marked them.
+    // read as lookup ids, as the job's spec marked them.
     for (ColumnSpec& c : training.tabular.columns) {
       c.as_ids = std::any_of(file->spec.sparse_inputs.begin(), file->spec.sparse_inputs.end(),
                              [&c](const SparseInput& in) { return in.column == c.name; });
     }
-    if (FeatureDim(training.tabular) != model->input_dim()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(model_path, ": the model takes ", model->input_dim(),
-                       " input values per example, its recorded dataset columns make ",
-                       FeatureDim(training.tabular)));
+    if (FeatureDim(training.tabular) != model->input_dim() ||
+        IdSlots(training.tabular) != model->id_slots()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          model_path, ": the model takes ", model->input_dim(), " input values and ",
+          model->id_slots(), " lookup ids per example, its recorded dataset columns make ",
+          FeatureDim(training.tabular), " and ", IdSlots(training.tabular)));
     }
     Dataset norm;
     norm.norm_mean = file->norm_mean;
@@ -74,7 +75,19 @@ absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path,
   batch.x = test->images.data();
   batch.labels = test->labels.data();
   batch.targets = test->targets.empty() ? nullptr : test->targets.data();
+  batch.lookup_ids = test->lookup_ids.data();
   batch.size = test->size;
+  // Sparse models: only the rows the test set looks up, as the job's chief
+  // pulls them; a dynamic table's row the file does not hold reads as its
+  // initial value, as the PS serves it.
+  SparseBatch lookups;
+  if (model->sparse()) {
+    lookups = model->Lookups(test->lookup_ids.data(), test->size);
+    if (absl::Status s = KeepTableRows(*model, CompactLookups(&lookups), &*file); !s.ok()) {
+      return absl::DataLossError(absl::StrCat(model_path, ": ", s.message()));
+    }
+    batch.sparse = &lookups;
+  }
   const EvalMetrics m = model->Evaluate(file->params, batch);
   EvalResult result;
   result.model_path = model_path;

@@ -410,6 +410,10 @@ std::string SummaryText(const TrainingJob& job, int64_t target_steps, const JobR
       }
       absl::StrAppend(&text, "\n");
     }
+    if (res.dynamic_rows > 0 || res.dynamic_rows_evicted > 0) {
+      absl::StrAppend(&text, "  dynamic tables: ", res.dynamic_rows, " rows held, ",
+                      res.dynamic_rows_evicted, " evicted (maxRows)\n");
+    }
     if (!res.model_path.empty()) {
       absl::StrAppend(&text, "  model: ", res.model_path, " (kubetrain eval ", res.model_path,
                       ")\n");

@@ -174,6 +174,22 @@ TEST_F(JobRunnerTest, TheSummaryShowsCheckpointFailuresAndAbsentWorkers) {
   EXPECT_CONTAINS(text, "  absent workers: 1 (missed a barrier");
 }
 
+// Dynamic tables: how many rows the PS tasks held at the end and how many
+// maxRows evicted, in the summary JSON and as a line; no line without them.
+TEST_F(JobRunnerTest, TheSummaryShowsDynamicTableRows) {
+  JobRunResult r;
+  r.status = "Succeeded";
+  r.result = Result();
+  EXPECT_EQ(SummaryText(Job(), 100, r).find("dynamic tables"), std::string::npos);
+  r.result->dynamic_rows = 504;
+  r.result->dynamic_rows_evicted = 3;
+  EXPECT_CONTAINS(SummaryText(Job(), 100, r),
+                  "  dynamic tables: 504 rows held, 3 evicted (maxRows)\n");
+  nlohmann::json s = SummaryJson(Job(), 100, r);
+  EXPECT_EQ(s["dynamic_rows"], 504);
+  EXPECT_EQ(s["dynamic_rows_evicted"], 3);
+}
+
 TEST_F(JobRunnerTest, AFailedJobsSummaryShowsTheLastReportedCheckpointFailures) {
   Progress p;
   p.global_step = 40;

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/hash.h"
 
 namespace kubetrain {
 namespace {
@@ -346,6 +347,8 @@ class DatasetReader : public RecordReader {
     r->dense.assign(row, row + dim);
     r->ids.clear();
     r->values.clear();
+    const int64_t* ids = data_.lookup_ids.data() + next_ * data_.id_slots;
+    r->lookup_ids.assign(ids, ids + data_.id_slots);
     r->label = data_.labels.empty() ? 0 : data_.labels[next_];
     r->target = data_.targets.empty() ? 0.0f : data_.targets[next_];
     ++next_;
@@ -447,13 +450,6 @@ class IdxSource : public RecordSource {
   const int rows_, cols_;
 };
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RecordReader>> DatasetSource::Open() const {
@@ -497,6 +493,7 @@ absl::StatusOr<Dataset> ReadRecords(const RecordSource& source, int64_t limit) {
   Dataset d;
   d.rows = 1;
   d.cols = static_cast<int>(source.feature_dim());
+  d.id_slots = static_cast<int>(source.id_slots());
   const bool targets = source.has_targets();
   Record r;
   while (limit < 0 || d.size < limit) {
@@ -505,6 +502,7 @@ absl::StatusOr<Dataset> ReadRecords(const RecordSource& source, int64_t limit) {
     if (!*more) break;
     d.images.resize(d.images.size() + d.cols);
     r.CopyTo(d.images.data() + d.size * d.cols, d.cols);
+    d.lookup_ids.insert(d.lookup_ids.end(), r.lookup_ids.begin(), r.lookup_ids.end());
     d.labels.push_back(r.label);
     if (targets) d.targets.push_back(r.target);
     ++d.size;
@@ -619,7 +617,7 @@ absl::Status ShardedBatcher::NextRecord() {
 }
 
 absl::Status ShardedBatcher::Next(int batch, std::vector<float>* x, std::vector<int32_t>* y,
-                                  std::vector<float>* t) {
+                                  std::vector<float>* t, std::vector<int64_t>* lookup_ids) {
   if (num_shards_ < 1 || shard_ < 0 || shard_ >= num_shards_) {
     return absl::InvalidArgumentError(
         absl::StrCat("shard ", shard_, " is not one of ", num_shards_, " shards"));
@@ -627,14 +625,21 @@ absl::Status ShardedBatcher::Next(int batch, std::vector<float>* x, std::vector<
   const bool targets = t != nullptr && source_.has_targets();
   if (t != nullptr) t->clear();
   const int64_t dim = source_.feature_dim();
+  const int64_t slots = lookup_ids != nullptr ? source_.id_slots() : 0;
   x->resize(static_cast<size_t>(std::max(0, batch)) * dim);
   y->resize(std::max(0, batch));
   if (targets) t->resize(batch);
+  if (lookup_ids != nullptr)
+    lookup_ids->assign(static_cast<size_t>(std::max(0, batch)) * slots, -1);
   for (int i = 0; i < batch; ++i) {
     if (absl::Status s = NextRecord(); !s.ok()) return s;
     out_.CopyTo(x->data() + static_cast<size_t>(i) * dim, dim);
     (*y)[i] = out_.label;
     if (targets) (*t)[i] = out_.target;
+    if (slots > 0) {
+      std::copy_n(out_.lookup_ids.begin(), std::min<int64_t>(slots, out_.lookup_ids.size()),
+                  lookup_ids->begin() + static_cast<size_t>(i) * slots);
+    }
   }
   return absl::OkStatus();
 }

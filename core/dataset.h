@@ -20,7 +20,11 @@ struct Dataset {
   int64_t size = 0;
   int rows = 28;
   int cols = 28;
-  std::vector<float> images;    // size x (rows*cols): pixel/255 in [0, 1], or features
+  std::vector<float> images;  // size x (rows*cols): pixel/255 in [0, 1], or features
+  // Tabular data of a sparse model: size x id_slots ids the model looks up
+  // in its tables (Record::lookup_ids), 64-bit integers as they are.
+  int id_slots = 0;
+  std::vector<int64_t> lookup_ids;
   std::vector<int32_t> labels;  // size, class indices (classification)
   std::vector<float> targets;   // size, regression targets (else empty)
   int64_t skipped_records = 0;  // bad records dropped (onBadRecord: skip)
@@ -88,6 +92,11 @@ struct Record {
   std::vector<float> dense;
   std::vector<int32_t> ids;
   std::vector<float> values;
+  // CSV of a sparse model: one id per column the model looks up (ColumnSpec::
+  // as_ids, in column order): its vocabulary index, hash bucket or dynamic
+  // id; -1 when missing or out of the vocabulary. Never squeezed through a
+  // float: dynamic ids use 63 bits.
+  std::vector<int64_t> lookup_ids;
   int32_t label = 0;  // class (classification)
   float target = 0;   // regression target
   // Writes the features to x[0, dim).
@@ -112,6 +121,8 @@ class RecordSource {
  public:
   virtual ~RecordSource() = default;
   virtual int64_t feature_dim() const = 0;
+  // Record::lookup_ids per record.
+  virtual int64_t id_slots() const { return 0; }
   virtual bool has_targets() const = 0;
   virtual absl::StatusOr<std::unique_ptr<RecordReader>> Open() const = 0;
 };
@@ -122,6 +133,7 @@ class DatasetSource : public RecordSource {
  public:
   explicit DatasetSource(const Dataset& data) : data_(data) {}
   int64_t feature_dim() const override { return data_.feature_dim(); }
+  int64_t id_slots() const override { return data_.id_slots; }
   bool has_targets() const override { return !data_.targets.empty(); }
   absl::StatusOr<std::unique_ptr<RecordReader>> Open() const override;
 
@@ -178,10 +190,11 @@ class ShardedBatcher {
   ShardedBatcher(const Dataset& data, int shard, int num_shards, uint64_t seed);
 
   // Copies the next `batch` examples into x (batch x feature_dim), y and,
-  // if the data has them, the regression targets t. Errors: the data
-  // (file:line), an invalid shard, or a shard with no records.
+  // if the data has them, the regression targets t and the lookup ids
+  // (batch x id_slots). Errors: the data (file:line), an invalid shard, or
+  // a shard with no records.
   absl::Status Next(int batch, std::vector<float>* x, std::vector<int32_t>* y,
-                    std::vector<float>* t = nullptr);
+                    std::vector<float>* t = nullptr, std::vector<int64_t>* lookup_ids = nullptr);
 
   // Completed passes.
   int64_t epoch() const { return epoch_; }

@@ -2,6 +2,9 @@
 
 #include <zlib.h>
 
+#include <cstring>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -28,6 +31,7 @@ absl::Status WriteFramedFile(const std::string& path, std::string_view magic, ui
                              const std::function<void(BinaryWriter&)>& encode, FileEnv* env) {
   BinaryWriter counter = BinaryWriter::Counting();
   encode(counter);
+  if (absl::Status st = counter.Finish(); !st.ok()) return st;
   const uint64_t payload_bytes = counter.size();
   return env->WriteFileAtomically(path, [&](const FileEnv::ByteSink& sink) -> absl::Status {
     BinaryWriter header;
@@ -130,6 +134,10 @@ void BinaryWriter::PutBytes(std::string_view bytes) {
   out_.append(bytes.data(), bytes.size());
 }
 
+void BinaryWriter::Fail(absl::Status status) {
+  if (sink_status_.ok()) sink_status_ = std::move(status);
+}
+
 absl::Status BinaryWriter::Finish() {
   if (sink_ != nullptr && sink_status_.ok() && !out_.empty()) {
     sink_status_ = (*sink_)(out_);
@@ -157,16 +165,20 @@ void BinaryWriter::PutString(std::string_view s) {
 
 void BinaryWriter::PutFloats(const std::vector<float>& v) {
   PutU64(v.size());
+  PutRawFloats(v.data(), v.size());
+}
+
+void BinaryWriter::PutRawFloats(const float* v, size_t count) {
   if (counting_) {
-    size_ += 4 * v.size();
+    size_ += 4 * count;
     return;
   }
   // Little-endian IEEE-754 bits, in pieces of at most 64 KiB.
   char piece[1 << 16];
   size_t n = 0;
-  for (float f : v) {
+  for (size_t k = 0; k < count; ++k) {
     uint32_t bits = 0;
-    std::memcpy(&bits, &f, 4);
+    std::memcpy(&bits, &v[k], 4);
     for (int i = 0; i < 4; ++i) piece[n++] = static_cast<char>((bits >> (8 * i)) & 0xff);
     if (n == sizeof(piece)) {
       PutBytes(std::string_view(piece, n));
@@ -235,6 +247,13 @@ absl::Status BinaryReader::GetFloats(std::vector<float>* v) {
     GetU32(&bits).IgnoreError();  // cannot fail: checked above
     std::memcpy(&(*v)[i], &bits, 4);
   }
+  return absl::OkStatus();
+}
+
+absl::Status BinaryReader::GetBytes(uint64_t n, std::string_view* bytes, std::string_view what) {
+  if (n > remaining()) return EndsEarly(absl::StrCat(n, " bytes of ", std::string(what)));
+  *bytes = in_.substr(pos_, n);
+  pos_ += n;
   return absl::OkStatus();
 }
 

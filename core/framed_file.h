@@ -39,7 +39,10 @@ class BinaryWriter;
 // large payload never exists in memory as a whole: `encode` is called twice,
 // first on a writer that only counts bytes (for the header's length), then
 // on one that passes the bytes on in pieces while the CRC is computed; it
-// must write the same fields both times. Errors as WriteFramedFile's.
+// must write the same fields both times (a part too costly to produce twice
+// may be counted with CountBytes). If `encode` calls Fail on either writer,
+// that error is returned and the file is not written. Errors as
+// WriteFramedFile's.
 absl::Status WriteFramedFile(const std::string& path, std::string_view magic, uint32_t version,
                              const std::function<void(BinaryWriter&)>& encode,
                              FileEnv* env = FileEnv::Default());
@@ -91,12 +94,23 @@ class BinaryWriter {
   // u64 count, then each float's IEEE-754 bits as a u32 (so -0.0, NaN, ...
   // survive exactly).
   void PutFloats(const std::vector<float>& v);
+  // n floats' bits, without a count.
+  void PutRawFloats(const float* v, size_t n);
+
+  // Whether this writer only counts (the first pass of WriteFramedFile).
+  bool counting() const { return counting_; }
+  // Counting writers: counts `bytes` the writing pass will put.
+  void CountBytes(uint64_t bytes) { size_ += bytes; }
+  // The encoder cannot produce the payload (its source failed): nothing more
+  // is written, and Finish returns `status` (the first one given).
+  void Fail(absl::Status status);
 
   // The payload (in-memory writers only).
   const std::string& data() const { return out_; }
   // Bytes written so far.
   uint64_t size() const { return size_; }
-  // A sink writer: passes on what is still buffered; the first sink error.
+  // A sink writer: passes on what is still buffered; the first sink error
+  // or Fail status (a counting writer: its Fail status).
   absl::Status Finish();
 
  private:
@@ -123,6 +137,8 @@ class BinaryReader {
   absl::Status GetI64(int64_t* v);
   absl::Status GetString(std::string* s);
   absl::Status GetFloats(std::vector<float>* v);
+  // The next n bytes, as a view into the payload.
+  absl::Status GetBytes(uint64_t n, std::string_view* bytes, std::string_view what);
   // A u32 count of items that each take at least `min_item_bytes` (> 0) of
   // the payload; fails if the rest of the payload cannot hold that many.
   // `what` names the items in the error ("7 part names").

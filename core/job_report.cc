@@ -65,6 +65,8 @@ const std::vector<Field<JobResult>>& JobResultFields() {
       {"checkpoint_failures", &JobResult::checkpoint_failures},
       {"checkpoints_failing", &JobResult::checkpoints_failing},
       {"checkpoint_error", &JobResult::checkpoint_error},
+      {"dynamic_rows", &JobResult::dynamic_rows},
+      {"dynamic_rows_evicted", &JobResult::dynamic_rows_evicted},
   };
   return *fields;
 }

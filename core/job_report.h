@@ -119,6 +119,10 @@ struct JobResult {
   int64_t checkpoint_failures = 0;  // as in Progress, when the chief ended the job
   int64_t checkpoints_failing = 0;
   std::string checkpoint_error;
+  // Dynamic tables, summed over tables and PS tasks when the chief ended the
+  // job: rows held, and rows evicted to keep them within maxRows.
+  int64_t dynamic_rows = 0;
+  int64_t dynamic_rows_evicted = 0;
 };
 
 // One line on the PS tasks' checkpoint writes, "" if none failed:

@@ -543,6 +543,15 @@ absl::Status ParseLayer(const YAML::Node& node, const std::string& path, LayerSp
 absl::Status ParseOptimizer(const Fields& parent, OptimizerSpec* out);
 absl::Status ReadStringList(const Fields& f, const std::string& key, std::vector<std::string>* out);
 
+// A table's maxRows (dynamic columns; checked against the column in
+// Model::Create and against the batch in ValidateTraining).
+absl::Status ReadMaxRows(const Fields& f, int64_t* out) {
+  if (!f.Has("maxRows")) return absl::OkStatus();
+  KT_RETURN_IF_ERROR(ReadInt64(f, "maxRows", out));
+  if (*out >= 1) return absl::OkStatus();
+  return FieldError(f.PathOf("maxRows"), absl::StrCat("must be >= 1, got ", *out));
+}
+
 // model.embeddings and model.wide (the columns are checked against the
 // dataset in ConnectModelToDataset).
 absl::Status ParseSparseFeatures(const Fields& f, ModelSpec* out,
@@ -553,7 +562,8 @@ absl::Status ParseSparseFeatures(const Fields& f, ModelSpec* out,
     for (size_t i = 0; i < n->size(); ++i) {
       const std::string epath = absl::StrCat(path, "[", i, "]");
       Fields e;
-      KT_RETURN_IF_ERROR(Fields::Read((*n)[i], epath, {"column", "dim", "combiner"}, &e));
+      KT_RETURN_IF_ERROR(
+          Fields::Read((*n)[i], epath, {"column", "dim", "combiner", "maxRows"}, &e));
       EmbeddingSpec emb;
       if (!e.Has("column")) return FieldError(e.PathOf("column"), "required");
       KT_RETURN_IF_ERROR(ReadString(e, "column", &emb.column));
@@ -564,6 +574,7 @@ absl::Status ParseSparseFeatures(const Fields& f, ModelSpec* out,
       KT_RETURN_IF_ERROR(ReadString(e, "combiner", &combiner));
       KT_RETURN_IF_ERROR(CheckOneOf(e.PathOf("combiner"), combiner, {"sum", "mean", "sqrtn"}));
       emb.combiner = *CombinerFromName(combiner);
+      KT_RETURN_IF_ERROR(ReadMaxRows(e, &emb.max_rows));
       for (const EmbeddingSpec& other : out->embeddings) {
         if (other.column == emb.column) {
           return FieldError(e.PathOf("column"),
@@ -575,9 +586,11 @@ absl::Status ParseSparseFeatures(const Fields& f, ModelSpec* out,
   }
   Fields w;
   bool present;
-  KT_RETURN_IF_ERROR(ReadSection(f, "wide", {"columns", "crossed", "optimizer"}, &w, &present));
+  KT_RETURN_IF_ERROR(
+      ReadSection(f, "wide", {"columns", "crossed", "optimizer", "maxRows"}, &w, &present));
   if (!present) return absl::OkStatus();
   KT_RETURN_IF_ERROR(ReadStringList(w, "columns", &out->wide.columns));
+  KT_RETURN_IF_ERROR(ReadMaxRows(w, &out->wide.max_rows));
   for (size_t i = 0; i < out->wide.columns.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
       if (out->wide.columns[i] == out->wide.columns[j]) {
@@ -713,7 +726,7 @@ absl::Status ParseColumn(const YAML::Node& node, const std::string& path, Column
     known.insert(known.end(), {"normalize", "missing"});
   } else if (type == "categorical") {
     out->type = ColumnType::kCategorical;
-    known.insert(known.end(), {"vocabulary", "hashBuckets", "missing"});
+    known.insert(known.end(), {"vocabulary", "hashBuckets", "dynamic", "missing"});
   } else if (type == "label") {
     out->type = ColumnType::kLabel;
     known.insert(known.end(), {"classes", "numClasses"});
@@ -733,13 +746,15 @@ absl::Status ParseColumn(const YAML::Node& node, const std::string& path, Column
   if (out->type == ColumnType::kCategorical) {
     KT_RETURN_IF_ERROR(ReadStringList(f, "vocabulary", &out->vocabulary));
     KT_RETURN_IF_ERROR(ReadInt32(f, "hashBuckets", &out->hash_buckets));
-    if (f.Has("vocabulary") == f.Has("hashBuckets")) {
+    KT_RETURN_IF_ERROR(ReadBool(f, "dynamic", &out->dynamic));
+    if (f.Has("vocabulary") + f.Has("hashBuckets") + out->dynamic != 1) {
       return FieldError(path,
-                        "a categorical column needs exactly one of vocabulary or hashBuckets");
+                        "a categorical column needs exactly one of vocabulary, hashBuckets or "
+                        "dynamic: true");
     }
     if (f.Has("hashBuckets")) {
       KT_RETURN_IF_ERROR(CheckRange(f.PathOf("hashBuckets"), out->hash_buckets, 1, 1 << 20));
-    } else {
+    } else if (f.Has("vocabulary")) {
       if (out->vocabulary.empty()) return FieldError(f.PathOf("vocabulary"), "must not be empty");
       std::set<std::string> seen;
       for (size_t i = 0; i < out->vocabulary.size(); ++i) {
@@ -942,8 +957,11 @@ absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
     t.columns.push_back(std::move(c));
   }
   if (labels == 0) return FieldError(cpath, "needs a column of type label");
+  // A dynamic column is an id, never a feature, but an input all the same.
   const int64_t dim = FeatureDim(t);
-  if (dim < 1 || dim > (int64_t{1} << 24)) {
+  const int64_t inputs = dim + std::count_if(t.columns.begin(), t.columns.end(),
+                                             [](const ColumnSpec& c) { return c.dynamic; });
+  if (inputs < 1 || dim > (int64_t{1} << 24)) {
     return FieldError(
         cpath, absl::StrCat("the columns give ", dim, " features, must be in [1, 16777216]"));
   }
@@ -1004,11 +1022,21 @@ absl::Status ConnectModelToDataset(TrainingSpec* t) {
     col->as_ids = true;
   }
   t->model.sparse_inputs.clear();
-  for (const ColumnSpec& c : t->tabular.columns) {
+  for (size_t i = 0; i < t->tabular.columns.size(); ++i) {
+    const ColumnSpec& c = t->tabular.columns[i];
+    if (c.dynamic && !c.as_ids) {
+      return FieldError(
+          absl::StrCat("spec.training.dataset.columns[", i, "].dynamic"),
+          absl::StrCat("column ", Quote(c.name),
+                       " has no vocabulary to one-hot encode: a dynamic column must be looked up "
+                       "by spec.training.model.embeddings or model.wide"));
+    }
     if (!c.as_ids) continue;
-    t->model.sparse_inputs.push_back(
-        {c.name, c.hash_buckets > 0 ? c.hash_buckets : static_cast<int64_t>(c.vocabulary.size()),
-         1});
+    SparseInput in{c.name, 0, 1, c.dynamic};
+    if (!c.dynamic) {
+      in.vocab = c.hash_buckets > 0 ? c.hash_buckets : static_cast<int64_t>(c.vocabulary.size());
+    }
+    t->model.sparse_inputs.push_back(in);
   }
   if (t->dataset_format != "idx") {
     const int64_t dim = FeatureDim(t->tabular);
@@ -1425,6 +1453,42 @@ absl::Status ValidateOptimizer(const OptimizerSpec& o, const std::string& opath)
   return absl::OkStatus();
 }
 
+// A dynamic table's bound per PS task, ceil(maxRows / PS tasks), must hold
+// the distinct ids one batch can look up in it: they may all live on one
+// task, and a bound below them would evict rows of the very step that
+// uses them.
+absl::Status ValidateMaxRows(const TrainingJob& job) {
+  const TrainingSpec& t = job.training;
+  const int num_ps = std::max(1, job.num_ps());
+  auto check = [&](const std::string& column, int64_t max_rows,
+                   const std::string& field) -> absl::Status {
+    if (max_rows <= 0) return absl::OkStatus();
+    for (const SparseInput& in : t.model.sparse_inputs) {
+      if (in.column != column || !in.dynamic) continue;
+      const int64_t batch_ids = int64_t{t.batch_size} * in.slots;
+      const int64_t per_task = (max_rows + num_ps - 1) / num_ps;
+      if (per_task >= batch_ids) return absl::OkStatus();
+      return FieldError(
+          field,
+          absl::StrCat(max_rows, " rows over ", num_ps, " PS task", num_ps > 1 ? "s" : "",
+                       " is at most ", per_task, " per task, fewer than the ", batch_ids,
+                       " distinct ids one batch can look up in it (batchSize ", t.batch_size, " x ",
+                       in.slots, " per example), which may all live on one task; use at least ",
+                       (batch_ids - 1) * num_ps + 1, " or a smaller batchSize"));
+    }
+    return absl::OkStatus();
+  };
+  const std::string path = "spec.training.model";
+  for (size_t i = 0; i < t.model.embeddings.size(); ++i) {
+    KT_RETURN_IF_ERROR(check(t.model.embeddings[i].column, t.model.embeddings[i].max_rows,
+                             absl::StrCat(path, ".embeddings[", i, "].maxRows")));
+  }
+  for (const std::string& column : t.model.wide.columns) {
+    KT_RETURN_IF_ERROR(check(column, t.model.wide.max_rows, path + ".wide.maxRows"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateTraining(const TrainingJob& job) {
   const TrainingSpec& t = job.training;
   const std::string path = "spec.training";
@@ -1468,6 +1532,7 @@ absl::Status ValidateTraining(const TrainingJob& job) {
   }
 
   KT_RETURN_IF_ERROR(CheckRange(path + ".batchSize", t.batch_size, 1, kMaxBatchSize));
+  KT_RETURN_IF_ERROR(ValidateMaxRows(job));
   if (t.steps.has_value() && t.epochs.has_value()) {
     return FieldError(path + ".epochs", "cannot be set together with steps (set exactly one)");
   }

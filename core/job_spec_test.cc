@@ -954,7 +954,7 @@ TEST(JobSpecSparseTest, WideDeepExampleReadsLookedUpColumnsAsIds) {
   ASSERT_EQ(t.model.sparse_inputs.size(), 10u);
   EXPECT_EQ(t.model.sparse_inputs[0].column, "workclass");
   EXPECT_EQ(t.model.sparse_inputs[0].vocab, 8);
-  EXPECT_EQ(t.model.input_dim, 3 + 10);
+  EXPECT_EQ(t.model.input_dim, 3);  // the looked-up columns are lookup ids, not features
   absl::StatusOr<Model> model = Model::Create(t.model);
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(model->tables().size(), 25u);  // 10 embeddings, 10 wide columns, 5 crossed
@@ -987,6 +987,86 @@ TEST(JobSpecSparseTest, BadSparseSpecsNameTheField) {
   EXPECT_CONTAINS(ErrorOf(WideDeepWith("          type: adagrad\n",
                                        "          type: sgd\n          l1: 0.1\n")),
                   "spec.training.model.wide.optimizer.l1: only applies to type ftrl");
+}
+
+// The wide & deep example with capital-gain and native-country as dynamic
+// columns (their ids hashed from the values, rows created on the PS).
+std::string DynamicExample(const std::string& embedding_extra = "",
+                           const std::string& wide_extra = "") {
+  std::string s = WideDeepWith("{name: capital-gain, type: categorical, hashBuckets: 1000}",
+                               "{name: capital-gain, type: categorical, dynamic: true}");
+  const std::string from = "{column: capital-gain, dim: 8}";
+  s.replace(s.find(from), from.size(), "{column: capital-gain, dim: 8" + embedding_extra + "}");
+  const std::string wide = "        optimizer:\n          type: adagrad";
+  s.replace(s.find(wide), wide.size(), wide_extra + wide);
+  return s;
+}
+
+TEST(JobSpecSparseTest, DynamicColumnsAndMaxRows) {
+  absl::StatusOr<TrainingJob> job =
+      ParseTrainingJob(DynamicExample(", maxRows: 5000", "        maxRows: 300\n"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const TrainingSpec& t = job->training;
+  const ColumnSpec& gain = t.tabular.columns[10];
+  EXPECT_EQ(gain.name, "capital-gain");
+  EXPECT_TRUE(gain.dynamic && gain.as_ids);
+  EXPECT_EQ(t.model.sparse_inputs[7].column, "capital-gain");
+  EXPECT_TRUE(t.model.sparse_inputs[7].dynamic);
+  EXPECT_EQ(t.model.sparse_inputs[7].vocab, 0);
+  EXPECT_EQ(t.model.embeddings[8].max_rows, 5000);
+  EXPECT_EQ(t.model.wide.max_rows, 300);
+  absl::StatusOr<Model> model = Model::Create(t.model);
+  ASSERT_TRUE(model.ok()) << model.status();
+  int dynamic = 0;
+  for (const VariableSpec& v : model->variables()) {
+    if (!v.dynamic) continue;
+    ++dynamic;
+    EXPECT_TRUE(v.name == "embedding.capital-gain" || v.name == "wide.capital-gain") << v.name;
+    EXPECT_EQ(v.max_rows, v.wide ? 300 : 5000);
+  }
+  EXPECT_EQ(dynamic, 2);
+  // The values' ids: a hash of the text, 63 bits.
+  EXPECT_EQ(DynamicColumnId("7688"), DynamicColumnId("7688"));
+  EXPECT_NE(DynamicColumnId("7688"), DynamicColumnId("7689"));
+  EXPECT_GE(DynamicColumnId(""), 0);
+}
+
+TEST(JobSpecSparseTest, BadDynamicSpecsNameTheField) {
+  EXPECT_CONTAINS(
+      ErrorOf(WideDeepWith("{name: capital-gain, type: categorical, hashBuckets: 1000}",
+                           "{name: capital-gain, type: categorical, hashBuckets: 10, "
+                           "dynamic: true}")),
+      "spec.training.dataset.columns[10]: a categorical column needs exactly one of vocabulary, "
+      "hashBuckets or dynamic: true");
+  EXPECT_CONTAINS(ErrorOf(WideDeepWith("{name: capital-gain, type: categorical, hashBuckets: 1000}",
+                                       "{name: capital-gain, type: categorical, dynamic: 3}")),
+                  "spec.training.dataset.columns[10].dynamic");
+  // A dynamic column nothing looks up.
+  EXPECT_CONTAINS(
+      ErrorOf(WideDeepWith("{name: fnlwgt, type: ignore}",
+                           "{name: fnlwgt, type: categorical, dynamic: true}")),
+      "spec.training.dataset.columns[2].dynamic: column \"fnlwgt\" has no vocabulary to one-hot "
+      "encode");
+  // maxRows: >= 1, only over a dynamic column, and enough for a batch on one PS task.
+  EXPECT_CONTAINS(ErrorOf(DynamicExample(", maxRows: 0")),
+                  "spec.training.model.embeddings[8].maxRows: must be >= 1, got 0");
+  EXPECT_CONTAINS(ErrorOf(WideDeepWith("{column: education, dim: 8}",
+                                       "{column: education, dim: 8, maxRows: 100}")),
+                  "spec.training.model.embeddings[1].maxRows: only applies to a dynamic column");
+  EXPECT_CONTAINS(
+      ErrorOf(WideDeepWith("        optimizer:\n          type: adagrad",
+                           "        maxRows: 100\n        optimizer:\n"
+                           "          type: adagrad")),
+      "spec.training.model.wide.maxRows: only applies to wide.columns that are dynamic");
+  // batchSize 64 over 2 PS tasks: at least (64 - 1) x 2 + 1 = 127.
+  EXPECT_TRUE(ParseTrainingJob(DynamicExample(", maxRows: 127")).ok());
+  EXPECT_CONTAINS(ErrorOf(DynamicExample(", maxRows: 126")),
+                  "spec.training.model.embeddings[8].maxRows: 126 rows over 2 PS tasks is at most "
+                  "63 per task, fewer than the 64 distinct ids one batch can look up in it "
+                  "(batchSize 64 x 1 per example), which may all live on one task; use at least "
+                  "127 or a smaller batchSize");
+  EXPECT_CONTAINS(ErrorOf(DynamicExample("", "        maxRows: 100\n")),
+                  "spec.training.model.wide.maxRows: 100 rows over 2 PS tasks");
 }
 
 // runPolicy.schedulingPolicy: kValid with the Worker template naming

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/model.h"
 #include "core/placement.h"
 
@@ -137,18 +138,45 @@ std::string FormatBytes(int64_t bytes) {
 }
 
 int OptimizerSlots(const std::string& optimizer_type) {
-  if (optimizer_type == "adam") return 2;
+  if (optimizer_type == "adam" || optimizer_type == "ftrl") return 2;
   if (optimizer_type == "momentum" || optimizer_type == "adagrad") return 1;
   return 0;
 }
 
+int64_t DynamicTableBookkeepingBytes(int64_t rows) {
+  if (rows <= 0) return 0;
+  int64_t capacity = 1;  // absl: 2^k - 1, grown when more than 7/8 of it would be full
+  while (capacity - capacity / 8 < rows) capacity = capacity * 2 + 1;
+  return rows * (8 + 2 * 4) + capacity * (8 + 4 + 4 + 1);
+}
+
 namespace {
 
-// Float32 copies of its shard a PS task holds (memory_budget.h).
+// Float32 copies of its parts of the dense variables a PS task holds
+// (memory_budget.h).
 int64_t PsCopies(const TrainingJob& job) {
   const int slots = OptimizerSlots(job.training.optimizer.type);
   const int64_t snapshot = job.training.checkpoint_dir.empty() ? 0 : 1 + slots;
   return 1 + slots + 1 + 1 + snapshot;
+}
+
+PsMemory EstimatePsMemory(const TrainingJob& job, const Placement& placement, int shard) {
+  const TrainingSpec& t = job.training;
+  const bool checkpoints = !t.checkpoint_dir.empty();
+  PsMemory m;
+  for (const PartPlacement* p : placement.PartsOfShard(shard)) m.dense_bytes += p->num_bytes();
+  for (const TablePlacement& table : placement.tables) {
+    const int64_t rows = table.ShardRows(shard, placement.num_shards);
+    const OptimizerSpec& opt = table.wide && t.wide_optimizer ? *t.wide_optimizer : t.optimizer;
+    m.table_bytes += rows * table.dim * 4 * (1 + OptimizerSlots(opt.type));
+    if (!table.dynamic) continue;
+    m.dynamic_rows += rows;
+    m.bookkeeping_bytes += DynamicTableBookkeepingBytes(rows);
+  }
+  // A snapshot copies the rows and slots, and a dynamic table's ids (three floats each).
+  const int64_t snapshot = checkpoints ? m.table_bytes + m.dynamic_rows * 3 * 4 : 0;
+  m.total_bytes = m.dense_bytes * PsCopies(job) + m.table_bytes + m.bookkeeping_bytes + snapshot;
+  return m;
 }
 
 // One training step's activations at `batch` examples (what Model::
@@ -206,16 +234,15 @@ absl::StatusOr<ModelMemory> EstimateModelMemory(const TrainingJob& job) {
   const int num_ps = std::max(1, job.num_ps());
   const Placement placement =
       PlaceVariables(model->variables(), num_ps, job.training.split_threshold_bytes);
-  const int64_t per_ps_factor = PsCopies(job);
   for (int s = 0; s < num_ps; ++s) {
-    const int64_t shard = placement.ShardBytes(s);
-    m.all_tasks_bytes += shard * per_ps_factor;
-    if (shard > m.largest_shard_bytes) {
-      m.largest_shard_bytes = shard;
+    const PsMemory ps = EstimatePsMemory(job, placement, s);
+    m.all_tasks_bytes += ps.total_bytes;
+    if (s == 0 || ps.total_bytes > m.largest_ps_bytes) {
       m.largest_ps = s;
+      m.largest_ps_bytes = ps.total_bytes;
+      m.largest_ps_memory = ps;
     }
   }
-  m.largest_ps_bytes = m.largest_shard_bytes * per_ps_factor;
   AddActivations(*model, std::max(1, job.training.batch_size), &m);
   m.reader_bytes = 2 * m.model_bytes + m.activation_bytes;
   m.all_tasks_bytes += ReaderTasks(job) * m.reader_bytes;
@@ -224,15 +251,29 @@ absl::StatusOr<ModelMemory> EstimateModelMemory(const TrainingJob& job) {
 
 namespace {
 
-std::string PsBreakdown(const TrainingJob& job, const ModelMemory& m) {
+std::string PsBreakdown(const TrainingJob& job, const PsMemory& m) {
   const int slots = OptimizerSlots(job.training.optimizer.type);
-  return absl::StrCat(
-      FormatBytes(m.largest_shard_bytes), " of parameters x ", PsCopies(job), ": values, ",
-      slots > 0
-          ? absl::StrCat(slots, " ", job.training.optimizer.type, " slot", slots > 1 ? "s, " : ", ")
-          : std::string(),
-      "the sync accumulator and a gradient buffer",
-      job.training.checkpoint_dir.empty() ? "" : ", and a checkpoint snapshot");
+  const bool checkpoints = !job.training.checkpoint_dir.empty();
+  std::vector<std::string> parts;
+  if (m.dense_bytes > 0 || m.table_bytes == 0) {
+    parts.push_back(absl::StrCat(FormatBytes(m.dense_bytes), " of parameters x ", PsCopies(job),
+                                 ": values, ",
+                                 slots > 0 ? absl::StrCat(slots, " ", job.training.optimizer.type,
+                                                          " slot", slots > 1 ? "s, " : ", ")
+                                           : std::string(),
+                                 "the sync accumulator and a gradient buffer",
+                                 checkpoints ? ", and a checkpoint snapshot" : ""));
+  }
+  if (m.table_bytes > 0) {
+    parts.push_back(absl::StrCat(FormatBytes(m.table_bytes),
+                                 " of table rows with their optimizer slots",
+                                 checkpoints ? " (twice: and a checkpoint snapshot)" : ""));
+  }
+  if (m.dynamic_rows > 0) {
+    parts.push_back(absl::StrCat(FormatBytes(m.bookkeeping_bytes), " to index ", m.dynamic_rows,
+                                 " dynamic table rows (ids, LRU links, hash map)"));
+  }
+  return absl::StrJoin(parts, "; ");
 }
 
 std::string ReaderBreakdown(const TrainingJob& job, const ModelMemory& m) {
@@ -254,8 +295,8 @@ absl::Status CheckModelFitsMemory(const TrainingJob& job, const MemoryLimit& lim
   auto m = EstimateModelMemory(job);
   if (!m.ok()) return m.status();
   if (m->largest_ps_bytes > limit.bytes) {
-    return TooBig(job, TaskLabel("ps", m->largest_ps), m->largest_ps_bytes, PsBreakdown(job, *m),
-                  limit);
+    return TooBig(job, TaskLabel("ps", m->largest_ps), m->largest_ps_bytes,
+                  PsBreakdown(job, m->largest_ps_memory), limit);
   }
   if (m->reader_bytes > limit.bytes) {
     return TooBig(job, "each worker", m->reader_bytes, ReaderBreakdown(job, *m), limit);
@@ -280,12 +321,9 @@ absl::Status CheckTaskFitsMemory(const TrainingJob& job, const std::string& task
     if (!model.ok()) return model.status();
     const Placement placement = PlaceVariables(model->variables(), std::max(1, job.num_ps()),
                                                job.training.split_threshold_bytes);
-    ModelMemory mine = *m;
-    mine.largest_ps = task_index;
-    mine.largest_shard_bytes = placement.ShardBytes(task_index);
-    mine.largest_ps_bytes = mine.largest_shard_bytes * PsCopies(job);
-    if (mine.largest_ps_bytes > limit.bytes) {
-      return TooBig(job, TaskLabel("ps", task_index), mine.largest_ps_bytes, PsBreakdown(job, mine),
+    const PsMemory mine = EstimatePsMemory(job, placement, task_index);
+    if (mine.total_bytes > limit.bytes) {
+      return TooBig(job, TaskLabel("ps", task_index), mine.total_bytes, PsBreakdown(job, mine),
                     limit);
     }
     return absl::OkStatus();

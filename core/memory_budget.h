@@ -7,9 +7,15 @@
 // The figures are lower bounds of what the tasks really allocate (they leave
 // out transport buffers and the dataset), so a job refused here could never
 // have run:
-//   PS task i:  its shard's parameters x (1 value + optimizer slots + 1 sync
-//               accumulator + 1 gradient buffer), plus (1 + slots) more for the
-//               checkpoint snapshot when checkpoints are on;
+//   PS task i:  its parts of the dense variables x (1 value + optimizer slots
+//               + 1 sync accumulator + 1 gradient buffer), plus (1 + slots)
+//               more for the checkpoint snapshot when checkpoints are on;
+//               its rows of every table (a bounded dynamic table: its maxRows
+//               share; an unbounded one cannot be counted ahead) x (1 + the
+//               table optimizer's slots), twice with checkpoints (sparse
+//               gradients and their sync sums are only the touched rows);
+//               and a dynamic table's bookkeeping per row
+//               (DynamicTableBookkeepingBytes), plus its ids in a snapshot;
 //   worker / chief / evaluator: the whole model x 2 (parameters + gradients),
 //               plus one training step's activations at batchSize: every
 //               layer's output, conv2d's im2col patches (and the same again
@@ -46,17 +52,33 @@ absl::StatusOr<int64_t> ParseMemoryQuantity(absl::string_view text);
 std::string FormatBytes(int64_t bytes);
 
 // Float32 buffers the optimizer keeps per parameter (sgd 0, momentum 1,
-// adam 2, adagrad 1).
+// adam 2, adagrad 1, ftrl 2).
 int OptimizerSlots(const std::string& optimizer_type);
 
+// What a shard of a dynamic table holding `rows` rows spends beside their
+// values and optimizer slots (ps/dynamic_table.h): per row its id (8 bytes)
+// and LRU links (2 x 4), and the hash map's slots (id, row and a control
+// byte: 17 bytes each) at the capacity absl's flat_hash_map has for that many
+// entries (the smallest 2^k - 1 whose 7/8 holds them): 35 to 55 bytes a row.
+int64_t DynamicTableBookkeepingBytes(int64_t rows);
+
+// What one PS task needs (see above).
+struct PsMemory {
+  int64_t dense_bytes = 0;        // its parts of the dense variables
+  int64_t table_bytes = 0;        // its table rows and their optimizer slots
+  int64_t dynamic_rows = 0;       // rows of bounded dynamic tables it may hold
+  int64_t bookkeeping_bytes = 0;  // their DynamicTableBookkeepingBytes
+  int64_t total_bytes = 0;        // all of it, with the copies
+};
+
 struct ModelMemory {
-  int64_t model_bytes = 0;          // all parameters, float32
-  int64_t largest_ps_bytes = 0;     // what the biggest PS task needs (see above)
-  int largest_ps = 0;               // its index
-  int64_t largest_shard_bytes = 0;  // its parameters
-  int64_t reader_bytes = 0;         // a worker, chief or evaluator task
-  int64_t activation_bytes = 0;     // of reader_bytes: one step's activations
-  int largest_layer = -1;           // the layer holding most of them (-1: none)
+  int64_t model_bytes = 0;       // all parameters, float32
+  int64_t largest_ps_bytes = 0;  // what the biggest PS task needs (see above)
+  int largest_ps = 0;            // its index
+  PsMemory largest_ps_memory;    // its figures
+  int64_t reader_bytes = 0;      // a worker, chief or evaluator task
+  int64_t activation_bytes = 0;  // of reader_bytes: one step's activations
+  int largest_layer = -1;        // the layer holding most of them (-1: none)
   int64_t largest_layer_bytes = 0;
   std::string largest_layer_what;  // "conv2d: im2col patches [12544 x 288] and their gradient"
   int64_t all_tasks_bytes = 0;     // every task of the job together

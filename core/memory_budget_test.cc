@@ -2,7 +2,12 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/model.h"
+#include "core/placement.h"
 
 #include "core/testing/temp_files.h"
 #include "gtest/gtest.h"
@@ -43,7 +48,7 @@ TEST(MemoryBudgetTest, CountsParametersOptimizerSlotsAndBuffers) {
   auto sgd = EstimateModelMemory(Job({64}, "sgd"));
   ASSERT_TRUE(sgd.ok());
   EXPECT_EQ(sgd->model_bytes, model);
-  EXPECT_EQ(sgd->largest_shard_bytes, model);
+  EXPECT_EQ(sgd->largest_ps_memory.dense_bytes, model);
   EXPECT_EQ(sgd->largest_ps_bytes, model * 3);  // values, accumulator, gradient buffer
   // + one step's activations: the 64 and 10 outputs of batchSize 100 examples.
   const int64_t activations = (64 + 10) * 100 * 4;
@@ -132,6 +137,109 @@ TEST(MemoryBudgetTest, ConvActivationsAreCountedNamingTheLayer) {
   EXPECT_CONTAINS(msg, "more than the 8.0 GiB of --memory-limit 8Gi");
   EXPECT_CONTAINS(msg, "smaller layers or a smaller batchSize");
   EXPECT_TRUE(CheckModelFitsMemory(Cnn(64), {8 * kGi, "--memory-limit 8Gi"}, true).ok());
+}
+
+// A sparse job: a fixed embedding table (5 rows), a bounded dynamic
+// embedding (maxRows 1000) and a bounded dynamic wide table (maxRows 600,
+// FTRL) over 2 PS tasks, adagrad for the rest.
+TrainingJob SparseJob(const std::string& checkpoint = "") {
+  auto job = ParseTrainingJob(absl::StrCat(R"(apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata: {name: mem}
+spec:
+  replicaSpecs:
+    PS: {replicas: 2}
+    Worker: {replicas: 2}
+  training:
+    steps: 10
+    batchSize: 100
+    optimizer: {type: adagrad, learningRate: 0.1}
+)",
+                                           checkpoint, R"(
+    dataset:
+      format: csv
+      path: train.csv
+      testPath: test.csv
+      columns:
+        - {name: color, type: categorical, vocabulary: [r, g, b, x, y]}
+        - {name: ad, type: categorical, dynamic: true}
+        - {name: y, type: label, classes: ["0", "1"]}
+    model:
+      layers: [{type: dense, units: 1}]
+      head: wideAndDeep
+      embeddings:
+        - {column: color, dim: 4}
+        - {column: ad, dim: 8, maxRows: 1000}
+      wide:
+        columns: [ad]
+        maxRows: 600
+        optimizer: {type: ftrl, learningRate: 0.1}
+)"));
+  EXPECT_TRUE(job.ok()) << job.status();
+  return *job;
+}
+
+TEST(MemoryBudgetTest, ADynamicTablesBookkeepingIsAbslsHashMapPlusIdsAndLinks) {
+  // 500 rows: the map grows 511 -> 1023 slots at 448 entries (7/8 of 511).
+  EXPECT_EQ(DynamicTableBookkeepingBytes(500), 500 * 16 + 1023 * 17);
+  EXPECT_EQ(DynamicTableBookkeepingBytes(448), 448 * 16 + 511 * 17);
+  EXPECT_EQ(DynamicTableBookkeepingBytes(0), 0);
+  for (int64_t rows : {1000, 4096, 50000, 1 << 20, 4600000}) {
+    const double per_row = static_cast<double>(DynamicTableBookkeepingBytes(rows)) / rows;
+    EXPECT_GE(per_row, 35.4) << rows;
+    EXPECT_LE(per_row, 55.0) << rows;
+  }
+}
+
+TEST(MemoryBudgetTest, TablesCountTheirRowsSlotsAndADynamicTablesBookkeeping) {
+  const TrainingJob job = SparseJob();
+  auto m = EstimateModelMemory(job);
+  ASSERT_TRUE(m.ok()) << m.status();
+  // ps:0 holds rows 0, 2 and 4 of embedding.color (3 x 4 floats, + 1 adagrad
+  // slot), 500 rows of embedding.ad (x 8, + 1 slot) and 300 of wide.ad (x 1,
+  // + 2 ftrl slots).
+  const int64_t table = 3 * 4 * 4 * 2 + 500 * 8 * 4 * 2 + 300 * 1 * 4 * 3;
+  const int64_t bookkeeping = DynamicTableBookkeepingBytes(500) + DynamicTableBookkeepingBytes(300);
+  // The dense variables (layers.0 kernel [12, 1] and bias, wide.bias) on
+  // the less loaded task, x 4: values, adagrad slot, accumulator, gradient.
+  int64_t dense[2] = {0, 0};
+  for (int s = 0; s < 2; ++s) {
+    auto model = Model::Create(job.training.model);
+    ASSERT_TRUE(model.ok());
+    for (const PartPlacement* p :
+         PlaceVariables(model->variables(), 2, job.training.split_threshold_bytes)
+             .PartsOfShard(s)) {
+      dense[s] += p->num_bytes();
+    }
+  }
+  EXPECT_EQ(dense[0] + dense[1], (12 + 1 + 1) * 4);
+  const int64_t ps0 = dense[0] * 4 + table + bookkeeping;
+  const int64_t ps1 =
+      dense[1] * 4 + (2 * 4 * 4 * 2 + 500 * 8 * 4 * 2 + 300 * 1 * 4 * 3) + bookkeeping;
+  EXPECT_EQ(m->largest_ps_bytes, std::max(ps0, ps1));
+  EXPECT_EQ(m->largest_ps_memory.dynamic_rows, 800);
+  EXPECT_EQ(m->largest_ps_memory.bookkeeping_bytes, bookkeeping);
+  EXPECT_GT(bookkeeping, 800 * 35);  // not only values and slots
+  // Checkpoints: a snapshot of the rows, slots and the dynamic ids (3 floats).
+  auto checkpointed = EstimateModelMemory(SparseJob("    checkpoint: {directory: /ckpt}\n"));
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status();
+  EXPECT_EQ(checkpointed->largest_ps_memory.total_bytes,
+            checkpointed->largest_ps_memory.dense_bytes * 6 + 2 * table + bookkeeping + 800 * 12);
+  // The message names the rows' bookkeeping.
+  absl::Status s = CheckModelFitsMemory(job, {50000, "--memory-limit 50000"}, false);
+  ASSERT_FALSE(s.ok());
+  const std::string msg(s.message());
+  EXPECT_CONTAINS(msg,
+                  "on ps:0 (48 B of parameters x 4: values, 1 adagrad slot, the sync accumulator "
+                  "and a gradient buffer; 34.9 KiB of table rows with their optimizer slots; "
+                  "38.0 KiB to index 800 dynamic table rows (ids, LRU links, hash map))");
+  EXPECT_TRUE(CheckTaskFitsMemory(job, "ps", 1, {ps1, "x"}).ok());
+  EXPECT_FALSE(CheckTaskFitsMemory(job, "ps", 1, {ps1 - 1, "x"}).ok());
+}
+
+TEST(MemoryBudgetTest, FtrlKeepsTwoSlots) {
+  EXPECT_EQ(OptimizerSlots("ftrl"), 2);
+  EXPECT_EQ(EstimateModelMemory(Job({64}, "ftrl"))->largest_ps_bytes, 50890 * 4 * 5);
 }
 
 TEST(MemoryBudgetTest, SmallModelsAndUnknownLimitsPass) {

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/hash.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -30,25 +31,6 @@ using ConstRowVectorMap = Eigen::Map<const Eigen::RowVectorXf>;
 
 // Rows per forward block in Evaluate(): bounds memory on large eval sets.
 constexpr int64_t kEvalBlock = 1000;
-
-// FNV-1a: unlike std::hash, stable across standard libraries and platforms,
-// so a (seed, name) pair gives the same initial values everywhere.
-uint64_t Fnv1a64(const std::string& s) {
-  uint64_t h = 14695981039346656037ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
-// splitmix64 finalizer: decorrelates nearby seeds before seeding mt19937_64.
-uint64_t Mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Hand-rolled uniform in [0, 1): std::uniform_real_distribution's output is
 // implementation-defined, which would break cross-platform determinism.
@@ -143,8 +125,8 @@ std::optional<Combiner> CombinerFromName(const std::string& name) {
 
 std::string CrossedSpec::name() const { return absl::StrJoin(columns, "_x_"); }
 
-std::vector<std::vector<int64_t>> CompactLookups(SparseBatch* batch) {
-  std::vector<std::vector<int64_t>> unique;
+TableIds CompactLookups(SparseBatch* batch) {
+  TableIds unique;
   for (TableLookup& t : *batch) {
     std::vector<int64_t> ids = t.ids;
     std::sort(ids.begin(), ids.end());
@@ -173,6 +155,8 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
     return l;
   };
   std::vector<LayerSpec> layers;
+  const bool has_sparse =
+      !spec.sparse_inputs.empty() || !spec.embeddings.empty() || !spec.wide.empty();
   if (spec.type == "softmax" || spec.type == "mlp") {
     if (spec.type == "softmax" && !spec.hidden_units.empty()) {
       return absl::InvalidArgumentError(
@@ -214,7 +198,8 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
           "the input shape must be [d] or [h, w, c], got ", ShapeString(m.input_shape_)));
     }
     for (int d : m.input_shape_) {
-      if (d <= 0) {
+      // A sparse model's deep tower may take only embeddings.
+      if (d < 0 || (d == 0 && !has_sparse)) {
         return absl::InvalidArgumentError(
             absl::StrCat("the input shape must be positive, got ", ShapeString(m.input_shape_)));
       }
@@ -224,8 +209,6 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
         "unknown model type \"", spec.type, "\" (expected \"softmax\", \"mlp\" or \"layers\")"));
   }
 
-  const bool has_sparse =
-      !spec.sparse_inputs.empty() || !spec.embeddings.empty() || !spec.wide.empty();
   std::vector<VariableSpec> table_vars;  // appended after the layers' variables
   if (has_sparse) {
     if (spec.type != "layers") {
@@ -237,19 +220,14 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
     }
     for (size_t i = 0; i < spec.sparse_inputs.size(); ++i) {
       const SparseInput& in = spec.sparse_inputs[i];
-      if (in.vocab < 1 || in.slots < 1) {
+      if ((in.vocab < 1 && !in.dynamic) || in.slots < 1) {
         return absl::InvalidArgumentError(
             absl::StrCat("column '", in.column, "': a looked-up column needs ids and slots"));
       }
       m.slot_offset_.push_back(m.id_slots_);
       m.id_slots_ += in.slots;
     }
-    m.dense_dim_ = m.input_shape_[0] - m.id_slots_;
-    if (m.dense_dim_ < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("the input has ", m.input_shape_[0],
-                                                     " features, fewer than its ", m.id_slots_,
-                                                     " id slots"));
-    }
+    m.dense_dim_ = m.input_shape_[0];
     int64_t deep = m.dense_dim_;
     auto input_of = [&](const std::string& column,
                         const std::string& field) -> absl::StatusOr<int> {
@@ -260,6 +238,15 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
       }
       return k;
     };
+    // A table over input k: fixed [vocab, cols], or dynamic (rows 0).
+    auto table_over = [&](int k, std::string name, int64_t cols, int64_t max_rows) {
+      const SparseInput& in = spec.sparse_inputs[k];
+      VariableSpec v{std::move(name), in.dynamic ? 0 : in.vocab, cols};
+      v.table = true;
+      v.dynamic = in.dynamic;
+      v.max_rows = in.dynamic ? max_rows : 0;
+      return v;
+    };
     for (size_t e = 0; e < spec.embeddings.size(); ++e) {
       const EmbeddingSpec& emb = spec.embeddings[e];
       const std::string field = absl::StrCat("embeddings[", e, "]");
@@ -268,9 +255,14 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
       if (emb.dim <= 0) {
         return absl::InvalidArgumentError(absl::StrCat(field, ".dim: must be > 0, got ", emb.dim));
       }
-      VariableSpec v{"embedding." + emb.column, spec.sparse_inputs[*k].vocab, emb.dim};
-      v.table = true;
-      table_vars.push_back(v);
+      if (emb.max_rows < 0 || (emb.max_rows > 0 && !spec.sparse_inputs[*k].dynamic)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".maxRows: ",
+            emb.max_rows < 0 ? absl::StrCat("must be >= 1, got ", emb.max_rows)
+                             : absl::StrCat("only applies to a dynamic column; '", emb.column,
+                                            "' has a vocabulary or hash buckets")));
+      }
+      table_vars.push_back(table_over(*k, "embedding." + emb.column, emb.dim, emb.max_rows));
       m.table_uses_.push_back({{*k}, static_cast<int>(e), 0});
       deep += emb.dim;
     }
@@ -282,13 +274,21 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
       return absl::InvalidArgumentError(
           "head wideAndDeep needs a wide part (model.wide.columns or model.wide.crossed)");
     }
+    bool wide_dynamic = false;
     for (size_t c = 0; c < spec.wide.columns.size(); ++c) {
       auto k = input_of(spec.wide.columns[c], absl::StrCat("wide.columns[", c, "]"));
       if (!k.ok()) return k.status();
-      VariableSpec v{"wide." + spec.wide.columns[c], spec.sparse_inputs[*k].vocab, 1};
-      v.table = v.wide = true;
+      VariableSpec v = table_over(*k, "wide." + spec.wide.columns[c], 1, spec.wide.max_rows);
+      v.wide = true;
+      wide_dynamic = wide_dynamic || v.dynamic;
       table_vars.push_back(v);
       m.table_uses_.push_back({{*k}, -1, 0});
+    }
+    if (spec.wide.max_rows < 0 || (spec.wide.max_rows > 0 && !wide_dynamic)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "wide.maxRows: ", spec.wide.max_rows < 0
+                                ? absl::StrCat("must be >= 1, got ", spec.wide.max_rows)
+                                : "only applies to wide.columns that are dynamic, and none is"));
     }
     for (size_t c = 0; c < spec.wide.crossed.size(); ++c) {
       const CrossedSpec& x = spec.wide.crossed[c];
@@ -405,8 +405,12 @@ int Model::SparseInputIndex(const std::string& column) const {
   return -1;
 }
 
-SparseBatch Model::Lookups(const float* x, int64_t rows) const {
-  const int64_t raw = input_dim();
+bool Model::has_dynamic_tables() const {
+  return std::any_of(tables_.begin(), tables_.end(),
+                     [this](int v) { return variables_[v].dynamic; });
+}
+
+SparseBatch Model::Lookups(const int64_t* lookup_ids, int64_t rows) const {
   SparseBatch out(tables_.size());
   std::vector<std::vector<int64_t>> members;
   for (size_t t = 0; t < tables_.size(); ++t) {
@@ -419,12 +423,10 @@ SparseBatch Model::Lookups(const float* x, int64_t rows) const {
       for (size_t j = 0; j < use.inputs.size(); ++j) {
         const int k = use.inputs[j];
         const SparseInput& in = spec_.sparse_inputs[k];
-        const float* slots = x + r * raw + dense_dim_ + slot_offset_[k];
+        const int64_t* ids = lookup_ids + r * id_slots_ + slot_offset_[k];
         for (int s = 0; s < in.slots; ++s) {
           // -1: none; anything outside the vocabulary is none as well.
-          if (slots[s] >= 0 && slots[s] < static_cast<float>(in.vocab)) {
-            members[j].push_back(static_cast<int64_t>(slots[s]));
-          }
+          if (ids[s] >= 0 && (in.dynamic || ids[s] < in.vocab)) members[j].push_back(ids[s]);
         }
       }
       if (use.buckets > 0) {
@@ -441,10 +443,9 @@ SparseBatch Model::Lookups(const float* x, int64_t rows) const {
 RowMatrix Model::ForwardSparse(const Params& params, const float* x, int64_t rows,
                                const SparseBatch& lookups, uint64_t dropout_seed, Cache* cache,
                                RowMatrix* deep) const {
-  const int64_t raw = input_dim();
   deep->setZero(rows, input_shape_[0]);
   for (int64_t r = 0; r < rows; ++r) {
-    std::copy_n(x + r * raw, dense_dim_, deep->data() + r * deep->cols());
+    std::copy_n(x + r * dense_dim_, dense_dim_, deep->data() + r * deep->cols());
   }
   int64_t col = dense_dim_;
   for (size_t t = 0; t < tables_.size(); ++t) {
@@ -572,7 +573,7 @@ std::vector<float> Model::InitialValue(int index, uint64_t seed) const {
   if (var.table && !var.wide) {
     // Embeddings: uniform in +-1/sqrt(dim); the wide part's weights are zero.
     const double limit = 1.0 / std::sqrt(static_cast<double>(var.cols));
-    std::mt19937_64 rng(Mix64(seed ^ Mix64(Fnv1a64(var.name))));
+    std::mt19937_64 rng(SplitMix64(seed ^ SplitMix64(Fnv1a64(var.name))));
     for (float& v : value) v = static_cast<float>((2.0 * Uniform01(&rng) - 1.0) * limit);
     return value;
   }
@@ -590,7 +591,7 @@ std::vector<float> Model::InitialValue(int index, uint64_t seed) const {
   }
   const bool he = spec_.type == "layers" && owner->layer.activation == Activation::kRelu;
   const double limit = he ? std::sqrt(6.0 / fan_in) : std::sqrt(6.0 / (fan_in + fan_out));
-  std::mt19937_64 rng(Mix64(seed ^ Mix64(Fnv1a64(var.name))));
+  std::mt19937_64 rng(SplitMix64(seed ^ SplitMix64(Fnv1a64(var.name))));
   for (float& v : value) {
     v = static_cast<float>((2.0 * Uniform01(&rng) - 1.0) * limit);
   }
@@ -608,10 +609,12 @@ void InitialTableRow(const VariableSpec& var, uint64_t seed, int64_t id, float* 
     return;
   }
   const double limit = 1.0 / std::sqrt(static_cast<double>(var.cols));
-  const uint64_t key = Mix64(Mix64(seed ^ Mix64(Fnv1a64(var.name))) ^ static_cast<uint64_t>(id));
+  const uint64_t key =
+      SplitMix64(SplitMix64(seed ^ SplitMix64(Fnv1a64(var.name))) ^ static_cast<uint64_t>(id));
   for (int64_t k = 0; k < var.cols; ++k) {
-    // splitmix64: Mix64 adds the golden-ratio increment, so key + k are k steps of one stream.
-    const double u = static_cast<double>(Mix64(key + static_cast<uint64_t>(k)) >> 11) * 0x1.0p-53;
+    // key + k: k steps of SplitMix64's stream from key.
+    const double u =
+        static_cast<double>(SplitMix64(key + static_cast<uint64_t>(k)) >> 11) * 0x1.0p-53;
     out[k] = static_cast<float>((2.0 * u - 1.0) * limit);
   }
 }
@@ -671,7 +674,7 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
         if (cache != nullptr && op.layer.rate > 0) {
           // Inverted dropout: kept units are scaled by 1/(1-rate), so
           // evaluation (no dropout) needs no rescaling.
-          std::mt19937_64 rng(Mix64(dropout_seed ^ Mix64(i + 1)));
+          std::mt19937_64 rng(SplitMix64(dropout_seed ^ SplitMix64(i + 1)));
           const float keep_scale = static_cast<float>(1.0 / (1.0 - op.layer.rate));
           aux->resize(batch, in_dim);
           for (int64_t k = 0; k < aux->size(); ++k) {
@@ -719,7 +722,7 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
   SparseBatch own_lookups;
   const SparseBatch* lookups = data.sparse;
   if (sparse() && lookups == nullptr) {
-    own_lookups = Lookups(data.x, batch);
+    own_lookups = Lookups(data.lookup_ids, batch);
     lookups = &own_lookups;
   }
   RowMatrix deep;  // sparse: the deep tower's input
@@ -828,17 +831,49 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
   return static_cast<float>(loss / batch);
 }
 
-RowMatrix Model::Logits(const Params& params, const float* x, int64_t rows) const {
-  if (!sparse()) return Forward(params, x, rows, 0, nullptr);
+namespace {
+
+// Examples [start, start + rows) of a batch's lookups (ids as they are).
+SparseBatch SliceLookups(const SparseBatch& all, int64_t start, int64_t rows) {
+  SparseBatch out(all.size());
+  for (size_t t = 0; t < all.size(); ++t) {
+    const TableLookup& from = all[t];
+    const int64_t begin = from.offsets[start], end = from.offsets[start + rows];
+    out[t].ids.assign(from.ids.begin() + begin, from.ids.begin() + end);
+    out[t].offsets.reserve(rows + 1);
+    for (int64_t r = 0; r <= rows; ++r) out[t].offsets.push_back(from.offsets[start + r] - begin);
+  }
+  return out;
+}
+
+}  // namespace
+
+RowMatrix Model::Logits(const Params& params, const Batch& data) const {
+  if (!sparse()) return Forward(params, data.x, data.size, 0, nullptr);
   RowMatrix deep;
-  return ForwardSparse(params, x, rows, Lookups(x, rows), 0, nullptr, &deep);
+  return ForwardSparse(params, data.x, data.size,
+                       data.sparse ? *data.sparse : Lookups(data.lookup_ids, data.size), 0, nullptr,
+                       &deep);
+}
+
+RowMatrix Model::BlockLogits(const Params& params, const Batch& data, int64_t start,
+                             int64_t rows) const {
+  Batch block;
+  block.x = data.x + start * input_dim();
+  block.size = rows;
+  if (data.lookup_ids != nullptr) block.lookup_ids = data.lookup_ids + start * id_slots_;
+  SparseBatch slice;
+  if (data.sparse != nullptr) {
+    slice = SliceLookups(*data.sparse, start, rows);
+    block.sparse = &slice;
+  }
+  return Logits(params, block);
 }
 
 EvalMetrics Model::Evaluate(const Params& params, const Batch& data) const {
   EvalMetrics m;
   m.examples = data.size;
   if (data.size <= 0) return m;
-  const int64_t in_dim = input_dim();
   int64_t correct = 0;
   double loss = 0;
   const bool binary = spec_.head == HeadType::kSigmoid || spec_.head == HeadType::kWideAndDeep ||
@@ -847,7 +882,7 @@ EvalMetrics Model::Evaluate(const Params& params, const Batch& data) const {
   std::vector<int32_t> labels;
   for (int64_t start = 0; start < data.size; start += kEvalBlock) {
     const int64_t rows = std::min(kEvalBlock, data.size - start);
-    RowMatrix z = Logits(params, data.x + start * in_dim, rows);
+    RowMatrix z = BlockLogits(params, data, start, rows);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t e = start + r;
       switch (spec_.head) {
@@ -902,11 +937,13 @@ double Model::Accuracy(const Params& params, const float* x, const int32_t* y, i
     b.size = n;
     return Evaluate(params, b).accuracy.value_or(0.0);
   }
-  const int64_t in_dim = input_dim();
+  Batch all;
+  all.x = x;
+  all.size = n;
   int64_t correct = 0;
   for (int64_t start = 0; start < n; start += kEvalBlock) {
     const int64_t rows = std::min(kEvalBlock, n - start);
-    RowMatrix z = Logits(params, x + start * in_dim, rows);
+    RowMatrix z = BlockLogits(params, all, start, rows);
     for (int64_t r = 0; r < rows; ++r) {
       Eigen::Index arg = 0;
       z.row(r).maxCoeff(&arg);

@@ -61,14 +61,17 @@ struct VariableSpec {
 // three; the wide part's weights: zero.
 void InitialTableRow(const VariableSpec& var, uint64_t seed, int64_t id, float* out);
 
-// Sparse features (spec.training.model.embeddings / .wide). The dataset puts
-// one id slot per example for each column the model looks up (after the
-// dense features, in `sparse_inputs` order; -1: missing or out of the
+// Sparse features (spec.training.model.embeddings / .wide). Each example
+// carries `slots` lookup ids per column the model looks up (Batch::
+// lookup_ids, in `sparse_inputs` order; -1: missing or out of the
 // vocabulary); a table row is looked up per id.
 struct SparseInput {
   std::string column;
-  int64_t vocab = 0;  // ids in [0, vocab)
+  int64_t vocab = 0;  // ids in [0, vocab); 0 for a dynamic column
   int slots = 1;      // id values per example (a multi-valued column)
+  // A dynamic column: ids are any value >= 0 (DynamicColumnId, core/
+  // tabular.h), looked up in dynamic tables.
+  bool dynamic = false;
 };
 // How the rows of an example's ids are combined: their sum, their mean, or
 // their sum / sqrt(count) (TF's combiners); no ids give zeros.
@@ -81,6 +84,9 @@ struct EmbeddingSpec {
   std::string column;
   int dim = 0;
   Combiner combiner = Combiner::kMean;
+  // Over a dynamic column: at most this many rows (0: no bound); see
+  // VariableSpec::max_rows.
+  int64_t max_rows = 0;
 };
 // A crossed column: the ids of 2+ columns hashed together into
 // `hash_buckets` ids: FNV-1a 64 over the member ids (each as 8 bytes,
@@ -97,13 +103,17 @@ struct CrossedSpec {
 struct WideSpec {
   std::vector<std::string> columns;
   std::vector<CrossedSpec> crossed;
+  // The bound of each weight table over a dynamic column (0: none).
+  int64_t max_rows = 0;
   bool empty() const { return columns.empty() && crossed.empty(); }
 };
 
 struct ModelSpec {
   std::string type = "softmax";   // "softmax" | "mlp" (shorthands) | "layers"
   std::vector<int> hidden_units;  // mlp only: sizes of the hidden ReLU layers
-  int input_dim = 784;            // features per example (shorthands)
+  // Dense features per example (the lookup ids are not features; a sparse
+  // model may have none).
+  int input_dim = 784;
   // Classes of the labels (softmax heads); 2 for sigmoid, ignored for
   // meanSquaredError.
   int num_classes = 10;
@@ -112,7 +122,7 @@ struct ModelSpec {
   std::vector<LayerSpec> layers;
   HeadType head = HeadType::kSoftmax;
   // Sparse features (type "layers" only; the job spec fills sparse_inputs
-  // from the dataset's columns). input_dim counts the id slots too.
+  // from the dataset's columns).
   std::vector<SparseInput> sparse_inputs;
   std::vector<EmbeddingSpec> embeddings;
   WideSpec wide;
@@ -126,9 +136,12 @@ struct TableLookup {
 };
 using SparseBatch = std::vector<TableLookup>;
 
+// Per table (Model::tables() order): distinct global ids.
+using TableIds = std::vector<std::vector<int64_t>>;
+
 // Replaces the ids of each table by their positions among its distinct ids
 // and returns those distinct ids (sorted), per table: what a worker pulls.
-std::vector<std::vector<int64_t>> CompactLookups(SparseBatch* batch);
+TableIds CompactLookups(SparseBatch* batch);
 
 // One flat row-major buffer per variable, in Model::variables() order.
 using Params = std::vector<std::vector<float>>;
@@ -140,9 +153,12 @@ struct Batch {
   const int32_t* labels = nullptr;
   const float* targets = nullptr;
   int64_t size = 0;
+  // Sparse models: size x id_slots() lookup ids (Dataset::lookup_ids).
+  const int64_t* lookup_ids = nullptr;
   // Lookups of the batch into compact tables (CompactLookups): params of a
   // table then hold only its looked-up rows. Null: the model computes the
-  // lookups from x, and params hold whole tables.
+  // lookups from lookup_ids, and params hold whole tables (which a model
+  // with a dynamic table cannot have: it needs `sparse`).
   const SparseBatch* sparse = nullptr;
 };
 
@@ -174,17 +190,22 @@ class Model {
   bool sparse() const { return id_slots_ > 0 || !tables_.empty(); }
   // Indices into variables() of the embedding tables, in order.
   const std::vector<int>& tables() const { return tables_; }
-  // The head's input (logits) for `rows` examples of x (no dropout; params
-  // hold whole tables).
-  RowMatrix Logits(const Params& params, const float* x, int64_t rows) const;
-  // The table lookups of `rows` examples of x (global ids).
-  SparseBatch Lookups(const float* x, int64_t rows) const;
+  // Whether a table is dynamic (rows created on the PS on first touch):
+  // then params can never hold it whole.
+  bool has_dynamic_tables() const;
+  // The head's input (logits) for the batch's examples (no dropout).
+  RowMatrix Logits(const Params& params, const Batch& data) const;
+  // The table lookups of `rows` examples (global ids) from their
+  // rows x id_slots() lookup ids.
+  SparseBatch Lookups(const int64_t* lookup_ids, int64_t rows) const;
   const ModelSpec& spec() const { return spec_; }
+  // The first layer's input: the deep tower's for a sparse model (dense
+  // features, then the combined embeddings).
   const Shape& input_shape() const { return input_shape_; }
-  // Floats per example in x: dense features, then the id slots.
-  int64_t input_dim() const {
-    return sparse() ? dense_dim_ + id_slots_ : NumElements(input_shape_);
-  }
+  // Floats per example in x (dense features; lookup ids come apart).
+  int64_t input_dim() const { return sparse() ? dense_dim_ : NumElements(input_shape_); }
+  // Lookup ids per example (Batch::lookup_ids).
+  int64_t id_slots() const { return id_slots_; }
   HeadType head() const { return spec_.head; }
   bool has_dropout() const;
   // "mlp 784-256-128-10", "layers [28, 28, 1] conv2d(32,3) maxpool2d(2) ... softmax".
@@ -208,8 +229,11 @@ class Model {
                          Params* grads) const;
 
   // The head's figures on n examples (no dropout), computed in blocks.
+  // With data.sparse, params hold the compact tables of those lookups.
   EvalMetrics Evaluate(const Params& params, const Batch& data) const;
   // Fraction of the n examples whose argmax prediction equals the label.
+  // REQUIRES: not sparse (a sparse model's examples need their lookup ids:
+  // Evaluate).
   double Accuracy(const Params& params, const float* x, const int32_t* y, int64_t n) const;
 
  private:
@@ -223,13 +247,15 @@ class Model {
   struct Cache;
 
   explicit Model(ModelSpec spec);
+  // Logits of examples [start, start + rows) of `data`.
+  RowMatrix BlockLogits(const Params& params, const Batch& data, int64_t start, int64_t rows) const;
   // Runs the layers on `rows` examples; returns the head's input.
   // With `cache`, keeps what Backward needs and applies dropout.
   RowMatrix Forward(const Params& params, const float* x, int64_t rows, uint64_t dropout_seed,
                     Cache* cache) const;
-  // Forward over raw rows x (dense features + id slots): builds the deep
-  // tower's input (dense features, then the combined embeddings) into *deep
-  // and adds the wide logit. `lookups` index into params of the tables.
+  // Forward over rows of dense features x: builds the deep tower's input
+  // (dense features, then the combined embeddings) into *deep and adds the
+  // wide logit. `lookups` index into params of the tables.
   RowMatrix ForwardSparse(const Params& params, const float* x, int64_t rows,
                           const SparseBatch& lookups, uint64_t dropout_seed, Cache* cache,
                           RowMatrix* deep) const;
@@ -245,7 +271,7 @@ class Model {
   std::vector<Op> ops_;
   std::vector<VariableSpec> variables_;
   std::vector<int> tables_;
-  int64_t id_slots_ = 0;   // per example, after the dense features
+  int64_t id_slots_ = 0;   // lookup ids per example
   int64_t dense_dim_ = 0;  // dense features per example
   // Per table (tables_ order): which sparse inputs it reads (crossed: 2+),
   // its embedding (index into spec_.embeddings) or -1 for the wide part.
@@ -255,7 +281,7 @@ class Model {
     int64_t buckets = 0;  // crossed: hash buckets (0: not crossed)
   };
   std::vector<TableUse> table_uses_;
-  std::vector<int64_t> slot_offset_;  // per sparse input: its first slot
+  std::vector<int64_t> slot_offset_;  // per sparse input: its first lookup id
   int wide_bias_ = -1;
 };
 

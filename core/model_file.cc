@@ -1,11 +1,13 @@
 #include "core/model_file.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -16,7 +18,8 @@ namespace {
 
 // A framed file (core/framed_file.h) with this magic and format version.
 constexpr std::string_view kMagic = "KTMODEL1";
-constexpr uint32_t kFormatVersion = 3;
+constexpr uint32_t kFormatVersion = 4;
+constexpr uint32_t kFormatVersion3 = 3;  // no dynamic tables; input_dim counted the lookup ids
 constexpr uint32_t kFormatVersion2 = 2;  // no sparse features
 constexpr uint32_t kFormatVersion1 = 1;  // softmax/mlp only, no trailer
 
@@ -45,6 +48,7 @@ std::string LayoutMismatch(const Model& model, const std::vector<std::string>& n
                           shapes[i].second, "], the spec expects [", vars[i].rows, ", ",
                           vars[i].cols, "]");
     }
+    if (vars[i].dynamic) continue;  // its rows are apart (ModelFile::dynamic_rows / stored_rows)
     if (static_cast<int64_t>(params[i].size()) != vars[i].num_elements()) {
       return absl::StrCat("variable ", vars[i].name, " has ", params[i].size(),
                           " values, the spec expects ", vars[i].num_elements(), " (", vars[i].rows,
@@ -67,7 +71,14 @@ std::string LayoutMismatch(const Model& model, const std::vector<std::string>& n
 // columns (u32 count, strings) and crossed columns (u32 count; per crossed
 // column u32 count and column strings, hash buckets i64). Embedding and wide
 // tables are variables like the others (every row of a fixed table exists).
-void EncodePayload(const ModelFile& model, const Model& m, BinaryWriter& w) {
+// Version 4 appends: the seed (u64), per sparse input whether it is dynamic
+// (u32), per embedding its maxRows (i64), the wide part's maxRows (i64), and
+// for each dynamic table (variable order; its variable above holds no
+// values) its row count (u64) and its rows, each an id (u64) and dim floats.
+// Version 3 counted one lookup id per sparse input in input_dim and the
+// input shape (DecodePayload takes them off).
+void EncodePayload(const ModelFile& model, const Model& m, const std::vector<int64_t>& dynamic_rows,
+                   BinaryWriter& w) {
   w.PutString(model.job_name);
   w.PutI64(model.global_step);
   w.PutString(model.spec.type);
@@ -81,7 +92,7 @@ void EncodePayload(const ModelFile& model, const Model& m, BinaryWriter& w) {
     w.PutString(vars[i].name);
     w.PutI64(vars[i].rows);
     w.PutI64(vars[i].cols);
-    w.PutFloats(model.params[i]);
+    w.PutFloats(vars[i].dynamic ? std::vector<float>() : model.params[i]);
   }
   const ModelSpec& spec = model.spec;
   w.PutU32(static_cast<uint32_t>(spec.input_shape.size()));
@@ -120,6 +131,39 @@ void EncodePayload(const ModelFile& model, const Model& m, BinaryWriter& w) {
     w.PutU32(static_cast<uint32_t>(c.columns.size()));
     for (const std::string& col : c.columns) w.PutString(col);
     w.PutI64(c.hash_buckets);
+  }
+  w.PutU64(model.seed);
+  for (const SparseInput& in : spec.sparse_inputs) w.PutU32(in.dynamic ? 1 : 0);
+  for (const EmbeddingSpec& e : spec.embeddings) w.PutI64(e.max_rows);
+  w.PutI64(spec.wide.max_rows);
+  size_t next = 0;  // into dynamic_rows
+  for (size_t i = 0; i < vars.size(); ++i) {
+    if (!vars[i].dynamic) continue;
+    const int64_t rows = dynamic_rows[next++];
+    const uint64_t row_bytes = 8 + 4 * static_cast<uint64_t>(vars[i].cols);
+    w.PutU64(static_cast<uint64_t>(rows));
+    if (w.counting()) {  // the rows are listed once, when they are written
+      w.CountBytes(static_cast<uint64_t>(rows) * row_bytes);
+      continue;
+    }
+    int64_t written = 0;
+    absl::Status listed = model.dynamic_rows->ForEachPage(
+        static_cast<int>(i), [&](const int64_t* ids, const float* values, int64_t n) {
+          for (int64_t k = 0; k < n && written + k < rows; ++k) {
+            w.PutU64(static_cast<uint64_t>(ids[k]));
+            w.PutRawFloats(values + k * vars[i].cols, static_cast<size_t>(vars[i].cols));
+          }
+          written += n;
+        });
+    if (listed.ok() && written != rows) {
+      listed = absl::AbortedError(absl::StrCat("table ", vars[i].name, " listed ", written,
+                                               " rows, counted ", rows,
+                                               " (its rows changed while being written)"));
+    }
+    if (!listed.ok()) {
+      w.Fail(listed);
+      return;
+    }
   }
 }
 
@@ -228,6 +272,39 @@ absl::Status DecodePayload(std::string_view payload, uint32_t version, ModelFile
     for (std::string& col : c.columns) KT_RETURN_IF_ERROR(r.GetString(&col));
     KT_RETURN_IF_ERROR(r.GetI64(&c.hash_buckets));
   }
+  if (version == kFormatVersion3) {
+    // Version 3 counted the lookup ids as input features.
+    int slots = 0;
+    for (const SparseInput& in : spec.sparse_inputs) slots += in.slots;
+    spec.input_dim -= slots;
+    if (!spec.input_shape.empty()) spec.input_shape[0] -= slots;
+    return r.ExpectEnd();
+  }
+  KT_RETURN_IF_ERROR(r.GetU64(&out->seed));
+  for (SparseInput& in : spec.sparse_inputs) {
+    uint32_t dynamic = 0;
+    KT_RETURN_IF_ERROR(r.GetU32(&dynamic));
+    in.dynamic = dynamic != 0;
+  }
+  for (EmbeddingSpec& e : spec.embeddings) KT_RETURN_IF_ERROR(r.GetI64(&e.max_rows));
+  KT_RETURN_IF_ERROR(r.GetI64(&spec.wide.max_rows));
+  // A variable of 0 rows is a dynamic table (every other has rows).
+  for (size_t i = 0; i < shapes->size(); ++i) {
+    if ((*shapes)[i].first != 0) continue;
+    ModelFile::StoredRows stored;
+    stored.variable = static_cast<int>(i);
+    uint64_t rows = 0;
+    KT_RETURN_IF_ERROR(r.GetU64(&rows));
+    const uint64_t row_bytes =
+        8 + 4 * static_cast<uint64_t>(std::max<int64_t>(0, (*shapes)[i].second));
+    if (rows > r.remaining() / row_bytes) {
+      return absl::DataLossError(absl::StrCat("payload ends early at byte ", r.position(),
+                                              " (reading ", rows, " rows of ", (*names)[i], ")"));
+    }
+    stored.rows = static_cast<int64_t>(rows);
+    KT_RETURN_IF_ERROR(r.GetBytes(rows * row_bytes, &stored.data, "dynamic table rows"));
+    out->stored_rows.push_back(stored);
+  }
   return r.ExpectEnd();
 }
 
@@ -243,15 +320,33 @@ absl::Status WriteModelFile(const std::string& path, const ModelFile& model, Fil
     return absl::InvalidArgumentError(
         absl::StrCat("cannot write ", path, ": parameters do not match the model: ", why));
   }
-  // Streamed from model.params to the file (no copy of the tables in memory).
+  // How many rows each dynamic table has, asked once: the rows themselves are
+  // listed only for the writing pass.
+  std::vector<int64_t> dynamic_rows;
+  for (size_t i = 0; i < m->variables().size(); ++i) {
+    if (!m->variables()[i].dynamic) continue;
+    if (model.dynamic_rows == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot write ", path, ": no rows given for the dynamic table ", m->variables()[i].name));
+    }
+    auto rows = model.dynamic_rows->CountRows(static_cast<int>(i));
+    if (!rows.ok()) {
+      return absl::Status(rows.status().code(),
+                          absl::StrCat("cannot write ", path, ": ", rows.status().message()));
+    }
+    dynamic_rows.push_back(*rows);
+  }
+  // Streamed from model.params (and the row source) to the file: no copy of
+  // the tables in memory.
   return WriteFramedFile(
-      path, kMagic, kFormatVersion, [&](BinaryWriter& w) { EncodePayload(model, *m, w); }, env);
+      path, kMagic, kFormatVersion,
+      [&](BinaryWriter& w) { EncodePayload(model, *m, dynamic_rows, w); }, env);
 }
 
 absl::StatusOr<ModelFile> ReadModelFile(const std::string& path) {
   uint32_t version = kFormatVersion;
   auto payload = ReadFramedFile(path, kMagic, version, "model file");
-  for (uint32_t older : {kFormatVersion2, kFormatVersion1}) {
+  for (uint32_t older : {kFormatVersion3, kFormatVersion2, kFormatVersion1}) {
     if (absl::IsDataLoss(payload.status()) &&
         absl::StrContains(payload.status().message(),
                           absl::StrCat("unsupported model file format version ", older, " "))) {
@@ -261,9 +356,10 @@ absl::StatusOr<ModelFile> ReadModelFile(const std::string& path) {
   }
   if (!payload.ok()) return payload.status();
   ModelFile out;
+  out.payload = std::make_shared<const std::string>(std::move(*payload));
   std::vector<std::string> names;
   std::vector<std::pair<int64_t, int64_t>> shapes;
-  if (absl::Status st = DecodePayload(*payload, version, &out, &names, &shapes); !st.ok()) {
+  if (absl::Status st = DecodePayload(*out.payload, version, &out, &names, &shapes); !st.ok()) {
     return absl::DataLossError(absl::StrCat(path, ": corrupt: ", st.message()));
   }
   auto m = Model::Create(out.spec);
@@ -278,7 +374,79 @@ absl::StatusOr<ModelFile> ReadModelFile(const std::string& path) {
     return absl::DataLossError(
         absl::StrCat(path, ": corrupt: negative global step ", out.global_step));
   }
+  for (const ModelFile::StoredRows& stored : out.stored_rows) {
+    if (!m->variables()[stored.variable].dynamic) {
+      return absl::DataLossError(absl::StrCat(path, ": corrupt: variable ", names[stored.variable],
+                                              " has no rows but is not a dynamic table"));
+    }
+  }
   return out;
+}
+
+absl::Status ReadDynamicRows(const ModelFile& file, const Model& model, int variable,
+                             const std::vector<int64_t>& ids, float* out) {
+  const ModelFile::StoredRows* stored = nullptr;
+  for (const ModelFile::StoredRows& s : file.stored_rows) {
+    if (s.variable == variable) stored = &s;
+  }
+  if (stored == nullptr || variable < 0 || variable >= static_cast<int>(model.variables().size()) ||
+      !model.variables()[variable].dynamic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variable ", variable, " is not a dynamic table of the model file"));
+  }
+  const VariableSpec& var = model.variables()[variable];
+  const int64_t dim = var.cols;
+  absl::flat_hash_map<int64_t, std::vector<size_t>> wanted;  // id -> its positions in ids
+  for (size_t i = 0; i < ids.size(); ++i) wanted[ids[i]].push_back(i);
+  std::vector<bool> found(ids.size(), false);
+  const size_t row_bytes = 8 + 4 * static_cast<size_t>(dim);
+  for (int64_t k = 0; k < stored->rows; ++k) {
+    BinaryReader r(stored->data.substr(k * row_bytes, row_bytes));
+    uint64_t id = 0;
+    r.GetU64(&id).IgnoreError();  // cannot fail: ReadModelFile checked the sizes
+    auto it = wanted.find(static_cast<int64_t>(id));
+    if (it == wanted.end()) continue;
+    float* first = out + it->second[0] * dim;
+    for (int64_t c = 0; c < dim; ++c) {
+      uint32_t bits = 0;
+      r.GetU32(&bits).IgnoreError();
+      std::memcpy(first + c, &bits, 4);
+    }
+    for (size_t i : it->second) {
+      if (out + i * dim != first) std::copy_n(first, dim, out + i * dim);
+      found[i] = true;
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!found[i]) InitialTableRow(var, file.seed, ids[i], out + i * dim);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KeepTableRows(const Model& model, const TableIds& ids, ModelFile* file) {
+  if (ids.size() != model.tables().size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ids for ", ids.size(), " tables, the model has ", model.tables().size()));
+  }
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const int v = model.tables()[t];
+    const VariableSpec& var = model.variables()[v];
+    std::vector<float> rows(ids[t].size() * var.cols);
+    if (var.dynamic) {
+      if (absl::Status s = ReadDynamicRows(*file, model, v, ids[t], rows.data()); !s.ok()) return s;
+    } else {
+      for (size_t i = 0; i < ids[t].size(); ++i) {
+        if (ids[t][i] < 0 || ids[t][i] >= var.rows) {
+          return absl::InvalidArgumentError(absl::StrCat("table ", var.name, ": id ", ids[t][i],
+                                                         " out of range [0, ", var.rows, ")"));
+        }
+        std::copy_n(file->params[v].begin() + ids[t][i] * var.cols, var.cols,
+                    rows.begin() + i * var.cols);
+      }
+    }
+    file->params[v] = std::move(rows);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kubetrain

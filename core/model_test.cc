@@ -735,10 +735,10 @@ TEST(ModelTrainingTest, SmallCnnLearnsAPattern) {
 
 }  // namespace
 
-// Sparse features: 3 dense features, then the id slots of a (vocab 5, two
+// Sparse features: 3 dense features, and the lookup ids of a (vocab 5, two
 // values per example) and b (vocab 4, one).
 ModelSpec SparseSpec(Combiner combiner, HeadType head = HeadType::kWideAndDeep) {
-  ModelSpec spec = Layers({3 + 3}, {Dense(4, Activation::kTanh), Dense(1)}, head, 2);
+  ModelSpec spec = Layers({3}, {Dense(4, Activation::kTanh), Dense(1)}, head, 2);
   spec.sparse_inputs = {{"a", 5, 2}, {"b", 4, 1}};
   spec.embeddings = {{"a", 3, combiner}, {"b", 2, Combiner::kSum}};
   if (head == HeadType::kWideAndDeep) {
@@ -748,31 +748,57 @@ ModelSpec SparseSpec(Combiner combiner, HeadType head = HeadType::kWideAndDeep) 
   return spec;
 }
 
-// Rows of dense features and id slots; a's slots include -1 (no value) and
-// a repeated id, so combiners see 0, 1 and 2 ids (and one id twice).
-std::vector<float> SparseRows(std::mt19937_64* rng, int batch) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  const float a_slots[][2] = {{0, 3}, {-1, 2}, {-1, -1}, {4, 4}, {1, -1}, {3, 0}};
+// Rows of dense features and their lookup ids; a's ids include -1 (no
+// value) and a repeated id, so combiners see 0, 1 and 2 ids (and one id
+// twice).
+struct SparseData {
   std::vector<float> x;
-  for (int r = 0; r < batch; ++r) {
-    for (int k = 0; k < 3; ++k) x.push_back(normal(*rng));
-    x.push_back(a_slots[r % 6][0]);
-    x.push_back(a_slots[r % 6][1]);
-    x.push_back(static_cast<float>(r % 4));
+  std::vector<int64_t> ids;
+  Batch batch(const std::vector<int32_t>& y) const {
+    Batch b;
+    b.x = x.data();
+    b.lookup_ids = ids.data();
+    b.labels = y.data();
+    b.size = static_cast<int64_t>(y.size());
+    return b;
   }
-  return x;
+};
+SparseData SparseRows(std::mt19937_64* rng, int batch) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t a_ids[][2] = {{0, 3}, {-1, 2}, {-1, -1}, {4, 4}, {1, -1}, {3, 0}};
+  SparseData d;
+  for (int r = 0; r < batch; ++r) {
+    for (int k = 0; k < 3; ++k) d.x.push_back(normal(*rng));
+    d.ids.push_back(a_ids[r % 6][0]);
+    d.ids.push_back(a_ids[r % 6][1]);
+    d.ids.push_back(r % 4);
+  }
+  return d;
+}
+
+// params with each table cut down to the rows of its `unique` ids, in
+// order: what a worker pulls for a batch (CompactLookups).
+Params CompactTables(const Model& model, const Params& params, const TableIds& unique) {
+  Params compact = params;
+  for (size_t t = 0; t < model.tables().size(); ++t) {
+    const int v = model.tables()[t];
+    const int64_t dim = model.variables()[v].cols;
+    compact[v].clear();
+    for (int64_t id : unique[t]) {
+      compact[v].insert(compact[v].end(), params[v].begin() + id * dim,
+                        params[v].begin() + (id + 1) * dim);
+    }
+  }
+  return compact;
 }
 
 void CheckSparseGradients(const Model& model, uint64_t seed) {
   std::mt19937_64 rng(seed);
   Params params = RandomParams(model, &rng);
   const int batch = 6;
-  std::vector<float> x = SparseRows(&rng, batch);
+  const SparseData data = SparseRows(&rng, batch);
   std::vector<int32_t> y = {0, 1, 1, 0, 1, 0};
-  Batch b;
-  b.x = x.data();
-  b.labels = y.data();
-  b.size = batch;
+  const Batch b = data.batch(y);
   Params grads, scratch;
   model.LossAndGradients(params, b, 0, &grads);
   const float eps = 3e-3f;
@@ -797,7 +823,8 @@ void CheckSparseGradients(const Model& model, uint64_t seed) {
 
 TEST(ModelSparseTest, LayoutNamesAndTables) {
   Model model = MustCreate(SparseSpec(Combiner::kMean));
-  EXPECT_EQ(model.input_dim(), 6);
+  EXPECT_EQ(model.input_dim(), 3);
+  EXPECT_EQ(model.id_slots(), 3);
   std::vector<std::string> names;
   for (const auto& v : model.variables()) names.push_back(v.name);
   EXPECT_EQ(names, (std::vector<std::string>{"layers.0.kernel", "layers.0.bias", "layers.1.kernel",
@@ -820,8 +847,8 @@ TEST(ModelSparseTest, EmbeddingCombinersCrossedAndWideMatchFiniteDifferences) {
 TEST(ModelSparseTest, CombinersAndCrossedIds) {
   ModelSpec spec = SparseSpec(Combiner::kSqrtn);
   Model model = MustCreate(spec);
-  std::vector<float> x = {0, 0, 0, 4, 4, 1};  // a = {4, 4}, b = 1
-  SparseBatch l = model.Lookups(x.data(), 1);
+  std::vector<int64_t> ids = {4, 4, 1};  // a = {4, 4}, b = 1
+  SparseBatch l = model.Lookups(ids.data(), 1);
   EXPECT_EQ(l[0].ids, (std::vector<int64_t>{4, 4}));
   EXPECT_EQ(l[1].ids, (std::vector<int64_t>{1}));
   ASSERT_EQ(l[3].ids.size(), 2u);  // a x b: both combinations (the same here)
@@ -835,9 +862,9 @@ TEST(ModelSparseTest, CombinersAndCrossedIds) {
     }
   }
   EXPECT_EQ(l[3].ids[0], static_cast<int64_t>(h % 7));
-  // A missing member gives no crossed id.
-  x = {0, 0, 0, -1, -1, 2};
-  l = model.Lookups(x.data(), 1);
+  // A missing member gives no crossed id; so does an id outside the vocabulary.
+  ids = {-1, 5, 2};
+  l = model.Lookups(ids.data(), 1);
   EXPECT_TRUE(l[0].ids.empty());
   EXPECT_TRUE(l[3].ids.empty());
   // sqrtn: two equal rows sum to 2r, scaled by 1/sqrt(2).
@@ -845,12 +872,17 @@ TEST(ModelSparseTest, CombinersAndCrossedIds) {
   params[4].assign(15, 0.0f);
   params[4][12] = 1.0f;  // row 4 of embedding.a, first element
   for (auto& v : params[0]) v = 0;
-  x = {0, 0, 0, 4, 4, 1};
+  const std::vector<float> x = {0, 0, 0};
+  ids = {4, 4, 1};
   // The deep input reaches the logit only through the tower; check the
   // combined value via a kernel that copies input 3 (the first of a's dims).
   params[0][3 * 4 + 0] = 1.0f;  // kernel [8, 4] row 3 -> unit 0
   params[2][0] = 1.0f;          // unit 0 -> logit
-  RowMatrix z = model.Logits(params, x.data(), 1);
+  Batch one;
+  one.x = x.data();
+  one.lookup_ids = ids.data();
+  one.size = 1;
+  RowMatrix z = model.Logits(params, one);
   EXPECT_NEAR(z(0, 0), std::tanh(2.0 / std::sqrt(2.0)), 1e-6);  // wide weights start at zero
 }
 
@@ -859,27 +891,15 @@ TEST(ModelSparseTest, CompactLookupsGiveTheSameLossAndRowGradients) {
   std::mt19937_64 rng(5);
   Params params = RandomParams(model, &rng);
   const int batch = 6;
-  std::vector<float> x = SparseRows(&rng, batch);
+  const SparseData data = SparseRows(&rng, batch);
   std::vector<int32_t> y = {1, 0, 1, 0, 1, 1};
-  Batch full;
-  full.x = x.data();
-  full.labels = y.data();
-  full.size = batch;
+  const Batch full = data.batch(y);
   Params grads;
   const float loss = model.LossAndGradients(params, full, 0, &grads);
 
-  SparseBatch lookups = model.Lookups(x.data(), batch);
+  SparseBatch lookups = model.Lookups(data.ids.data(), batch);
   std::vector<std::vector<int64_t>> unique = CompactLookups(&lookups);
-  Params compact = params;
-  for (size_t t = 0; t < model.tables().size(); ++t) {
-    const int v = model.tables()[t];
-    const int64_t dim = model.variables()[v].cols;
-    compact[v].clear();
-    for (int64_t id : unique[t]) {
-      compact[v].insert(compact[v].end(), params[v].begin() + id * dim,
-                        params[v].begin() + (id + 1) * dim);
-    }
-  }
+  const Params compact = CompactTables(model, params, unique);
   Batch b = full;
   b.sparse = &lookups;
   Params compact_grads;
@@ -916,6 +936,93 @@ TEST(ModelSparseTest, BadSparseSpecsNameTheField) {
                        "wide: needs head wideAndDeep"));
   spec = Layers({4}, {Dense(1)}, HeadType::kWideAndDeep, 2);
   EXPECT_TRUE(Contains(std::string(Model::Create(spec).status().message()), "needs a wide part"));
+}
+
+// A dynamic column: any id >= 0, rows created on the PS; a model with one
+// can only be evaluated with compact tables.
+TEST(ModelSparseTest, DynamicColumnsMakeDynamicTablesWithTheirBounds) {
+  ModelSpec spec = SparseSpec(Combiner::kMean);
+  spec.sparse_inputs[1] = {"b", 0, 1, /*dynamic=*/true};
+  spec.embeddings[1].max_rows = 1000;
+  spec.wide.max_rows = 50;
+  Model model = MustCreate(spec);
+  EXPECT_TRUE(model.has_dynamic_tables());
+  const VariableSpec& emb = model.variables()[5];
+  EXPECT_EQ(emb.name, "embedding.b");
+  EXPECT_TRUE(emb.dynamic);
+  EXPECT_EQ(emb.rows, 0);
+  EXPECT_EQ(emb.max_rows, 1000);
+  const VariableSpec& wide = model.variables()[6];
+  EXPECT_EQ(wide.name, "wide.b");
+  EXPECT_TRUE(wide.dynamic && wide.wide);
+  EXPECT_EQ(wide.max_rows, 50);
+  EXPECT_FALSE(model.variables()[4].dynamic);  // embedding.a: a vocabulary
+  EXPECT_FALSE(model.variables()[7].dynamic);  // the crossed column keeps its buckets
+  // Ids of a dynamic column are any value >= 0 (63 bits); -1 is none.
+  const int64_t big = int64_t{0x7123456789abcdef};
+  std::vector<int64_t> ids = {1, -1, big};
+  SparseBatch l = model.Lookups(ids.data(), 1);
+  EXPECT_EQ(l[1].ids, (std::vector<int64_t>{big}));
+  EXPECT_EQ(l[2].ids, (std::vector<int64_t>{big}));
+  ASSERT_EQ(l[3].ids.size(), 1u);
+  EXPECT_LT(l[3].ids[0], 7);
+
+  spec.sparse_inputs[1].dynamic = false;
+  spec.sparse_inputs[1].vocab = 4;
+  EXPECT_TRUE(Contains(std::string(Model::Create(spec).status().message()),
+                       "embeddings[1].maxRows: only applies to a dynamic column"));
+  spec.embeddings[1].max_rows = 0;
+  EXPECT_TRUE(Contains(std::string(Model::Create(spec).status().message()),
+                       "wide.maxRows: only applies to wide.columns that are dynamic"));
+}
+
+TEST(ModelSparseTest, InitialTableRowsAreAFunctionOfSeedTableAndIdOnly) {
+  ModelSpec spec = SparseSpec(Combiner::kMean);
+  spec.sparse_inputs[1] = {"b", 0, 1, /*dynamic=*/true};
+  Model model = MustCreate(spec);
+  std::vector<float> a(2), b(2), c(2), wide(1);
+  model.InitialRow(5, 7, int64_t{1} << 62, a.data());
+  model.InitialRow(5, 7, int64_t{1} << 62, b.data());
+  model.InitialRow(5, 8, int64_t{1} << 62, c.data());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  for (float v : a) EXPECT_LE(std::fabs(v), 1 / std::sqrt(2.0f));
+  model.InitialRow(6, 7, 3, wide.data());
+  EXPECT_EQ(wide[0], 0.0f);
+}
+
+// Evaluation in blocks with compact tables (what the chief and `kubetrain
+// eval` do) gives the figures of whole tables exactly, over several blocks.
+TEST(ModelSparseTest, EvaluateWithCompactTablesEqualsWholeTables) {
+  Model model = MustCreate(SparseSpec(Combiner::kSqrtn));
+  std::mt19937_64 rng(9);
+  Params params = RandomParams(model, &rng);
+  const int n = 2500;
+  const SparseData data = SparseRows(&rng, n);
+  std::vector<int32_t> y(n);
+  for (int i = 0; i < n; ++i) y[i] = static_cast<int32_t>((rng() >> 7) % 2);
+  const Batch whole = data.batch(y);
+  const EvalMetrics want = model.Evaluate(params, whole);
+
+  SparseBatch lookups = model.Lookups(data.ids.data(), n);
+  const TableIds unique = CompactLookups(&lookups);
+  const Params compact = CompactTables(model, params, unique);
+  Batch b = whole;
+  b.sparse = &lookups;
+  const EvalMetrics got = model.Evaluate(compact, b);
+  EXPECT_EQ(got.loss, want.loss);
+  EXPECT_EQ(got.accuracy, want.accuracy);
+  EXPECT_EQ(got.auc, want.auc);
+  EXPECT_EQ(got.examples, n);
+}
+
+TEST(ModelSparseTest, ASparseModelMayHaveNoDenseFeatures) {
+  ModelSpec spec = SparseSpec(Combiner::kMean);
+  spec.input_shape = {0};
+  Model model = MustCreate(spec);
+  EXPECT_EQ(model.input_dim(), 0);
+  EXPECT_EQ(model.variables()[0].rows, 3 + 2);  // the embeddings only
+  CheckSparseGradients(model, 31);
 }
 
 }  // namespace kubetrain

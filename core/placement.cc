@@ -62,7 +62,7 @@ std::vector<const PartPlacement*> Placement::PartsOfShard(int shard) const {
 int64_t Placement::ShardBytes(int shard) const {
   int64_t total = 0;
   for (const auto* p : PartsOfShard(shard)) total += p->num_bytes();
-  for (const auto& t : tables) total += t.LocalRows(shard, num_shards) * t.dim * 4;
+  for (const auto& t : tables) total += t.ShardRows(shard, num_shards) * t.dim * 4;
   return total;
 }
 

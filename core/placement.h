@@ -53,6 +53,11 @@ struct TablePlacement {
   int64_t MaxRowsPerShard(int num_shards) const {
     return max_rows > 0 ? (max_rows + num_shards - 1) / num_shards : 0;
   }
+  // The rows `shard` holds at most: a fixed table's LocalRows, a dynamic
+  // table's MaxRowsPerShard (0 for an unbounded one: not known ahead).
+  int64_t ShardRows(int shard, int num_shards) const {
+    return dynamic ? MaxRowsPerShard(num_shards) : LocalRows(shard, num_shards);
+  }
 };
 // The shard of a row: its id mod num_shards, the id taken as an unsigned
 // 64-bit value (a dynamic table's hashed ids use the whole range).
@@ -82,6 +87,8 @@ struct Placement {
   std::vector<TablePlacement> tables;  // in variable order, on every shard
 
   std::vector<const PartPlacement*> PartsOfShard(int shard) const;
+  // Bytes of values `shard` holds: its parts, its rows of the fixed tables
+  // and each bounded dynamic table's maxRows share.
   int64_t ShardBytes(int shard) const;
   // A hash of model variables, part boundaries and assignment.
   std::string Fingerprint() const;

@@ -57,5 +57,25 @@ TEST(PlacementTest, SingleShardHoldsEverythingUnsplit) {
   for (const auto& part : p.parts) EXPECT_EQ(part.shard, 0);
 }
 
+// Tables are on every shard: a fixed one its rows id mod shards, a bounded
+// dynamic one its share of maxRows (what the memory check counts); an
+// unbounded dynamic table cannot be counted ahead.
+TEST(PlacementTest, TablesCountTheirShareOfEachShard) {
+  VariableSpec fixed{"embedding.a", 10, 4};
+  fixed.table = true;
+  VariableSpec bounded{"embedding.b", 0, 8};
+  bounded.table = bounded.dynamic = true;
+  bounded.max_rows = 1001;
+  VariableSpec unbounded{"wide.c", 0, 1};
+  unbounded.table = unbounded.dynamic = unbounded.wide = true;
+  Placement p = PlaceVariables({fixed, bounded, unbounded}, 4, 1 << 20);
+  ASSERT_EQ(p.tables.size(), 3u);
+  EXPECT_EQ(p.tables[1].MaxRowsPerShard(4), 251);
+  EXPECT_EQ(p.ShardBytes(0), (3 * 4 + 251 * 8) * 4);  // rows 0, 4, 8 of embedding.a
+  EXPECT_EQ(p.ShardBytes(3), (2 * 4 + 251 * 8) * 4);  // rows 3, 7
+  EXPECT_NE(p.Describe().find("embedding.b[dynamic x8, at most 251 rows]"), std::string::npos);
+  EXPECT_NE(p.Describe().find("wide.c[dynamic x1]"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kubetrain

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/hash.h"
 #include "core/libsvm.h"
 
 namespace kubetrain {
@@ -23,21 +24,12 @@ namespace {
 
 constexpr size_t kMaxQuoted = 40;  // characters of a bad value quoted in errors
 
-uint64_t Fnv1a64(absl::string_view s) {
-  uint64_t h = 14695981039346656037ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
 int64_t ColumnWidth(const ColumnSpec& c) {
   switch (c.type) {
     case ColumnType::kNumeric:
       return 1;
     case ColumnType::kCategorical:
-      if (c.as_ids) return 0;  // an id slot after the dense features
+      if (c.as_ids) return 0;  // one of the lookup ids
       return c.hash_buckets > 0 ? c.hash_buckets : static_cast<int64_t>(c.vocabulary.size());
     case ColumnType::kLabel:
     case ColumnType::kIgnore:
@@ -101,7 +93,7 @@ bool SplitRecord(absl::string_view line, char delimiter, std::vector<std::string
 // class labels).
 struct Parsed {
   std::vector<double> numbers;
-  std::vector<int32_t> indices;
+  std::vector<int64_t> indices;
 };
 
 // The lines of a list of files, in order, each file streamed (LineReader).
@@ -203,16 +195,15 @@ class CsvParser {
     r->dense.assign(FeatureDim(spec_), 0.0f);
     r->ids.clear();
     r->values.clear();
+    r->lookup_ids.clear();
     r->label = 0;
     r->target = 0;
     float* x = r->dense.data();
     int64_t offset = 0;
-    int64_t slot = 0;  // id slots follow the dense features
-    for (const ColumnSpec& col : spec_.columns) slot += ColumnWidth(col);
     for (size_t c = 0; c < spec_.columns.size(); ++c) {
       const ColumnSpec& col = spec_.columns[c];
       const double v = p.numbers[c];
-      const int32_t index = p.indices[c];
+      const int64_t index = p.indices[c];
       switch (col.type) {
         case ColumnType::kNumeric: {
           float value =
@@ -223,7 +214,7 @@ class CsvParser {
         }
         case ColumnType::kCategorical:
           if (col.as_ids) {
-            x[slot++] = static_cast<float>(index);  // exact: ids < 2^24
+            r->lookup_ids.push_back(index);
           } else if (index >= 0) {
             x[offset + index] = 1.0f;
           }
@@ -232,7 +223,7 @@ class CsvParser {
           if (regression()) {
             r->target = static_cast<float>(v);
           } else {
-            r->label = index;
+            r->label = static_cast<int32_t>(index);
           }
           break;
         case ColumnType::kIgnore:
@@ -280,13 +271,14 @@ class CsvParser {
             if (col.missing == "error") return Bad(col, "missing value");
             break;
           }
-          if (col.hash_buckets > 0) {
+          if (col.dynamic) {
+            out->indices[c] = DynamicColumnId(v);
+          } else if (col.hash_buckets > 0) {
             out->indices[c] =
-                static_cast<int32_t>(Fnv1a64(v) % static_cast<uint64_t>(col.hash_buckets));
+                static_cast<int64_t>(Fnv1a64(v) % static_cast<uint64_t>(col.hash_buckets));
           } else {
             auto it = std::find(col.vocabulary.begin(), col.vocabulary.end(), v);
-            if (it != col.vocabulary.end())
-              out->indices[c] = static_cast<int32_t>(it - col.vocabulary.begin());
+            if (it != col.vocabulary.end()) out->indices[c] = it - col.vocabulary.begin();
           }
           break;
         case ColumnType::kLabel: {
@@ -391,6 +383,7 @@ class TabularSource : public RecordSource {
         mean_(std::move(mean)),
         std_(std::move(std)) {}
   int64_t feature_dim() const override { return FeatureDim(spec_); }
+  int64_t id_slots() const override { return IdSlots(spec_); }
   bool has_targets() const override { return LabelClasses(spec_) == 0; }
   absl::StatusOr<std::unique_ptr<RecordReader>> Open() const override {
     if (spec_.libsvm) return std::unique_ptr<RecordReader>(new LibsvmReader(spec_, files_));
@@ -491,8 +484,17 @@ std::string QuoteDataValue(absl::string_view v) {
 int64_t FeatureDim(const TabularSpec& spec) {
   if (spec.libsvm) return spec.num_features;
   int64_t dim = 0;
-  for (const ColumnSpec& c : spec.columns) dim += ColumnWidth(c) + (c.as_ids ? 1 : 0);
+  for (const ColumnSpec& c : spec.columns) dim += ColumnWidth(c);
   return dim;
+}
+
+int64_t IdSlots(const TabularSpec& spec) {
+  return std::count_if(spec.columns.begin(), spec.columns.end(),
+                       [](const ColumnSpec& c) { return c.as_ids; });
+}
+
+int64_t DynamicColumnId(absl::string_view value) {
+  return static_cast<int64_t>(SplitMix64(Fnv1a64(value)) >> 1);
 }
 
 int LabelClasses(const TabularSpec& spec) {

@@ -52,10 +52,13 @@ struct ColumnSpec {
   std::string missing;
   std::vector<std::string> vocabulary;  // categorical: one-hot over these
   int hash_buckets = 0;                 // categorical: one-hot over FNV-1a(value) % N
+  // categorical: no vocabulary, no buckets: the id of a value is
+  // DynamicColumnId(value), looked up in dynamic tables (as_ids only).
+  bool dynamic = false;
   // categorical, set when the model looks the column up by id (an embedding
-  // or the wide part): no one-hot block; its id (vocabulary index or hash
-  // bucket, -1 when missing or out of the vocabulary) is one float after all
-  // the dense features, in column order.
+  // or the wide part): no one-hot block; its id (vocabulary index, hash
+  // bucket or dynamic id; -1 when missing or out of the vocabulary) is one
+  // of the record's lookup_ids, in column order.
   bool as_ids = false;
   // label: value -> class index; or num_classes for integer labels
   // 0..num_classes-1; with neither, a numeric regression target.
@@ -85,8 +88,16 @@ struct TabularSpec {
 // `v` in double quotes for an error message, cut after 40 characters.
 std::string QuoteDataValue(absl::string_view v);
 
-// Features per record.
+// Dense features per record (looked-up columns are ids, not features).
 int64_t FeatureDim(const TabularSpec& spec);
+// Lookup ids per record: the columns with as_ids.
+int64_t IdSlots(const TabularSpec& spec);
+
+// The id of a dynamic column's value: SplitMix64(Fnv1a64(value)) >> 1
+// (core/hash.h), in [0, 2^63) so that -1 still means "no value". Mixed so
+// that ids mod the number of PS tasks (the shard of a row) spread evenly
+// even for values that differ in one character.
+int64_t DynamicColumnId(absl::string_view value);
 // Classes of the label column (0: a regression target; -1: no label column).
 int LabelClasses(const TabularSpec& spec);
 

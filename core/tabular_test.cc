@@ -224,5 +224,60 @@ TEST(TabularTest, CheckTabularFileReadsOnlyTheFirstRecords) {
   EXPECT_TRUE(absl::StartsWith(bad.status().message(), gz + ":2: ")) << bad.status();
 }
 
+// Looked-up columns are 64-bit lookup ids beside the dense features: a
+// vocabulary index, a hash bucket, or a dynamic column's DynamicColumnId,
+// which no float could carry; -1 for a missing value. They also stream
+// through a ShardedBatcher as they are.
+TEST(TabularTest, LookedUpColumnsAre64BitLookupIds) {
+  const std::string dir = NewTestDir("tabular");
+  const std::string path = Write(dir, "ads.csv",
+                                 "1.5, Private, ad-7f3a, 0\n"
+                                 "2.5, State-gov, ?, 1\n"
+                                 "3.5, Never-worked, ad-0001, 1\n");
+  TabularSpec spec;
+  ColumnSpec work = Categorical("workclass", {"Private", "State-gov"});
+  work.as_ids = true;
+  ColumnSpec ad;
+  ad.name = "ad";
+  ad.type = ColumnType::kCategorical;
+  ad.dynamic = ad.as_ids = true;
+  spec.columns = {Numeric("x"), work, ad, Label({}, 2)};
+  EXPECT_EQ(FeatureDim(spec), 1);
+  EXPECT_EQ(IdSlots(spec), 2);
+  auto d = LoadCsv(spec, {path}, nullptr);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->images, (std::vector<float>{1.5f, 2.5f, 3.5f}));
+  ASSERT_EQ(d->id_slots, 2);
+  const int64_t a = DynamicColumnId("ad-7f3a"), b = DynamicColumnId("ad-0001");
+  EXPECT_EQ(d->lookup_ids, (std::vector<int64_t>{0, a, 1, -1, -1, b}));
+  EXPECT_GT(a, int64_t{1} << 24);  // beyond what a float holds exactly
+  EXPECT_NE(a, b);
+  // The id is SplitMix64(FNV-1a 64(value)) >> 1.
+  uint64_t h = 14695981039346656037ULL;
+  for (unsigned char c : std::string("ad-7f3a")) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  h += 0x9e3779b97f4a7c15ULL;
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+  h ^= h >> 31;
+  EXPECT_EQ(a, static_cast<int64_t>(h >> 1));
+
+  auto set = OpenTabularTrainingSet([&] {
+    TabularSpec t = spec;
+    t.train_files = {path};
+    return t;
+  }());
+  ASSERT_TRUE(set.ok()) << set.status();
+  ShardedBatcher batcher(*set->source, 0, 1, 1, 1);  // a buffer of 1: file order
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  std::vector<int64_t> ids;
+  ASSERT_TRUE(batcher.Next(3, &x, &y, nullptr, &ids).ok());
+  EXPECT_EQ(ids, d->lookup_ids);
+  EXPECT_EQ(x, d->images);
+}
+
 }  // namespace
 }  // namespace kubetrain

@@ -45,7 +45,7 @@ TEST(ControllerTest, EventsDriveManyJobsWithoutListsAndDeletedObjectsComeBack) {
   std::thread run([&] { controller.Run(&stop); });
   ASSERT_TRUE(WaitFor([&] { return controller.synced(); }));
   const int lists_at_sync = kube.calls("list");
-  EXPECT_EQ(lists_at_sync, 4);  // one per kind
+  EXPECT_EQ(lists_at_sync, 6);  // one per kind
   constexpr int kJobs = 20;
   for (int i = 0; i < kJobs; ++i) {
     ASSERT_TRUE(kube.Create(TrainingJobs("default"), Job("j" + std::to_string(i), 4)).ok());

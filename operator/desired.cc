@@ -39,6 +39,9 @@ Actions Desired(const JobObject& job, const Observed& observed, const OperatorCo
   } else {
     ResumeIfSuspended(job, now, &a);
     if (!observed.config_map_exists) a.create_config_map = BuildConfigMap(job);
+    if (!observed.network_policy_exists) {
+      a.create_network_policy = BuildNetworkPolicy(job, config);
+    }
     const absl::Time start = StartTime(now, &a);
     const std::vector<TaskState> tasks = ObserveTasks(job, *spec, observed, config, &a);
     const LifecycleDecision decision = DecideJob(*spec, tasks, start, now, config.restart_backoff);
@@ -46,7 +49,8 @@ Actions Desired(const JobObject& job, const Observed& observed, const OperatorCo
     switch (decision.outcome) {
       case JobOutcome::kRunning:
         ApplyRunning(job, *spec, decision, observed, config, &a);
-        GangSchedule(job, *spec, observed, config, &a);
+        SecureJob(job, *spec, observed, config, &a);
+        if (!IsFinished(a.status)) GangSchedule(job, *spec, observed, config, &a);
         break;
       case JobOutcome::kSucceeded:
         WriteReplicaStatuses(decision, {}, &a);

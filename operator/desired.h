@@ -36,6 +36,22 @@
 // it first.
 // Plus one ConfigMap {job}-config holding the job (trainingjob.yaml), mounted
 // into kubetrain runtime containers.
+// Authentication (desired_auth.cc; docs/trainingjob.md, "Authentication and
+// TLS"): one Secret {job}-auth holding the job key, a token per non-PS task
+// (token.{type}-{i}) and, with OperatorConfig::job_tls, the job's CA and task
+// certificate (core/job_credentials.h). Its content is random, so Desired()
+// only asks for it (Actions::create_auth_secret) and the apply layer
+// generates it; pods are created once the cache shows it holding their
+// files, so an operator restart never regenerates it. Each runtime container
+// mounts only its own files read-only at OperatorConfig::auth_dir (PS: job.key;
+// others: their token as `token`; plus the TLS files), with
+// KUBETRAIN_AUTH_DIR pointing there. A Secret deleted while pods that use it
+// run is never replaced (a new key would lock restarted tasks out of the
+// running PS tasks): AuthSecretMissing, and the job fails (AuthSecretLost)
+// when one of those tasks would have to be started again.
+// One NetworkPolicy {job}: the job's pods accept ingress only from pods of
+// the same job, except the metrics port (Prometheus, the operator's progress
+// reads).
 // Gang scheduling (runPolicy.schedulingPolicy, desired_gang.cc): one PodGroup
 // {job} for the scheduler the templates name, created before any pod (pods
 // wait while it cannot be created), recreated when it is deleted and patched
@@ -49,6 +65,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,6 +73,7 @@
 
 #include "absl/time/time.h"
 #include "core/cluster_spec.h"
+#include "core/job_credentials.h"
 #include "core/job_lifecycle.h"
 #include "core/job_report.h"
 #include "core/job_spec.h"
@@ -88,6 +106,10 @@ struct OperatorConfig {
   // Gang scheduling: while a job's PodGroup cannot be created (its CRD is
   // not installed, RBAC, ...), how often to try again.
   absl::Duration pod_group_retry = absl::Seconds(30);
+  // New jobs' Secrets get a CA and a task certificate: TLS between the tasks.
+  // An existing Secret keeps what it was created with.
+  bool job_tls = true;
+  std::string auth_dir = "/var/run/kubetrain/auth";  // where a pod's credentials are mounted
 };
 
 // The TrainingJob object as read from the API server.
@@ -132,6 +154,7 @@ struct ObservedPod {
   // kHoldingUnsavedParametersMetric 1). Read only for the running PS pods of
   // a job for which PsTasksMayHoldParameters().
   bool holds_unsaved_parameters = false;
+  bool uses_auth_secret = false;  // annotated kAuthSecretAnnotation: mounts the job's Secret
 };
 
 // "worker-0 exited 2: spec.training.dataset.path: ...": the task (pod
@@ -145,6 +168,13 @@ struct Observed {
   std::vector<ObservedPod> pods;      // pods labelled with this job's name
   std::vector<std::string> services;  // service names labelled with this job's name
   bool config_map_exists = false;
+  bool network_policy_exists = false;
+  // The job's Secret {job}-auth as the cache holds it, if this job owns one.
+  struct AuthSecret {
+    std::string job_key;         // data[job.key] decoded; "" if absent
+    std::set<std::string> keys;  // every key of its data
+  };
+  std::optional<AuthSecret> auth_secret;
   // The chief's latest progress (read from its /metrics), if known.
   std::optional<Progress> progress;
   // The API server refused to create one of the job's objects as invalid
@@ -169,6 +199,13 @@ struct JobEvent {
   std::string message;
 };
 
+// What the job's Secret must hold. The apply layer generates the credentials
+// (GenerateJobCredentials) and builds the Secret with BuildAuthSecret.
+struct AuthSecretRequest {
+  bool tls = true;
+  std::vector<JobTask> token_tasks;  // every task but the PS tasks
+};
+
 struct Actions {
   // Created before the pods; pods are created only once it exists.
   std::optional<nlohmann::json> create_pod_group;
@@ -177,7 +214,14 @@ struct Actions {
   // it): its apiVersion and metadata (name, namespace), and in "spec" the
   // merge patch of its spec (PodGroupSpecPatch).
   std::optional<nlohmann::json> patch_pod_group;
+  // Created before the pods; a pod is created only once the cache shows its
+  // files in it.
+  std::optional<AuthSecretRequest> create_auth_secret;
+  // A merge patch of the existing Secret: tokens of tasks added since it was
+  // created, null for tasks that no longer exist.
+  std::optional<nlohmann::json> patch_auth_secret;
   std::optional<nlohmann::json> create_config_map;
+  std::optional<nlohmann::json> create_network_policy;
   std::vector<nlohmann::json> create_services;
   std::vector<nlohmann::json> create_pods;
   std::vector<std::string> delete_pods;
@@ -212,9 +256,26 @@ TaskAddress ServiceAddress(const std::string& job, const std::string& ns,
                            const OperatorConfig& config);
 nlohmann::json BuildService(const JobObject& job, const std::string& type, int index,
                             const OperatorConfig& config);
+// What a kubetrain runtime pod mounts of the job's Secret.
+enum class PodCredentials {
+  // Nothing: the job's pods were created by an operator that gave jobs no
+  // credentials (an upgrade while it ran); its PS tasks run open, and a
+  // restarted task must too, or it could not talk to them.
+  kNone,
+  kToken,        // the task's job key (PS) or token (every other task)
+  kTokenAndTls,  // and the job's CA, the task certificate and its key
+};
 nlohmann::json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& spec_key,
-                        int index, const OperatorConfig& config);
+                        int index, PodCredentials credentials, const OperatorConfig& config);
 nlohmann::json BuildConfigMap(const JobObject& job);
+// The job's Secret {job}-auth (type Opaque, owned by the job): job.key, the
+// TLS files when `creds` has them, and token.{type}-{i} = TaskToken(job key,
+// type, i) for each of `token_tasks`.
+nlohmann::json BuildAuthSecret(const JobObject& job, const JobCredentials& creds,
+                               const std::vector<JobTask>& token_tasks);
+// The job's NetworkPolicy {job}: selects the job's pods; ingress from pods
+// labelled with the same job on any port, and to the metrics port from anywhere.
+nlohmann::json BuildNetworkPolicy(const JobObject& job, const OperatorConfig& config);
 // The PodGroup's apiVersion for `scheduler`: "scheduling.x-k8s.io/v1alpha1"
 // (scheduler-plugins) or "scheduling.volcano.sh/v1beta1" (Volcano).
 const char* PodGroupApiVersion(GangScheduler scheduler);

@@ -33,6 +33,9 @@ void Finish(const char* type, const std::string& reason, const std::string& mess
   a->create_pods.clear();  // a finished job starts nothing
   a->create_services.clear();
   a->create_config_map.reset();
+  a->create_network_policy.reset();
+  a->create_auth_secret.reset();
+  a->patch_auth_secret.reset();
 }
 
 void AfterFinish(const JobObject& job, const TrainingJob& spec, const Observed& observed,

@@ -97,11 +97,7 @@ json BuildPodGroup(const JobObject& job, const TrainingJob& spec) {
   }
   return {{"apiVersion", PodGroupApiVersion(scheduler)},
           {"kind", "PodGroup"},
-          {"metadata",
-           {{"name", PodGroupName(job.name)},
-            {"namespace", job.namespace_},
-            {"labels", {{kJobNameLabel, job.name}}},
-            {"ownerReferences", desired_internal::OwnerReferences(job)}}},
+          {"metadata", desired_internal::JobObjectMetadata(job, PodGroupName(job.name))},
           {"spec", pg_spec}};
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "operator/desired_internal.h"
 #include "operator/status.h"
 
@@ -36,8 +37,10 @@ std::string PodNames(const std::vector<const ObservedPod*>& pods) {
 }
 
 // What the user runs to save the model from the held PS tasks: forward each
-// PS task's port, read the job file from the job's ConfigMap, export.
-std::string SaveModelRecipe(const JobObject& job, const TrainingJob& spec,
+// PS task's port, read the job file from the job's ConfigMap and the job's
+// key (and TLS files) from its Secret (the PS tasks admit only the job's
+// tasks: the exporter's token is derived from the key), export.
+std::string SaveModelRecipe(const JobObject& job, const TrainingJob& spec, const Observed& observed,
                             const OperatorConfig& config) {
   const int ps = spec.replica_specs.at("PS").replicas;
   const std::string kubectl = absl::StrCat("kubectl -n ", job.namespace_);
@@ -52,8 +55,20 @@ std::string SaveModelRecipe(const JobObject& job, const TrainingJob& spec,
   }
   absl::StrAppend(&out, "  ", kubectl, " get configmap ", ConfigMapName(job.name),
                   " -o jsonpath='{.data.trainingjob\\.yaml}' > ", job.name, ".yaml\n");
+  std::string auth_dir;
+  if (observed.auth_secret) {
+    auth_dir = AuthSecretName(job.name);  // a local directory named after the Secret
+    absl::StrAppend(&out, "  mkdir -m 700 ", auth_dir, "\n");
+    for (const char* file : {kJobKeyFile, kCaCertFile, kCertFile, kKeyFile}) {
+      if (!observed.auth_secret->keys.count(file)) continue;
+      absl::StrAppend(&out, "  ", kubectl, " get secret ", AuthSecretName(job.name),
+                      " -o jsonpath='{.data.", absl::StrReplaceAll(file, {{".", "\\."}}),
+                      "}' | base64 -d > ", auth_dir, "/", file, "\n");
+    }
+  }
   absl::StrAppend(&out, "  kubetrain export --from-ps ", absl::StrJoin(addresses, ","), " --job ",
-                  job.name, ".yaml --output ", job.name, "-model.ktm\n");
+                  job.name, ".yaml --output ", job.name, "-model.ktm",
+                  auth_dir.empty() ? "" : " --auth-dir ", auth_dir, "\n");
   absl::StrAppend(&out, "then end the hold: ", kubectl, " delete pod ", absl::StrJoin(pods, " "),
                   " --grace-period=1");
   return out;
@@ -92,7 +107,7 @@ bool KeepUnsavedParameters(const JobObject& job, const TrainingJob& spec, const 
         deadline == absl::InfiniteFuture() ? "" : absl::StrCat(" until ", Timestamp(deadline)),
         "; then they are gone. Save the model now (docs/trainingjob.md, \"Full, read-only and "
         "failing disks\"), with every PS task:\n",
-        SaveModelRecipe(job, spec, config));
+        SaveModelRecipe(job, spec, observed, config));
     if (!IsConditionTrue(a->status, condition::kParametersHeld)) {
       a->events.push_back({"Warning", reason::kFinalCheckpointFailed, message});
     }

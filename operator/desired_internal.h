@@ -60,9 +60,32 @@ void GangSchedule(const JobObject& job, const TrainingJob& spec, const Observed&
 void DecorateGangPod(const JobObject& job, const TrainingJob& spec, const std::string& type,
                      nlohmann::json* labels, nlohmann::json* annotations, nlohmann::json* pod_spec);
 
+// desired_auth.cc: the job's credentials and who mounts what of them.
+inline constexpr char kAuthVolumeName[] = "kubetrain-auth";
+// The Secret volume of task (type, index): only its own key or token and,
+// with `tls`, the TLS files, read-only for the runtime's user.
+nlohmann::json AuthVolume(const JobObject& job, const std::string& type, int index, bool tls);
+// What the job's runtime pods mount: the token (and TLS files) of its Secret,
+// or nothing when the job has no Secret and a live runtime pod of it mounts
+// none (StartedWithoutCredentials: created by an older operator).
+PodCredentials PodCredentialsOf(const TrainingJob& spec, const Observed& observed);
+bool StartedWithoutCredentials(const TrainingJob& spec, const Observed& observed);
+// Asks for the job's Secret while it does not exist (holding back every pod
+// until it does), patches in the tokens of tasks added since, holds back pods
+// whose files the cache does not show yet, and reports a Secret lost from
+// under running tasks (AuthSecretMissing; the job fails once a pod that
+// needs it must be created). A job started without credentials goes on
+// without them (RunningWithoutCredentials).
+void SecureJob(const JobObject& job, const TrainingJob& spec, const Observed& observed,
+               const OperatorConfig& config, Actions* a);
+
 // desired_objects.cc: the job as controller of an object (garbage-collected
 // with it; how the operator tells its own objects from others of the same name).
 nlohmann::json OwnerReferences(const JobObject& job);
+// The metadata of a per-job object named `name`: the job's namespace, the
+// label kubetrain.io/job-name (how the operator's caches select it) and the
+// job as its controller.
+nlohmann::json JobObjectMetadata(const JobObject& job, const std::string& name);
 // The job's replica spec object for `key` ("PS", "Worker", ...), matching the
 // keys case-insensitively as the parser does; {} if absent.
 nlohmann::json RawReplicaSpec(const nlohmann::json& object, const std::string& key);

@@ -46,6 +46,7 @@ class ClusterSim {
       for (const auto& [name, pod] : pods_) o.pods.push_back(pod);
       o.services.assign(services_.begin(), services_.end());
       o.config_map_exists = config_map_;
+      o.auth_secret = secret_;
       job_.status = status_;
       const bool was_finished = IsFinished(status_);
       Actions a = Desired(job_, o, OperatorConfig(config_));
@@ -64,11 +65,18 @@ class ClusterSim {
         pod.index = std::stoi(p["metadata"]["labels"][kReplicaIndexLabel].get<std::string>());
         pod.phase = "Running";  // scheduled and started at once
         pod.started = now;
+        pod.uses_auth_secret = p.value("/metadata/annotations"_json_pointer, json::object())
+                                   .contains(kAuthSecretAnnotation);
         pods_[pod.name] = pod;
       }
       for (const json& svc : a.create_services)
         services_.insert(svc["metadata"]["name"].get<std::string>());
       if (a.create_config_map) config_map_ = true;
+      if (a.create_auth_secret) {  // what the apply layer makes of the request
+        secret_ = Observed::AuthSecret{std::string(64, 'f'), {kJobKeyFile}};
+        for (const JobTask& t : a.create_auth_secret->token_tasks)
+          secret_->keys.insert(TokenKey(t.type, t.index));
+      }
       status_ = a.status;
       if (!was_finished && IsFinished(status_)) {
         const json* c = FindCondition(
@@ -80,7 +88,7 @@ class ClusterSim {
                 : absl::StrCat("fail ", reason == reason::kFailed ? "TaskFailed" : reason, at));
       }
       requeue = a.requeue_after;
-      if (a.create_pods.empty() && a.delete_pods.empty()) break;
+      if (a.create_pods.empty() && a.delete_pods.empty() && !a.create_auth_secret) break;
     }
     return requeue;
   }
@@ -125,6 +133,7 @@ class ClusterSim {
   std::map<std::string, ObservedPod> pods_;
   std::set<std::string> services_;
   bool config_map_ = false;
+  std::optional<Observed::AuthSecret> secret_;
   std::vector<std::string> trace_;
 };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "operator/status.h"
 
@@ -48,13 +49,39 @@ ObservedPod Pod(const std::string& type, int index, const std::string& phase,
   p.index = index;
   p.phase = phase;
   p.exit_code = exit_code;
+  p.uses_auth_secret = true;  // a runtime pod
   return p;
+}
+
+const std::string kJobKey = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+// The job's Secret as the cache shows it once created: the job key, every
+// non-PS task's token and, with `tls`, the TLS files.
+Observed::AuthSecret SecretOf(const json& object, bool tls = true) {
+  Observed::AuthSecret s;
+  s.job_key = kJobKey;
+  s.keys = {kJobKeyFile};
+  if (tls) s.keys.insert({kCaCertFile, kCertFile, kKeyFile});
+  for (const JobTask& t : JobTasks(*ParseTrainingJob(object.dump()))) {
+    if (t.type != "ps") s.keys.insert(TokenKey(t.type, t.index));
+  }
+  return s;
+}
+
+// What a new job's second pass sees: its Secret exists, nothing else yet.
+Observed Fresh(const json& object, absl::Time now = kT0) {
+  Observed o;
+  o.now = now;
+  o.auth_secret = SecretOf(object);
+  return o;
 }
 
 Observed AllPods(const std::string& phase, absl::Time now = kT0) {
   Observed o;
   o.now = now;
   o.config_map_exists = true;
+  o.network_policy_exists = true;
+  o.auth_secret = SecretOf(JobJson());
   for (int i = 0; i < 2; ++i) {
     o.pods.push_back(Pod("ps", i, phase));
     o.pods.push_back(Pod("worker", i, phase));
@@ -94,12 +121,18 @@ std::string EnvOf(const json& pod, const std::string& name) {
 }
 
 TEST(DesiredTest, NewJobGetsConfigMapServicesAndPodsWithTfConfig) {
-  Observed o;
-  o.now = kT0;
-  Actions a = Desired(Job(JobJson()), o, OperatorConfig{});
+  Observed first;
+  first.now = kT0;
+  Actions a = Desired(Job(JobJson()), first, OperatorConfig{});
   ASSERT_TRUE(a.create_config_map.has_value());
   EXPECT_EQ((*a.create_config_map)["metadata"]["name"], "mnist-config");
   ASSERT_EQ(a.create_services.size(), 4u);
+  // The pods wait for the job's Secret.
+  EXPECT_TRUE(a.create_auth_secret.has_value());
+  EXPECT_TRUE(a.create_pods.empty());
+  Observed o = Fresh(JobJson());
+  a = Desired(Job(JobJson(), a.status), o, OperatorConfig{});
+  EXPECT_FALSE(a.create_auth_secret.has_value());
   ASSERT_EQ(a.create_pods.size(), 4u);
   for (const auto& svc : a.create_services) {
     EXPECT_EQ(svc["spec"]["clusterIP"], "None");
@@ -145,8 +178,7 @@ TEST(DesiredTest, ClusterDomainAndUserContainersAreRespected) {
                                      {"command", json::array({"python", "train.py"})}}})}}}};
   OperatorConfig cfg;
   cfg.cluster_domain = "tf.training.org";
-  Observed o;
-  o.now = kT0;
+  Observed o = Fresh(j);
   Actions a = Desired(Job(j), o, cfg);
   const json* w0 = PodNamed(a, "mnist-worker-0");
   ASSERT_NE(w0, nullptr);
@@ -181,8 +213,7 @@ TEST(DesiredTest, RuntimeContainerInTheTemplateIsCustomisedNotReplaced) {
         {"volumes", json::array({{{"name", "data"}, {"hostPath", {{"path", "/srv/census"}}}}})}}}};
   OperatorConfig cfg;
   cfg.runtime_image = "kubetrain-runtime:1";
-  Observed o;
-  o.now = kT0;
+  Observed o = Fresh(j);
   Actions a = Desired(Job(j), o, cfg);
   const json* w1 = PodNamed(a, "mnist-worker-1");
   ASSERT_NE(w1, nullptr);
@@ -194,19 +225,21 @@ TEST(DesiredTest, RuntimeContainerInTheTemplateIsCustomisedNotReplaced) {
   EXPECT_EQ(c["args"].back(), "--log_level=debug");
   EXPECT_EQ(c["args"][0].get<std::string>().rfind("--config=", 0), 0u) << c["args"];
   EXPECT_EQ(c["resources"]["limits"]["memory"], "2Gi");
-  ASSERT_EQ(c["volumeMounts"].size(), 2u);
+  ASSERT_EQ(c["volumeMounts"].size(), 3u);
   EXPECT_EQ(c["volumeMounts"][0]["name"], "kubetrain-config");
-  EXPECT_EQ(c["volumeMounts"][1]["mountPath"], "/data");
+  EXPECT_EQ(c["volumeMounts"][1]["name"], "kubetrain-auth");  // its credentials stay too
+  EXPECT_EQ(c["volumeMounts"][2]["mountPath"], "/data");
   ASSERT_EQ(c["ports"].size(), 2u);
   std::vector<std::string> env;
   for (const auto& e : c["env"]) env.push_back(e["name"]);
-  EXPECT_EQ(env, (std::vector<std::string>{"POD_IP", "KUBETRAIN_TERMINATION_LOG", "OMP_NUM_THREADS",
-                                           "TF_CONFIG"}));
+  EXPECT_EQ(env, (std::vector<std::string>{"POD_IP", "KUBETRAIN_TERMINATION_LOG",
+                                           "KUBETRAIN_AUTH_DIR", "OMP_NUM_THREADS", "TF_CONFIG"}));
   EXPECT_EQ(c["terminationMessagePolicy"], "FallbackToLogsOnError");
   const json& volumes = (*w1)["spec"]["volumes"];
-  ASSERT_EQ(volumes.size(), 2u);
+  ASSERT_EQ(volumes.size(), 3u);
   EXPECT_EQ(volumes[0]["name"], "data");
   EXPECT_EQ(volumes[1]["configMap"]["name"], "mnist-config");
+  EXPECT_EQ(volumes[2]["secret"]["secretName"], "mnist-auth");
   // An image of the user's own is kept.
   j["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"] = "mine:2";
   a = Desired(Job(j), o, cfg);
@@ -306,8 +339,7 @@ TEST(DesiredTest, SuspendDeletesPodsAndResumeRecreatesThem) {
   EXPECT_EQ(a.status["state"], "Suspended");
   EXPECT_FALSE(a.status.contains("startTime"));
   EXPECT_TRUE(a.create_pods.empty());
-  Observed empty;
-  empty.now = kT0 + absl::Seconds(30);
+  Observed empty = Fresh(JobJson(), kT0 + absl::Seconds(30));
   empty.config_map_exists = true;
   empty.services = o.services;
   Actions b = Desired(Job(JobJson("{\"suspend\": false}"), a.status), empty, OperatorConfig{});
@@ -394,8 +426,7 @@ TEST(DesiredTest, PodTfConfigIsByteForByteTfJobs) {
               {"training", {{"steps", 10}}}}}};
   OperatorConfig cfg;
   cfg.cluster_domain = "tf.training.io";
-  Observed o;
-  o.now = kT0;
+  Observed o = Fresh(j);
   Actions a = Desired(Job(j), o, cfg);
   const json* w0 = PodNamed(a, "test-tfjob-worker-0");
   ASSERT_NE(w0, nullptr);
@@ -408,8 +439,7 @@ TEST(DesiredTest, EveryReplicaTypeRunsTheRightCommandAndOnlyTheChiefReports) {
   json j = JobJson();
   j["spec"]["replicaSpecs"]["Chief"] = {{"replicas", 1}};
   j["spec"]["replicaSpecs"]["Evaluator"] = {{"replicas", 1}};
-  Observed o;
-  o.now = kT0;
+  Observed o = Fresh(j);
   Actions a = Desired(Job(j), o, OperatorConfig{});
   ASSERT_EQ(a.create_pods.size(), 6u);
   auto command = [&](const std::string& pod) {
@@ -584,8 +614,7 @@ TEST(DesiredTest, TasksWriteTheirReasonAndPodsFallBackToTheirLogs) {
          {{"containers", json::array({{{"name", "tensorflow"},
                                        {"image", "mine"},
                                        {"terminationMessagePolicy", "File"}}})}}}}}};
-  Observed o;
-  o.now = kT0;
+  Observed o = Fresh(j);
   Actions a = Desired(Job(j), o, OperatorConfig{});
   for (const char* name : {"mnist-ps-0", "mnist-ps-1", "mnist-worker-0", "mnist-worker-1"}) {
     const json& c = (*PodNamed(a, name))["spec"]["containers"][0];
@@ -710,8 +739,7 @@ JobObject GangJob(const std::string& scheduler, const json& policy) {
 }
 
 TEST(DesiredTest, VolcanoGangGetsAPodGroupAndAnnotatedPods) {
-  Observed o;
-  o.now = kT0;
+  Observed o = Fresh(JobJson());
   Actions a = Desired(
       GangJob("volcano", {{"minAvailable", 3}, {"queue", "research"}, {"priorityClass", "high"}}),
       o, OperatorConfig{});
@@ -737,8 +765,7 @@ TEST(DesiredTest, VolcanoGangGetsAPodGroupAndAnnotatedPods) {
 }
 
 TEST(DesiredTest, SchedulerPluginsGangDefaultsToEveryTaskAndLabelsPods) {
-  Observed o;
-  o.now = kT0;
+  Observed o = Fresh(JobJson());
   json pod_template = {{"metadata", {{"labels", {{"team", "ml"}}}}},
                        {"spec", {{"schedulerName", "sched-x"}, {"priorityClassName", "low"}}}};
   JobObject job = GangJob("sched-x", {{"scheduleTimeoutSeconds", 90}, {"priorityClass", "high"}});
@@ -753,7 +780,7 @@ TEST(DesiredTest, SchedulerPluginsGangDefaultsToEveryTaskAndLabelsPods) {
     SCOPED_TRACE(pod["metadata"]["name"].dump());
     EXPECT_EQ(pod["spec"]["schedulerName"], "sched-x");
     EXPECT_EQ(pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"], "mnist");
-    EXPECT_FALSE(pod["metadata"].contains("annotations"));
+    EXPECT_FALSE(pod["metadata"]["annotations"].contains("scheduling.k8s.io/group-name"));
   }
   // The template's own priorityClassName wins over the policy's.
   EXPECT_EQ((*PodNamed(a, "mnist-ps-0"))["spec"]["priorityClassName"], "low");
@@ -793,8 +820,7 @@ TEST(DesiredTest, ThePodGroupAsksForTheRequestsOfTheGangsTasks) {
 }
 
 TEST(DesiredTest, AnExistingPodGroupIsNotCreatedAgain) {
-  Observed o;
-  o.now = kT0;
+  Observed o = Fresh(JobJson());
   o.pod_group_exists = true;
   Actions a = Desired(GangJob("volcano", json::object()), o, OperatorConfig{});
   EXPECT_FALSE(a.create_pod_group.has_value());
@@ -803,8 +829,7 @@ TEST(DesiredTest, AnExistingPodGroupIsNotCreatedAgain) {
 }
 
 TEST(DesiredTest, AnExistingPodGroupIsPatchedToWhatTheJobAsksForAndADeletedOneCreated) {
-  Observed o;
-  o.now = kT0;
+  Observed o = Fresh(JobJson());
   o.pod_group_exists = true;
   const JobObject job = GangJob("volcano", {{"minAvailable", 3}, {"queue", "research"}});
   // Not cached yet: nothing to compare with.
@@ -846,8 +871,7 @@ TEST(DesiredTest, APodGroupSpecPatchKeepsWhatTheOperatorSetsAndLeavesTheRest) {
 }
 
 TEST(DesiredTest, PodsWaitWhileThePodGroupCannotBeCreatedThenStart) {
-  Observed o;
-  o.now = kT0;
+  Observed o = Fresh(JobJson());
   o.pod_group_blocked_reason = "PodGroupAPIMissing";
   o.pod_group_blocked = "the API server does not serve podgroups.scheduling.volcano.sh";
   OperatorConfig config;
@@ -874,8 +898,7 @@ TEST(DesiredTest, PodsWaitWhileThePodGroupCannotBeCreatedThenStart) {
   EXPECT_TRUE(b.events.empty());
 
   // The retry finds no obstacle: the PodGroup is asked for first, then it exists.
-  Observed retry;
-  retry.now = kT0 + config.pod_group_retry;
+  Observed retry = Fresh(JobJson(), kT0 + config.pod_group_retry);
   Actions c = Desired(job, retry, config);
   EXPECT_TRUE(c.create_pod_group.has_value());
   EXPECT_EQ(c.create_pods.size(), 4u);  // created only after it (reconciler.cc)
@@ -888,13 +911,13 @@ TEST(DesiredTest, PodsWaitWhileThePodGroupCannotBeCreatedThenStart) {
 TEST(DesiredTest, SchedulerNameWithoutSchedulingPolicyOnlyPassesThrough) {
   json j = JobJson();
   j["spec"]["replicaSpecs"]["Worker"]["template"] = {{"spec", {{"schedulerName", "volcano"}}}};
-  Observed o;
-  o.now = kT0;
+  Observed o = Fresh(j);
   Actions a = Desired(Job(j), o, OperatorConfig{});
   EXPECT_FALSE(a.create_pod_group.has_value());
   EXPECT_EQ((*PodNamed(a, "mnist-worker-0"))["spec"]["schedulerName"], "volcano");
   EXPECT_FALSE((*PodNamed(a, "mnist-ps-0"))["spec"].contains("schedulerName"));
-  EXPECT_FALSE((*PodNamed(a, "mnist-worker-0"))["metadata"].contains("annotations"));
+  EXPECT_EQ((*PodNamed(a, "mnist-worker-0"))["metadata"]["annotations"],
+            (json{{"kubetrain.io/auth-secret", "mnist-auth"}}));
 }
 
 TEST(DesiredTest, ASuspendedGangJobCreatesNoPodGroup) {
@@ -930,8 +953,7 @@ json FailedStatus() {
 }
 
 TEST(DesiredTest, PsPodsOfACheckpointingJobMayTakeTheirTimeToSaveOrHold) {
-  Observed o;
-  o.now = kT0;
+  Observed o = Fresh(JobJson());
   Actions a = Desired(Job(CheckpointingJob()), o, OperatorConfig{});
   EXPECT_EQ((*PodNamed(a, "mnist-ps-0"))["spec"]["terminationGracePeriodSeconds"], 720);
   EXPECT_EQ(kPsTerminationGraceSeconds, kDefaultKeepServingAfterCheckpointFailureSeconds + 120);
@@ -981,8 +1003,17 @@ TEST(DesiredTest, PsTasksHoldingUnsavedParametersKeepTheJobAndSayHowToSaveTheMod
             "  kubectl -n ns3 port-forward pod/mnist-ps-1 22221:2222 &\n"
             "  kubectl -n ns3 get configmap mnist-config -o "
             "jsonpath='{.data.trainingjob\\.yaml}' > mnist.yaml\n"
+            "  mkdir -m 700 mnist-auth\n"
+            "  kubectl -n ns3 get secret mnist-auth -o jsonpath='{.data.job\\.key}' | base64 -d > "
+            "mnist-auth/job.key\n"
+            "  kubectl -n ns3 get secret mnist-auth -o jsonpath='{.data.ca\\.crt}' | base64 -d > "
+            "mnist-auth/ca.crt\n"
+            "  kubectl -n ns3 get secret mnist-auth -o jsonpath='{.data.tls\\.crt}' | base64 -d > "
+            "mnist-auth/tls.crt\n"
+            "  kubectl -n ns3 get secret mnist-auth -o jsonpath='{.data.tls\\.key}' | base64 -d > "
+            "mnist-auth/tls.key\n"
             "  kubetrain export --from-ps 127.0.0.1:22220,127.0.0.1:22221 --job mnist.yaml "
-            "--output mnist-model.ktm\n"
+            "--output mnist-model.ktm --auth-dir mnist-auth\n"
             "then end the hold: kubectl -n ns3 delete pod mnist-ps-0 mnist-ps-1 --grace-period=1");
   ASSERT_EQ(b.events.size(), 1u);
   EXPECT_EQ(b.events[0].type, "Warning");
@@ -1043,6 +1074,267 @@ TEST(DesiredTest, ASucceededJobsModelIsSavedSoItsPsTasksAreNotKept) {
   Actions a = Desired(job, o, OperatorConfig{});
   EXPECT_TRUE(a.delete_job);
   EXPECT_EQ(Condition(a.status, "ParametersHeld"), "absent");
+}
+
+// --- authentication and isolation ---------------------------------------------------------
+
+const json* VolumeNamed(const json& pod, const std::string& name) {
+  if (!pod["spec"].contains("volumes")) return nullptr;
+  for (const auto& v : pod["spec"]["volumes"]) {
+    if (v["name"] == name) return &v;
+  }
+  return nullptr;
+}
+
+// The files a pod's credentials volume gives it: "key->path" in order.
+std::vector<std::string> AuthItems(const json& pod) {
+  std::vector<std::string> out;
+  const json* v = VolumeNamed(pod, "kubetrain-auth");
+  if (v == nullptr) return out;
+  for (const auto& item : (*v)["secret"]["items"]) {
+    out.push_back(item["key"].get<std::string>() + "->" + item["path"].get<std::string>());
+  }
+  return out;
+}
+
+std::string Unbase64(const json& v) {
+  std::string out;
+  EXPECT_TRUE(absl::Base64Unescape(v.get<std::string>(), &out)) << v;
+  return out;
+}
+
+TEST(DesiredTest, TheSecretIsAskedForBeforeAnyPodWithEveryTasksToken) {
+  json j = JobJson();
+  j["spec"]["replicaSpecs"]["Chief"] = {{"replicas", 1}};
+  j["spec"]["replicaSpecs"]["Evaluator"] = {{"replicas", 1}};
+  Observed o;
+  o.now = kT0;
+  Actions a = Desired(Job(j), o, OperatorConfig{});
+  ASSERT_TRUE(a.create_auth_secret.has_value());
+  EXPECT_TRUE(a.create_auth_secret->tls);  // on by default
+  EXPECT_EQ(a.create_auth_secret->token_tasks,
+            (std::vector<JobTask>{{"chief", 0}, {"worker", 0}, {"worker", 1}, {"evaluator", 0}}));
+  EXPECT_TRUE(a.create_pods.empty());
+  EXPECT_EQ(a.create_services.size(), 6u);  // the rest is there when the pods come
+  ASSERT_TRUE(a.create_network_policy.has_value());
+  EXPECT_FALSE(a.patch_auth_secret.has_value());
+
+  // What the apply layer builds from it, with the credentials it generated.
+  JobCredentials creds;
+  creds.job_key = kJobKey;
+  creds.ca_cert_pem = "CA PEM";
+  creds.cert_pem = "CERT PEM";
+  creds.key_pem = "KEY PEM";
+  const json secret = BuildAuthSecret(Job(j), creds, a.create_auth_secret->token_tasks);
+  EXPECT_EQ(secret["kind"], "Secret");
+  EXPECT_EQ(secret["type"], "Opaque");
+  EXPECT_EQ(secret["metadata"]["name"], "mnist-auth");
+  EXPECT_EQ(secret["metadata"]["namespace"], "ns3");
+  EXPECT_EQ(secret["metadata"]["labels"], (json{{"kubetrain.io/job-name", "mnist"}}));
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["uid"], "u-1");
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["controller"], true);
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : secret["data"].items()) keys.push_back(k);
+  EXPECT_EQ(keys,
+            (std::vector<std::string>{"ca.crt", "job.key", "tls.crt", "tls.key", "token.chief-0",
+                                      "token.evaluator-0", "token.worker-0", "token.worker-1"}));
+  EXPECT_EQ(Unbase64(secret["data"]["job.key"]), kJobKey);
+  EXPECT_EQ(Unbase64(secret["data"]["tls.key"]), "KEY PEM");
+  for (const JobTask& t : a.create_auth_secret->token_tasks) {
+    EXPECT_EQ(Unbase64(secret["data"][TokenKey(t.type, t.index)]),
+              TaskToken(kJobKey, t.type, t.index))
+        << t.name();
+  }
+  EXPECT_NE(TaskToken(kJobKey, "worker", 0), TaskToken(kJobKey, "worker", 1));
+}
+
+TEST(DesiredTest, EachPodMountsOnlyItsOwnFilesReadOnly) {
+  json j = JobJson();
+  j["spec"]["replicaSpecs"]["Chief"] = {{"replicas", 1}};
+  Observed o = Fresh(j);
+  Actions a = Desired(Job(j), o, OperatorConfig{});
+  ASSERT_EQ(a.create_pods.size(), 5u);
+  const std::vector<std::string> tls = {"ca.crt->ca.crt", "tls.crt->tls.crt", "tls.key->tls.key"};
+  auto with_tls = [&](std::string first) {
+    std::vector<std::string> v = {std::move(first)};
+    v.insert(v.end(), tls.begin(), tls.end());
+    return v;
+  };
+  EXPECT_EQ(AuthItems(*PodNamed(a, "mnist-ps-1")), with_tls("job.key->job.key"));
+  EXPECT_EQ(AuthItems(*PodNamed(a, "mnist-worker-1")), with_tls("token.worker-1->token"));
+  EXPECT_EQ(AuthItems(*PodNamed(a, "mnist-chief-0")), with_tls("token.chief-0->token"));
+  for (const json& pod : a.create_pods) {
+    SCOPED_TRACE(pod["metadata"]["name"].dump());
+    const json& v = *VolumeNamed(pod, "kubetrain-auth");
+    EXPECT_EQ(v["secret"]["secretName"], "mnist-auth");
+    EXPECT_EQ(v["secret"]["defaultMode"], 0444);  // the runtime's user is not the kubelet's
+    const json& c = pod["spec"]["containers"][0];
+    EXPECT_EQ(c["volumeMounts"][1], (json{{"name", "kubetrain-auth"},
+                                          {"mountPath", "/var/run/kubetrain/auth"},
+                                          {"readOnly", true}}));
+    EXPECT_EQ(EnvOf(pod, "KUBETRAIN_AUTH_DIR"), "/var/run/kubetrain/auth");
+    EXPECT_EQ(pod["metadata"]["annotations"]["kubetrain.io/auth-secret"], "mnist-auth");
+    // No task but a PS ever sees the job key.
+    if (pod["metadata"]["labels"]["kubetrain.io/replica-type"] != "ps") {
+      EXPECT_EQ(v.dump().find("job.key"), std::string::npos);
+    }
+  }
+}
+
+TEST(DesiredTest, AUsersOwnContainersGetNoCredentialsButWaitForTheSecretToo) {
+  json j = JobJson();
+  j["spec"]["replicaSpecs"]["Worker"]["template"] = {
+      {"spec",
+       {{"containers", json::array({{{"name", "tensorflow"},
+                                     {"image", "tf"},
+                                     {"command", json::array({"python", "train.py"})}}})}}}};
+  Observed first;
+  first.now = kT0;
+  EXPECT_TRUE(Desired(Job(j), first, OperatorConfig{}).create_pods.empty());
+  Actions a = Desired(Job(j), Fresh(j), OperatorConfig{});
+  const json& w0 = *PodNamed(a, "mnist-worker-0");
+  EXPECT_EQ(VolumeNamed(w0, "kubetrain-auth"), nullptr);
+  EXPECT_EQ(EnvOf(w0, "KUBETRAIN_AUTH_DIR"), "");
+  EXPECT_FALSE(w0["metadata"].contains("annotations"));
+  EXPECT_NE(VolumeNamed(*PodNamed(a, "mnist-ps-0"), "kubetrain-auth"), nullptr);
+}
+
+TEST(DesiredTest, TlsOffGivesTokensOnlyButAnExistingSecretKeepsItsTls) {
+  OperatorConfig no_tls;
+  no_tls.job_tls = false;
+  Observed first;
+  first.now = kT0;
+  Actions a = Desired(Job(JobJson()), first, no_tls);
+  ASSERT_TRUE(a.create_auth_secret.has_value());
+  EXPECT_FALSE(a.create_auth_secret->tls);
+  JobCredentials creds;
+  creds.job_key = kJobKey;  // no CA: GenerateJobCredentials(name, false)
+  const json secret = BuildAuthSecret(Job(JobJson()), creds, a.create_auth_secret->token_tasks);
+  EXPECT_FALSE(secret["data"].contains("ca.crt"));
+  EXPECT_FALSE(secret["data"].contains("tls.key"));
+  Observed o = Fresh(JobJson());
+  o.auth_secret = SecretOf(JobJson(), /*tls=*/false);
+  Actions b = Desired(Job(JobJson()), o, no_tls);
+  EXPECT_EQ(AuthItems(*PodNamed(b, "mnist-ps-0")), std::vector<std::string>{"job.key->job.key"});
+  EXPECT_EQ(AuthItems(*PodNamed(b, "mnist-worker-0")),
+            std::vector<std::string>{"token.worker-0->token"});
+  // The flag is for new Secrets: a job created with TLS keeps it.
+  Actions c = Desired(Job(JobJson()), Fresh(JobJson()), no_tls);
+  EXPECT_EQ(AuthItems(*PodNamed(c, "mnist-worker-0")).size(), 4u);
+}
+
+TEST(DesiredTest, NewTasksGetATokenBeforeTheirPodAndRemovedOnesLoseIt) {
+  json three = JobJson("", "Never", /*workers=*/3);
+  Observed o = AllPods("Running");  // its Secret has tokens for workers 0 and 1
+  Actions a = Desired(Job(three), o, OperatorConfig{});
+  ASSERT_TRUE(a.patch_auth_secret.has_value());
+  EXPECT_EQ(
+      *a.patch_auth_secret,
+      (json{{"data", {{"token.worker-2", absl::Base64Escape(TaskToken(kJobKey, "worker", 2))}}}}));
+  EXPECT_TRUE(a.create_pods.empty());  // worker 2 waits for the cache to show its token
+  o.auth_secret->keys.insert("token.worker-2");
+  Actions b = Desired(Job(three), o, OperatorConfig{});
+  EXPECT_FALSE(b.patch_auth_secret.has_value());
+  ASSERT_EQ(b.create_pods.size(), 1u);
+  EXPECT_EQ(b.create_pods[0]["metadata"]["name"], "mnist-worker-2");
+  // Back to one worker: the tokens of workers 1 and 2 go.
+  Actions c = Desired(Job(JobJson("", "Never", 1)), o, OperatorConfig{});
+  ASSERT_TRUE(c.patch_auth_secret.has_value());
+  EXPECT_EQ(*c.patch_auth_secret,
+            (json{{"data", {{"token.worker-1", nullptr}, {"token.worker-2", nullptr}}}}));
+}
+
+TEST(DesiredTest, ASecretDeletedUnderRunningTasksIsNeverReplacedAndFailsTheJobOnARestart) {
+  json job = JobJson("", "ExitCode");
+  Observed o = AllPods("Running");
+  o.auth_secret.reset();
+  Actions a = Desired(Job(job), o, OperatorConfig{});
+  EXPECT_FALSE(a.create_auth_secret.has_value());  // a new key would lock out restarted tasks
+  EXPECT_EQ(a.status["state"], "Running");         // the running tasks keep their copy
+  EXPECT_EQ(Condition(a.status, "AuthSecretMissing"), "True/AuthSecretLost");
+  ASSERT_FALSE(a.events.empty());
+  EXPECT_EQ(a.events.back().type, "Warning");
+  EXPECT_TRUE(absl::StrContains(a.events.back().message, "Secret mnist-auth was deleted"))
+      << a.events.back().message;
+  // Still gone: no second Event.
+  Actions b = Desired(Job(job, a.status), o, OperatorConfig{});
+  for (const JobEvent& e : b.events) EXPECT_NE(e.reason, "AuthSecretLost");
+  // Worker 1 is killed and must be recreated: it could not join the PS tasks.
+  o.pods.erase(std::remove_if(o.pods.begin(), o.pods.end(),
+                              [](auto& p) { return p.name == "mnist-worker-1"; }),
+               o.pods.end());
+  Actions c = Desired(Job(job, b.status), o, OperatorConfig{});
+  EXPECT_EQ(Condition(c.status, "Failed"), "True/AuthSecretLost");
+  EXPECT_TRUE(c.create_pods.empty());
+  EXPECT_EQ(ConditionMessage(c.status, "Failed"),
+            "TrainingJob mnist has failed because Secret mnist-auth was deleted while it ran, "
+            "and pod mnist-worker-1 cannot be started without it (a new key would lock it out "
+            "of the running PS tasks); delete and re-create the TrainingJob to run it again.");
+  // With no pod left that holds the old key (e.g. suspended), a new Secret is fine.
+  Observed none;
+  none.now = kT0;
+  none.config_map_exists = true;
+  EXPECT_TRUE(Desired(Job(job, b.status), none, OperatorConfig{}).create_auth_secret);
+  // A Secret whose job.key was spoiled is lost as well.
+  Observed spoiled = AllPods("Running");
+  spoiled.auth_secret->job_key.clear();
+  EXPECT_EQ(Condition(Desired(Job(job), spoiled, OperatorConfig{}).status, "AuthSecretMissing"),
+            "True/AuthSecretLost");
+}
+
+TEST(DesiredTest, AJobStartedWithoutCredentialsRunsOnWithoutThem) {
+  // An operator that gave jobs no credentials created these pods; this one
+  // took over while they ran (an upgrade).
+  json job = JobJson("", "ExitCode");
+  Observed o = AllPods("Running");
+  o.auth_secret.reset();
+  for (ObservedPod& p : o.pods) p.uses_auth_secret = false;
+  o.pods.erase(std::remove_if(o.pods.begin(), o.pods.end(),
+                              [](auto& p) { return p.name == "mnist-worker-1"; }),
+               o.pods.end());
+  Actions a = Desired(Job(job), o, OperatorConfig{});
+  // A key now would lock the running workers out of the open PS tasks.
+  EXPECT_FALSE(a.create_auth_secret.has_value());
+  EXPECT_EQ(a.status["state"], "Running");
+  EXPECT_EQ(Condition(a.status, "RunningWithoutCredentials"), "True/StartedWithoutCredentials");
+  EXPECT_EQ(Condition(a.status, "AuthSecretMissing"), "absent");
+  // The recreated worker runs as its peers do: nothing of a Secret.
+  ASSERT_EQ(a.create_pods.size(), 1u);
+  const json& pod = a.create_pods[0];
+  EXPECT_EQ(pod["metadata"]["name"], "mnist-worker-1");
+  EXPECT_FALSE(
+      pod["metadata"].value("annotations", json::object()).contains(kAuthSecretAnnotation));
+  for (const json& v : pod["spec"]["volumes"]) EXPECT_NE(v["name"], "kubetrain-auth") << v;
+  const json& c = pod["spec"]["containers"][0];
+  for (const json& m : c["volumeMounts"]) EXPECT_NE(m["name"], "kubetrain-auth") << m;
+  for (const json& e : c["env"]) EXPECT_NE(e["name"], kAuthDirEnv) << e;
+  // A pod being deleted does not count, and a job with no pods left gets a Secret.
+  for (ObservedPod& p : o.pods) p.deleting = true;
+  Actions b = Desired(Job(job, a.status), o, OperatorConfig{});
+  EXPECT_TRUE(b.create_auth_secret.has_value());
+  EXPECT_EQ(Condition(b.status, "RunningWithoutCredentials"), "False/CredentialsIssued");
+}
+
+TEST(DesiredTest, TheNetworkPolicyAdmitsOnlyTheJobsPodsExceptToMetrics) {
+  Observed o = Fresh(JobJson());
+  OperatorConfig config;
+  config.metrics_port = 9191;
+  Actions a = Desired(Job(JobJson()), o, config);
+  ASSERT_TRUE(a.create_network_policy.has_value());
+  EXPECT_EQ(*a.create_network_policy, json::parse(R"({
+      "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+      "metadata": {"name": "mnist", "namespace": "ns3",
+                   "labels": {"kubetrain.io/job-name": "mnist"},
+                   "ownerReferences": [{"apiVersion": "kubetrain.io/v1", "kind": "TrainingJob",
+                     "name": "mnist", "uid": "u-1", "controller": true,
+                     "blockOwnerDeletion": true}]},
+      "spec": {"podSelector": {"matchLabels": {"kubetrain.io/job-name": "mnist"}},
+               "policyTypes": ["Ingress"],
+               "ingress": [
+                 {"from": [{"podSelector": {"matchLabels": {"kubetrain.io/job-name": "mnist"}}}]},
+                 {"ports": [{"protocol": "TCP", "port": 9191}]}]}})"));
+  o.network_policy_exists = true;
+  EXPECT_FALSE(Desired(Job(JobJson()), o, config).create_network_policy.has_value());
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "operator/job_cache.h"
 
+#include "core/job_credentials.h"
 #include "operator/labels.h"
 
 namespace kubetrain {
@@ -28,6 +29,17 @@ std::string OwningJob(const json& o) {
   return job.empty() ? "" : NamespaceOf(o) + "/" + job;
 }
 
+// A Secret keeps the names of its keys and the job key (new tasks' tokens
+// are derived from it); every other value (tokens, the TLS key) is dropped.
+void TrimSecret(json* s) {
+  s->erase("stringData");
+  json& data = (*s)["data"];
+  if (!data.is_object()) data = json::object();
+  for (auto& [key, value] : data.items()) {
+    if (key != kJobKeyFile) value = "";
+  }
+}
+
 }  // namespace
 
 ResourceRef TrainingJobs(const std::string& ns, const std::string& name,
@@ -54,6 +66,9 @@ JobCache::JobCache(KubeClient* client, const std::string& ns, int watch_timeout_
     c->erase("data");
     c->erase("binaryData");
   });
+  secrets_ = OwnedInformer(core("secrets"), "secrets", "", TrimSecret);
+  network_policies_ = OwnedInformer({kNetworkPolicyApiPath, "networkpolicies", ns, "", ""},
+                                    "networkpolicies", "", [](json* n) { n->erase("spec"); });
   InformerOptions o;
   o.collection = TrainingJobs(ns);
   o.transform = TrimMetadata;
@@ -62,7 +77,8 @@ JobCache::JobCache(KubeClient* client, const std::string& ns, int watch_timeout_
   jobs_ = std::make_unique<Informer>(client, o, [this](WatchEventType, const json& obj) {
     if (on_job_) on_job_(Informer::KeyOf(obj));
   });
-  all_ = {jobs_.get(), pods_.get(), services_.get(), config_maps_.get()};
+  all_ = {jobs_.get(),        pods_.get(),    services_.get(),
+          config_maps_.get(), secrets_.get(), network_policies_.get()};
 }
 
 std::unique_ptr<Informer> JobCache::OwnedInformer(const ResourceRef& collection,
@@ -160,7 +176,8 @@ void JobCache::Detach() {
 bool JobCache::synced() const {
   // PodGroup informers are not waited for: a PodGroup API may stop being
   // served (its CRD uninstalled) without stopping the operator.
-  for (const Informer* i : {jobs_.get(), pods_.get(), services_.get(), config_maps_.get()}) {
+  for (const Informer* i : {jobs_.get(), pods_.get(), services_.get(), config_maps_.get(),
+                            secrets_.get(), network_policies_.get()}) {
     if (!i->synced()) return false;
   }
   return true;

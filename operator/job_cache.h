@@ -1,18 +1,20 @@
 // JobCache: the operator's view of the cluster, kept by informers
 // (operator/informer.h), one list+watch per kind it owns: TrainingJobs, and
-// the pods, Services and ConfigMaps labelled kubetrain.io/job-name (only its
-// own objects are listed, watched and stored); for gang scheduling also the
-// PodGroups of each PodGroup API in use, once a PodGroup of it was created
-// (so its CRD is installed; an operator whose jobs ask for no gang scheduler
-// sends no PodGroup request). Reconciles read it and never list. Every
-// change to an owned object, deletes included, calls `on_job` with the
-// owning job's key ("namespace/job") and reports the object to the
-// Expectations, so a deleted Service or PodGroup is noticed within the watch
-// latency.
+// the pods, Services, ConfigMaps, Secrets and NetworkPolicies labelled
+// kubetrain.io/job-name (only its own objects are listed, watched and
+// stored); for gang scheduling also the PodGroups of each PodGroup API in
+// use, once a PodGroup of it was created (so its CRD is installed; an
+// operator whose jobs ask for no gang scheduler sends no PodGroup request).
+// Reconciles read it and never list. Every change to an owned object,
+// deletes included, calls `on_job` with the owning job's key
+// ("namespace/job") and reports the object to the Expectations, so a deleted
+// Service or PodGroup is noticed within the watch latency.
 //
 // What is stored is trimmed: no managedFields or last-applied annotation,
-// no pod spec (a reconcile reads labels, owner and status), no Service spec,
-// no ConfigMap data, no PodGroup status (the scheduler's, changing often).
+// no pod spec (a reconcile reads labels, owner and status), no Service or
+// NetworkPolicy spec, no ConfigMap data, of a Secret only the names of its
+// keys and its job.key (tokens of tasks added later are derived from it), no
+// PodGroup status (the scheduler's, changing often).
 //
 // Thread-safe; set_on_job() must be called before Start().
 #ifndef KUBETRAIN_OPERATOR_JOB_CACHE_H_
@@ -34,6 +36,8 @@
 #include "operator/kube_client.h"
 
 namespace kubetrain {
+
+inline constexpr char kNetworkPolicyApiPath[] = "/apis/networking.k8s.io/v1";
 
 // The TrainingJob collection (or one job, or its status subresource).
 ResourceRef TrainingJobs(const std::string& ns, const std::string& name = "",
@@ -69,6 +73,12 @@ class JobCache {
   std::vector<nlohmann::json> ConfigMaps(const std::string& job_key) const {
     return config_maps_->ByJob(job_key);
   }
+  std::vector<nlohmann::json> Secrets(const std::string& job_key) const {
+    return secrets_->ByJob(job_key);
+  }
+  std::vector<nlohmann::json> NetworkPolicies(const std::string& job_key) const {
+    return network_policies_->ByJob(job_key);
+  }
   // Starts watching the PodGroups of `api_version` ("scheduling.x-k8s.io/v1alpha1")
   // labelled kubetrain.io/job-name, once; their changes then re-queue their
   // jobs. Call it once that API is known to be served.
@@ -98,7 +108,7 @@ class JobCache {
   const int watch_timeout_seconds_;
   Expectations* const expectations_;
   std::function<void(const std::string&)> on_job_;
-  std::unique_ptr<Informer> jobs_, pods_, services_, config_maps_;
+  std::unique_ptr<Informer> jobs_, pods_, services_, config_maps_, secrets_, network_policies_;
 
   mutable absl::Mutex mu_;
   const std::atomic<bool>* stop_ ABSL_GUARDED_BY(mu_) = nullptr;  // set by Start()

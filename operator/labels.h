@@ -6,6 +6,8 @@
 //                      ("ps", "worker", "chief", "evaluator")
 //   {job}-config       ConfigMap holding the job as trainingjob.yaml
 //   {job}              PodGroup (gang scheduling: runPolicy.schedulingPolicy)
+//                      and NetworkPolicy (ingress to the job's pods)
+//   {job}-auth         Secret holding the job's key, task tokens and TLS files
 #ifndef KUBETRAIN_OPERATOR_LABELS_H_
 #define KUBETRAIN_OPERATOR_LABELS_H_
 
@@ -43,6 +45,23 @@ inline std::string PodGroupName(const std::string& job) { return job; }
 
 // "{job}-config".
 inline std::string ConfigMapName(const std::string& job) { return job + "-config"; }
+
+// "{job}-auth": the job's credentials (operator/desired.h, "Authentication").
+inline std::string AuthSecretName(const std::string& job) { return job + "-auth"; }
+
+// "token.{type}-{index}": the Secret key holding that task's token (mounted
+// into its pod as the file `token`).
+inline std::string TokenKey(const std::string& type, int index) {
+  return absl::StrCat("token.", type, "-", index);
+}
+inline constexpr char kTokenKeyPrefix[] = "token.";
+
+// On the pods that mount the job's Secret: its name. A Secret missing while
+// such a pod runs was deleted from under the job (it is never regenerated).
+inline constexpr char kAuthSecretAnnotation[] = "kubetrain.io/auth-secret";
+
+// "{job}": the job's NetworkPolicy.
+inline std::string NetworkPolicyName(const std::string& job) { return job; }
 
 // The label selector of a job's objects: "kubetrain.io/job-name={job}".
 inline std::string JobSelector(const std::string& job) {

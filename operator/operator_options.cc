@@ -45,6 +45,9 @@ void OperatorOptions::Register(FlagParser* parser) {
               "how long a job waits for the cache to show its own creates and deletes");
   parser->Int("watch_timeout_seconds", &watch_timeout_seconds_,
               "server-side timeout of each watch");
+  parser->Bool("job_tls", &config.job_tls,
+               "give new jobs a CA and certificate in their Secret: TLS between their tasks "
+               "(--job-tls=false: tokens only, sent in clear text)");
   parser->Int("pod_group_retry_seconds", &pod_group_retry_seconds_,
               "gang scheduling: how often to try again to create a PodGroup that could not be "
               "(its CRD not installed, refused); the job's pods wait meanwhile");

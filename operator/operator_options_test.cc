@@ -21,6 +21,7 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
   EXPECT_EQ(defaults.kube_api_burst, 200);
   EXPECT_EQ(defaults.reconciler.create_parallelism, 16);
   EXPECT_EQ(defaults.config.pod_group_retry, absl::Seconds(30));
+  EXPECT_TRUE(defaults.config.job_tls);  // TLS between a job's tasks unless turned off
   EXPECT_TRUE(defaults.Validate().ok());
   EXPECT_EQ(defaults.health_address, "0.0.0.0:8081");
 
@@ -39,7 +40,8 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
                                    "--kube-api-qps=7.5",
                                    "--kube-api-burst=9",
                                    "--create-parallelism=3",
-                                   "--pod-group-retry-seconds=5"};
+                                   "--pod-group-retry-seconds=5",
+                                   "--job-tls=false"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   ASSERT_TRUE(parser.Parse(static_cast<int>(argv.size()), argv.data(), 1, nullptr).ok());
@@ -55,6 +57,7 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
   EXPECT_EQ(o.kube_api_burst, 9);
   EXPECT_EQ(o.reconciler.create_parallelism, 3);
   EXPECT_EQ(o.config.pod_group_retry, absl::Seconds(5));
+  EXPECT_FALSE(o.config.job_tls);
   EXPECT_TRUE(o.Validate().ok());
 }
 

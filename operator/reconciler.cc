@@ -5,8 +5,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/job_credentials.h"
 #include "core/log.h"
 #include "operator/labels.h"
 #include "operator/status.h"
@@ -16,8 +19,29 @@ namespace {
 
 using nlohmann::json;
 
-ResourceRef Core(const std::string& plural, const std::string& ns, const std::string& name = "") {
-  return {"/api/v1", plural, ns, name, ""};
+// An object of a kind the operator creates for a job (all core/v1 but NetworkPolicies).
+ResourceRef Owned(const std::string& plural, const std::string& ns, const std::string& name = "") {
+  return {plural == "networkpolicies" ? kNetworkPolicyApiPath : "/api/v1", plural, ns, name, ""};
+}
+
+// The kind named in Events for objects of `plural` worth an Event ("" = none).
+const char* EventKind(const std::string& plural) {
+  return plural == "pods" ? "Pod" : plural == "services" ? "Service" : "";
+}
+
+// The job's Secret as Desired() needs it: its keys, and the job key. (Its
+// format is the runtime's to check: a PS refuses a malformed one, naming it.)
+Observed::AuthSecret ObserveAuthSecret(const json& secret) {
+  Observed::AuthSecret s;
+  const json data = secret.value("data", json::object());
+  if (!data.is_object()) return s;
+  for (const auto& [key, value] : data.items()) s.keys.insert(key);
+  std::string key;
+  const json encoded = data.value(kJobKeyFile, json());
+  if (encoded.is_string() && absl::Base64Unescape(encoded.get<std::string>(), &key)) {
+    s.job_key = std::string(absl::StripAsciiWhitespace(key));
+  }
+  return s;
 }
 
 // The training container's status: named kubetrain or tensorflow, else the first.
@@ -44,6 +68,8 @@ ObservedPod ObservePod(const json& pod) {
     p.deletion_deadline =
         ParseTimestamp(pod["metadata"]["deletionTimestamp"]).value_or(absl::InfiniteFuture());
   }
+  p.uses_auth_secret = pod.value("/metadata/annotations"_json_pointer, json::object())
+                           .contains(kAuthSecretAnnotation);
   if (auto cs = TrainingContainerStatus(pod)) {
     p.restart_count = cs->value("restartCount", 0);
     const json terminated = cs->value("/state/terminated"_json_pointer, json());
@@ -126,7 +152,7 @@ absl::Status Reconciler::DeleteAll(const std::string& ns, const std::string& job
   return RunBounded(names.size(), options_.create_parallelism, [&](size_t i) {
     const std::string what = plural + "/" + names[i];
     expectations_->ExpectDelete(key, what);
-    absl::Status s = client_->Delete(Core(plural, ns, names[i]), kPropagationBackground);
+    absl::Status s = client_->Delete(Owned(plural, ns, names[i]), kPropagationBackground);
     if (!s.ok()) expectations_->Forget(key, what);
     if (s.ok()) Log("operator: deleted ", plural, " ", ns, "/", names[i]);
     return absl::IsNotFound(s) ? absl::OkStatus() : s;
@@ -153,7 +179,9 @@ absl::Status Reconciler::CleanUp(const std::string& ns, const std::string& name)
   const std::vector<std::pair<const char*, std::vector<json>>> owned = {
       {"pods", cache_->Pods(key)},
       {"services", cache_->Services(key)},
-      {"configmaps", cache_->ConfigMaps(key)}};
+      {"configmaps", cache_->ConfigMaps(key)},
+      {"secrets", cache_->Secrets(key)},
+      {"networkpolicies", cache_->NetworkPolicies(key)}};
   absl::Status first;
   for (const auto& [plural, objects] : owned) {
     std::vector<std::string> names;
@@ -199,6 +227,19 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
     observed.now = clock_->Now();
     for (const auto& cm : cache_->ConfigMaps(key)) {
       if (NameOf(cm) == ConfigMapName(name)) observed.config_map_exists = true;
+    }
+    for (const auto& np : cache_->NetworkPolicies(key)) {
+      if (NameOf(np) == NetworkPolicyName(name) && OwnedBy(np, job.uid)) {
+        observed.network_policy_exists = true;
+      }
+    }
+    for (const auto& secret : cache_->Secrets(key)) {
+      // Only this job's: a previous job's of the same name (being collected)
+      // must not be mounted.
+      if (NameOf(secret) == AuthSecretName(name) && OwnedBy(secret, job.uid) &&
+          !secret["metadata"].contains("deletionTimestamp")) {
+        observed.auth_secret = ObserveAuthSecret(secret);
+      }
     }
     {
       absl::MutexLock l(&mu_);
@@ -350,7 +391,8 @@ absl::Status Reconciler::PatchPodGroup(const JobObject& job, const json& patch) 
 }
 
 absl::Status Reconciler::CreateAll(const JobObject& job, const std::string& plural,
-                                   const std::vector<json>& objects, bool slow_start) {
+                                   const std::vector<json>& objects, bool slow_start,
+                                   std::vector<std::string>* already_exist) {
   if (objects.empty()) return absl::OkStatus();
   const std::string& ns = job.namespace_;
   const std::string key = ns + "/" + job.name;
@@ -361,14 +403,18 @@ absl::Status Reconciler::CreateAll(const JobObject& job, const std::string& plur
     const std::string name = NameOf(objects[i]);
     const std::string what = plural + "/" + name;
     expectations_->ExpectCreate(key, what);
-    auto r = client_->Create(Core(plural, ns), objects[i]);
+    auto r = client_->Create(Owned(plural, ns), objects[i]);
     if (r.ok()) {
       absl::MutexLock l(&mu);
       created.push_back(name);
       return absl::OkStatus();
     }
     expectations_->Forget(key, what);
-    if (absl::IsAlreadyExists(r.status())) return absl::OkStatus();
+    if (absl::IsAlreadyExists(r.status())) {
+      absl::MutexLock l(&mu);
+      if (already_exist) already_exist->push_back(name);
+      return absl::OkStatus();
+    }
     if (absl::IsInvalidArgument(r.status())) {
       absl::MutexLock l(&mu_);
       rejected_[key] =
@@ -394,17 +440,52 @@ absl::Status Reconciler::CreateAll(const JobObject& job, const std::string& plur
   }
   if (!created.empty()) {
     std::sort(created.begin(), created.end());
-    const std::string kind = plural == "pods"       ? "Pod"
-                             : plural == "services" ? "Service"
-                                                    : "ConfigMap";
+    const std::string kind = EventKind(plural);
     Log("operator: created ", plural, " ", ns, "/{", absl::StrJoin(created, ","), "}");
-    if (kind != "ConfigMap") {
+    if (!kind.empty()) {
       events_.Record(target, "Normal", "SuccessfulCreate" + kind,
                      absl::StrCat("Created ", kind, created.size() > 1 ? "s " : " ",
                                   absl::StrJoin(created, ", ")));
     }
   }
   return status;
+}
+
+absl::Status Reconciler::CreateAuthSecret(const JobObject& job, const AuthSecretRequest& request) {
+  // The only place a job's credentials are made: never again once the
+  // Secret exists (Create does not overwrite; Desired() asks only while the
+  // cache shows none).
+  absl::StatusOr<JobCredentials> creds = GenerateJobCredentials(job.name, request.tls);
+  if (!creds.ok()) {
+    return absl::Status(creds.status().code(),
+                        absl::StrCat("generating the credentials of trainingjob ", job.namespace_,
+                                     "/", job.name, ": ", creds.status().message()));
+  }
+  const json secret = BuildAuthSecret(job, *creds, request.token_tasks);
+  std::vector<std::string> taken;
+  absl::Status s = CreateAll(job, "secrets", {secret}, false, &taken);
+  if (!taken.empty()) {
+    // Not this job's (the cache shows none of it): a deleted job's of the
+    // same name not yet collected, or someone else's. Its pods wait.
+    events_.Record({job.namespace_, job.name, job.uid}, "Warning", "FailedCreate",
+                   absl::StrCat("Secret ", taken[0],
+                                " already exists and does not belong to this TrainingJob; its "
+                                "pods wait until it is gone"));
+  }
+  return s;
+}
+
+absl::Status Reconciler::PatchAuthSecret(const JobObject& job, const json& patch) {
+  const ResourceRef ref = Owned("secrets", job.namespace_, AuthSecretName(job.name));
+  auto r = client_->MergePatch(ref, patch);
+  if (r.ok()) {
+    Log("operator: updated the task tokens of ", ref.DebugString());
+    return absl::OkStatus();
+  }
+  events_.Record(
+      {job.namespace_, job.name, job.uid}, "Warning", "FailedUpdate",
+      absl::StrCat("Updating the task tokens of Secret ", ref.name, ": ", r.status().message()));
+  return r.status();
 }
 
 namespace {
@@ -434,12 +515,25 @@ absl::Status Reconciler::Apply(const JobObject& job, const Actions& a,
     // Newly blocked: the next pass reports it (PodGroupFailing) at once.
     if (exists.ok() && !*exists) *requeue_after = absl::ZeroDuration();
   }
-  // Pods after their Services and ConfigMap exist, so DNS and the mounted
-  // job file are there when a task starts.
-  absl::Status applied = RunBounded(2, 2, [&](size_t i) {
-    if (i == 0) return CreateAll(job, "services", a.create_services, false);
-    return a.create_config_map ? CreateAll(job, "configmaps", {*a.create_config_map}, false)
-                               : absl::OkStatus();
+  // Pods after their Services, ConfigMap, Secret and NetworkPolicy exist, so
+  // DNS, the mounted files and the isolation are there when a task starts.
+  absl::Status applied = RunBounded(5, 5, [&](size_t i) {
+    switch (i) {
+      case 0:
+        return CreateAll(job, "services", a.create_services, false);
+      case 1:
+        return a.create_config_map ? CreateAll(job, "configmaps", {*a.create_config_map}, false)
+                                   : absl::OkStatus();
+      case 2:
+        return a.create_auth_secret ? CreateAuthSecret(job, *a.create_auth_secret)
+                                    : absl::OkStatus();
+      case 3:
+        return a.patch_auth_secret ? PatchAuthSecret(job, *a.patch_auth_secret) : absl::OkStatus();
+      default:
+        return a.create_network_policy
+                   ? CreateAll(job, "networkpolicies", {*a.create_network_policy}, false)
+                   : absl::OkStatus();
+    }
   });
   if (applied.ok()) applied = pod_group;
   if (applied.ok() && a.patch_pod_group) applied = PatchPodGroup(job, *a.patch_pod_group);

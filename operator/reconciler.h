@@ -1,7 +1,8 @@
-// One reconcile of one TrainingJob: observe (the job, its pods, Services and
-// ConfigMap, read from the informer cache, operator/job_cache.h: no request
-// to the API server; the chief task's live progress; after a failed job,
-// whether its PS tasks hold unsaved parameters) -> Desired() (pure,
+// One reconcile of one TrainingJob: observe (the job, its pods, Services,
+// ConfigMap, Secret and NetworkPolicy, read from the informer cache,
+// operator/job_cache.h: no request to the API server; the chief task's live
+// progress; after a failed job, whether its PS tasks hold unsaved
+// parameters) -> Desired() (pure,
 // operator/desired.h) -> apply (creates with a bounded fan-out, deletes,
 // status only when it changed, aggregated events).
 //
@@ -14,6 +15,12 @@
 // An object the API server refuses as invalid (400/422) fails the job
 // (reason CreateRejected, with the API server's message) on the next pass
 // instead of retrying forever.
+//
+// The job's credentials (Actions::create_auth_secret) are generated here,
+// the one impure step, right before their Secret is created; Create never
+// overwrites, and Desired() asks again only while the cache shows no Secret
+// of this job, so a running job's key is never replaced. A Secret of that
+// name that is not the job's leaves its pods waiting (a Warning Event).
 //
 // Gang scheduling (runPolicy.schedulingPolicy): the job's PodGroup is created
 // before its pods (AlreadyExists counts as created). Once one of an API was
@@ -35,6 +42,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -93,9 +101,15 @@ class Reconciler {
                      std::optional<absl::Duration>* requeue_after);
   absl::Status CleanUp(const std::string& ns, const std::string& name);
   // Creates `objects` of `plural` (expecting each first); remembers an
-  // invalid-object refusal for the job.
+  // invalid-object refusal for the job. A name already taken counts as
+  // created (and is added to *already_exist if given).
   absl::Status CreateAll(const JobObject& job, const std::string& plural,
-                         const std::vector<nlohmann::json>& objects, bool slow_start);
+                         const std::vector<nlohmann::json>& objects, bool slow_start,
+                         std::vector<std::string>* already_exist = nullptr);
+  // Generates the job's credentials and creates its Secret.
+  absl::Status CreateAuthSecret(const JobObject& job, const AuthSecretRequest& request);
+  // Adds and removes task tokens of the job's Secret.
+  absl::Status PatchAuthSecret(const JobObject& job, const nlohmann::json& patch);
   absl::Status DeleteAll(const std::string& ns, const std::string& job_name,
                          const std::string& plural, const std::vector<std::string>& names);
   // Creates the job's PodGroup: true once it exists, false if it cannot be

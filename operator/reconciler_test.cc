@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/job_credentials.h"
 #include "operator/fake_kube_client.h"
 #include "operator/status.h"
 
@@ -25,6 +27,9 @@ json Job() {
 const char kPods[] = "/api/v1/namespaces/default/pods";
 const char kServices[] = "/api/v1/namespaces/default/services";
 const char kConfigMaps[] = "/api/v1/namespaces/default/configmaps";
+const char kSecrets[] = "/api/v1/namespaces/default/secrets";
+const char kNetworkPolicies[] = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies";
+const ResourceRef kAuthSecret{"/api/v1", "secrets", "default", "mnist-auth", ""};
 
 // A reconciler over the fake API server, reading a real informer cache fed by
 // the fake's watch.
@@ -41,6 +46,7 @@ class ReconcilerTest : public ::testing::Test {
     stop_ = true;
     kube_.Shutdown();
     if (cache_) cache_->Join();
+    for (auto& c : retired_caches_) c->Join();
   }
   static bool WaitFor(const std::function<bool()>& pred) {
     for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
@@ -61,7 +67,10 @@ class ReconcilerTest : public ::testing::Test {
       return job_same && expectations_.pending() == 0 &&
              cache_->Pods("default/mnist").size() == kube_.Count(kPods) &&
              cache_->Services("default/mnist").size() == kube_.Count(kServices) &&
-             cache_->ConfigMaps("default/mnist").size() == kube_.Count(kConfigMaps);
+             cache_->ConfigMaps("default/mnist").size() == kube_.Count(kConfigMaps) &&
+             cache_->Secrets("default/mnist").size() == kube_.Count(kSecrets) &&
+             cache_->NetworkPolicies("default/mnist").size() == kube_.Count(kNetworkPolicies) &&
+             SecretCached();
     }));
     kube_.ResetCalls();
     ReconcileOutcome out = reconciler_->Reconcile("default", "mnist");
@@ -74,6 +83,29 @@ class ReconcilerTest : public ::testing::Test {
     EXPECT_EQ(kube_.calls("get"), 0);
     return out;
   }
+  // The cache holds the Secret's current keys (a patch may lag).
+  bool SecretCached() {
+    auto secret = kube_.Get(kAuthSecret);
+    for (const auto& s : cache_->Secrets("default/mnist")) {
+      if (!secret.ok()) return false;
+      return s["metadata"]["resourceVersion"] == (*secret)["metadata"]["resourceVersion"];
+    }
+    return !secret.ok();
+  }
+  // A new job's first passes: its Secret (and the rest), then its pods.
+  void Launch() {
+    ASSERT_TRUE(Pass().status.ok());
+    ASSERT_TRUE(Pass().status.ok());
+    ASSERT_GT(kube_.Count(kPods), 0u);
+  }
+
+  // A restarted operator: a fresh cache (listed anew) and reconciler, nothing
+  // remembered. The old ones end with the fixture.
+  void Restart(OperatorConfig config = OperatorConfig{}) {
+    retired_caches_.push_back(std::move(cache_));
+    retired_reconcilers_.push_back(std::move(reconciler_));
+    Start(config);
+  }
 
   FakeKubeClient kube_;
   FakeClock clock_{absl::FromUnixSeconds(1800000000)};
@@ -81,6 +113,8 @@ class ReconcilerTest : public ::testing::Test {
   std::atomic<bool> stop_{false};
   std::unique_ptr<JobCache> cache_;
   std::unique_ptr<Reconciler> reconciler_;
+  std::vector<std::unique_ptr<JobCache>> retired_caches_;
+  std::vector<std::unique_ptr<Reconciler>> retired_reconcilers_;
 };
 
 TEST_F(ReconcilerTest, CreatesEverythingOnceFromTheCacheAndIsIdempotent) {
@@ -88,16 +122,22 @@ TEST_F(ReconcilerTest, CreatesEverythingOnceFromTheCacheAndIsIdempotent) {
   Start();
   auto out = Pass();
   ASSERT_TRUE(out.status.ok()) << out.status;
-  EXPECT_EQ(kube_.Count(kPods), 3u);
   EXPECT_EQ(kube_.Count(kServices), 3u);
   EXPECT_EQ(kube_.Count(kConfigMaps), 1u);
-  // Created + one aggregated SuccessfulCreatePod + one SuccessfulCreateService.
-  EXPECT_EQ(kube_.Count("/api/v1/namespaces/default/events"), 3u);
-  EXPECT_EQ(kube_.calls("create", "pods"), 3);
+  EXPECT_EQ(kube_.Count(kSecrets), 1u);
+  EXPECT_EQ(kube_.Count(kNetworkPolicies), 1u);
+  EXPECT_EQ(kube_.Count(kPods), 0u);  // they wait for the cache to show the Secret
   EXPECT_EQ(kube_.calls("update", "trainingjobs"), 1);
   auto job = kube_.Get(TrainingJobs("default", "mnist"));
   EXPECT_EQ((*job)["status"]["state"], "Created");
-  // A second pass creates nothing and, with nothing changed, sends nothing.
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.Count(kPods), 3u);
+  EXPECT_EQ(kube_.calls("create", "pods"), 3);
+  EXPECT_EQ(kube_.calls("create", "secrets"), 0);
+  // Created + one aggregated SuccessfulCreatePod + one SuccessfulCreateService.
+  EXPECT_EQ(kube_.Count("/api/v1/namespaces/default/events"), 3u);
+  // A third pass creates nothing and, with nothing changed, sends nothing.
   out = Pass();
   ASSERT_TRUE(out.status.ok()) << out.status;
   EXPECT_EQ(kube_.calls("create"), 0);
@@ -110,16 +150,31 @@ TEST_F(ReconcilerTest, WaitsForItsOwnCreatesToBeObservedBeforeDecidingAgain) {
   ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
   Start();
   ASSERT_TRUE(WaitFor([&] { return cache_->Job("default", "mnist").has_value(); }));
+  // The Secret's watch events are held back: the cache does not show it.
+  kube_.HoldWatches("secrets", true);
+  ASSERT_TRUE(reconciler_->Reconcile("default", "mnist").status.ok());
+  ASSERT_TRUE(reconciler_->Reconcile("default", "mnist").status.ok());
+  EXPECT_EQ(kube_.calls("create", "secrets"), 1);  // not generated twice
+  EXPECT_EQ(kube_.calls("create", "pods"), 0);
+  kube_.HoldWatches("secrets", false);
+  ASSERT_TRUE(Pass().status.ok());
+  kube_.ResetCalls();
+  ASSERT_TRUE(kube_.Delete({"/api/v1", "pods", "default", "mnist-worker-1", ""}, "").ok());
+  ASSERT_TRUE(kube_.Delete({"/api/v1", "services", "default", "mnist-ps-0", ""}, "").ok());
+  ASSERT_TRUE(WaitFor([&] {
+    return cache_->Pods("default/mnist").size() == 2 &&
+           cache_->Services("default/mnist").size() == 2;
+  }));
   // The pods' watch events are held back: the cache does not show them.
   kube_.HoldWatches("pods", true);
   ASSERT_TRUE(reconciler_->Reconcile("default", "mnist").status.ok());
   // Objects only: Events are sent by the recorder's own thread, maybe later.
   auto object_creates = [&] {
     return kube_.calls("create", "pods") + kube_.calls("create", "services") +
-           kube_.calls("create", "configmaps");
+           kube_.calls("create", "configmaps") + kube_.calls("create", "secrets");
   };
   const int creates = object_creates();
-  EXPECT_EQ(creates, 7);
+  EXPECT_EQ(creates, 2);
   EXPECT_GT(expectations_.pending(), 0u);
   // Straight away again, from a cache that has no pods: nothing is created twice.
   auto out = reconciler_->Reconcile("default", "mnist");
@@ -133,6 +188,7 @@ TEST_F(ReconcilerTest, WaitsForItsOwnCreatesToBeObservedBeforeDecidingAgain) {
   out = Pass();
   ASSERT_TRUE(out.status.ok()) << out.status;
   EXPECT_EQ(kube_.Count(kPods), 3u);
+  EXPECT_EQ(kube_.Count(kServices), 3u);
 }
 
 TEST_F(ReconcilerTest, ObservedPodStatusDrivesTheJobAndDeletedJobsLeaveNothing) {
@@ -140,7 +196,7 @@ TEST_F(ReconcilerTest, ObservedPodStatusDrivesTheJobAndDeletedJobsLeaveNothing) 
   OperatorConfig config;
   config.cleanup_grace = absl::ZeroDuration();
   Start(config);
-  ASSERT_TRUE(Pass().status.ok());
+  Launch();
   // The chief pod succeeds with a result in its termination message.
   ResourceRef chief{"/api/v1", "pods", "default", "mnist-worker-0", ""};
   ASSERT_TRUE(
@@ -178,6 +234,8 @@ TEST_F(ReconcilerTest, ObservedPodStatusDrivesTheJobAndDeletedJobsLeaveNothing) 
   EXPECT_EQ(kube_.Count(kPods), 0u);
   EXPECT_EQ(kube_.Count(kServices), 0u);
   EXPECT_EQ(kube_.Count(kConfigMaps), 0u);
+  EXPECT_EQ(kube_.Count(kSecrets), 0u);
+  EXPECT_EQ(kube_.Count(kNetworkPolicies), 0u);
 }
 
 TEST_F(ReconcilerTest, ACrashLoopingPodsLastTerminationIsTheRestartingReason) {
@@ -185,7 +243,7 @@ TEST_F(ReconcilerTest, ACrashLoopingPodsLastTerminationIsTheRestartingReason) {
   job["spec"]["replicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure";
   ASSERT_TRUE(kube_.Create(TrainingJobs("default"), job).ok());
   Start();
-  ASSERT_TRUE(Pass().status.ok());
+  Launch();
   // The kubelet restarted worker-1 in place and now holds it back: its
   // reason is in lastState.terminated, state.waiting says CrashLoopBackOff.
   ResourceRef worker{"/api/v1", "pods", "default", "mnist-worker-1", ""};
@@ -227,12 +285,15 @@ TEST_F(ReconcilerTest, ACrashLoopingPodsLastTerminationIsTheRestartingReason) {
 TEST_F(ReconcilerTest, ADeletedServiceIsCreatedAgain) {
   ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
   Start();
-  ASSERT_TRUE(Pass().status.ok());
+  Launch();
   ASSERT_TRUE(kube_.Delete({"/api/v1", "services", "default", "mnist-ps-0", ""}, "").ok());
   ASSERT_TRUE(kube_.Delete({"/api/v1", "configmaps", "default", "mnist-config", ""}, "").ok());
+  ASSERT_TRUE(
+      kube_.Delete({kNetworkPolicyApiPath, "networkpolicies", "default", "mnist", ""}, "").ok());
   ASSERT_TRUE(Pass().status.ok());
   EXPECT_EQ(kube_.Count(kServices), 3u);
   EXPECT_EQ(kube_.Count(kConfigMaps), 1u);
+  EXPECT_EQ(kube_.Count(kNetworkPolicies), 1u);
   EXPECT_EQ(kube_.calls("create", "pods"), 0);
 }
 
@@ -243,6 +304,7 @@ TEST_F(ReconcilerTest, APodTheApiServerRefusesFailsTheJobWithItsMessage) {
                       "POST pods: Pod \"mnist-ps-0\" is invalid: spec.containers[0].image: "
                       "Required value"));
   Start();
+  ASSERT_TRUE(Pass().status.ok());  // the job's Secret first
   auto out = Pass();
   EXPECT_TRUE(absl::IsInvalidArgument(out.status)) << out.status;
   // Slow start: one refused pod, not one per task.
@@ -273,7 +335,7 @@ TEST_F(ReconcilerTest, ProgressIsReadFromTheChiefTasksPod) {
     asked.push_back(ip);
     return "kubetrain_global_step 7\n";
   });
-  ASSERT_TRUE(Pass().status.ok());
+  Launch();
   for (const char* pod : {"mnist-chief-0", "mnist-worker-0"}) {
     ASSERT_TRUE(
         kube_
@@ -308,7 +370,7 @@ TEST_F(ReconcilerTest, StoppingPsTasksOfAFailedCheckpointingJobAreAskedWhetherTh
     if (ip == "10.0.0.9") return "kubetrain_global_step 10\n";  // the chief, worker 0
     return absl::StrCat("kubetrain_ps_holding_unsaved_parameters ", holding ? 1 : 0, "\n");
   });
-  ASSERT_TRUE(Pass().status.ok());
+  Launch();
   auto patch_pod = [&](const std::string& pod, const json& patch) {
     ASSERT_TRUE(kube_.MergePatch({"/api/v1", "pods", "default", pod, ""}, patch).ok());
   };
@@ -382,7 +444,7 @@ TEST_F(ReconcilerTest, StoppingPsTasksOfAFailedCheckpointingJobAreAskedWhetherTh
 TEST_F(ReconcilerTest, CountOnlyStatusChangesAreCoalesced) {
   ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
   Start();
-  ASSERT_TRUE(Pass().status.ok());  // Created: written at once
+  Launch();  // Created: written at once
   auto run = [&](const std::string& pod) {
     ASSERT_TRUE(kube_
                     .MergePatch({"/api/v1", "pods", "default", pod, ""},
@@ -439,6 +501,9 @@ TEST_F(ReconcilerTest, AGangJobGetsItsPodGroupBeforeItsPodsOnce) {
   EXPECT_EQ((*pg)["spec"]["minMember"], 2);
   EXPECT_EQ((*pg)["metadata"]["ownerReferences"][0]["uid"], "job-uid");
   EXPECT_EQ(kube_.calls("create", "podgroups"), 1);
+  out = Pass();  // the pods, once the cache shows the job's Secret
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("create", "podgroups"), 0);
   EXPECT_EQ(kube_.Count(kPods), 3u);
   // Created, SuccessfulCreatePodGroup, SuccessfulCreatePod, SuccessfulCreateService.
   EXPECT_EQ(kube_.Count("/api/v1/namespaces/default/events"), 4u);
@@ -537,6 +602,163 @@ TEST_F(ReconcilerTest, WithoutThePodGroupCrdPodsWaitAndTheApiIsNotAskedUntilTheR
   ASSERT_NE(failing, nullptr);
   EXPECT_EQ((*failing)["status"], "False");
   EXPECT_EQ((*failing)["reason"], reason::kPodGroupCreated);
+}
+
+std::string Decoded(const json& secret, const std::string& key) {
+  std::string out;
+  EXPECT_TRUE(absl::Base64Unescape(secret["data"].value(key, ""), &out)) << key;
+  return out;
+}
+
+TEST_F(ReconcilerTest, TheJobsSecretIsGeneratedOnceAndNeverAgainAfterAnOperatorRestart) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  Start();
+  Launch();
+  auto secret = kube_.Get(kAuthSecret);
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  EXPECT_EQ((*secret)["type"], "Opaque");
+  EXPECT_EQ((*secret)["metadata"]["labels"]["kubetrain.io/job-name"], "mnist");
+  EXPECT_EQ((*secret)["metadata"]["ownerReferences"][0]["uid"], "job-uid");
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : (*secret)["data"].items()) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"ca.crt", "job.key", "tls.crt", "tls.key",
+                                            "token.worker-0", "token.worker-1"}));
+  const std::string job_key = Decoded(*secret, "job.key");
+  EXPECT_EQ(job_key.size(), 64u);
+  EXPECT_EQ(Decoded(*secret, "token.worker-1"), TaskToken(job_key, "worker", 1));
+  EXPECT_NE(Decoded(*secret, "ca.crt").find("BEGIN CERTIFICATE"), std::string::npos);
+  // The cache keeps the job key (for tokens of new tasks) and no other value.
+  const std::vector<json> cached = cache_->Secrets("default/mnist");
+  ASSERT_EQ(cached.size(), 1u);
+  EXPECT_EQ(cached[0]["data"]["job.key"], (*secret)["data"]["job.key"]);
+  EXPECT_EQ(cached[0]["data"]["tls.key"], "");
+  EXPECT_EQ(cached[0]["data"]["token.worker-0"], "");
+  // A restarted operator finds it in its new cache: nothing is generated or created again.
+  Restart();
+  auto out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("create"), 0);
+  EXPECT_EQ(kube_.calls("patch"), 0);
+  EXPECT_EQ((*kube_.Get(kAuthSecret))["metadata"]["resourceVersion"],
+            (*secret)["metadata"]["resourceVersion"]);
+}
+
+TEST_F(ReconcilerTest, WithoutTlsTheSecretHoldsTokensOnly) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  OperatorConfig config;
+  config.job_tls = false;
+  Start(config);
+  Launch();
+  auto secret = kube_.Get(kAuthSecret);
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  EXPECT_FALSE((*secret)["data"].contains("ca.crt"));
+  EXPECT_FALSE((*secret)["data"].contains("tls.key"));
+  auto pod = kube_.Get({"/api/v1", "pods", "default", "mnist-worker-0", ""});
+  ASSERT_TRUE(pod.ok());
+  for (const auto& v : (*pod)["spec"]["volumes"]) {
+    if (v["name"] == "kubetrain-auth") {
+      EXPECT_EQ(v["secret"]["items"],
+                json::parse(R"([{"key": "token.worker-0", "path": "token"}])"));
+    }
+  }
+}
+
+TEST_F(ReconcilerTest, ASecretOfThatNameNotTheJobsKeepsThePodsWaiting) {
+  // A deleted job's of the same name, not yet collected.
+  ASSERT_TRUE(
+      kube_
+          .Create(
+              {"/api/v1", "secrets", "default", "", ""},
+              {{"metadata",
+                {{"name", "mnist-auth"},
+                 {"labels", {{"kubetrain.io/job-name", "mnist"}}},
+                 {"ownerReferences", json::array({{{"uid", "old-uid"}, {"controller", true}}})}}},
+               {"data", {{"job.key", absl::Base64Escape(std::string(64, 'e'))}}}})
+          .ok());
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  Start();
+  ASSERT_TRUE(Pass().status.ok());
+  ASSERT_TRUE(Pass().status.ok());
+  EXPECT_EQ(kube_.Count(kPods), 0u);  // never with another job's key
+  bool warned = false;
+  const auto events = kube_.List({"/api/v1", "events", "default", "", ""}, "");
+  for (const auto& e : (*events)["items"]) {
+    warned = warned || e["message"].get<std::string>().find(
+                           "Secret mnist-auth already exists and does not belong to this "
+                           "TrainingJob") != std::string::npos;
+  }
+  EXPECT_TRUE(warned);
+  // Once it is gone, the job's own, then the pods.
+  ASSERT_TRUE(kube_.Delete(kAuthSecret, "").ok());
+  ASSERT_TRUE(Pass().status.ok());
+  ASSERT_TRUE(Pass().status.ok());
+  EXPECT_EQ((*kube_.Get(kAuthSecret))["metadata"]["ownerReferences"][0]["uid"], "job-uid");
+  EXPECT_EQ(kube_.Count(kPods), 3u);
+}
+
+TEST_F(ReconcilerTest, ASecretTheApiServerRefusesFailsTheJobWithItsMessage) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  kube_.FailCalls("create", "secrets",
+                  absl::InvalidArgumentError("POST secrets: Secret \"mnist-auth\" is invalid: "
+                                             "exceeded quota"));
+  Start();
+  EXPECT_TRUE(absl::IsInvalidArgument(Pass().status));
+  auto out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(out.state, "Failed");
+  const auto job = kube_.Get(TrainingJobs("default", "mnist"));
+  const json* failed = FindCondition((*job)["status"], condition::kFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ((*failed)["reason"], reason::kCreateRejected);
+  EXPECT_NE((*failed)["message"].get<std::string>().find("refused secrets mnist-auth"),
+            std::string::npos)
+      << *failed;
+  EXPECT_EQ(kube_.Count(kPods), 0u);
+}
+
+TEST_F(ReconcilerTest, ADeletedSecretIsNotReplacedAndATaskThatMustStartAgainFailsTheJob) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  Start();
+  Launch();
+  ASSERT_TRUE(kube_.Delete(kAuthSecret, "").ok());
+  auto out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("create", "secrets"), 0);
+  const auto job = kube_.Get(TrainingJobs("default", "mnist"));
+  const json* missing = FindCondition((*job)["status"], condition::kAuthSecretMissing);
+  ASSERT_NE(missing, nullptr);
+  EXPECT_EQ((*missing)["status"], "True");
+  EXPECT_NE(out.state, "Failed");
+  ASSERT_TRUE(kube_.Delete({"/api/v1", "pods", "default", "mnist-worker-1", ""}, "").ok());
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(out.state, "Failed");
+  EXPECT_EQ(kube_.calls("create"), kube_.calls("create", "events"));  // nothing but Events
+  const auto ended = kube_.Get(TrainingJobs("default", "mnist"));
+  const json* failed = FindCondition((*ended)["status"], condition::kFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ((*failed)["reason"], reason::kAuthSecretLost);
+}
+
+TEST_F(ReconcilerTest, ANewWorkerGetsItsTokenBeforeItsPod) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  Start();
+  Launch();
+  ASSERT_TRUE(kube_
+                  .MergePatch(TrainingJobs("default", "mnist"),
+                              {{"spec", {{"replicaSpecs", {{"Worker", {{"replicas", 3}}}}}}}})
+                  .ok());
+  auto out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("patch", "secrets"), 1);
+  EXPECT_EQ(kube_.calls("create", "pods"), 0);
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("patch", "secrets"), 0);
+  EXPECT_EQ(kube_.calls("create", "pods"), 1);
+  auto secret = kube_.Get(kAuthSecret);
+  EXPECT_EQ(Decoded(*secret, "token.worker-2"),
+            TaskToken(Decoded(*secret, "job.key"), "worker", 2));
 }
 
 }  // namespace

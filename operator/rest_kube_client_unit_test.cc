@@ -169,14 +169,24 @@ class FakeServer {
     listener_.open().wait();
   }
   ~FakeServer() {
-    for (auto& t : threads_) t.join();
+    {
+      // Under the lock: a handler's Spawn may still be inside emplace_back
+      // (its thread already running and feeding the client) when the test
+      // ends; reading threads_ then raced with it and could miss that thread,
+      // whose destruction while joinable called std::terminate.
+      std::lock_guard<std::mutex> l(mu_);
+      for (auto& t : threads_) t.join();
+    }
     listener_.close().wait();
   }
 
   const std::string& url() const { return url_; }
   void set_handler(Handler h) { handler_ = std::move(h); }
   // Runs `f` on a thread joined by the destructor (for streaming bodies).
-  void Spawn(std::function<void()> f) { threads_.emplace_back(std::move(f)); }
+  void Spawn(std::function<void()> f) {
+    std::lock_guard<std::mutex> l(mu_);
+    threads_.emplace_back(std::move(f));
+  }
   std::string last_uri() {
     std::lock_guard<std::mutex> l(mu_);
     return uris_.empty() ? "" : uris_.back();
@@ -194,9 +204,9 @@ class FakeServer {
   std::string url_;
   web::http::experimental::listener::http_listener listener_;
   Handler handler_;
-  std::vector<std::thread> threads_;
   std::mutex mu_;
-  std::vector<std::string> uris_, auths_, content_types_;
+  std::vector<std::thread> threads_;                       // guarded by mu_
+  std::vector<std::string> uris_, auths_, content_types_;  // guarded by mu_
 };
 
 // Replies 200 with a chunked body made of `pieces`, written with pauses, then

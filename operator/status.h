@@ -9,7 +9,7 @@
 //   Suspended   TrainingJobSuspended   (False again: TrainingJobResumed)
 //   Succeeded   TrainingJobSucceeded
 //   Failed      TrainingJobFailed | BackoffLimitExceeded | DeadlineExceeded | InvalidSpec
-//               | CreateRejected
+//               | CreateRejected | AuthSecretLost
 //   CheckpointFailing  CheckpointWriteFailed (False again: CheckpointsWritten); not part of
 //               the state: training goes on while checkpoints fail (SetCheckpointCondition)
 //   PodGroupFailing  PodGroupAPIMissing | PodGroupRejected (False again: PodGroupCreated);
@@ -19,6 +19,9 @@
 //               did not succeed: its PS tasks could not write their final checkpoint
 //               and hold the parameters for `kubetrain export --from-ps`; the message
 //               says how to save the model (desired_hold.cc); not part of the state
+//   AuthSecretMissing  AuthSecretLost: the job's Secret {job}-auth was deleted (or its
+//               job.key spoiled) while tasks that use it run; not part of the state (the
+//               job fails, reason AuthSecretLost, once such a task must be started again)
 // `.status.state` (the State printer column) is StateOf(status).
 #ifndef KUBETRAIN_OPERATOR_STATUS_H_
 #define KUBETRAIN_OPERATOR_STATUS_H_
@@ -43,6 +46,8 @@ inline constexpr char kFailed[] = "Failed";
 inline constexpr char kCheckpointFailing[] = "CheckpointFailing";
 inline constexpr char kPodGroupFailing[] = "PodGroupFailing";
 inline constexpr char kParametersHeld[] = "ParametersHeld";
+inline constexpr char kAuthSecretMissing[] = "AuthSecretMissing";
+inline constexpr char kRunningWithoutCredentials[] = "RunningWithoutCredentials";
 }  // namespace condition
 
 namespace reason {
@@ -64,6 +69,10 @@ inline constexpr char kPodGroupRejected[] = "PodGroupRejected";      // refused 
 inline constexpr char kPodGroupCreated[] = "PodGroupCreated";
 inline constexpr char kFinalCheckpointFailed[] = "FinalCheckpointFailed";  // PS tasks hold
 inline constexpr char kParametersReleased[] = "ParametersReleased";        // they exited
+inline constexpr char kAuthSecretLost[] = "AuthSecretLost";  // deleted while tasks used it
+// Its pods were created by an operator that gave jobs no credentials.
+inline constexpr char kStartedWithoutCredentials[] = "StartedWithoutCredentials";
+inline constexpr char kCredentialsIssued[] = "CredentialsIssued";
 }  // namespace reason
 
 // metav1.Time: RFC 3339 in UTC, whole seconds ("2027-01-15T08:00:00Z").

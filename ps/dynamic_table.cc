@@ -69,6 +69,7 @@ int64_t DynamicTable::NewRow(int64_t touched_in_call) {
     index_.erase(ids_[victim]);
     free_.push_back(victim);
     ++evicted_;
+    ++generation_;
   }
   int64_t r;
   if (!free_.empty()) {
@@ -96,6 +97,7 @@ std::vector<int64_t> DynamicTable::Touch(const std::vector<int64_t>& ids) {
       init_(ids[i], values_.data() + r * dim_);
       index_.emplace(ids[i], static_cast<int32_t>(r));
       ++created_;
+      ++generation_;
     }
     PushFront(static_cast<int32_t>(r));
     rows[i] = r;
@@ -171,7 +173,23 @@ absl::Status DynamicTable::Import(const Rows& rows) {
     std::copy(rows.slots[k].begin(), rows.slots[k].end(), slots[k]->begin());
   }
   for (size_t i = 0; i < n; ++i) PushFront(static_cast<int32_t>(i));  // the last: most recent
+  ++generation_;
   return absl::OkStatus();
+}
+
+int64_t DynamicTable::List(int64_t cursor, int64_t max_rows, std::vector<int64_t>* ids,
+                           std::vector<float>* values) const {
+  const int64_t slab = static_cast<int64_t>(ids_.size());
+  int64_t r = std::max<int64_t>(0, cursor);
+  for (int64_t listed = 0; r < slab && listed < max_rows; ++r) {
+    // A held row is in the LRU list: the head, or a row with a predecessor;
+    // an evicted (free) row is in neither.
+    if (r != head_ && prev_[r] == kNone) continue;
+    ids->push_back(ids_[r]);
+    values->insert(values->end(), values_.begin() + r * dim_, values_.begin() + (r + 1) * dim_);
+    ++listed;
+  }
+  return r < slab ? r : -1;
 }
 
 }  // namespace kubetrain

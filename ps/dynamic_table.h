@@ -10,7 +10,9 @@
 // slot + 1 control byte, at a load factor between 7/16 and 7/8). Bytes()
 // counts all of it from the containers' capacities, so bytes per row =
 // dim x 4 x (1 + slots) + kRowOverheadBytes at most, plus the slab's growth
-// slack (it grows by max(256 rows, 1/8), never past max_rows).
+// slack (it grows by max(256 rows, 1/8), never past max_rows). A bounded
+// table filled to max_rows holds exactly what the memory check counts for it
+// (DynamicTableBookkeepingBytes, core/memory_budget.h).
 //
 // Recency: Touch marks rows most recently used; the row evicted is the least
 // recently touched one, never one touched by the same Touch call (a call that
@@ -49,6 +51,9 @@ class DynamicTable {
   int64_t size() const { return static_cast<int64_t>(index_.size()); }
   int64_t rows_created() const { return created_; }
   int64_t rows_evicted() const { return evicted_; }
+  // Changes whenever a row is created or evicted or the table is imported:
+  // List pages taken at one generation list every held row exactly once.
+  int64_t generation() const { return generation_; }
   // Bytes held: slab, slots, ids, links and the hash map, by capacity.
   int64_t Bytes() const;
 
@@ -70,6 +75,12 @@ class DynamicTable {
     std::vector<std::vector<float>> slots;
   };
   Rows Export() const;
+  // A page of the held rows in slab order (values only), for listing a table
+  // a page at a time: looks at slab rows from `cursor` on and appends at
+  // most `max_rows` held ones to ids/values. Returns the slab row to go on
+  // from, or -1 when no slab row is left.
+  int64_t List(int64_t cursor, int64_t max_rows, std::vector<int64_t>* ids,
+               std::vector<float>* values) const;
   // Replaces the contents with `rows` (validated first: distinct ids, sizes,
   // slot count; nothing changes otherwise), recency as Export gave it (so
   // an exported and imported table evicts as the original would). Counters
@@ -94,7 +105,7 @@ class DynamicTable {
   std::vector<int32_t> free_;         // slab rows evicted and not reused yet
   int32_t head_ = kNone, tail_ = kNone;
   absl::flat_hash_map<int64_t, int32_t> index_;  // id -> slab row
-  int64_t created_ = 0, evicted_ = 0;
+  int64_t created_ = 0, evicted_ = 0, generation_ = 0;
 };
 
 }  // namespace kubetrain

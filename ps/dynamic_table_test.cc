@@ -1,5 +1,6 @@
 #include "ps/dynamic_table.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -7,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/memory_budget.h"
 #include "core/model.h"
 
 namespace kubetrain {
@@ -17,7 +19,7 @@ struct Fixture {
   explicit Fixture(const char* optimizer = "adagrad", int64_t dim = 8) : dim(dim) {
     ModelSpec spec;
     spec.type = "layers";
-    spec.input_shape = {2};  // one dense feature, one id slot
+    spec.input_shape = {1};  // one dense feature (and one lookup id)
     LayerSpec dense;
     dense.units = 1;
     spec.layers = {dense};
@@ -214,6 +216,47 @@ TEST(DynamicTableTest, ExportImportRoundTripsRowsAndSlots) {
   EXPECT_EQ(restored->Export().values, d->Export().values);
 }
 
+// A restored table evicts what the original would have: recency comes back
+// with the rows.
+TEST(DynamicTableTest, ARestoredTableEvictsInTheOriginalsOrder) {
+  Fixture f("sgd");
+  auto d = f.Make(1, 3);
+  d->Touch({10, 20, 30});
+  d->Touch({10});  // 20 is now the least recently used
+  auto restored = f.Make(1, 3);
+  ASSERT_TRUE(restored->Import(d->Export()).ok());
+  for (DynamicTable* t : {d.get(), restored.get()}) {
+    t->Touch({40});
+    std::vector<int64_t> ids = t->Export().ids;
+    std::sort(ids.begin(), ids.end());
+    EXPECT_EQ(ids, (std::vector<int64_t>{10, 30, 40}));
+  }
+}
+
+// List pages through the held rows in slab order, skipping evicted ones;
+// the generation moves with every row created or evicted.
+TEST(DynamicTableTest, ListPagesThroughTheHeldRowsOnly) {
+  Fixture f("sgd");
+  auto d = f.Make(1, 4);
+  d->Touch({1, 2, 3, 4, 5, 6});  // one touch may pass the bound
+  const int64_t generation = d->generation();
+  d->Touch({7});  // evicts 1, 2 and 3 (4 rows held again), reuses a slab row
+  EXPECT_GT(d->generation(), generation);
+  std::vector<int64_t> ids;
+  std::vector<float> values;
+  int64_t cursor = 0;
+  int pages = 0;
+  do {
+    cursor = d->List(cursor, 2, &ids, &values);
+    ++pages;
+  } while (cursor >= 0);
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<int64_t>{4, 5, 6, 7}));
+  EXPECT_GE(pages, 2);
+  EXPECT_EQ(values.size(), ids.size() * 8);
+  EXPECT_EQ(d->List(0, 0, &ids, &values), 0);  // nothing listed, nothing skipped
+}
+
 // Memory: bytes per held row stay within dim x 4 x (1 + slots) +
 // kRowOverheadBytes, plus the slab's growth slack (max(256 rows, 1/8)).
 TEST(DynamicTableTest, BytesPerRowAreThePayloadPlusASmallConstant) {
@@ -239,6 +282,31 @@ TEST(DynamicTableTest, BytesPerRowAreThePayloadPlusASmallConstant) {
     std::printf("%s dim 16: %.1f bytes per row, payload %lld, constant bound %lld\n", type,
                 static_cast<double>(d->Bytes()) / n, static_cast<long long>(payload),
                 static_cast<long long>(DynamicTable::kRowOverheadBytes));
+  }
+}
+
+// A bounded table filled to its bound holds exactly the payload plus what
+// the memory check counts for it (core/memory_budget.h): the slab stops at
+// max_rows, and the hash map has absl's capacity for that many ids.
+TEST(DynamicTableTest, AFullBoundedTableHoldsWhatTheMemoryCheckCounts) {
+  for (const char* type : {"sgd", "adagrad", "adam"}) {
+    for (int64_t max_rows : {3000, 50000}) {
+      Fixture f(type, 16);
+      auto d = f.Make(1, max_rows);
+      std::vector<int64_t> ids;
+      for (int64_t i = 0; i < max_rows; ++i) {
+        ids.push_back(static_cast<int64_t>((i + 1) * 0x9e3779b97f4a7c15ULL >> 1));
+        if (ids.size() == 1000 || i + 1 == max_rows) {
+          d->Touch(ids);
+          ids.clear();
+        }
+      }
+      ASSERT_EQ(d->size(), max_rows);
+      ASSERT_EQ(d->rows_evicted(), 0);
+      const int64_t payload = 16 * 4 * (1 + d->optimizer()->num_slots());
+      EXPECT_EQ(d->Bytes(), max_rows * payload + DynamicTableBookkeepingBytes(max_rows))
+          << type << " " << max_rows;
+    }
   }
 }
 

@@ -111,6 +111,15 @@ class InProcessPs::Channel final : public ShardChannel {
     return response;
   }
 
+  absl::StatusOr<v1::ListRowsResponse> ListRows(const v1::ListRowsRequest& request) override {
+    v1::ListRowsResponse response;
+    if (absl::Status s = ServeListRows(ps_->shard().get(), request, max_chunk_bytes_, &response);
+        !s.ok()) {
+      return s;
+    }
+    return response;
+  }
+
   absl::Status Leave(const v1::LeaveRequest& request) override {
     std::shared_ptr<Shard> shard = ps_->shard();
     auto task = TaskFromWire(request.task_type(), request.worker_index());
@@ -310,6 +319,12 @@ absl::StatusOr<v1::SparsePullResponse> FaultyShardChannel::SparsePull(
     const v1::SparsePullRequest& request) {
   if (absl::Status s = Intercept(ShardRpc::kSparsePull); !s.ok()) return s;
   return ShardChannelWrapper::SparsePull(request);
+}
+
+absl::StatusOr<v1::ListRowsResponse> FaultyShardChannel::ListRows(
+    const v1::ListRowsRequest& request) {
+  if (absl::Status s = Intercept(ShardRpc::kListRows); !s.ok()) return s;
+  return ShardChannelWrapper::ListRows(request);
 }
 
 absl::Status FaultyShardChannel::Leave(const v1::LeaveRequest& request) {

@@ -89,7 +89,16 @@ class InProcessPs {
   std::map<uint64_t, TaskRole> pulls_in_flight_ ABSL_GUARDED_BY(mu_);  // tickets on shard_
 };
 
-enum class ShardRpc { kGetInfo, kPull, kPush, kLeave, kShutdown, kSparsePull, kGetStats };
+enum class ShardRpc {
+  kGetInfo,
+  kPull,
+  kPush,
+  kLeave,
+  kShutdown,
+  kSparsePull,
+  kGetStats,
+  kListRows
+};
 
 // A ShardChannelWrapper with faults a test switches on per RPC. Faults run
 // before the call is forwarded, in the order they were added; the first one
@@ -124,6 +133,7 @@ class FaultyShardChannel : public ShardChannelWrapper {
                                         const std::vector<ChunkRef>& chunks,
                                         const std::vector<SparseRef>& sparse) override;
   absl::StatusOr<v1::SparsePullResponse> SparsePull(const v1::SparsePullRequest& request) override;
+  absl::StatusOr<v1::ListRowsResponse> ListRows(const v1::ListRowsRequest& request) override;
   absl::Status Leave(const v1::LeaveRequest& request) override;
   absl::StatusOr<v1::ShardStats> Shutdown(const v1::ShutdownRequest& request) override;
   absl::StatusOr<v1::ShardStats> GetStats(const v1::InfoRequest& request) override;

@@ -40,6 +40,8 @@ const char* PsMethodName(PsMethod method) {
       return "Pull";
     case PsMethod::kSparsePull:
       return "SparsePull";
+    case PsMethod::kListRows:
+      return "ListRows";
     case PsMethod::kGetStats:
       return "GetStats";
     case PsMethod::kPush:
@@ -104,6 +106,7 @@ absl::Status AuthorizeCall(PsMethod method, const TaskId& caller, const TaskId& 
     case PsMethod::kGetInfo:
     case PsMethod::kPull:
     case PsMethod::kSparsePull:
+    case PsMethod::kListRows:
     case PsMethod::kGetStats:
       break;
     case PsMethod::kPush:

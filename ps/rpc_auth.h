@@ -4,7 +4,8 @@
 // before it reads the request's payload; the in-process channel has no
 // callers to check.
 //
-//   GetInfo, Pull, SparsePull, GetStats   any task of the job
+//   GetInfo, Pull, SparsePull, ListRows,  any task of the job
+//   GetStats
 //   Push                                  a worker
 //   Leave                                 a worker, the chief, an evaluator
 //   Shutdown                              the job's chief only (ChiefTask)
@@ -28,7 +29,16 @@
 
 namespace kubetrain {
 
-enum class PsMethod { kGetInfo, kPull, kSparsePull, kGetStats, kPush, kLeave, kShutdown };
+enum class PsMethod {
+  kGetInfo,
+  kPull,
+  kSparsePull,
+  kListRows,
+  kGetStats,
+  kPush,
+  kLeave,
+  kShutdown
+};
 const char* PsMethodName(PsMethod method);
 
 // The task `x_kubetrain_task` names, if `authorization` ("Bearer <token>")

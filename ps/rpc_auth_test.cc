@@ -125,6 +125,11 @@ TEST(AuthorizeCallTest, Table) {
       {PsMethod::kSparsePull, evaluator, evaluator, false, ""},
       {PsMethod::kPull, exporter, exporter, false, ""},
       {PsMethod::kGetStats, exporter, exporter, true, ""},
+      {PsMethod::kListRows, exporter, exporter, false, ""},
+      {PsMethod::kListRows, w0, w0, false, ""},
+      {PsMethod::kListRows, exporter, chief, true,
+       "ListRows: the caller is exporter/0 but the request names chief/0 (a task acts only as "
+       "itself)"},
       {PsMethod::kGetInfo, w1, w0, false,
        "GetInfo: the caller is worker/1 but the request names worker/0 (a task acts only as "
        "itself)"},

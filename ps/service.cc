@@ -549,6 +549,18 @@ grpc::ServerUnaryReactor* PsService::SparsePull(grpc::CallbackServerContext* ctx
   return Answer("SparsePull", ctx, s, resp, out);
 }
 
+grpc::ServerUnaryReactor* PsService::ListRows(grpc::CallbackServerContext* ctx,
+                                              const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
+  v1::ListRowsRequest req;
+  v1::ListRowsResponse resp;
+  absl::Status s = Admit(PsMethod::kListRows, ctx, raw, &req);
+  if (s.ok()) s = ServeListRows(shard_, req, options_.max_chunk_bytes, &resp);
+  if (s.ok() && metrics_.sparse_pull_bytes) {
+    metrics_.sparse_pull_bytes->Increment(static_cast<double>(resp.rows().data().size()));
+  }
+  return Answer("ListRows", ctx, s, resp, out);
+}
+
 grpc::ServerUnaryReactor* PsService::Shutdown(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
   v1::ShutdownRequest req;

@@ -90,7 +90,7 @@ struct PsServiceMetrics {
   prometheus::Histogram* push_seconds = nullptr;
   prometheus::Counter* pull_bytes = nullptr;         // sent to workers
   prometheus::Counter* push_bytes = nullptr;         // received from workers (dense and sparse)
-  prometheus::Counter* sparse_pull_bytes = nullptr;  // table rows sent to workers
+  prometheus::Counter* sparse_pull_bytes = nullptr;  // table rows sent (SparsePull, ListRows)
   prometheus::Counter* sparse_push_bytes = nullptr;  // table gradient rows received
   prometheus::Gauge* push_streams = nullptr;         // push streams open now
   // Push streams refused for a limit or closed as idle.
@@ -107,7 +107,8 @@ using RawPsService = v1::ParameterServer::WithRawCallbackMethod_GetInfo<
             v1::ParameterServer::WithRawCallbackMethod_Shutdown<
                 v1::ParameterServer::WithRawCallbackMethod_GetStats<
                     v1::ParameterServer::WithRawCallbackMethod_SparsePull<
-                        v1::ParameterServer::CallbackService>>>>>>>;
+                        v1::ParameterServer::WithRawCallbackMethod_ListRows<
+                            v1::ParameterServer::CallbackService>>>>>>>>;
 }  // namespace internal
 
 class PsService final : public internal::RawPsService {
@@ -126,6 +127,8 @@ class PsService final : public internal::RawPsService {
   grpc::ServerUnaryReactor* SparsePull(grpc::CallbackServerContext* ctx,
                                        const grpc::ByteBuffer* req,
                                        grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* ListRows(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                      grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,

@@ -246,7 +246,8 @@ absl::Status CheckIds(const TablePlacement& table, int shard, int num_shards,
 }  // namespace
 
 absl::StatusOr<Shard::RowsResult> Shard::PullRows(
-    const TaskId& task, const std::vector<std::pair<int, std::vector<int64_t>>>& ids) {
+    const TaskId& task, const std::vector<std::pair<int, std::vector<int64_t>>>& ids,
+    bool read_only) {
   if (absl::Status valid = CheckTask(task); !valid.ok()) return valid;
   for (const auto& [t, list] : ids) {
     if (t < 0 || t >= static_cast<int>(tables_.size())) {
@@ -262,11 +263,12 @@ absl::StatusOr<Shard::RowsResult> Shard::PullRows(
   if (task.role == TaskRole::kWorker) last_seen_[task.index] = clock_->Now();
   r.version = version_;
   r.incarnation = options_.incarnation;
+  const bool trains = task.role == TaskRole::kWorker && !read_only && !Done();
   for (const auto& [t, list] : ids) {
     const int64_t dim = tables_[t].dim;
     std::vector<float> rows(list.size() * dim);
     if (DynamicTable* d = dynamic_[t].get()) {
-      if (task.role == TaskRole::kWorker) {
+      if (trains) {
         const std::vector<int64_t> held = d->Touch(list);  // creates the missing rows
         for (size_t i = 0; i < list.size(); ++i) {
           std::copy_n(d->values() + held[i] * dim, dim, rows.data() + i * dim);
@@ -284,6 +286,39 @@ absl::StatusOr<Shard::RowsResult> Shard::PullRows(
     r.rows.push_back(std::move(rows));
   }
   return r;
+}
+
+absl::StatusOr<Shard::RowsPage> Shard::ListRows(const TaskId& task, int table, int64_t cursor,
+                                                int64_t max_rows) {
+  if (absl::Status valid = CheckTask(task); !valid.ok()) return valid;
+  if (table < 0 || table >= static_cast<int>(tables_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown table index ", table));
+  }
+  if (cursor < 0 || max_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("list rows of ", tables_[table].name,
+                                                   ": cursor ", cursor, ", max_rows ", max_rows,
+                                                   " (both must be >= 0)"));
+  }
+  absl::MutexLock l(&mu_);
+  const DynamicTable* d = dynamic_[table].get();
+  if (d == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", tables_[table].name,
+                                                   " is not dynamic: pull its rows by id (0..",
+                                                   tables_[table].rows - 1, ")"));
+  }
+  RowsPage page;
+  page.version = version_;
+  page.incarnation = options_.incarnation;
+  page.total_rows = d->size();
+  page.generation = d->generation();
+  if (max_rows > 0) {
+    page.next_cursor = d->List(cursor, max_rows, &page.ids, &page.values);
+    page.done = page.next_cursor < 0;
+    if (page.done) page.next_cursor = 0;
+  } else {
+    page.next_cursor = cursor;
+  }
+  return page;
 }
 
 absl::Status Shard::ValidateSparse(const std::vector<SparseGrad>& sparse) const {
@@ -859,7 +894,13 @@ int64_t Shard::version() const {
 
 ShardStatsSnapshot Shard::stats() const {
   absl::MutexLock l(&mu_);
-  return stats_;
+  ShardStatsSnapshot s = stats_;
+  for (const auto& d : dynamic_) {
+    if (d == nullptr) continue;
+    s.dynamic_rows += d->size();
+    s.dynamic_rows_evicted += d->rows_evicted();
+  }
+  return s;
 }
 
 int64_t Shard::WorkerClock(int worker) {

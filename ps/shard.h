@@ -72,12 +72,14 @@
 // ids it owns (id mod num_shards, unsigned) in a DynamicTable, bounded to
 // MaxRowsPerShard rows (least recently used evicted). A worker's PullRows
 // creates the missing rows (their deterministic initial value) and marks
-// them used; a reader's (chief, evaluator) reads a missing row as its
-// initial value without creating it. A push creates the rows it names that
-// are missing (evicted since the pull: the gradient applies to the initial
-// value); rows created by a push whose update is refused as non-finite stay
-// (untrained). Checkpoints hold the held rows only, least recently used
-// first: parts "<table>@ids" (3 floats per id, EncodeTableId) and
+// them used; a reader's (chief, evaluator), a read-only one and any once
+// training is done reads a missing row as its initial value without
+// creating it or changing recency (so the rows a finished job exports are
+// the ones it trained). ListRows lists the held rows a page at a time. A push creates the rows it
+// names that are missing (evicted since the pull: the gradient applies to the initial value); rows
+// created by a push whose update is refused as non-finite stay (untrained). Checkpoints hold the
+// held rows only, least recently used first: parts "<table>@ids" (3 floats per id, EncodeTableId)
+// and
 // "<table>@rows" (values, optimizer slots), restored with the recency order.
 //
 // Thread safety: all methods are thread-safe. Pull callbacks run without the
@@ -191,6 +193,9 @@ struct ShardStatsSnapshot {
   int64_t checkpoint_failures = 0;
   bool checkpoint_failing = false;
   std::string checkpoint_error;
+  // Dynamic tables, all of them: rows held now, rows evicted (maxRows).
+  int64_t dynamic_rows = 0;
+  int64_t dynamic_rows_evicted = 0;
 };
 
 class Shard {
@@ -262,11 +267,27 @@ class Shard {
     int64_t evicted = 0;  // dynamic tables: rows evicted since the start
   };
   std::vector<TableCounts> TableRowCounts() const;
-  // Rows of this shard's tables, by table and global id. INVALID_ARGUMENT
-  // (nothing read) for an unknown task or table, an id out of range or
-  // held by another shard.
+  // Rows of this shard's tables, by table and global id (read_only: see
+  // Dynamic tables). INVALID_ARGUMENT (nothing read) for an unknown task or
+  // table, an id out of range or held by another shard.
   absl::StatusOr<RowsResult> PullRows(const TaskId& task,
-                                      const std::vector<std::pair<int, std::vector<int64_t>>>& ids);
+                                      const std::vector<std::pair<int, std::vector<int64_t>>>& ids,
+                                      bool read_only = false);
+  struct RowsPage {
+    int64_t version = 0;
+    int64_t incarnation = 0;
+    std::vector<int64_t> ids;
+    std::vector<float> values;  // ids.size() x dim
+    int64_t next_cursor = 0;
+    bool done = false;
+    int64_t total_rows = 0;  // held now
+    int64_t generation = 0;  // DynamicTable::generation
+  };
+  // A page of the rows dynamic table `table` holds: at most max_rows from
+  // `cursor` (0 first, then the previous page's next_cursor). INVALID_ARGUMENT
+  // for an unknown task or table or a fixed table (pull those by id).
+  absl::StatusOr<RowsPage> ListRows(const TaskId& task, int table, int64_t cursor,
+                                    int64_t max_rows);
   // Index into parts() of the part with this name, or -1.
   int PartIndex(const std::string& name) const;
   const ShardOptions& options() const { return options_; }

@@ -69,6 +69,8 @@ class ShardChannel {
   // Rows of embedding tables by id (no hold).
   virtual absl::StatusOr<v1::SparsePullResponse> SparsePull(
       const v1::SparsePullRequest& request) = 0;
+  // A page of the rows a dynamic table holds on this PS (no hold).
+  virtual absl::StatusOr<v1::ListRowsResponse> ListRows(const v1::ListRowsRequest& request) = 0;
   virtual absl::Status Leave(const v1::LeaveRequest& request) = 0;
   virtual absl::StatusOr<v1::ShardStats> Shutdown(const v1::ShutdownRequest& request) = 0;
   // The shard's counters now (no side effect; short deadline).
@@ -98,6 +100,9 @@ class ShardChannelWrapper : public ShardChannel {
   }
   absl::StatusOr<v1::SparsePullResponse> SparsePull(const v1::SparsePullRequest& request) override {
     return target_->SparsePull(request);
+  }
+  absl::StatusOr<v1::ListRowsResponse> ListRows(const v1::ListRowsRequest& request) override {
+    return target_->ListRows(request);
   }
   absl::Status Leave(const v1::LeaveRequest& request) override { return target_->Leave(request); }
   absl::StatusOr<v1::ShardStats> Shutdown(const v1::ShutdownRequest& request) override {

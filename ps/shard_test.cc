@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -597,7 +598,7 @@ struct TableFixture {
                         TrainingMode mode = TrainingMode::kSync) {
     ModelSpec spec;
     spec.type = "layers";
-    spec.input_shape = {2};  // one dense feature, one id slot
+    spec.input_shape = {1};  // one dense feature (and one lookup id)
     LayerSpec dense;
     dense.units = 1;
     spec.layers = {dense};
@@ -889,6 +890,83 @@ TEST(ShardDynamicTableTest, CheckpointHoldsOnlyExistingRowsAndRestoresThroughAFi
   bad.values.back().pop_back();
   EXPECT_EQ(restarted->Restore(bad).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(restarted->version(), 2);
+}
+
+// Every page of a listing (ListRows at one generation), in order.
+std::vector<int64_t> ListAll(Shard* shard, int64_t page_rows, int64_t* pages = nullptr) {
+  std::vector<int64_t> ids;
+  int64_t cursor = 0, generation = -1;
+  for (int n = 1;; ++n) {
+    auto page = shard->ListRows({TaskRole::kChief, 0}, 0, cursor, page_rows);
+    EXPECT_TRUE(page.ok()) << page.status();
+    if (!page.ok()) return ids;
+    EXPECT_LE(static_cast<int64_t>(page->ids.size()), page_rows);
+    EXPECT_EQ(page->values.size(), page->ids.size() * 16);
+    if (generation >= 0) EXPECT_EQ(page->generation, generation);
+    generation = page->generation;
+    ids.insert(ids.end(), page->ids.begin(), page->ids.end());
+    if (page->done) {
+      EXPECT_EQ(page->total_rows, static_cast<int64_t>(ids.size()));
+      if (pages != nullptr) *pages = n;
+      return ids;
+    }
+    cursor = page->next_cursor;
+  }
+}
+
+TEST(ShardDynamicTableTest, ListRowsPagesEveryHeldRowOnceSkippingEvictedOnes) {
+  DynamicFixture f("sgd", 6);  // 3 rows per shard
+  f.Rows({2, 4, 6, 8, 10});    // one request may pass the bound
+  f.Rows({12});                // evicts 2, 4 and 6: free slab rows, one reused
+  EXPECT_EQ(f.shard->TableRowCounts()[0].rows, 3);
+  int64_t pages = 0;
+  std::vector<int64_t> ids = ListAll(f.shard.get(), 2, &pages);
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<int64_t>{8, 10, 12}));
+  EXPECT_GE(pages, 2);
+  // The values are the rows' (here: their initial values).
+  auto page = f.shard->ListRows({TaskRole::kChief, 0}, 0, 0, 10);
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->ids.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(
+        std::vector<float>(page->values.begin() + i * 16, page->values.begin() + (i + 1) * 16),
+        f.Init(page->ids[i]));
+  }
+  // Counts only; a new row changes the generation (a listing spanning it is void).
+  auto counts = f.shard->ListRows({TaskRole::kChief, 0}, 0, 0, 0);
+  ASSERT_TRUE(counts.ok());
+  EXPECT_TRUE(counts->ids.empty());
+  EXPECT_EQ(counts->total_rows, 3);
+  f.Rows({14});
+  auto later = f.shard->ListRows({TaskRole::kChief, 0}, 0, 0, 0);
+  ASSERT_TRUE(later.ok());
+  EXPECT_NE(later->generation, counts->generation);
+  // A fixed table is pulled by id, not listed.
+  TableFixture fixed("sgd");
+  auto refused = fixed.shard->ListRows({TaskRole::kWorker, 0}, 0, 0, 10);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("is not dynamic"), absl::string_view::npos);
+}
+
+TEST(ShardDynamicTableTest, ReadOnlyPullsAndPullsAfterTheTargetCreateNothing) {
+  DynamicFixture f("sgd", 0);
+  f.Rows({2});
+  // A worker that evaluates reads like the chief: initial values, nothing created.
+  auto read = f.shard->PullRows({TaskRole::kWorker, 0}, {{0, {4, 2}}}, /*read_only=*/true);
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(std::vector<float>(read->rows[0].begin(), read->rows[0].begin() + 16), f.Init(4));
+  EXPECT_EQ(f.shard->TableRowCounts()[0].rows, 1);
+  // Once training is done, a straggler's pull trains nothing and creates nothing.
+  f.options.target_steps = 1;
+  f.shard = f.Make();
+  f.Rows({2});
+  Shard::SparseGrad g{0, {2}, std::vector<float>(16, 1.0f)};
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.DenseGrads(), {g}).ok());
+  ASSERT_EQ(f.shard->version(), 1);
+  f.Rows({6, 8});
+  EXPECT_EQ(f.shard->TableRowCounts()[0].rows, 1);
+  EXPECT_EQ(f.shard->stats().dynamic_rows, 1);
 }
 
 TEST(TableIdEncodingTest, RoundTripsEvery64BitValueExactlyInFloats) {

@@ -1,6 +1,7 @@
 #include "ps/shard_wire.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -45,12 +46,14 @@ absl::Status FillShardInfo(Shard* shard, const std::string& model_fingerprint,
     part->set_cols(p.cols);
     part->set_row_offset(p.row_begin);
   }
-  for (const auto& t : shard->tables()) {
+  const std::vector<Shard::TableCounts> counts = shard->TableRowCounts();
+  for (size_t i = 0; i < shard->tables().size(); ++i) {
+    const TablePlacement& t = shard->tables()[i];
     auto* table = info->add_tables();
     table->set_name(t.name);
     table->set_rows(t.rows);
     table->set_dim(t.dim);
-    table->set_local_rows(t.LocalRows(o.shard_index, o.num_shards));
+    table->set_local_rows(static_cast<uint64_t>(counts[i].rows));
   }
   info->set_version(shard->version());
   info->set_target_steps(o.target_steps);
@@ -77,6 +80,8 @@ void FillShardStats(const ShardStatsSnapshot& s, v1::ShardStats* out) {
   out->set_checkpoint_failures(s.checkpoint_failures);
   out->set_checkpoints_failing(s.checkpoint_failing ? 1 : 0);
   out->set_checkpoint_error(s.checkpoint_error);
+  out->set_dynamic_rows(s.dynamic_rows);
+  out->set_dynamic_rows_evicted(s.dynamic_rows_evicted);
 }
 
 absl::Status ServeSparsePull(Shard* shard, const v1::SparsePullRequest& request,
@@ -96,7 +101,7 @@ absl::Status ServeSparsePull(Shard* shard, const v1::SparsePullRequest& request,
     }
     ids.emplace_back(t, std::vector<int64_t>(rows.ids().begin(), rows.ids().end()));
   }
-  auto r = shard->PullRows(*task, ids);
+  auto r = shard->PullRows(*task, ids, request.read_only());
   if (!r.ok()) {
     return absl::Status(r.status().code(), absl::StrCat("sparse pull: ", r.status().message()));
   }
@@ -105,9 +110,45 @@ absl::Status ServeSparsePull(Shard* shard, const v1::SparsePullRequest& request,
   for (int i = 0; i < request.tables_size(); ++i) {
     v1::SparseRows* out = response->add_tables();
     out->set_table(request.tables(i).table());
-    *out->mutable_ids() = request.tables(i).ids();
     out->set_data(reinterpret_cast<const char*>(r->rows[i].data()), r->rows[i].size() * 4);
   }
+  return absl::OkStatus();
+}
+
+int64_t RowsPerMessage(int64_t dim, uint64_t max_chunk_bytes) {
+  // A row's floats and its id (a varint of at most 10 bytes).
+  const uint64_t row_bytes = static_cast<uint64_t>(std::max<int64_t>(1, dim)) * 4 + 10;
+  return static_cast<int64_t>(std::max<uint64_t>(1, max_chunk_bytes / row_bytes));
+}
+
+absl::Status ServeListRows(Shard* shard, const v1::ListRowsRequest& request,
+                           uint64_t max_chunk_bytes, v1::ListRowsResponse* response) {
+  auto task = TaskFromWire(request.task_type(), request.worker_index());
+  if (!task.ok()) return task.status();
+  const int t = shard->TableIndex(request.table());
+  if (t < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("list rows: unknown table \"", request.table(), "\" on this PS shard"));
+  }
+  const int64_t dim = shard->tables()[t].dim;
+  const int64_t max_rows =
+      std::min<int64_t>(static_cast<int64_t>(std::min<uint64_t>(request.max_rows(), INT64_MAX)),
+                        RowsPerMessage(dim, max_chunk_bytes));
+  auto page = shard->ListRows(
+      *task, t, static_cast<int64_t>(std::min<uint64_t>(request.cursor(), INT64_MAX)), max_rows);
+  if (!page.ok()) {
+    return absl::Status(page.status().code(), absl::StrCat("list rows: ", page.status().message()));
+  }
+  v1::SparseRows* rows = response->mutable_rows();
+  rows->set_table(request.table());
+  rows->mutable_ids()->Add(page->ids.begin(), page->ids.end());
+  rows->set_data(reinterpret_cast<const char*>(page->values.data()), page->values.size() * 4);
+  response->set_next_cursor(static_cast<uint64_t>(page->next_cursor));
+  response->set_done(page->done);
+  response->set_total_rows(static_cast<uint64_t>(page->total_rows));
+  response->set_generation(static_cast<uint64_t>(page->generation));
+  response->set_version(page->version);
+  response->set_incarnation(page->incarnation);
   return absl::OkStatus();
 }
 

@@ -36,6 +36,16 @@ void FillShardStats(const ShardStatsSnapshot& stats, v1::ShardStats* out);
 absl::Status ServeSparsePull(Shard* shard, const v1::SparsePullRequest& request,
                              v1::SparsePullResponse* response);
 
+// Answers a ListRows: a page of a dynamic table's rows, at most what fits in
+// `max_chunk_bytes` of row data (and at least one row). INVALID_ARGUMENT
+// naming the table (unknown, or not dynamic).
+absl::Status ServeListRows(Shard* shard, const v1::ListRowsRequest& request,
+                           uint64_t max_chunk_bytes, v1::ListRowsResponse* response);
+
+// Rows of a table of `dim` floats that fit in one message of
+// `max_chunk_bytes` with their ids (at least 1): a page of ListRows.
+int64_t RowsPerMessage(int64_t dim, uint64_t max_chunk_bytes);
+
 // Reassembles one push: the header first, then every part's chunks in order,
 // each part covered exactly once. A bad message is refused at once
 // (INVALID_ARGUMENT: "push: malformed ..." for a message or chunk that is

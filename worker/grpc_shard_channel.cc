@@ -146,6 +146,16 @@ class GrpcShardChannel final : public ShardChannel {
     return resp;
   }
 
+  absl::StatusOr<v1::ListRowsResponse> ListRows(const v1::ListRowsRequest& request) override {
+    grpc::ClientContext ctx;
+    Identify(&ctx);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::ListRowsResponse resp;
+    auto s = stub_->ListRows(&ctx, request, &resp);
+    if (!s.ok()) return Annotate(s);
+    return resp;
+  }
+
   absl::Status Leave(const v1::LeaveRequest& request) override {
     grpc::ClientContext ctx;
     Identify(&ctx);

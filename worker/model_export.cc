@@ -7,16 +7,41 @@
 #include "core/cluster_spec.h"
 #include "core/log.h"
 #include "core/model_file.h"
+#include "worker/eval_data.h"
 
 namespace kubetrain {
 
+absl::StatusOr<int> PsRowSource::TableOf(int variable) const {
+  for (size_t t = 0; t < placement_->tables.size(); ++t) {
+    if (placement_->tables[t].variable == variable && placement_->tables[t].dynamic) {
+      return static_cast<int>(t);
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("variable ", variable, " is not a dynamic table"));
+}
+
+absl::StatusOr<int64_t> PsRowSource::CountRows(int variable) {
+  auto table = TableOf(variable);
+  if (!table.ok()) return table.status();
+  return client_->CountRows(*table);
+}
+
+absl::Status PsRowSource::ForEachPage(int variable, const Page& page) {
+  auto table = TableOf(variable);
+  if (!table.ok()) return table.status();
+  return client_->ListRows(*table, page);
+}
+
 absl::Status WriteModelExport(const TaskConfig& config, const Params& params, int64_t version,
                               const Dataset& test, const std::string& path,
-                              const ExportPolicy& policy, const Clock* clock, int64_t* failures) {
+                              const ExportPolicy& policy, const Clock* clock, int64_t* failures,
+                              DynamicRowSource* dynamic_rows) {
   ModelFile file{config.model->spec(), params, version, config.job.name};
   file.dataset_yaml = config.job.training.dataset_yaml;
   file.norm_mean = test.norm_mean;
   file.norm_std = test.norm_std;
+  file.seed = config.job.training.seed;
+  file.dynamic_rows = dynamic_rows;
   absl::Duration delay = policy.backoff;
   for (int attempt = 1;; ++attempt) {
     absl::Status s = WriteModelFile(path, file, policy.env);
@@ -32,15 +57,6 @@ absl::Status WriteModelExport(const TaskConfig& config, const Params& params, in
     clock->SleepFor(delay);
     delay *= 2;
   }
-}
-
-absl::StatusOr<int64_t> PullWholeModel(PsClient* client, const Model& model, Params* params) {
-  auto pulled = client->Pull(/*next_version=*/false, 0, model.variables(), params);
-  if (!pulled.ok()) return pulled.status();
-  if (model.sparse()) {
-    if (absl::Status s = client->PullTables(params); !s.ok()) return s;
-  }
-  return pulled->version;
 }
 
 absl::StatusOr<ExportFromPsResult> ExportFromPs(const ExportFromPsOptions& options,
@@ -84,22 +100,27 @@ absl::StatusOr<ExportFromPsResult> ExportFromPs(const ExportFromPsOptions& optio
         s, config->fingerprint,
         absl::StrCat("give the job file the PS tasks run with, not ", options.job_file));
   }
+  // The dense values (one pull per shard, answered at once: no hold), the
+  // figures on the test set (its table rows only), then the fixed tables
+  // whole; the dynamic tables are listed as the file is written.
   Params params;
-  auto version = PullWholeModel(&client, *config->model, &params);
-  if (!version.ok()) return version.status();
+  auto pulled = client.Pull(/*next_version=*/false, 0, config->model->variables(), &params);
+  if (!pulled.ok()) return pulled.status();
+  const EvalData eval(*config->model, *test);
+  auto metrics = eval.Evaluate(&client, &params);
+  if (!metrics.ok()) return metrics.status();
+  if (config->model->sparse()) {
+    if (absl::Status s = client.PullTables(&params); !s.ok()) return s;
+  }
   ExportFromPsResult result;
-  result.global_step = *version;
-  Batch all;
-  all.x = test->images.data();
-  all.labels = test->labels.data();
-  all.targets = test->targets.empty() ? nullptr : test->targets.data();
-  all.size = test->size;
-  result.test_metrics = config->model->Evaluate(params, all);
+  result.global_step = pulled->version;
+  result.test_metrics = *metrics;
   ExportPolicy policy;
   policy.field = "--output";
   int64_t failures = 0;
-  if (absl::Status s = WriteModelExport(*config, params, *version, *test, options.output, policy,
-                                        clock, &failures);
+  PsRowSource rows(&client, &config->placement);
+  if (absl::Status s = WriteModelExport(*config, params, pulled->version, *test, options.output,
+                                        policy, clock, &failures, &rows);
       !s.ok()) {
     return s;
   }

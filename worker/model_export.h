@@ -22,6 +22,7 @@
 #include "core/clock.h"
 #include "core/dataset.h"
 #include "core/file_env.h"
+#include "core/model_file.h"
 #include "core/task_config.h"
 #include "ps/shard_channel.h"
 #include "worker/ps_client.h"
@@ -39,20 +40,35 @@ struct ExportPolicy {
   std::string field = "--export_model";
 };
 
-// Writes `params` (the model's layout, tables whole) at `version` to `path`,
-// with the dataset section and `test`'s normalisation (so `kubetrain eval`
-// reads data as training did), retried per `policy`. *failures counts the
-// attempts that failed. The error: "cannot export the final model to PATH
-// (FIELD) after N attempts: <OS error>".
+// The rows of the model's dynamic tables as the PS tasks hold them, listed
+// off the shards a page at a time while the model file is written
+// (PsClient::ListRows): the exporting task never holds a dynamic table.
+class PsRowSource : public DynamicRowSource {
+ public:
+  // `client` and `placement` must outlive the source.
+  PsRowSource(PsClient* client, const Placement* placement)
+      : client_(client), placement_(placement) {}
+  absl::StatusOr<int64_t> CountRows(int variable) override;
+  absl::Status ForEachPage(int variable, const Page& page) override;
+
+ private:
+  // Index into placement_->tables of the table variable `variable`.
+  absl::StatusOr<int> TableOf(int variable) const;
+
+  PsClient* const client_;
+  const Placement* const placement_;
+};
+
+// Writes `params` (the model's layout, fixed tables whole) at `version` to
+// `path`, with the dynamic tables' rows from `dynamic_rows` (required if the
+// model has one), the dataset section, `test`'s normalisation (so
+// `kubetrain eval` reads data as training did) and the seed, retried per
+// `policy`. *failures counts the attempts that failed. The error: "cannot
+// export the final model to PATH (FIELD) after N attempts: <error>".
 absl::Status WriteModelExport(const TaskConfig& config, const Params& params, int64_t version,
                               const Dataset& test, const std::string& path,
-                              const ExportPolicy& policy, const Clock* clock, int64_t* failures);
-
-// Every value of the model as the PS tasks hold it now: the dense variables
-// (one pull per shard, answered at once: no hold) and every embedding table
-// whole (PullTables: one request per shard, split by the chunk size).
-// Returns the global step (lowest shard version).
-absl::StatusOr<int64_t> PullWholeModel(PsClient* client, const Model& model, Params* params);
+                              const ExportPolicy& policy, const Clock* clock, int64_t* failures,
+                              DynamicRowSource* dynamic_rows = nullptr);
 
 struct ExportFromPsOptions {
   std::string job_file;                   // the job's TrainingJob file
@@ -74,8 +90,10 @@ using ChannelFactory =
 // `kubetrain export --from-ps`: loads the job (its model, placement and
 // fingerprint), connects to every PS as the exporter, refuses PS tasks of
 // another job or shape (a count that differs from spec.replicaSpecs.PS, a
-// fingerprint that differs: the fields are named), pulls the whole model,
-// evaluates it on the job's test set and writes it to options.output.
+// fingerprint that differs: the fields are named), pulls the dense values
+// (answered at once: no hold), evaluates them with the test set's table rows,
+// pulls the fixed tables whole and writes the model to options.output,
+// listing the dynamic tables' rows off the PS tasks as it goes.
 absl::StatusOr<ExportFromPsResult> ExportFromPs(const ExportFromPsOptions& options,
                                                 const ChannelFactory& channels, const Clock* clock);
 

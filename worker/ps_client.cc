@@ -325,7 +325,7 @@ absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t
   return Push(grads, worker_clock, TableIds(placement_->tables.size()));
 }
 
-absl::Status PsClient::PullRows(const TableIds& ids, Params* params) {
+absl::Status PsClient::PullRows(const TableIds& ids, Params* params, bool read_only) {
   const auto& tables = placement_->tables;
   const int shards = static_cast<int>(channels_.size());
   if (ids.size() != tables.size()) {
@@ -354,6 +354,7 @@ absl::Status PsClient::PullRows(const TableIds& ids, Params* params) {
           requests.emplace_back();
           requests.back().first.set_worker_index(options_.task_index);
           requests.back().first.set_task_type(options_.task_type);
+          requests.back().first.set_read_only(read_only);
           bytes = 0;
         }
         auto& [req, table_of] = requests.back();
@@ -406,11 +407,96 @@ absl::Status PsClient::PullRows(const TableIds& ids, Params* params) {
 
 absl::Status PsClient::PullTables(Params* params) {
   TableIds ids(placement_->tables.size());
+  std::vector<std::vector<float>> dynamic(ids.size());  // left as they were
   for (size_t t = 0; t < ids.size(); ++t) {
-    ids[t].resize(placement_->tables[t].rows);
-    for (int64_t r = 0; r < placement_->tables[t].rows; ++r) ids[t][r] = r;
+    const TablePlacement& table = placement_->tables[t];
+    if (table.dynamic) {
+      dynamic[t] = std::move((*params)[table.variable]);
+      continue;
+    }
+    ids[t].resize(table.rows);
+    for (int64_t r = 0; r < table.rows; ++r) ids[t][r] = r;
   }
-  return PullRows(ids, params);
+  absl::Status pulled = PullRows(ids, params, /*read_only=*/true);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    if (placement_->tables[t].dynamic) {
+      (*params)[placement_->tables[t].variable] = std::move(dynamic[t]);
+    }
+  }
+  return pulled;
+}
+
+v1::ListRowsRequest PsClient::NewListRowsRequest(int table, uint64_t max_rows) const {
+  v1::ListRowsRequest req;
+  req.set_worker_index(options_.task_index);
+  req.set_task_type(options_.task_type);
+  req.set_table(placement_->tables[table].name);
+  req.set_max_rows(max_rows);
+  return req;
+}
+
+absl::StatusOr<int64_t> PsClient::CountRows(int table) {
+  int64_t rows = 0;
+  const v1::ListRowsRequest req = NewListRowsRequest(table, 0);
+  for (int s = 0; s < static_cast<int>(channels_.size()); ++s) {
+    absl::StatusOr<v1::ListRowsResponse> resp;
+    absl::Status rs = WithRetry("list rows", s, [&] {
+      resp = channels_[s]->ListRows(req);
+      return resp.status();
+    });
+    if (!rs.ok()) return rs;
+    rows += static_cast<int64_t>(resp->total_rows());
+  }
+  return rows;
+}
+
+absl::Status PsClient::ListRows(int table, const RowsPage& page) {
+  const TablePlacement& t = placement_->tables[table];
+  const uint64_t dim = static_cast<uint64_t>(t.dim);
+  for (int s = 0; s < static_cast<int>(channels_.size()); ++s) {
+    // A page's values and ids fit in one message of the chunk size.
+    v1::ListRowsRequest req = NewListRowsRequest(
+        table, std::max<uint64_t>(1, static_cast<uint64_t>(options_.chunk_bytes) / (dim * 4 + 10)));
+    uint64_t generation = 0, listed = 0;
+    int64_t incarnation = 0;
+    for (bool first = true;; first = false) {
+      absl::StatusOr<v1::ListRowsResponse> resp;
+      absl::Status rs = WithRetry("list rows", s, [&] {
+        resp = channels_[s]->ListRows(req);
+        return resp.status();
+      });
+      if (!rs.ok()) return rs;
+      if (!first && (resp->generation() != generation || resp->incarnation() != incarnation)) {
+        return absl::AbortedError(
+            absl::StrCat("the rows of ", t.name, " on ps:", s, " changed while they were listed"));
+      }
+      generation = resp->generation();
+      incarnation = resp->incarnation();
+      const auto& rows = resp->rows();
+      if (rows.data().size() != static_cast<size_t>(rows.ids_size()) * dim * 4) {
+        return absl::DataLossError(absl::StrCat("ps:", s, " listed ", rows.ids_size(), " rows of ",
+                                                t.name, " with ", rows.data().size(),
+                                                " bytes of values"));
+      }
+      const std::vector<int64_t> ids(rows.ids().begin(), rows.ids().end());
+      std::vector<float> values(rows.data().size() / 4);  // aligned
+      std::memcpy(values.data(), rows.data().data(), rows.data().size());
+      page(ids.data(), values.data(), rows.ids_size());
+      listed += static_cast<uint64_t>(rows.ids_size());
+      if (metrics_.sparse_pull_bytes) {
+        metrics_.sparse_pull_bytes->Increment(static_cast<double>(rows.data().size()));
+      }
+      if (resp->done()) {
+        if (listed != resp->total_rows()) {
+          return absl::AbortedError(absl::StrCat("ps:", s, " listed ", listed, " rows of ", t.name,
+                                                 ", it holds ", resp->total_rows()));
+        }
+        break;
+      }
+      req.set_cursor(resp->next_cursor());
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t worker_clock,
@@ -571,6 +657,8 @@ v1::ShardStats SumShardStats(const std::vector<v1::ShardStats>& stats) {
     total.set_absent_workers(std::max(total.absent_workers(), s.absent_workers()));
     total.set_checkpoint_failures(total.checkpoint_failures() + s.checkpoint_failures());
     total.set_checkpoints_failing(total.checkpoints_failing() + s.checkpoints_failing());
+    total.set_dynamic_rows(total.dynamic_rows() + s.dynamic_rows());
+    total.set_dynamic_rows_evicted(total.dynamic_rows_evicted() + s.dynamic_rows_evicted());
   }
   for (bool failing_now : {true, false}) {
     for (const auto& s : stats) {

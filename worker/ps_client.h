@@ -54,15 +54,11 @@ struct PsClientMetrics {  // any pointer may be null
   prometheus::Counter* sparse_push_bytes = nullptr;  // table gradient rows sent
 };
 
-// The stats of a job's shards as one: counts summed; version the lowest;
+// The stats of a job's shards as one: counts (dynamic rows too) summed; version the lowest;
 // staleness_max, restored_version and absent_workers the largest;
 // checkpoint_error that of the first shard failing now, else the first
 // shard's that has one.
 v1::ShardStats SumShardStats(const std::vector<v1::ShardStats>& shards);
-
-// Per table of the placement (Placement::tables order): the distinct global
-// ids a step touches.
-using TableIds = std::vector<std::vector<int64_t>>;
 
 class PsClient {
  public:
@@ -140,9 +136,22 @@ class PsClient {
   // ids.size() x dim, in the order of its ids) to the shards holding them.
   absl::StatusOr<PushResult> Push(const Params& grads, int64_t worker_clock, const TableIds& ids);
   // params of each table = the current rows of its `ids`, in order (no hold).
-  absl::Status PullRows(const TableIds& ids, Params* params);
-  // params of each table = the whole table (ids 0..rows-1): evaluation, export.
+  // A worker's pull creates the missing rows of dynamic tables (see
+  // ps/shard.h); with `read_only` (or from a reader) they read as their
+  // initial values and nothing is created: evaluation.
+  absl::Status PullRows(const TableIds& ids, Params* params, bool read_only = false);
+  // params of each fixed table = the whole table (ids 0..rows-1): the model
+  // export. Dynamic tables are left alone (ListRows lists theirs).
   absl::Status PullTables(Params* params);
+  // The rows dynamic table `table` (index into Placement::tables) holds now,
+  // summed over the shards (no rows move).
+  absl::StatusOr<int64_t> CountRows(int table);
+  // Calls page(ids, values, n) (values n x dim) for every row dynamic table
+  // `table` holds, shard by shard, a page of at most chunk_bytes at a time.
+  // ABORTED if a shard creates, evicts or restores rows of the table (or
+  // restarts) during the listing: the pages would not be one table.
+  using RowsPage = std::function<void(const int64_t* ids, const float* values, int64_t n)>;
+  absl::Status ListRows(int table, const RowsPage& page);
   // A worker stops training; an evaluator stops reading.
   absl::Status Leave();
   // The chief only: ends training on every shard and returns the summed stats.
@@ -185,6 +194,8 @@ class PsClient {
   absl::Status WithRetry(const std::string& what, int shard,
                          const std::function<absl::Status()>& fn);
   std::string TaskName() const;
+  // A ListRows request of this task for `table` (Placement::tables index).
+  v1::ListRowsRequest NewListRowsRequest(int table, uint64_t max_rows) const;
 
   // Constant after construction.
   const Options options_;

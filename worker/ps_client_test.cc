@@ -5,6 +5,7 @@
 // including variables split over two PS tasks — onto whole variables.
 #include "worker/ps_client.h"
 
+#include <map>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -20,8 +21,9 @@ using testjob::JobYaml;
 
 class PsClientTest : public ::testing::Test {
  protected:
-  void Make(const JobShape& shape) {
-    auto config = TaskConfigFor(JobYaml(shape), "worker", 0);
+  void Make(const JobShape& shape) { MakeFromYaml(JobYaml(shape)); }
+  void MakeFromYaml(const std::string& yaml) {
+    auto config = TaskConfigFor(yaml, "worker", 0);
     ASSERT_TRUE(config.ok()) << config.status();
     config_ = std::make_unique<TaskConfig>(std::move(*config));
     auto cluster = InProcessCluster::Create(*config_, &clock_);
@@ -202,6 +204,63 @@ TEST_F(PsClientTest, CancelStopsRetrying) {
   faulty[1]->FailNext(ShardRpc::kGetInfo, -1, absl::UnavailableError("not yet"));
   EXPECT_EQ(client->Connect().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(faulty[1]->calls(ShardRpc::kGetInfo), 3);
+}
+
+// A dynamic table cannot be pulled by id (its ids are unknown): it is listed
+// shard by shard, a chunk-sized page at a time, and a listing during which
+// rows are created is refused rather than a mix of two tables.
+TEST_F(PsClientTest, ListsADynamicTableShardByShardAndAbortsIfItsRowsChange) {
+  MakeFromYaml(testjob::DynamicJobYaml(0));
+  auto worker = Client(0);
+  auto other = Client(1);
+  ASSERT_TRUE(worker->Connect().ok());
+  ASSERT_TRUE(other->Connect().ok());
+  Params params;
+  ASSERT_TRUE(worker->Pull(false, 0, config_->model->variables(), &params).ok());
+  TableIds ids(1);
+  for (uint64_t i = 1; i <= 400; ++i)
+    ids[0].push_back(static_cast<int64_t>(i * 0x9E3779B97F4A7C15ULL >> 1));
+  ASSERT_TRUE(worker->PullRows(ids, &params).ok());  // creates them
+  const std::vector<float> created = params[config_->placement.tables[0].variable];
+  auto count = worker->CountRows(0);
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 400);
+
+  std::map<int64_t, std::vector<float>> listed;
+  int pages = 0;
+  ASSERT_TRUE(worker
+                  ->ListRows(0,
+                             [&](const int64_t* id, const float* values, int64_t n) {
+                               ++pages;
+                               for (int64_t k = 0; k < n; ++k) {
+                                 listed[id[k]].assign(values + 4 * k, values + 4 * (k + 1));
+                               }
+                             })
+                  .ok());
+  EXPECT_GE(pages, 4);  // 4096-byte pages of 157 rows, ~200 rows per shard
+  ASSERT_EQ(listed.size(), 400u);
+  for (size_t i = 0; i < ids[0].size(); ++i) {
+    EXPECT_EQ(listed[ids[0][i]],
+              std::vector<float>(created.begin() + 4 * i, created.begin() + 4 * (i + 1)));
+  }
+
+  // Another worker creates rows between two pages: the listing is refused.
+  TableIds more(1, {int64_t{2}, int64_t{4}, int64_t{3}, int64_t{5}});
+  Params scratch = params;
+  bool created_more = false;
+  absl::Status changed = worker->ListRows(0, [&](const int64_t*, const float*, int64_t) {
+    if (!created_more) created_more = other->PullRows(more, &scratch).ok();
+  });
+  EXPECT_TRUE(created_more);
+  EXPECT_EQ(changed.code(), absl::StatusCode::kAborted) << changed;
+  EXPECT_NE(changed.message().find("changed while they were listed"), absl::string_view::npos);
+  // A reader creates nothing, whatever it reads.
+  auto chief_count = worker->CountRows(0);
+  ASSERT_TRUE(chief_count.ok());
+  EXPECT_EQ(*chief_count, 404);
+  TableIds unseen(1, {int64_t{1} << 40, (int64_t{1} << 40) + 1});
+  ASSERT_TRUE(worker->PullRows(unseen, &scratch, /*read_only=*/true).ok());
+  EXPECT_EQ(*worker->CountRows(0), 404);
 }
 
 }  // namespace

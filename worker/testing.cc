@@ -53,6 +53,55 @@ Dataset TinyDataset(int64_t n, uint64_t seed) {
   return d;
 }
 
+Dataset DynamicDataset(int64_t n, uint64_t seed, int values) {
+  Dataset d;
+  d.size = n;
+  d.rows = d.cols = 1;
+  d.id_slots = 1;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const int c = static_cast<int>(rng() % values);
+    const float x = normal(rng);
+    d.images.push_back(x);
+    d.lookup_ids.push_back(static_cast<int64_t>((c + 1) * 0x9E3779B97F4A7C15ULL >> 1));
+    d.labels.push_back(x + (c % 2 ? 1.5f : -1.5f) > 0 ? 1 : 0);
+  }
+  return d;
+}
+
+std::string DynamicJobYaml(int64_t max_rows) {
+  return absl::StrCat(R"(apiVersion: kubetrain.io/v1
+kind: TrainingJob
+metadata:
+  name: unit-dynamic
+spec:
+  replicaSpecs:
+    PS: {replicas: 2}
+    Worker: {replicas: 2}
+  training:
+    mode: sync
+    model:
+      embeddings: [{column: c, dim: 4)",
+                      max_rows > 0 ? absl::StrCat(", maxRows: ", max_rows) : "", R"(}]
+      layers: [{type: dense, units: 8, activation: tanh}, {type: dense, units: 1}]
+      head: sigmoid
+    dataset:
+      format: csv
+      trainFiles: [unused-train.csv]
+      testFiles: [unused-test.csv]
+      columns:
+        - {name: x, type: numeric}
+        - {name: c, type: categorical, dynamic: true}
+        - {name: y, type: label, numClasses: 2}
+    optimizer: {type: adagrad, learningRate: 0.3}
+    batchSize: 8
+    steps: 150
+    seed: 5
+    startupTimeoutSeconds: 10
+)");
+}
+
 absl::StatusOr<std::unique_ptr<InProcessCluster>> InProcessCluster::Create(const TaskConfig& config,
                                                                            const Clock* clock) {
   auto cluster = std::make_unique<InProcessCluster>();

@@ -37,6 +37,17 @@ std::string JobYaml(const JobShape& shape);
 // a few dozen steps: class c lights up its own block of pixels, plus noise.
 Dataset TinyDataset(int64_t n, uint64_t seed);
 
+// A sigmoid job (2 PS, 2 sync workers, batch 8, 150 steps, adagrad) whose
+// csv dataset (never read: give the data in memory) has a dense feature x
+// and a dynamic column c, embedded with dim 4 and maxRows `max_rows` (0: no
+// bound).
+std::string DynamicJobYaml(int64_t max_rows);
+
+// `n` examples of that job: y = [x + w(c) > 0], w(c) = +-1.5, c one of
+// `values` values, whose ids are spread over 63 bits as DynamicColumnId's
+// are.
+Dataset DynamicDataset(int64_t n, uint64_t seed, int values);
+
 // The job's PS tasks in process. `config` (any task's) and `clock` must
 // outlive the cluster.
 class InProcessCluster {

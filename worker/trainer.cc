@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <memory>
 #include <numeric>
 
 #include <prometheus/counter.h>
@@ -10,6 +11,7 @@
 
 #include "core/log.h"
 #include "core/model_file.h"
+#include "worker/eval_data.h"
 
 namespace kubetrain {
 namespace {
@@ -29,21 +31,15 @@ void CountLost(int64_t steps_lost, TrainResult* result, const TrainerMetrics& me
   if (metrics.steps_lost) metrics.steps_lost->Increment(static_cast<double>(steps_lost));
 }
 
-Batch AllOf(const Dataset& data) {
-  Batch b;
-  b.x = data.images.data();
-  b.labels = data.labels.data();
-  b.targets = data.targets.empty() ? nullptr : data.targets.data();
-  b.size = data.size;
-  return b;
-}
-
-// The head's test figures for `params`, logged as "<who>: global step v/T
+// The head's test figures for the dense values in `params` (the test set's
+// table rows are pulled into it first), logged as "<who>: global step v/T
 // test accuracy a[, AUC .., log loss ..]" (or "test RMSE r").
-EvalMetrics Evaluate(const TaskConfig& config, const Params& params, const Dataset& test,
-                     int64_t version, const char* who, const TrainerMetrics& metrics,
-                     Progress* progress) {
-  const EvalMetrics m = config.model->Evaluate(params, AllOf(test));
+absl::StatusOr<EvalMetrics> Evaluate(const TaskConfig& config, PsClient* client, Params* params,
+                                     const EvalData& test, int64_t version, const char* who,
+                                     const TrainerMetrics& metrics, Progress* progress) {
+  auto evaluated = test.Evaluate(client, params);
+  if (!evaluated.ok()) return evaluated.status();
+  const EvalMetrics& m = *evaluated;
   std::string figures;
   if (m.accuracy) {
     progress->accuracy = *m.accuracy;
@@ -66,12 +62,19 @@ EvalMetrics Evaluate(const TaskConfig& config, const Params& params, const Datas
   return m;
 }
 
-absl::Status Export(const TaskConfig& config, const Params& params, int64_t version,
+// Writes the model file from the dense values in `params`, the fixed
+// tables (pulled whole into `params` here) and the dynamic tables' rows
+// (listed off the PS tasks as the file is written).
+absl::Status Export(const TaskConfig& config, PsClient* client, Params* params, int64_t version,
                     const Dataset& test, const std::string& path, const ExportPolicy& policy,
                     const Clock* clock, TrainResult* result) {
   if (path.empty()) return absl::OkStatus();
-  if (absl::Status s = WriteModelExport(config, params, version, test, path, policy, clock,
-                                        &result->export_failures);
+  if (config.model->sparse()) {
+    if (absl::Status s = client->PullTables(params); !s.ok()) return s;
+  }
+  PsRowSource rows(client, &config.placement);
+  if (absl::Status s = WriteModelExport(config, *params, version, test, path, policy, clock,
+                                        &result->export_failures, &rows);
       !s.ok()) {
     return absl::Status(
         s.code(),
@@ -101,12 +104,15 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
 
   ShardedBatcher batcher(train, options.worker_index, config.num_workers, spec.seed,
                          spec.shuffle_buffer);
+  std::unique_ptr<EvalData> test_eval;
+  if (options.is_chief) test_eval = std::make_unique<EvalData>(model, *test);
   Params params, grads;
   SparseBatch lookups;  // sparse models: this step's lookups, into compact tables
   TableIds table_ids;
   std::vector<float> x;
   std::vector<int32_t> y;
   std::vector<float> targets;
+  std::vector<int64_t> lookup_ids;
   std::deque<float> recent_losses;
   TrainResult result;
   result.local_steps = client->resume_clock();  // a restarted worker continues its clock
@@ -141,16 +147,15 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     if (pulled->done || pulled->version >= target) break;
 
     if (options.is_chief && pulled->version >= next_eval) {
-      if (model.sparse()) {
-        if (absl::Status s = client->PullTables(&params); !s.ok()) return s;
-      }
-      Evaluate(config, params, *test, pulled->version, "chief", metrics, &progress);
+      auto evaluated = Evaluate(config, client, &params, *test_eval, pulled->version, "chief",
+                                metrics, &progress);
+      if (!evaluated.ok()) return evaluated.status();
       next_eval = (pulled->version / spec.eval_every_steps + 1) * spec.eval_every_steps;
     }
 
     if (options.step_delay > absl::ZeroDuration()) clock->SleepFor(options.step_delay);
     absl::Time t0 = clock->Now();
-    if (absl::Status s = batcher.Next(spec.batch_size, &x, &y, &targets); !s.ok()) {
+    if (absl::Status s = batcher.Next(spec.batch_size, &x, &y, &targets, &lookup_ids); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("training data: ", s.message()));
     }
     // Dropout masks differ per worker and step, and repeat exactly on a rerun.
@@ -164,7 +169,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     batch.size = spec.batch_size;
     if (model.sparse()) {
       // Only the rows this batch looks up: its distinct ids per table.
-      lookups = model.Lookups(x.data(), spec.batch_size);
+      lookups = model.Lookups(lookup_ids.data(), spec.batch_size);
       table_ids = CompactLookups(&lookups);
       if (absl::Status s = client->PullRows(table_ids, &params); !s.ok()) return s;
       batch.sparse = &lookups;
@@ -216,16 +221,15 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     // The final model: every shard at the target version.
     auto final_pull = client->PullAtLeast(target, result.local_steps, model.variables(), &params);
     if (!final_pull.ok()) return final_pull.status();
-    if (model.sparse()) {
-      if (absl::Status s = client->PullTables(&params); !s.ok()) return s;
-    }
     CountLost(final_pull->steps_lost, &result, metrics);
     result.global_step = final_pull->version;
-    result.test_metrics =
-        Evaluate(config, params, *test, final_pull->version, "chief", metrics, &progress);
+    auto evaluated = Evaluate(config, client, &params, *test_eval, final_pull->version, "chief",
+                              metrics, &progress);
+    if (!evaluated.ok()) return evaluated.status();
+    result.test_metrics = *evaluated;
     result.test_accuracy = result.test_metrics.accuracy.value_or(-1);
-    if (absl::Status s = Export(config, params, final_pull->version, *test, options.export_model,
-                                options.export_policy, clock, &result);
+    if (absl::Status s = Export(config, client, &params, final_pull->version, *test,
+                                options.export_model, options.export_policy, clock, &result);
         !s.ok()) {
       return s;
     }
@@ -267,25 +271,26 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
   const absl::Time start = clock->Now();
   absl::Time last_report = start;
   int64_t last_report_step = -1;  // the first poll sets the base of the rate
+  const EvalData test_eval(model, test);
+  std::unique_ptr<EvalData> sample_eval;
+  if (loss_sample != nullptr && loss_sample->size > 0) {
+    sample_eval = std::make_unique<EvalData>(model, *loss_sample, kLossSampleExamples);
+  }
 
-  // Evaluates the values in `params` (read at `version`).
-  auto evaluate = [&](int64_t version) {
-    if (model.sparse()) {
-      // Whole tables, read right after the dense values (not held: training goes on).
-      if (absl::Status s = client->PullTables(&params); !s.ok()) {
-        Log("warning: ", who, ": reading the embedding tables failed: ", s.message());
-      }
-    }
-    result.test_metrics = Evaluate(config, params, test, version, who, metrics, &progress);
-    const double acc = result.test_metrics.accuracy.value_or(-1);
-    if (loss_sample != nullptr && loss_sample->size > 0) {
-      Batch sample = AllOf(*loss_sample);
-      sample.size = std::min<int64_t>(kLossSampleExamples, loss_sample->size);
-      const double loss = model.LossAndGradients(params, sample, 0, &grads);
+  // Evaluates the dense values in `params` (read at `version`) with the
+  // table rows as they are now (read right after them, not held: training
+  // goes on).
+  auto evaluate = [&](int64_t version) -> absl::Status {
+    auto evaluated = Evaluate(config, client, &params, test_eval, version, who, metrics, &progress);
+    if (!evaluated.ok()) return evaluated.status();
+    result.test_metrics = *evaluated;
+    if (sample_eval != nullptr) {
+      if (absl::Status s = sample_eval->PullRows(client, &params); !s.ok()) return s;
+      const double loss = model.LossAndGradients(params, sample_eval->batch(), 0, &grads);
       progress.loss = loss;
       if (metrics.loss) metrics.loss->Set(loss);
     }
-    return acc;
+    return absl::OkStatus();
   };
   auto report = [&](int64_t version, absl::Time now) {
     progress.global_step = version;
@@ -342,18 +347,22 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
     }
     if (pulled->version < boundary) continue;  // a restarted PS answered at once: wait again
     progress.absent_workers = pulled->absent_workers;
-    evaluate(pulled->version);
+    if (absl::Status s = evaluate(pulled->version); !s.ok()) {
+      Log("warning: ", who, ": evaluation at global step ", pulled->version,
+          " skipped: reading the table rows failed: ", s.message());
+    }
     report(pulled->version, clock->Now());
     next_eval = (pulled->version / every + 1) * every;
   }
 
   // `params` hold the final model: every shard at the target version.
   result.global_step = final_pull->version;
-  result.test_accuracy = evaluate(final_pull->version);
+  if (absl::Status s = evaluate(final_pull->version); !s.ok()) return s;
+  result.test_accuracy = result.test_metrics.accuracy.value_or(-1);
   if (progress.loss.has_value()) result.final_loss = *progress.loss;
   if (options.is_chief) {
-    if (absl::Status s = Export(config, params, final_pull->version, test, options.export_model,
-                                options.export_policy, clock, &result);
+    if (absl::Status s = Export(config, client, &params, final_pull->version, test,
+                                options.export_model, options.export_policy, clock, &result);
         !s.ok()) {
       return s;
     }

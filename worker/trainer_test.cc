@@ -9,16 +9,21 @@
 
 #include <algorithm>
 #include <atomic>
+#include <random>
 #include <thread>
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "core/model_file.h"
 #include "worker/testing.h"
 
 namespace kubetrain {
 namespace {
 
+using testjob::DynamicDataset;
+using testjob::DynamicJobYaml;
 using testjob::InProcessCluster;
 using testjob::JobShape;
 using testjob::JobYaml;
@@ -26,8 +31,9 @@ using testjob::TinyDataset;
 
 class JobTest : public ::testing::Test {
  protected:
-  void Make(const JobShape& shape) {
-    auto config = TaskConfigFor(JobYaml(shape), "worker", 0);
+  void Make(const JobShape& shape) { MakeFromYaml(JobYaml(shape)); }
+  void MakeFromYaml(const std::string& yaml) {
+    auto config = TaskConfigFor(yaml, "worker", 0);
     ASSERT_TRUE(config.ok()) << config.status();
     config_ = std::make_unique<TaskConfig>(std::move(*config));
     auto cluster = InProcessCluster::Create(*config_, &clock_);
@@ -61,6 +67,7 @@ class JobTest : public ::testing::Test {
         o.worker_index = static_cast<int>(i);
         o.is_chief = config_->job.IsChiefTask("worker", o.worker_index);
         o.progress_interval = absl::Hours(1);
+        if (o.is_chief) o.export_model = export_model_;
         if (absl::Status s = clients_[i]->Connect(); !s.ok()) {
           results[i] = s;
           return;
@@ -83,6 +90,7 @@ class JobTest : public ::testing::Test {
   std::unique_ptr<InProcessCluster> cluster_;
   std::vector<std::unique_ptr<PsClient>> clients_;
   std::vector<std::vector<FaultyShardChannel*>> faulty_;  // per worker, per PS
+  std::string export_model_;                              // the chief's, if not empty
 };
 
 TEST_F(JobTest, SyncTwoPsThreeWorkersAppliesExactlyEveryGradientOfEveryStep) {
@@ -266,6 +274,58 @@ TEST_F(JobTest, ACoordinatorChiefFollowsEvaluatesAndEndsTheJobWithoutPushing) {
   EXPECT_EQ(evaluated_at, (std::vector<int64_t>{10, 20, 30}));
   ASSERT_TRUE(reports.back().accuracy.has_value());
   EXPECT_DOUBLE_EQ(*reports.back().accuracy, followed->test_accuracy);
+}
+
+// A job with a dynamic table: rows are created as the workers first look
+// ids up; the chief evaluates with the test set's rows read (nothing
+// created), and its export holds exactly the rows the PS tasks hold, which
+// evaluate as the chief did, the unseen ids at their initial values.
+TEST_F(JobTest, ADynamicTableTrainsAndItsExportHoldsTheRowsAndEvaluatesAsTheChiefDid) {
+  MakeFromYaml(DynamicJobYaml(0));
+  train_ = DynamicDataset(1200, 1, 60);
+  test_ = DynamicDataset(400, 2, 70);
+  export_model_ = ::testing::TempDir() + "dynamic.ktm";
+  auto results = RunWorkers();
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
+  const TrainResult& chief = *results[0];
+  EXPECT_GT(*chief.test_metrics.accuracy, 0.75);
+  int64_t rows = 0;
+  for (int ps = 0; ps < 2; ++ps) rows += cluster_->ps(ps)->shard()->TableRowCounts()[0].rows;
+  EXPECT_EQ(rows, 60);  // the training values only: evaluation created none
+  EXPECT_EQ(chief.ps_stats.dynamic_rows(), 60);
+  EXPECT_EQ(chief.ps_stats.dynamic_rows_evicted(), 0);
+
+  auto file = ReadModelFile(export_model_);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(file->stored_rows.size(), 1u);
+  EXPECT_EQ(file->stored_rows[0].rows, 60);
+  EXPECT_EQ(file->seed, 5u);
+  const Model& model = *config_->model;
+  Batch b;
+  b.x = test_.images.data();
+  b.labels = test_.labels.data();
+  b.lookup_ids = test_.lookup_ids.data();
+  b.size = test_.size;
+  SparseBatch lookups = model.Lookups(b.lookup_ids, b.size);
+  ASSERT_TRUE(KeepTableRows(model, CompactLookups(&lookups), &*file).ok());
+  b.sparse = &lookups;
+  const EvalMetrics again = model.Evaluate(file->params, b);
+  EXPECT_EQ(again.accuracy, chief.test_metrics.accuracy);
+  EXPECT_EQ(again.loss, chief.test_metrics.loss);
+  EXPECT_EQ(again.auc, chief.test_metrics.auc);
+}
+
+TEST_F(JobTest, MaxRowsBoundsADynamicTableAndEvictionsAreCounted) {
+  MakeFromYaml(DynamicJobYaml(20));  // 10 rows per PS task, 60 values
+  train_ = DynamicDataset(1200, 1, 60);
+  test_ = DynamicDataset(400, 2, 70);
+  auto results = RunWorkers();
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
+  for (int ps = 0; ps < 2; ++ps) {
+    // A batch of 8 ids per worker may pass the bound until the next touch trims it.
+    EXPECT_LE(cluster_->ps(ps)->shard()->TableRowCounts()[0].rows, 10 + 8);
+  }
+  EXPECT_GT(results[0]->ps_stats.dynamic_rows_evicted(), 0);
 }
 
 }  // namespace

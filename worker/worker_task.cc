@@ -291,6 +291,8 @@ JobResult WorkerTask::MakeResult(const TrainResult& t) const {
   r.checkpoint_failures = t.ps_stats.checkpoint_failures();
   r.checkpoints_failing = t.ps_stats.checkpoints_failing();
   r.checkpoint_error = t.ps_stats.checkpoint_error();
+  r.dynamic_rows = t.ps_stats.dynamic_rows();
+  r.dynamic_rows_evicted = t.ps_stats.dynamic_rows_evicted();
   r.mean_staleness =
       t.ps_stats.gradients_applied() > 0
           ? static_cast<double>(t.ps_stats.staleness_sum()) / t.ps_stats.gradients_applied()

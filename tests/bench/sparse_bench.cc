@@ -25,6 +25,16 @@
 // PS tasks, from `ss -ti`) minus the dense part's 2 x its bytes, against
 // unique rows x dim x 4 x 2 + 16 bytes per unique id (8 each way).
 // The last line is key=value pairs. Never fails on a time.
+//
+// --dynamic: the categorical columns are dynamic (no buckets: ids hashed from
+// the values, table rows created on the PS tasks on first use) and the data
+// streams from its files as a worker's does. PS bytes per row are then the
+// PS tasks' VmRSS growth over training divided by the rows they hold.
+// --scale: the scale run of issue 11: --dynamic, 4 PS tasks, dim 16, 8
+// categorical columns over spaces up to 1e6 and a user-id column U whose
+// values are almost all distinct (an embedding only, not in the planted
+// model), 16.5M training examples: a U table of ~16M rows x 16 dims, sharded
+// over the 4 PS tasks with its Adagrad state (> 2 GiB in all).
 #include <signal.h>
 #include <sys/types.h>
 
@@ -32,6 +42,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +57,7 @@
 #include "core/tabular.h"
 #include "core/task_config.h"
 #include "tests/bench/bench_util.h"
+#include "worker/eval_data.h"
 #include "worker/grpc_shard_channel.h"
 #include "worker/ps_client.h"
 
@@ -54,7 +66,6 @@ namespace bench {
 namespace {
 
 constexpr int kNumeric = 13;
-constexpr int kCategorical = 26;
 
 struct Flags {
   std::string ps_binary = DefaultPsBinary();
@@ -72,7 +83,11 @@ struct Flags {
   int64_t seed = 7;
   double lr = 0.02;      // adagrad: dense layers and embeddings
   double wide_lr = 1.0;  // ftrl: the wide part
+  int64_t categorical = 26;
+  bool dynamic = false;
+  bool uid = false;  // a user-id column U of ~distinct values
   bool big = false;
+  bool scale = false;
   bool keep_temp = false;
 };
 
@@ -94,9 +109,10 @@ struct Generator {
   double bias = -1.2;
 
   explicit Generator(const Flags& flags) : f(flags) {
-    for (int c = 0; c < kCategorical; ++c) {
+    const int n = static_cast<int>(f.categorical);
+    for (int c = 0; c < n; ++c) {
       space.push_back(
-          std::round(std::pow(10.0, 1 + std::log10(f.max_space / 10) * c / (kCategorical - 1))));
+          std::round(std::pow(10.0, 1 + std::log10(f.max_space / 10) * c / std::max(1, n - 1))));
     }
     for (int j = 0; j < kNumeric; ++j) {
       numeric_weight.push_back(0.3 * Normal(Mix(f.seed * 1000 + j)));
@@ -130,12 +146,16 @@ struct Generator {
       std::snprintf(buf, sizeof(buf), "%.3f,", x);
       line->append(buf);
     }
-    for (int c = 0; c < kCategorical; ++c) {
+    for (int c = 0; c < static_cast<int>(f.categorical); ++c) {
       const int64_t rank = Rank(c, Mix(base + 100 + c));
       logit += Weight(c, rank);
       std::snprintf(
           buf, sizeof(buf), "%08" PRIx64 ",",
           Mix(static_cast<uint64_t>(c) << 40 ^ static_cast<uint64_t>(rank)) & 0xffffffffu);
+      line->append(buf);
+    }
+    if (f.uid) {  // 48 bits of a hash of the example: (almost) never seen twice
+      std::snprintf(buf, sizeof(buf), "%012" PRIx64 ",", Mix(base + 777) >> 16);
       line->append(buf);
     }
     const int label = Unit(Mix(base + 999)) < 1 / (1 + std::exp(-logit)) ? 1 : 0;
@@ -150,11 +170,17 @@ std::string JobYaml(const Flags& f, const Generator& g, const std::string& dir, 
   for (int j = 0; j < kNumeric; ++j) {
     absl::StrAppend(&columns, "        - {name: I", j + 1, ", type: numeric}\n");
   }
-  for (int c = 0; c < kCategorical; ++c) {
-    absl::StrAppend(&columns, "        - {name: C", c + 1,
-                    ", type: categorical, hashBuckets: ", tiny_tables ? 16 : g.Buckets(c), "}\n");
+  for (int c = 0; c < static_cast<int>(f.categorical); ++c) {
+    absl::StrAppend(&columns, "        - {name: C", c + 1, ", type: categorical, ",
+                    f.dynamic ? std::string("dynamic: true")
+                              : absl::StrCat("hashBuckets: ", tiny_tables ? 16 : g.Buckets(c)),
+                    "}\n");
     absl::StrAppend(&embeddings, "        - {column: C", c + 1, ", dim: ", f.dim, "}\n");
     absl::StrAppend(&wide, c ? ", " : "", "C", c + 1);
+  }
+  if (f.uid) {
+    absl::StrAppend(&columns, "        - {name: U, type: categorical, dynamic: true}\n");
+    absl::StrAppend(&embeddings, "        - {column: U, dim: ", f.dim, "}\n");
   }
   return absl::StrCat(R"(apiVersion: kubetrain.io/v1
 kind: TrainingJob
@@ -246,11 +272,29 @@ int64_t WireBytes(const std::vector<int>& ports) {
   return total;
 }
 
+// Per PS task at the end of training: resident memory and the rows its
+// dynamic tables hold (GetStats, over a channel of the bench's own).
+struct PsFigures {
+  int64_t rss = 0;
+  int64_t rows = 0;
+};
+
 int Run(Flags f) {
   if (f.big) {
     f.train_examples = std::max<int64_t>(f.train_examples, 4000000);
     f.test_examples = std::max<int64_t>(f.test_examples, 200000);
     f.buckets = std::max<int64_t>(f.buckets, 1 << 20);
+  }
+  if (f.scale) {
+    f.dynamic = f.uid = true;
+    f.ps = 4;
+    f.dim = 16;
+    f.categorical = 8;
+    f.max_space = 1e6;
+    f.train_examples = std::max<int64_t>(f.train_examples, 16500000);
+    f.test_examples = std::max<int64_t>(f.test_examples, 200000);
+    f.batch = std::max<int64_t>(f.batch, 2048);
+    f.epochs = 1;
   }
   const Generator gen(f);
   auto dir = MakeTempDir("kubetrain-bench-sparse-");
@@ -281,9 +325,12 @@ int Run(Flags f) {
   const double gen_seconds = NowSeconds() - t_gen;
   const int64_t steps = std::max<int64_t>(1, f.epochs * f.train_examples / f.batch);
 
+  // Fixed tables: baseline PS tasks of the same job with 16-row tables give
+  // the memory that is not table rows. Dynamic tables start empty: the PS
+  // tasks' own memory before training is their baseline.
   std::vector<int> ps_ports, base_ports;
   const int num_ps = static_cast<int>(std::max<int64_t>(1, f.ps));
-  for (int i = 0; i < 2 * num_ps; ++i) {
+  for (int i = 0; i < (f.dynamic ? 1 : 2) * num_ps; ++i) {
     auto port = FreeLoopbackPort();
     if (!port.ok()) return Fail("", port.status());
     (i < num_ps ? ps_ports : base_ports).push_back(*port);
@@ -296,16 +343,19 @@ int Run(Flags f) {
     return Fail("", s);
   if (auto s = WriteFile(base_file, JobYaml(f, gen, *dir, steps, true)); !s.ok())
     return Fail("", s);
-  std::vector<PsProcess> ps(num_ps), base(num_ps);
+  std::vector<PsProcess> ps(num_ps), base(base_ports.size());
   for (int i = 0; i < num_ps; ++i) {
     if (auto s = ps[i].Start(f.ps_binary, job_file, TfConfigJson(ps_ports, *worker_port, "ps", i),
                              absl::StrCat(*dir, "/ps-", i, ".log"));
         !s.ok()) {
       return Fail("", s);
     }
-    if (auto s = base[i].Start(f.ps_binary, base_file,
-                               TfConfigJson(base_ports, *base_worker_port, "ps", i),
-                               absl::StrCat(*dir, "/baseline-ps-", i, ".log"));
+  }
+  for (size_t i = 0; i < base_ports.size(); ++i) {
+    if (auto s =
+            base[i].Start(f.ps_binary, base_file,
+                          TfConfigJson(base_ports, *base_worker_port, "ps", static_cast<int>(i)),
+                          absl::StrCat(*dir, "/baseline-ps-", i, ".log"));
         !s.ok()) {
       return Fail("", s);
     }
@@ -316,8 +366,21 @@ int Run(Flags f) {
   const Model& model = *config->model;
   const Placement& placement = config->placement;
   const double t_load = NowSeconds();
-  auto train = LoadTabular(spec.tabular, spec.tabular.train_files, nullptr);
-  if (!train.ok()) return Fail("train data: ", train.status());
+  // Fixed tables: the training set in memory (as before, for the figures of
+  // the README); dynamic: streamed from its file, as a worker does.
+  std::unique_ptr<ShardedBatcher> batcher;
+  absl::StatusOr<Dataset> train_in_memory;
+  absl::StatusOr<TrainingSet> train_stream;
+  if (f.dynamic) {
+    train_stream = OpenTabularTrainingSet(spec.tabular);
+    if (!train_stream.ok()) return Fail("train data: ", train_stream.status());
+    batcher = std::make_unique<ShardedBatcher>(*train_stream->source, 0, 1, spec.seed,
+                                               spec.shuffle_buffer);
+  } else {
+    train_in_memory = LoadTabular(spec.tabular, spec.tabular.train_files, nullptr);
+    if (!train_in_memory.ok()) return Fail("train data: ", train_in_memory.status());
+    batcher = std::make_unique<ShardedBatcher>(*train_in_memory, 0, 1, spec.seed);
+  }
   auto test = LoadTabular(spec.tabular, spec.tabular.test_files, nullptr);
   if (!test.ok()) return Fail("test data: ", test.status());
   const double load_seconds = NowSeconds() - t_load;
@@ -330,42 +393,51 @@ int Run(Flags f) {
   for (const auto& v : model.variables()) {
     if (!v.table) dense_bytes += v.num_bytes();
   }
-  // Optimizer slots per row: adagrad 1 (embeddings), ftrl 2 (wide).
+  // Values + optimizer slots per row: adagrad 1 slot (embeddings), ftrl 2 (wide).
+  auto row_bytes = [](const TablePlacement& t) { return t.dim * 4 * (1 + (t.wide ? 2 : 1)); };
   int64_t slot_bytes = 0;
-  for (const auto& t : placement.tables) slot_bytes += t.rows * t.dim * 4 * (1 + (t.wide ? 2 : 1));
+  for (const auto& t : placement.tables) slot_bytes += t.rows * row_bytes(t);
+  const std::string tables_text =
+      f.dynamic ? std::string("rows created as ids appear")
+                : absl::StrFormat("%lld rows (%.1f MiB of values)",
+                                  static_cast<long long>(table_rows), table_floats * 4 / 1048576.0);
   std::printf(
-      "sparse benchmark: %d numeric + %d categorical columns, id spaces 10..%.0g (Zipf %.2f), "
+      "sparse benchmark: %d numeric + %lld categorical columns%s, id spaces 10..%.0g (Zipf %.2f), "
       "%lld train / %lld test examples (generated in %.1f s, loaded in %.1f s)\n"
-      "  wide & deep: %zu tables, %lld rows (%.1f MiB of values), dense %lld bytes; "
+      "  wide & deep: %zu %s tables, %s, dense %lld bytes; "
       "%d PS, 1 sync worker, batch %lld, %lld steps\n",
-      kNumeric, kCategorical, f.max_space, f.zipf, static_cast<long long>(f.train_examples),
-      static_cast<long long>(f.test_examples), gen_seconds, load_seconds, placement.tables.size(),
-      static_cast<long long>(table_rows), table_floats * 4 / 1048576.0,
-      static_cast<long long>(dense_bytes), num_ps, static_cast<long long>(f.batch),
-      static_cast<long long>(steps));
+      kNumeric, static_cast<long long>(f.categorical), f.uid ? " + a user id U" : "", f.max_space,
+      f.zipf, static_cast<long long>(f.train_examples), static_cast<long long>(f.test_examples),
+      gen_seconds, load_seconds, placement.tables.size(), f.dynamic ? "dynamic" : "fixed",
+      tables_text.c_str(), static_cast<long long>(dense_bytes), num_ps,
+      static_cast<long long>(f.batch), static_cast<long long>(steps));
   std::fflush(stdout);
 
-  // PS memory: the job's PS tasks against baseline ones with 16-row tables.
+  // PS memory before training: the job's PS tasks (and the baseline ones).
   for (int i = 0; i < num_ps; ++i) {
     if (auto s = ps[i].WaitReady(ps_ports[i], 300); !s.ok()) return Fail("", s);
+  }
+  for (size_t i = 0; i < base.size(); ++i) {
     if (auto s = base[i].WaitReady(base_ports[i], 300); !s.ok()) return Fail("", s);
   }
+  std::vector<int64_t> rss_start(num_ps);
   int64_t rss = 0, base_rss = 0;
   for (int i = 0; i < num_ps; ++i) {
-    rss += RssBytes(ps[i].pid());
-    base_rss += RssBytes(base[i].pid());
-    ::kill(base[i].pid(), SIGTERM);
-    base[i].WaitOrKill(10);
+    rss_start[i] = RssBytes(ps[i].pid());
+    rss += rss_start[i];
   }
-  const int64_t base_rows = static_cast<int64_t>(placement.tables.size()) * 16;
-  const double bytes_per_row =
-      static_cast<double>(rss - base_rss) / static_cast<double>(table_rows - base_rows);
-  const double expected_per_row = static_cast<double>(slot_bytes) / table_rows;
+  for (auto& b : base) {
+    base_rss += RssBytes(b.pid());
+    ::kill(b.pid(), SIGTERM);
+    b.WaitOrKill(10);
+  }
 
   RealClock clock;
-  std::vector<std::unique_ptr<ShardChannel>> channels;
+  std::vector<std::unique_ptr<ShardChannel>> channels, stats_channels;
   for (int port : ps_ports) {
     channels.push_back(NewGrpcShardChannel(absl::StrCat("127.0.0.1:", port), spec.chunk_bytes));
+    stats_channels.push_back(
+        NewGrpcShardChannel(absl::StrCat("127.0.0.1:", port), spec.chunk_bytes));
   }
   PsClient::Options options;
   options.fingerprint = config->fingerprint;
@@ -374,18 +446,20 @@ int Run(Flags f) {
   PsClient client(options, &placement, &clock, std::move(channels), PsClientMetrics{});
   if (auto s = client.Connect(); !s.ok()) return Fail("connect: ", s);
 
-  ShardedBatcher batcher(*train, 0, 1, spec.seed);
   Params params, grads;
   std::vector<float> x;
   std::vector<int32_t> y;
+  std::vector<int64_t> lookup_ids;
   int64_t rows_moved = 0, ideal_bytes = 0;
   const int64_t wire_start = WireBytes(ps_ports);
   const double t0 = NowSeconds();
   for (int64_t step = 0; step < steps; ++step) {
     auto pulled = client.Pull(/*next_version=*/step > 0, step, model.variables(), &params);
     if (!pulled.ok()) return Fail("pull: ", pulled.status());
-    if (auto s = batcher.Next(spec.batch_size, &x, &y); !s.ok()) return Fail("data: ", s);
-    SparseBatch lookups = model.Lookups(x.data(), spec.batch_size);
+    if (auto s = batcher->Next(spec.batch_size, &x, &y, nullptr, &lookup_ids); !s.ok()) {
+      return Fail("data: ", s);
+    }
+    SparseBatch lookups = model.Lookups(lookup_ids.data(), spec.batch_size);
     const TableIds ids = CompactLookups(&lookups);
     if (auto s = client.PullRows(ids, &params); !s.ok()) return Fail("pull rows: ", s);
     for (size_t t = 0; t < ids.size(); ++t) {
@@ -401,26 +475,68 @@ int Run(Flags f) {
     model.LossAndGradients(params, b, spec.seed ^ static_cast<uint64_t>(step), &grads);
     auto pushed = client.Push(grads, step + 1, ids);
     if (!pushed.ok()) return Fail("push: ", pushed.status());
+    if (f.scale && (step + 1) % 500 == 0) {
+      std::fprintf(stderr, "step %lld/%lld, %.0f examples/s\n", static_cast<long long>(step + 1),
+                   static_cast<long long>(steps), (step + 1) * f.batch / (NowSeconds() - t0));
+    }
   }
   const double train_seconds = NowSeconds() - t0;
   const int64_t wire_end = WireBytes(ps_ports);
 
-  // The trained model on the test set (whole tables), against the planted one.
+  // The trained model on the test set (the rows it looks up, as the chief
+  // reads them), against the planted one.
   auto final_pull = client.PullAtLeast(steps, steps, model.variables(), &params);
   if (!final_pull.ok()) return Fail("final pull: ", final_pull.status());
-  if (auto s = client.PullTables(&params); !s.ok()) return Fail("pull tables: ", s);
-  Batch all;
-  all.x = test->images.data();
-  all.labels = test->labels.data();
-  all.size = test->size;
-  const EvalMetrics m = model.Evaluate(params, all);
+  const EvalData test_eval(model, *test);
+  auto evaluated = test_eval.Evaluate(&client, &params);
+  if (!evaluated.ok()) return Fail("evaluate: ", evaluated.status());
+  const EvalMetrics& m = *evaluated;
   const double planted_auc = Auc(planted_test, test->labels);
   const double trained_auc = m.auc.value_or(0);
+
+  // Dynamic tables: what each PS task holds now, and what that costs.
+  std::vector<PsFigures> figures(num_ps);
+  double expected_per_row = table_rows > 0 ? static_cast<double>(slot_bytes) / table_rows : 0;
+  double bytes_per_row = 0;
+  int64_t largest_table_rows = 0;
+  std::string largest_table;
+  if (f.dynamic) {
+    int64_t rows = 0, growth = 0, expected = 0;
+    std::map<std::string, int64_t> rows_of_table;
+    for (int i = 0; i < num_ps; ++i) {
+      figures[i].rss = RssBytes(ps[i].pid());
+      v1::InfoRequest req;
+      req.set_task_type(v1::TASK_TYPE_EXPORTER);  // a reader every job admits
+      auto info = stats_channels[i]->GetInfo(req, absl::Seconds(30));
+      if (!info.ok()) return Fail("info: ", info.status());
+      for (int t = 0; t < info->tables_size(); ++t) {
+        const int64_t n = static_cast<int64_t>(info->tables(t).local_rows());
+        figures[i].rows += n;
+        rows_of_table[info->tables(t).name()] += n;
+        expected += n * row_bytes(placement.tables[t]);
+      }
+      rows += figures[i].rows;
+      growth += figures[i].rss - rss_start[i];
+    }
+    for (const auto& [name, n] : rows_of_table) {
+      if (n > largest_table_rows) {
+        largest_table_rows = n;
+        largest_table = name;
+      }
+    }
+    table_rows = rows;
+    bytes_per_row = rows > 0 ? static_cast<double>(growth) / rows : 0;
+    expected_per_row = rows > 0 ? static_cast<double>(expected) / rows : 0;
+  } else {
+    const int64_t base_rows = static_cast<int64_t>(placement.tables.size()) * 16;
+    bytes_per_row =
+        static_cast<double>(rss - base_rss) / static_cast<double>(table_rows - base_rows);
+  }
 
   absl::Status left = client.Leave();
   auto stats = client.Shutdown();
   for (auto& p : ps) {
-    if (const int code = p.WaitOrKill(30); code != 0) {
+    if (const int code = p.WaitOrKill(120); code != 0) {
       std::fprintf(stderr, "warning: kubetrain-ps exit code %d; its log:\n%s\n", code,
                    ReadFileOrEmpty(p.log_path()).c_str());
     }
@@ -439,11 +555,31 @@ int Run(Flags f) {
       "(%.0f distinct ids per step over %zu tables)\n",
       train_seconds, examples_per_second, rows_per_second, rows_per_second,
       static_cast<double>(rows_moved) / steps, placement.tables.size());
-  std::printf(
-      "PS memory: %.1f MiB resident over the 16-row baseline for %lld rows: %.1f bytes per row "
-      "(values + slots: %.1f)\n",
-      (rss - base_rss) / 1048576.0, static_cast<long long>(table_rows - base_rows), bytes_per_row,
-      expected_per_row);
+  if (f.dynamic) {
+    int64_t rss_max = 0, rows_max = 0;
+    for (int i = 0; i < num_ps; ++i) {
+      std::printf("  ps-%d: %lld rows, %.1f MiB resident (%.1f MiB at start)\n", i,
+                  static_cast<long long>(figures[i].rows), figures[i].rss / 1048576.0,
+                  rss_start[i] / 1048576.0);
+      rss_max = std::max(rss_max, figures[i].rss);
+      rows_max = std::max(rows_max, figures[i].rows);
+    }
+    std::printf(
+        "PS memory: %lld rows of dynamic tables (largest: %s, %lld rows over %d PS tasks): %.1f "
+        "bytes per row of growth (values + slots: %.1f)\n",
+        static_cast<long long>(table_rows), largest_table.c_str(),
+        static_cast<long long>(largest_table_rows), num_ps, bytes_per_row, expected_per_row);
+    std::printf("ps_rss_max_mib=%.1f ps_rows_max=%lld largest_table_rows=%lld\n",
+                rss_max / 1048576.0, static_cast<long long>(rows_max),
+                static_cast<long long>(largest_table_rows));
+  } else {
+    std::printf(
+        "PS memory: %.1f MiB resident over the 16-row baseline for %lld rows: %.1f bytes per "
+        "row (values + slots: %.1f)\n",
+        (rss - base_rss) / 1048576.0,
+        static_cast<long long>(table_rows - static_cast<int64_t>(placement.tables.size()) * 16),
+        bytes_per_row, expected_per_row);
+  }
   std::printf(
       "wire: %.0f bytes per step (TCP payload, both ways); minus dense 2 x %lld = %.0f for the "
       "tables vs %.0f (rows x dim x 4 x 2 + 16 per id): %.3fx\n",
@@ -457,12 +593,12 @@ int Run(Flags f) {
       "ps_bytes_per_row=%.1f expected_bytes_per_row=%.1f auc=%.4f planted_auc=%.4f "
       "auc_ratio=%.4f wire_bytes_per_step=%.0f sparse_wire_bytes_per_step=%.0f "
       "ideal_sparse_bytes_per_step=%.0f wire_ratio=%.3f steps=%lld batch=%lld ps=%d "
-      "table_rows=%lld train_examples=%lld\n",
+      "table_rows=%lld train_examples=%lld dynamic=%d\n",
       examples_per_second, rows_per_second, rows_per_second, bytes_per_row, expected_per_row,
       trained_auc, planted_auc, trained_auc / planted_auc, wire_per_step, sparse_wire_per_step,
       ideal_per_step, sparse_wire_per_step / ideal_per_step, static_cast<long long>(steps),
       static_cast<long long>(f.batch), num_ps, static_cast<long long>(table_rows),
-      static_cast<long long>(f.train_examples));
+      static_cast<long long>(f.train_examples), f.dynamic ? 1 : 0);
   std::fflush(stdout);
   return 0;
 }
@@ -492,8 +628,15 @@ int main(int argc, char** argv) {
   parser.Int("seed", &flags.seed, "data and model seed");
   parser.Double("lr", &flags.lr, "adagrad learning rate (dense layers, embeddings)");
   parser.Double("wide_lr", &flags.wide_lr, "ftrl learning rate (the wide part)");
+  parser.Int("categorical", &flags.categorical, "categorical columns");
+  parser.Bool("dynamic", &flags.dynamic,
+              "dynamic categorical columns (rows created on first use; data streamed from file)");
+  parser.Bool("uid", &flags.uid, "a user-id column U of almost always new values (an embedding)");
   parser.Bool("big", &flags.big,
               "a bigger run: >= 4M training examples, 200k test, 2^20 buckets per column");
+  parser.Bool("scale", &flags.scale,
+              "the scale run: --dynamic --uid, 4 PS, dim 16, 8 categorical columns (spaces up to "
+              "1e6), 16.5M training examples, batch 2048: ~16M rows x 16 dims of U");
   parser.Bool("keep_temp", &flags.keep_temp, "keep the temp dir (data, job files, PS logs)");
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
   kubetrain::InitProcess(kubetrain::ProcessProfile::kDefault);

@@ -10,7 +10,8 @@ readOnlyRootFilesystem, runAsNonRoot enforced. Otherwise, or with --host-binarie
 runs as a plain process of this machine (command[0] looked up in --bin-dir, then PATH).
 Each pod gets its own network namespace on a bridge with an address from 10.244.0.0/16
 (tests/cluster/pod_network.py; --pod-network loopback: the host network and a 127.10.x.y
-each), ConfigMap, emptyDir and hostPath volumes, a termination-log file and a shared hosts
+each), ConfigMap, Secret, emptyDir and hostPath volumes (ConfigMaps and Secrets as the
+kubelet writes them: items, file modes, fsGroup, mounted read-only), a termination-log file and a shared hosts
 file (headless Service names) bind-mounted, in private mount + PID namespaces (unshare).
 Needs root.
 With --service-account-tokens it also does what the kubelet does for in-cluster
@@ -38,6 +39,8 @@ DEFAULT_GRACE = 30
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 SA_TOKEN_SECONDS, SA_RETRY = 3607, 2.0  # the kubelet's token lifetime; retry a missing ServiceAccount
 WATCH_TIMEOUT = 60
+# Volumes written from an API object: kind -> (resource, the field naming the object).
+API_VOLUMES = {"configMap": ("configmaps", "name"), "secret": ("secrets", "secretName")}
 
 
 def log(msg):
@@ -430,45 +433,28 @@ class Agent:
 
     def setup_volumes(self, run):
         """Writes the pod's volumes into its dir; returns False to retry later (e.g. ConfigMap missing)."""
-        ns, vols = run.pod["metadata"]["namespace"], {}
+        vols, read_only = {}, set()
         for v in run.pod["spec"].get("volumes") or []:
+            err, kind = None, next((k for k in API_VOLUMES if k in v), None)
             if "hostPath" in v:
                 err = self.host_path(v["hostPath"])
-                if err:
-                    why = ("ContainerCreating", f"MountVolume.SetUp failed for volume {v['name']!r}: {err}")
-                    if run.waiting != why:
-                        log(f"pod {run.key}: {why[1]}; waiting")
-                    run.waiting = why
-                    return False
                 vols[v["name"]] = v["hostPath"]["path"]
-                continue
-            d = os.path.join(run.dir, "volumes", v["name"])
-            os.makedirs(d, exist_ok=True)
-            if "emptyDir" in v:
-                os.chmod(d, 0o777)  # as the kubelet: writable by the container's user
-            vols[v["name"]] = d
-            if "configMap" in v:
-                cm_ref = v["configMap"]
-                try:
-                    cm = self.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{cm_ref['name']}")
-                except ApiError as e:
-                    if e.status == 404 and cm_ref.get("optional"):
-                        continue
-                    if getattr(run, "vol_warned", None) != str(e):
-                        log(f"pod {run.key}: volume {v['name']}: configmap {cm_ref['name']}: {e}; waiting")
-                        run.vol_warned = str(e)
-                    return False
-                data = {k: val.encode() for k, val in (cm.get("data") or {}).items()}
-                data.update({k: base64.b64decode(val) for k, val in (cm.get("binaryData") or {}).items()})
-                items = cm_ref.get("items") or [{"key": k, "path": k} for k in data]
-                for it in items:
-                    if it["key"] in data:
-                        p = os.path.join(d, it["path"])
-                        os.makedirs(os.path.dirname(p), exist_ok=True)
-                        with open(p, "wb") as f:
-                            f.write(data[it["key"]])
-            elif "emptyDir" not in v:
-                log(f"warning: pod {run.key}: volume {v['name']} type {sorted(set(v) - {'name'})} unsupported; using an empty dir")
+            else:
+                d = vols[v["name"]] = os.path.join(run.dir, "volumes", v["name"])
+                os.makedirs(d, exist_ok=True)
+                if "emptyDir" in v:
+                    os.chmod(d, 0o777)  # as the kubelet: writable by the container's user
+                elif kind:
+                    err = self.write_api_volume(run, kind, v[kind], d)
+                    read_only.add(v["name"])
+                else:
+                    log(f"warning: pod {run.key}: volume {v['name']} type {sorted(set(v) - {'name'})} unsupported; using an empty dir")
+            if err:
+                why = ("ContainerCreating", f"MountVolume.SetUp failed for volume {v['name']!r}: {err}")
+                if run.waiting != why:
+                    log(f"pod {run.key}: {why[1]}; waiting")
+                run.waiting = why
+                return False
         if self.sa_tokens and run.pod["spec"].get("automountServiceAccountToken") is not False:
             if time.time() < run.sa_retry_at or not self.write_sa_token(run):
                 return False
@@ -482,9 +468,48 @@ class Agent:
                 if m["name"] not in vols:
                     log(f"warning: pod {run.key}: volumeMount {m['name']} has no volume; skipped")
                     continue
-                ms.append((os.path.join(vols[m["name"]], m.get("subPath", "")).rstrip("/"), m["mountPath"], m.get("readOnly", False)))
+                ms.append((os.path.join(vols[m["name"]], m.get("subPath", "")).rstrip("/"), m["mountPath"],
+                           m.get("readOnly", False) or m["name"] in read_only))
             run.mounts[c.name] = ms
         return True
+
+    def write_api_volume(self, run, kind, src, d):
+        """A configMap or secret volume, as the kubelet writes it into D: the object's keys (or only
+        its `items`, key -> path), each file mode `mode`, else `defaultMode`, else 0644, owned by root,
+        and with the pod's fsGroup as group plus group read (the kubelet's SetVolumeOwnership). The
+        kubelet mounts them read-only (setup_volumes). Returns why it cannot be written yet, or None
+        (also when it is optional and missing)."""
+        ns, plural, name_field = run.pod["metadata"]["namespace"], *API_VOLUMES[kind]
+        name = src.get(name_field, "")
+        try:
+            obj = self.api("GET", f"/api/v1/namespaces/{ns}/{plural}/{name}")
+        except ApiError as e:
+            if e.status == 404:  # the kubelet's words
+                return None if src.get("optional") else f'{kind.lower()} "{name}" not found'
+            return f"{plural} {ns}/{name}: {e}"
+        if kind == "configMap":
+            data = {k: val.encode() for k, val in (obj.get("data") or {}).items()}
+            data.update({k: base64.b64decode(val) for k, val in (obj.get("binaryData") or {}).items()})
+        else:
+            data = {k: base64.b64decode(val) for k, val in (obj.get("data") or {}).items()}
+        items = src.get("items") or [{"key": k, "path": k} for k in sorted(data)]
+        missing = [it["key"] for it in items if it["key"] not in data]
+        if missing and not src.get("optional"):
+            return f"{plural} {ns}/{name} has no key {missing[0]!r}"
+        fs_group = (run.pod["spec"].get("securityContext") or {}).get("fsGroup")
+        for it in items:
+            if it["key"] not in data:
+                continue
+            p = os.path.join(d, it["path"])
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+                f.write(data[it["key"]])
+            mode = it.get("mode", src.get("defaultMode", 0o644))
+            if fs_group is not None:
+                os.chown(p, 0, fs_group)
+                mode |= 0o440
+            os.chmod(p, mode)
+        return None
 
     @staticmethod
     def host_path(hp):

@@ -2,6 +2,7 @@
 
 Run: python3 -m pytest -q tests/cluster/test_node_agent.py   (as root: the agent uses mount namespaces)
 """
+import base64
 import json
 import os
 import shutil
@@ -282,6 +283,65 @@ def test_host_path_volume(cluster):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def secret_obj(name, **data):
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+
+
+def test_secret_volumes_hold_their_items_with_their_modes_read_only(cluster):
+    """As the kubelet writes them: only the listed items at their paths, mode per item, else
+    defaultMode, else 0644, owned by root; the fsGroup as group plus group read; mounted read-only
+    whatever the volumeMount says; an optional missing Secret is an empty volume."""
+    cluster.apply(secret_obj("sec-a", a="alpha", b="beta", c="gamma"))
+    m = "/var/run/kt-agent-test"  # host mode: mount points are made on this machine
+    script = (f"cd {m}/s && find . -type f | sort && for f in x/a b; do stat -c '%a %u %g %n' $f; done; "
+              f"cat x/a b; echo; cd {m}/all && stat -c '%a %u %g %n' a c; "
+              f"echo hi > {m}/s/new || echo RO; ls -A {m}/opt | wc -l")
+    cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pod-sec"},
+                   "spec": {"restartPolicy": "Never", "securityContext": {"fsGroup": 2000},
+                            "containers": [{"name": "main", "image": "x", "command": ["/bin/sh", "-c", script],
+                                            "volumeMounts": [{"name": n, "mountPath": f"{m}/{n}"}
+                                                             for n in ("s", "all", "opt")]}],
+                            "volumes": [{"name": "s", "secret": {"secretName": "sec-a", "defaultMode": 0o400,
+                                                                 "items": [{"key": "a", "path": "x/a"},
+                                                                           {"key": "b", "path": "b", "mode": 0o404}]}},
+                                        {"name": "all", "secret": {"secretName": "sec-a"}},
+                                        {"name": "opt", "secret": {"secretName": "nope", "optional": True}}]}})
+    pod = cluster.wait_pod("pod-sec", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"))
+    out = cluster.pod_log("pod-sec", "main").split("\n")
+    assert pod["status"]["phase"] == "Succeeded", (pod["status"], out)
+    assert out[:2] == ["./b", "./x/a"], out  # c is not listed: not there
+    assert out[2:4] == ["440 0 2000 x/a", "444 0 2000 b"], out  # fsGroup adds group read
+    assert out[4] == "alphabeta", out
+    assert out[5:7] == ["644 0 2000 a", "644 0 2000 c"], out
+    assert "Read-only file system" in "\n".join(out) and "RO" in out, out
+    assert out[-2] == "0", out  # the optional Secret that does not exist: an empty volume
+    cluster.kubectl("delete", "pod", "pod-sec", "--wait=true", "--timeout=30s")
+
+
+def test_a_pod_waits_for_its_secret_and_for_every_listed_key(cluster):
+    vol = lambda items=None: {"name": "s", "secret": {"secretName": "sec-late", **({"items": items} if items else {})}}
+    pod = lambda name, items=None: {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"restartPolicy": "Never", "volumes": [vol(items)],
+                 "containers": [{"name": "main", "image": "x", "command": ["cat", "/s/token"],
+                                 "volumeMounts": [{"name": "s", "mountPath": "/s"}]}]}}
+    waiting = lambda p: "waiting" in ((p["status"].get("containerStatuses") or [{}])[0].get("state") or {})
+    cluster.apply(pod("pod-sec-late"))
+    cluster.apply(pod("pod-sec-key", [{"key": "token.worker-1", "path": "token"}]))
+    p = cluster.wait_pod("pod-sec-late", waiting)
+    assert p["status"]["phase"] == "Pending", p["status"]
+    assert 'secret "sec-late" not found' in p["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
+    cluster.apply(secret_obj("sec-late", token="t0\n", **{"token.worker-0": "w0"}))
+    p = cluster.wait_pod("pod-sec-late", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"))
+    assert p["status"]["phase"] == "Succeeded" and cluster.pod_log("pod-sec-late", "main") == "t0\n"
+    # A listed key the Secret does not have: the kubelet does not start the pod either.
+    p = cluster.wait_pod("pod-sec-key", lambda p: waiting(p) and "has no key" in
+                         p["status"]["containerStatuses"][0]["state"]["waiting"]["message"])
+    assert "'token.worker-1'" in p["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
+    cluster.kubectl("delete", "pod", "pod-sec-late", "pod-sec-key", "--wait=true", "--timeout=30s")
+
+
 # --- pods from images (make images) ------------------------------------------------------
 sys.path.insert(0, HERE)
 import image_rootfs  # noqa: E402
@@ -337,6 +397,33 @@ def test_pod_runs_from_its_image(cluster):
     assert f"image {RUNTIME}:" in cluster.agent_log()
     uid8 = pod["metadata"]["uid"][:8]
     assert not [c for c in working_containers() if uid8 in c], working_containers()
+
+
+def test_secret_files_in_an_image_pod_are_readable_by_its_user_as_the_modes_say(cluster):
+    """In an image pod running as 65532 (the runtime's user): 0444 files are readable; 0400 ones
+    (root's) are not, unless the pod's fsGroup makes them group-readable, as on a kubelet."""
+    need_images()
+    cluster.apply(secret_obj("sec-img", token="t-img"))
+    script = "id -u; cat /a/token; echo; cat /b/token 2>&1; echo; cat /c/token; echo"
+    vols = [{"name": n, "secret": {"secretName": "sec-img", "defaultMode": m}}
+            for n, m in (("a", 0o444), ("b", 0o400))]
+    base = {"restartPolicy": "Never", "volumes": vols,
+            "containers": [{"name": "main", "image": RUNTIME, "command": ["/bin/sh", "-c", script],
+                            "securityContext": {"runAsUser": 65532, "runAsNonRoot": True},
+                            "volumeMounts": [{"name": n, "mountPath": f"/{n}"} for n in ("a", "b")]
+                            + [{"name": "b", "mountPath": "/c"}]}]}
+    cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pod-sec-img"}, "spec": base})
+    with_group = json.loads(json.dumps(base))
+    with_group["securityContext"] = {"fsGroup": 65532}
+    cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pod-sec-img-fsgroup"}, "spec": with_group})
+    for name in ("pod-sec-img", "pod-sec-img-fsgroup"):
+        cluster.wait_pod(name, lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), timeout=90)
+    out = cluster.pod_log("pod-sec-img", "main").split("\n")
+    assert out[0] == "65532" and out[1] == "t-img", out
+    assert "Permission denied" in out[2], out
+    out = cluster.pod_log("pod-sec-img-fsgroup", "main").split("\n")
+    assert out[:4] == ["65532", "t-img", "t-img", "t-img"], out
+    cluster.kubectl("delete", "pod", "pod-sec-img", "pod-sec-img-fsgroup", "--wait=true", "--timeout=60s")
 
 
 def test_image_entrypoint_and_run_as_non_root(cluster):

@@ -6,8 +6,10 @@ Prometheus (/usr/bin/prometheus, 1 s scrapes) scrapes:
     restores its checkpoint) and an async one with maxStaleness (staleness);
   * two small CSV jobs (1 PS, 1 worker) for the metrics of other heads: a
     binary sigmoid one whose training file has bad records under
-    onBadRecord: skip (AUC, log loss, records skipped) and a regression one
-    (RMSE);
+    onBadRecord: skip (AUC, log loss, records skipped) and whose column c is
+    a dynamic embedding with a maxRows below its ~300 ids (table rows and
+    bytes, unique ids per batch, sparse bytes, rows created and evicted), and
+    a regression one (RMSE);
   * the operator of a real test cluster (tests/cluster/cluster-up.sh) that
     reconciles a small TrainingJob.
 Targets go into file_sd files written once the launcher/operator print their
@@ -59,6 +61,11 @@ POSITIVE = {
     ("training", "Task restarts", "A"),
     ("training", "Test AUC / log loss", "A"), ("training", "Test AUC / log loss", "B"),
     ("training", "Test RMSE", "A"), ("training", "Data records skipped", "A"),
+    ("training", "Table rows per PS task", "A"), ("training", "Table bytes per PS task", "A"),
+    ("training", "Unique ids per batch", "A"), ("training", "Unique ids per batch", "B"),
+    ("training", "Sparse bytes/s per PS task", "A"), ("training", "Sparse bytes/s per PS task", "B"),
+    ("training", "Dynamic table rows created / evicted /s", "A"),
+    ("training", "Dynamic table rows created / evicted /s", "B"),
     ("operator", "Reconciles/s by result", "A"), ("operator", "Reconcile latency p50 / p90 / p99", "C"),
     ("operator", "TrainingJobs by state", "A"),
     ("operator", "API requests/s by verb", "A"), ("operator", "Informer cache objects", "A"),
@@ -145,7 +152,10 @@ def test_required_panels_exist():
                    "kubetrain_barrier_timeouts_total", "rate(kubetrain_push_bytes_total",
                    "rate(kubetrain_pull_bytes_total", "kubetrain_checkpoint_restores_total",
                    "kubetrain_steps_lost_total", "kubetrain_eval_auc", "kubetrain_eval_log_loss",
-                   "kubetrain_eval_rmse", "kubetrain_data_records_skipped_total"):
+                   "kubetrain_eval_rmse", "kubetrain_data_records_skipped_total",
+                   "kubetrain_table_rows{", "kubetrain_table_bytes", "kubetrain_sparse_unique_ids_bucket",
+                   "rate(kubetrain_sparse_pull_bytes_total", "rate(kubetrain_sparse_push_bytes_total",
+                   "rate(kubetrain_table_rows_created_total", "rate(kubetrain_table_rows_evicted_total"):
         assert needle in t, needle
     o = exprs("operator")
     for needle in ("rate(kubetrain_operator_reconciles_total", "kubetrain_operator_reconcile_duration_seconds_bucket",
@@ -221,9 +231,16 @@ spec:
 BAD_RECORDS = 3
 
 
+# Distinct values of the binary job's dynamic column c, and its maxRows
+# (batch 32, 1 PS task: at least 32): rows are evicted all the time.
+DYNAMIC_IDS = 300
+DYNAMIC_MAX_ROWS = 40
+
+
 def csv_jobs(tmp):
-    """The binary and the regression CSV job: y = [x1 + x2 > 0] and
-    t = 2 x1 - x2 + noise, 2000 training rows, 500 test rows each."""
+    """The binary and the regression CSV job: y = [x1 + x2 > 0] (with c, an
+    id in DYNAMIC_IDS values) and t = 2 x1 - x2 + noise, 2000 training rows,
+    500 test rows each."""
     import random
     rng = random.Random(5)
 
@@ -231,7 +248,8 @@ def csv_jobs(tmp):
         out = []
         for _ in range(n):
             x1, x2 = rng.uniform(-1, 1), rng.uniform(-1, 1)
-            out.append(f"{x1:.4f},{x2:.4f},{label(x1, x2)}")
+            c = f",v{rng.randrange(DYNAMIC_IDS)}" if label is binary else ""
+            out.append(f"{x1:.4f},{x2:.4f}{c},{label(x1, x2)}")
         return out
     binary = lambda x1, x2: int(x1 + x2 + rng.gauss(0, 0.3) > 0)
     regress = lambda x1, x2: f"{2 * x1 - x2 + rng.gauss(0, 0.1):.4f}"
@@ -240,7 +258,7 @@ def csv_jobs(tmp):
         train = rows(2000, label)
         if name == "binary":
             for i in range(BAD_RECORDS):
-                train.insert(100 * (i + 1), f"x{i},0.5,1")  # not a number: skipped
+                train.insert(100 * (i + 1), f"x{i},0.5,v1,1")  # not a number: skipped
         for part, lines in (("train", train), ("test", rows(500, label))):
             path = os.path.join(tmp, f"{name}-{part}.csv")
             with open(path, "w") as f:
@@ -250,6 +268,9 @@ def csv_jobs(tmp):
     for name, head, label in (("dash-binary", "sigmoid", "{name: y, type: label, numClasses: 2}"),
                               ("dash-regress", "meanSquaredError", "{name: t, type: label}")):
         kind = "binary" if head == "sigmoid" else "regress"
+        sparse = (f"      embeddings: [{{column: c, dim: 4, maxRows: {DYNAMIC_MAX_ROWS}}}]\n"
+                  if kind == "binary" else "")
+        column = "{name: c, type: categorical, dynamic: true}, " if kind == "binary" else ""
         jobs[name] = f"""apiVersion: kubetrain.io/v1
 kind: TrainingJob
 metadata:
@@ -263,12 +284,12 @@ spec:
     model:
       layers: [{{type: dense, units: 8, activation: relu}}, {{type: dense, units: 1}}]
       head: {head}
-    dataset:
+{sparse}    dataset:
       format: csv
       trainFiles: [{files[kind, "train"]}]
       testFiles: [{files[kind, "test"]}]
       onBadRecord: skip
-      columns: [{{name: x1, type: numeric}}, {{name: x2, type: numeric}}, {label}]
+      columns: [{{name: x1, type: numeric}}, {{name: x2, type: numeric}}, {column}{label}]
     optimizer: {{type: adam, learningRate: 0.01}}
     batchSize: 32
     steps: 1000000

@@ -105,6 +105,18 @@ def run_cli(*args, timeout=300):
     return subprocess.run([binary("kubetrain"), *args], capture_output=True, text=True, timeout=timeout)
 
 
+def assert_eval_reproduces(model, summary, examples):
+    """`kubetrain eval` of the job's exported model reports the job's own
+    figures (the chief's final evaluation) on the same test set."""
+    ev = run_cli("eval", model, "--json")
+    assert ev.returncode == 0, ev.stderr
+    result = json.loads(ev.stdout)
+    assert result["examples"] == examples
+    assert result["global_step"] == summary["global_step"]
+    for key in ("test_accuracy", "test_auc", "test_log_loss"):
+        assert abs(result[key] - summary[key]) < 1e-9, (key, result, summary)
+
+
 def run_job(tmp_path, text, *args, timeout=300):
     """Runs `kubetrain run` to the end; returns (CompletedProcess, summary dict or None)."""
     job = write(tmp_path, text)
@@ -296,3 +308,12 @@ def live_runs():
     yield start
     for r in runs:
         r.kill()
+
+
+def report_lines(log, tag):
+    """The JSON reports a task printed with `tag` (kubetrain-result, kubetrain-progress)."""
+    out = []
+    for line in log.splitlines():
+        if line.startswith(tag + " "):
+            out.append(json.loads(line[len(tag) + 1:]))
+    return out

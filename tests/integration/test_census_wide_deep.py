@@ -6,13 +6,12 @@ workers move only table rows, and `kubetrain eval` of the exported model (tables
 included) reports the same figures; a PS killed mid-job restores its table shard
 from its checkpoint and the job finishes; bad sparse specs are refused
 naming the field."""
-import json
 import os
 import signal
 
 import pytest
 
-from conftest import ROOT, run_cli, run_job, write
+from conftest import ROOT, assert_eval_reproduces, run_cli, run_job, write
 
 EXAMPLE = os.path.join(ROOT, "examples", "census-income-wide-deep.yaml")
 DATA = os.path.join(ROOT, "data", "census-income")
@@ -44,13 +43,7 @@ def test_wide_deep_example_reaches_086_and_auc_091_and_eval_agrees(tmp_path, mod
                                                          "test_log_loss", "global_step")})
     # The exported model holds the tables: eval reproduces the job's figures.
     assert summary["model_path"] == model, summary
-    ev = run_cli("eval", model, "--json")
-    assert ev.returncode == 0, ev.stderr
-    result = json.loads(ev.stdout)
-    assert result["examples"] == 16281
-    assert result["global_step"] == summary["global_step"]
-    for key in ("test_accuracy", "test_auc", "test_log_loss"):
-        assert abs(result[key] - summary[key]) < 1e-9, (key, result, summary)
+    assert_eval_reproduces(model, summary, 16281)
 
 
 def test_ps_killed_mid_job_restores_its_table_shard(tmp_path, live_runs):

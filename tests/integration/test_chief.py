@@ -6,15 +6,7 @@ evaluator evaluates on its own and never ends the job. Every process exits 0."""
 import json
 import re
 
-from conftest import job_yaml, run_cli
-
-
-def report_lines(log, tag):
-    out = []
-    for line in log.splitlines():
-        if line.startswith(tag + " "):
-            out.append(json.loads(line[len(tag) + 1:]))
-    return out
+from conftest import job_yaml, report_lines, run_cli
 
 
 def test_a_chief_replica_coordinates_evaluates_and_ends_the_job(cluster_factory, tmp_path):

@@ -6,7 +6,7 @@ import re
 import subprocess
 import time
 
-from conftest import job_yaml, metric_value, run_job, scrape, binary, write
+from conftest import job_yaml, metric_value, report_lines, run_job, scrape, binary, write
 
 
 def assert_all_exit_zero(summary):
@@ -35,16 +35,26 @@ def test_sync_two_ps_three_workers_with_split_variable(tmp_path):
     assert "test accuracy" in proc.stderr
 
 
-def test_backup_worker_gradients_are_dropped_and_counted(tmp_path):
-    text = job_yaml("backup", ps=1, workers=3, aggregate=2, steps=200)
-    proc, summary = run_job(tmp_path, text)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert summary["status"] == "Succeeded"
-    assert_all_exit_zero(summary)
-    assert summary["global_step"] == 200
+def test_backup_worker_gradients_are_dropped_and_counted(cluster_factory, tmp_path):
+    c = cluster_factory(job_yaml("backup", ps=1, workers=3, aggregate=2, steps=200), 1, 3)
+    c.start("ps", 0)
+    # Worker 2 is a straggler (50 ms a step, many fast steps even on a loaded
+    # machine) and starts first, so it is sure to push while the job runs: each
+    # of its gradients after the fast workers' first step is for a version the
+    # two fast gradients have already moved past. (With three equal workers a
+    # late-starting one could miss a whole 200-step job on a loaded machine.)
+    c.start("worker", 2, "--step_delay_ms=50")
+    c.start("worker", 0)
+    c.start("worker", 1)
+    codes = c.wait_all()
+    assert all(code == 0 for code in codes.values()), (codes, c.log("worker", 0)[-2000:])
+    [result] = report_lines(c.log("worker", 0), "kubetrain-result")
+    assert result["status"] == "Succeeded"
+    assert result["global_step"] == 200
     # Exactly replicasToAggregate gradients per step are applied; late ones are dropped.
-    assert summary["gradients_applied"] == 200 * 2
-    assert summary["stale_gradients_dropped"] > 0
+    assert result["gradients_applied"] == 200 * 2
+    assert result["stale_gradients_dropped"] > 0
+    assert local_steps(c.log("worker", 2), 2) > 0
 
 
 def test_async_staleness_recorded_in_metrics_and_promtool_clean(tmp_path):

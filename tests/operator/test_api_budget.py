@@ -7,7 +7,7 @@ pods, Services or ConfigMaps, so every such request on the API server is the
 operator's.
 
 Asserts: at most 3 requests per object the operator created (pods, Services,
-ConfigMaps), no duplicate creates, nothing but watches while the jobs idle,
+ConfigMaps, and per job a Secret and a NetworkPolicy), no duplicate creates, nothing but watches while the jobs idle,
 and the operator's own request counter agrees with the API server's."""
 import os
 import re
@@ -29,7 +29,7 @@ PER_OBJECT_BUDGET = 3.0
 
 # (verb, resource, subresource) the test itself sends; everything else on
 # these resources is the operator's.
-OPERATOR_RESOURCES = {"pods", "services", "configmaps", "events", "trainingjobs"}
+OPERATOR_RESOURCES = {"pods", "services", "configmaps", "secrets", "networkpolicies", "events", "trainingjobs"}
 
 
 def operator_requests(counts):
@@ -91,15 +91,15 @@ def gauge(text, name, labels=""):
     return float(m.group(1)) if m else None
 
 
-def wait_cache(port, pods, services, timeout=120):
+def wait_cache(port, want, timeout=120):
+    """Until the operator's cache holds want[resource] objects of each resource."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         text = operator_metrics(port)
-        if (gauge(text, "kubetrain_operator_cache_objects", 'resource="pods"') == pods and
-                gauge(text, "kubetrain_operator_cache_objects", 'resource="services"') == services):
+        if all(gauge(text, "kubetrain_operator_cache_objects", f'resource="{r}"') == n for r, n in want.items()):
             return
         time.sleep(0.2)
-    raise AssertionError(f"cache never reached {pods} pods / {services} services")
+    raise AssertionError(f"cache never reached {want}")
 
 
 def wait_states(api, state, timeout=120):
@@ -126,7 +126,7 @@ def test_request_budget_per_object_over_a_20_job_lifecycle(setup):
     for j in range(JOBS):
         api.request("POST", f"/apis/kubetrain.io/v1/namespaces/{NS}/trainingjobs", job(f"b{j}"))
     tasks = JOBS * (1 + WORKERS)
-    wait_cache(port, tasks, tasks)
+    wait_cache(port, {"pods": tasks, "services": tasks, "secrets": JOBS, "networkpolicies": JOBS})
     for name in pod_names():
         api.merge_patch(f"/api/v1/namespaces/{NS}/pods/{name}/status", {"status": {"phase": "Running"}})
     wait_states(api, "Running")
@@ -148,13 +148,14 @@ def test_request_budget_per_object_over_a_20_job_lifecycle(setup):
     wait_states(api, "Succeeded")
     for j in range(JOBS):
         api.request("DELETE", f"/apis/kubetrain.io/v1/namespaces/{NS}/trainingjobs/b{j}")
-    wait_cache(port, 0, 0)
+    wait_cache(port, {r: 0 for r in ("pods", "services", "configmaps", "secrets", "networkpolicies")})
     time.sleep(1)
     used = operator_requests(delta(request_counts(api.metrics()), before))
 
-    objects = JOBS * (2 * (1 + WORKERS) + 1)  # pods, Services, one ConfigMap per job
-    creates = {r: used.get(("POST", r, ""), 0) for r in ("pods", "services", "configmaps")}
-    assert creates == {"pods": tasks, "services": tasks, "configmaps": JOBS}, used  # each once
+    objects = JOBS * (2 * (1 + WORKERS) + 3)  # pods, Services; a ConfigMap, Secret, NetworkPolicy per job
+    per_job = ("configmaps", "secrets", "networkpolicies")
+    creates = {r: used.get(("POST", r, ""), 0) for r in ("pods", "services") + per_job}
+    assert creates == {"pods": tasks, "services": tasks, **{r: JOBS for r in per_job}}, used  # each once
     total = sum(used.values())
     per_object = total / objects
     by_verb = {}

@@ -99,7 +99,7 @@ def test_example_accepted_by_dry_run(k, path):
 
 
 def test_examples_created_and_listed_with_printer_columns(k):
-    assert len(EXAMPLES) == 7, EXAMPLES  # every examples/*.yaml
+    assert len(EXAMPLES) == 8, EXAMPLES  # every examples/*.yaml
     for path in EXAMPLES:
         k.run("apply", "-n", NS, "-f", path)
     names = {yaml.safe_load(open(p))["metadata"]["name"] for p in EXAMPLES}
@@ -286,6 +286,17 @@ REFUSED = {
                           ["spec.training.model.hiddenUnits[1]", "greater than or equal to 1"]),
     "hidden-units-too-wide": (lambda o: training(o)["model"].update(hiddenUnits=[70000]),
                               ["spec.training.model.hiddenUnits[0]", "less than or equal to 65536"]),
+    "embedding-max-rows-zero": (lambda o: training(o)["model"].update(
+        embeddings=[{"column": "c", "dim": 8, "maxRows": 0}]),
+        ["spec.training.model.embeddings[0].maxRows", "greater than or equal to 1"]),
+    "embedding-dim-zero": (lambda o: training(o)["model"].update(
+        embeddings=[{"column": "c", "dim": 0}]),
+        ["spec.training.model.embeddings[0].dim", "greater than or equal to 1"]),
+    "wide-max-rows-zero": (lambda o: training(o)["model"].update(wide={"maxRows": 0}),
+                           ["spec.training.model.wide.maxRows", "greater than or equal to 1"]),
+    "column-dynamic-not-a-boolean": (lambda o: training(o).update(dataset={
+        "format": "csv", "columns": [{"name": "c", "type": "categorical", "dynamic": "yes"}]}),
+        ["spec.training.dataset.columns[0].dynamic", "must be of type boolean"]),
     "unknown-model": (lambda o: training(o)["model"].update(type="cnn"),
                       ["spec.training.model.type", "Unsupported value"]),
     "unknown-dataset": (lambda o: training(o).update(dataset={"name": "cifar10", "path": "/d"}),

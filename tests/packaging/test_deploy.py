@@ -69,7 +69,6 @@ def test_crd_is_the_one_in_deploy_crd(rendered, pk):
 
 @pytest.mark.parametrize("sub,kinds", [
     ("prometheus", ["PodMonitor", "ServiceMonitor"]),
-    ("network-policy", ["NetworkPolicy"]),
     ("samples", ["TrainingJob", "TrainingJob"]),
 ])
 def test_optional_kustomizations_render(kube_cluster, pk, sub, kinds):
@@ -96,8 +95,7 @@ def test_apply_dry_run_server(kube_cluster, pk):
     assert "clusterrole.rbac.authorization.k8s.io/kubetrain-operator created (server dry run)" in out, out
     # Nothing was created by the dry run.
     assert k.run("get", "deployment", "kubetrain-operator", "-n", pk.NAMESPACE, check=False).returncode != 0
-    # The network policy (per job namespace) and the samples too.
-    k.run("apply", "-n", "default", "-k", os.path.join(pk.DEPLOY, "network-policy"), "--dry-run=server")
+    # The samples too.
     k.run("apply", "-n", "default", "-k", os.path.join(pk.DEPLOY, "samples"), "--dry-run=server")
 
 
@@ -111,6 +109,8 @@ def test_apply_grants_the_operator_exactly_its_verbs(kube_cluster, pk):
     granted += [(v, "pods", None) for v in ("list", "watch", "create", "delete")]
     granted += [(v, "services", None) for v in ("list", "watch", "create", "delete")]
     granted += [(v, "configmaps", None) for v in ("list", "watch", "create", "delete")]
+    granted += [(v, "secrets", None) for v in ("list", "watch", "create", "patch", "delete")]
+    granted += [(v, "networkpolicies.networking.k8s.io", None) for v in ("list", "watch", "create", "delete")]
     granted += [("create", "events", None), ("patch", "events", None)]
     # Gang scheduling: PodGroups of both schedulers, with their real CRDs installed.
     crds = os.path.join(pk.ROOT, "tests", "operator", "crds")
@@ -123,7 +123,9 @@ def test_apply_grants_the_operator_exactly_its_verbs(kube_cluster, pk):
         assert pk.can_i(k, verb, res, SA, subresource=sub), f"operator cannot {verb} {res} {sub or ''}"
     refused = [("create", "trainingjobs.kubetrain.io", None), ("update", "trainingjobs.kubetrain.io", None),
                ("patch", "trainingjobs.kubetrain.io", "status"), ("update", "pods", None),
-               ("get", "pods", None), ("get", "configmaps", None), ("get", "secrets", None), ("list", "secrets", None), ("delete", "nodes", None),
+               ("get", "pods", None), ("get", "configmaps", None), ("get", "secrets", None), ("update", "secrets", None), ("delete", "nodes", None),
+               ("get", "networkpolicies.networking.k8s.io", None),
+               ("update", "networkpolicies.networking.k8s.io", None),
                ("create", "deployments.apps", None), ("get", "services", None), ("update", "configmaps", None),
                ("create", "leases.coordination.k8s.io", None),
                ("get", "podgroups.scheduling.x-k8s.io", None), ("update", "podgroups.scheduling.volcano.sh", None)]

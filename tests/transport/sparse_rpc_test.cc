@@ -23,7 +23,7 @@ class SparseRpcTest : public ::testing::Test {
   void SetUp() override {
     ModelSpec spec;
     spec.type = "layers";
-    spec.input_shape = {2};
+    spec.input_shape = {1};
     LayerSpec dense;
     dense.units = 1;
     spec.layers = {dense};
