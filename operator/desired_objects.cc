@@ -25,7 +25,9 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
   const bool ps = type == "ps";
   json args = json::array({absl::StrCat("--config=", config.config_dir, "/", kConfigFileName),
                            absl::StrCat("--metrics_address=$(POD_IP):", config.metrics_port)});
-  if (ps) args.push_back("--bind_host=$(POD_IP)");
+  // A PS listens on every address of its pod (as TensorFlow's servers do), so
+  // that `kubectl port-forward`, which connects to the pod's localhost, reaches
+  // it: how the model is saved from PS tasks that hold it (desired_hold.cc).
   // The chief reports its result through the termination message.
   if (spec.IsChiefTask(type, index)) {
     args.push_back(absl::StrCat("--result_file=", kTerminationLogPath));

@@ -956,6 +956,10 @@ TEST(DesiredTest, PsPodsOfACheckpointingJobMayTakeTheirTimeToSaveOrHold) {
   Observed o = Fresh(JobJson());
   Actions a = Desired(Job(CheckpointingJob()), o, OperatorConfig{});
   EXPECT_EQ((*PodNamed(a, "mnist-ps-0"))["spec"]["terminationGracePeriodSeconds"], 720);
+  // It listens on every address of its pod: kubectl port-forward reaches its localhost.
+  for (const auto& arg : (*PodNamed(a, "mnist-ps-0"))["spec"]["containers"][0]["args"]) {
+    EXPECT_FALSE(absl::StartsWith(arg.get<std::string>(), "--bind_host")) << arg;
+  }
   EXPECT_EQ(kPsTerminationGraceSeconds, kDefaultKeepServingAfterCheckpointFailureSeconds + 120);
   EXPECT_FALSE((*PodNamed(a, "mnist-worker-0"))["spec"].contains("terminationGracePeriodSeconds"));
   // No checkpoint directory: nothing to save, the default grace.

@@ -685,43 +685,58 @@ def test_census_job_reads_its_data_from_a_volume_mounted_into_the_runtime(cluste
 # --- The end of a job never destroys the only copy of the parameters -----------------------------
 
 class PortForward:
-    """What `kubectl port-forward pod/P LOCAL:REMOTE` does, for the test cluster (whose node
-    agent serves no kubelet API): 127.0.0.1:LOCAL relayed to the pod's IP and port."""
+    """What `kubectl port-forward pod/P LOCAL:REMOTE` does, for the test cluster (its node agent
+    serves no kubelet API): as the kubelet's runtime does, every connection to 127.0.0.1:LOCAL is
+    joined to localhost:REMOTE inside the pod's network namespace (the pod's process `pid`)."""
+    RELAY = ("import os, socket, threading\n"
+             "s = socket.create_connection(('127.0.0.1', {port}))\n"
+             "def up():\n"
+             "    while data := os.read(0, 65536):\n"
+             "        s.sendall(data)\n"
+             "    s.shutdown(socket.SHUT_WR)\n"
+             "threading.Thread(target=up, daemon=True).start()\n"
+             "while data := s.recv(65536):\n"
+             "    os.write(1, data)\n")
 
-    def __init__(self, local_port, ip, port):
+    def __init__(self, local_port, pid, port):
         import socket
         import threading
-        self.target = (ip, port)
+        self.relay = ["nsenter", f"--net=/proc/{pid}/ns/net", "python3", "-c", self.RELAY.format(port=port)]
         self.server = socket.create_server(("127.0.0.1", local_port))
         threading.Thread(target=self.accept, daemon=True).start()
 
     def accept(self):
-        import socket
         import threading
         while True:
             try:
                 client, _ = self.server.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(self.target, timeout=10)
-            upstream.settimeout(None)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self.pump, args=(a, b), daemon=True).start()
+            relay = subprocess.Popen(self.relay, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            threading.Thread(target=self.pump, args=(client.recv, relay.stdin, relay), daemon=True).start()
+            threading.Thread(target=self.pump, args=(lambda n: os.read(relay.stdout.fileno(), n), client, relay),
+                             daemon=True).start()
 
     @staticmethod
-    def pump(src, dst):
+    def pump(read, sink, relay):
         import socket
         try:
-            while data := src.recv(65536):
-                dst.sendall(data)
+            while data := read(65536):
+                if isinstance(sink, socket.socket):
+                    sink.sendall(data)
+                else:
+                    sink.write(data)
+                    sink.flush()
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            try:
+                if isinstance(sink, socket.socket):
+                    sink.shutdown(socket.SHUT_WR)
+                else:
+                    sink.close()
+            except OSError:
+                pass
 
     def close(self):
         self.server.close()
@@ -800,7 +815,7 @@ def test_ps_tasks_that_cannot_save_hold_the_parameters_until_the_model_is_export
             if args[3] == "port-forward":
                 local, remote = (int(x) for x in args[5].split(":"))
                 pod = args[4].split("/", 1)[1]
-                forwards.append(PortForward(local, ps_pods[pod]["status"]["podIP"], remote))
+                forwards.append(PortForward(local, container_pid(ps_pods[pod]), remote))
                 continue
             done = sh(step)
             assert done.returncode == 0, f"{step}\n{done.stderr}"
