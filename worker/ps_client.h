@@ -147,7 +147,9 @@ class PsClient {
   // summed over the shards (no rows move).
   absl::StatusOr<int64_t> CountRows(int table);
   // Calls page(ids, values, n) (values n x dim) for every row dynamic table
-  // `table` holds, shard by shard, a page of at most chunk_bytes at a time.
+  // `table` holds, shard by shard, each shard's rows in increasing id order
+  // (so the same rows always come in the same order), a page of at most
+  // chunk_bytes at a time.
   // ABORTED if a shard creates, evicts or restores rows of the table (or
   // restarts) during the listing: the pages would not be one table.
   using RowsPage = std::function<void(const int64_t* ids, const float* values, int64_t n)>;

@@ -5,6 +5,7 @@
 // including variables split over two PS tasks — onto whole variables.
 #include "worker/ps_client.h"
 
+#include <algorithm>
 #include <map>
 #include <thread>
 
@@ -227,6 +228,7 @@ TEST_F(PsClientTest, ListsADynamicTableShardByShardAndAbortsIfItsRowsChange) {
   EXPECT_EQ(*count, 400);
 
   std::map<int64_t, std::vector<float>> listed;
+  std::vector<int64_t> order;  // as listed
   int pages = 0;
   ASSERT_TRUE(worker
                   ->ListRows(0,
@@ -234,9 +236,18 @@ TEST_F(PsClientTest, ListsADynamicTableShardByShardAndAbortsIfItsRowsChange) {
                                ++pages;
                                for (int64_t k = 0; k < n; ++k) {
                                  listed[id[k]].assign(values + 4 * k, values + 4 * (k + 1));
+                                 order.push_back(id[k]);
                                }
                              })
                   .ok());
+  // Shard by shard (id mod 2), each in increasing id order.
+  ASSERT_EQ(order.size(), 400u);
+  const auto second =
+      std::find_if(order.begin(), order.end(), [](int64_t id) { return id % 2 == 1; });
+  EXPECT_TRUE(std::all_of(order.begin(), second, [](int64_t id) { return id % 2 == 0; }));
+  EXPECT_TRUE(std::all_of(second, order.end(), [](int64_t id) { return id % 2 == 1; }));
+  EXPECT_TRUE(std::is_sorted(order.begin(), second));
+  EXPECT_TRUE(std::is_sorted(second, order.end()));
   EXPECT_GE(pages, 4);  // 4096-byte pages of 157 rows, ~200 rows per shard
   ASSERT_EQ(listed.size(), 400u);
   for (size_t i = 0; i < ids[0].size(); ++i) {
