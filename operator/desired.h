@@ -256,9 +256,17 @@ TaskAddress ServiceAddress(const std::string& job, const std::string& ns,
                            const OperatorConfig& config);
 nlohmann::json BuildService(const JobObject& job, const std::string& type, int index,
                             const OperatorConfig& config);
-// `tls`: the job's Secret holds TLS files (mounted beside the task's key or token).
+// What a kubetrain runtime pod mounts of the job's Secret.
+enum class PodCredentials {
+  // Nothing: the job's pods were created by an operator that gave jobs no
+  // credentials (an upgrade while it ran); its PS tasks run open, and a
+  // restarted task must too, or it could not talk to them.
+  kNone,
+  kToken,        // the task's job key (PS) or token (every other task)
+  kTokenAndTls,  // and the job's CA, the task certificate and its key
+};
 nlohmann::json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& spec_key,
-                        int index, bool tls, const OperatorConfig& config);
+                        int index, PodCredentials credentials, const OperatorConfig& config);
 nlohmann::json BuildConfigMap(const JobObject& job);
 // The job's Secret {job}-auth (type Opaque, owned by the job): job.key, the
 // TLS files when `creds` has them, and token.{type}-{i} = TaskToken(job key,

@@ -122,8 +122,40 @@ json AuthVolume(const JobObject& job, const std::string& type, int index, bool t
             {"items", items}}}};
 }
 
+bool StartedWithoutCredentials(const TrainingJob& spec, const Observed& observed) {
+  if (observed.auth_secret) return false;
+  return std::any_of(observed.pods.begin(), observed.pods.end(), [&](const ObservedPod& p) {
+    if (p.deleting || p.uses_auth_secret) return false;
+    auto replica = spec.replica_specs.find(ReplicaKeyOf(p.type));
+    return replica != spec.replica_specs.end() && !replica->second.own_containers;
+  });
+}
+
+PodCredentials PodCredentialsOf(const TrainingJob& spec, const Observed& observed) {
+  if (observed.auth_secret) {
+    return observed.auth_secret->keys.count(kCaCertFile) ? PodCredentials::kTokenAndTls
+                                                         : PodCredentials::kToken;
+  }
+  return StartedWithoutCredentials(spec, observed) ? PodCredentials::kNone : PodCredentials::kToken;
+}
+
 void SecureJob(const JobObject& job, const TrainingJob& spec, const Observed& observed,
                const OperatorConfig& config, Actions* a) {
+  if (StartedWithoutCredentials(spec, observed)) {
+    // Its PS tasks run open and hold the only copy of the parameters: a key
+    // now would lock their running workers out, so the job finishes as it began.
+    SetCondition(&a->status, condition::kRunningWithoutCredentials, true,
+                 reason::kStartedWithoutCredentials,
+                 absl::StrCat("the pods of TrainingJob ", job.name,
+                              " were created by an operator that gave jobs no credentials: its "
+                              "tasks run without tokens or TLS; re-create the TrainingJob to "
+                              "run it with them"),
+                 observed.now);
+    return;
+  }
+  // Its old pods are gone: from here on it runs with credentials.
+  SetCondition(&a->status, condition::kRunningWithoutCredentials, false, reason::kCredentialsIssued,
+               "the job's pods mount its Secret", observed.now);
   if (!observed.auth_secret) {
     const bool in_use =
         std::any_of(observed.pods.begin(), observed.pods.end(),

@@ -65,11 +65,17 @@ inline constexpr char kAuthVolumeName[] = "kubetrain-auth";
 // The Secret volume of task (type, index): only its own key or token and,
 // with `tls`, the TLS files, read-only for the runtime's user.
 nlohmann::json AuthVolume(const JobObject& job, const std::string& type, int index, bool tls);
+// What the job's runtime pods mount: the token (and TLS files) of its Secret,
+// or nothing when the job has no Secret and a live runtime pod of it mounts
+// none (StartedWithoutCredentials: created by an older operator).
+PodCredentials PodCredentialsOf(const TrainingJob& spec, const Observed& observed);
+bool StartedWithoutCredentials(const TrainingJob& spec, const Observed& observed);
 // Asks for the job's Secret while it does not exist (holding back every pod
 // until it does), patches in the tokens of tasks added since, holds back pods
 // whose files the cache does not show yet, and reports a Secret lost from
 // under running tasks (AuthSecretMissing; the job fails once a pod that
-// needs it must be created).
+// needs it must be created). A job started without credentials goes on
+// without them (RunningWithoutCredentials).
 void SecureJob(const JobObject& job, const TrainingJob& spec, const Observed& observed,
                const OperatorConfig& config, Actions* a);
 

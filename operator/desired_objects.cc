@@ -21,7 +21,7 @@ json TaskLabels(const std::string& job, const std::string& type, int index) {
 // The kubetrain runtime container: kubetrain-ps for ps tasks, kubetrain-worker
 // for worker, chief and evaluator tasks, reading the job from the ConfigMap.
 json RuntimeContainer(const TrainingJob& spec, const std::string& type, int index,
-                      const OperatorConfig& config) {
+                      bool with_credentials, const OperatorConfig& config) {
   const bool ps = type == "ps";
   json args = json::array({absl::StrCat("--config=", config.config_dir, "/", kConfigFileName),
                            absl::StrCat("--metrics_address=$(POD_IP):", config.metrics_port)});
@@ -30,27 +30,29 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
   if (spec.IsChiefTask(type, index)) {
     args.push_back(absl::StrCat("--result_file=", kTerminationLogPath));
   }
-  return {
-      {"name", "kubetrain"},
-      {"image", config.runtime_image},
-      {"imagePullPolicy", config.image_pull_policy},
-      {"command", json::array({ps ? "kubetrain-ps" : "kubetrain-worker"})},
-      {"args", args},
-      // A fatal error's reason becomes the termination message (the
-      // Restarting and Failed conditions quote it). An environment
-      // variable, not a flag: a runtime image older than the operator
-      // ignores it instead of refusing to start.
-      // The credentials' directory likewise (core/job_credentials.h).
-      {"env", json::array({{{"name", kTerminationLogEnv}, {"value", kTerminationLogPath}},
-                           {{"name", kAuthDirEnv}, {"value", config.auth_dir}}})},
-      {"ports", json::array({{{"name", "kubetrain"}, {"containerPort", config.port}},
-                             {{"name", "metrics"}, {"containerPort", config.metrics_port}}})},
-      {"volumeMounts",
-       json::array(
-           {{{"name", "kubetrain-config"}, {"mountPath", config.config_dir}, {"readOnly", true}},
-            {{"name", desired_internal::kAuthVolumeName},
-             {"mountPath", config.auth_dir},
-             {"readOnly", true}}})}};
+  json env = json::array({{{"name", kTerminationLogEnv}, {"value", kTerminationLogPath}}});
+  json mounts = json::array(
+      {{{"name", "kubetrain-config"}, {"mountPath", config.config_dir}, {"readOnly", true}}});
+  if (with_credentials) {
+    env.push_back({{"name", kAuthDirEnv}, {"value", config.auth_dir}});
+    mounts.push_back({{"name", desired_internal::kAuthVolumeName},
+                      {"mountPath", config.auth_dir},
+                      {"readOnly", true}});
+  }
+  return {{"name", "kubetrain"},
+          {"image", config.runtime_image},
+          {"imagePullPolicy", config.image_pull_policy},
+          {"command", json::array({ps ? "kubetrain-ps" : "kubetrain-worker"})},
+          {"args", args},
+          // A fatal error's reason becomes the termination message (the
+          // Restarting and Failed conditions quote it). An environment
+          // variable, not a flag: a runtime image older than the operator
+          // ignores it instead of refusing to start.
+          // The credentials' directory likewise (core/job_credentials.h).
+          {"env", env},
+          {"ports", json::array({{{"name", "kubetrain"}, {"containerPort", config.port}},
+                                 {{"name", "metrics"}, {"containerPort", config.metrics_port}}})},
+          {"volumeMounts", mounts}};
 }
 
 bool IsRuntimeContainerJson(const json& c) {
@@ -154,7 +156,7 @@ json BuildConfigMap(const JobObject& job) {
 }
 
 json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& spec_key, int index,
-              bool tls, const OperatorConfig& config) {
+              PodCredentials credentials, const OperatorConfig& config) {
   const std::string type = TaskTypeOf(spec_key);
   const ReplicaSpec& replica = spec.replica_specs.at(spec_key);
   json tmpl = RawReplicaSpec(job.object, spec_key).value("template", json::object());
@@ -163,23 +165,28 @@ json BuildPod(const JobObject& job, const TrainingJob& spec, const std::string& 
   labels.update(TaskLabels(job.name, type, index));
   json annotations = tmpl.value("/metadata/annotations"_json_pointer, json::object());
   desired_internal::DecorateGangPod(job, spec, type, &labels, &annotations, &pod_spec);
+  const bool with_credentials = credentials != PodCredentials::kNone;
 
   const std::string tf_config = SerializeTfConfig(
       BuildTfConfig(spec, ServiceAddress(job.name, job.namespace_, config), {type, index}));
   json& containers = pod_spec["containers"];
   if (!containers.is_array() || containers.empty()) {
-    containers = json::array({RuntimeContainer(spec, type, index, config)});
+    containers = json::array({RuntimeContainer(spec, type, index, with_credentials, config)});
   } else if (auto it = std::find_if(containers.begin(), containers.end(), IsRuntimeContainerJson);
              it != containers.end()) {
-    *it = CustomisedRuntimeContainer(RuntimeContainer(spec, type, index, config), *it);
+    *it = CustomisedRuntimeContainer(RuntimeContainer(spec, type, index, with_credentials, config),
+                                     *it);
   }
   if (!replica.own_containers) {
     json& volumes = pod_spec["volumes"];
     if (!volumes.is_array()) volumes = json::array();
     volumes.push_back(
         {{"name", "kubetrain-config"}, {"configMap", {{"name", ConfigMapName(job.name)}}}});
-    volumes.push_back(desired_internal::AuthVolume(job, type, index, tls));
-    annotations[kAuthSecretAnnotation] = AuthSecretName(job.name);
+    if (with_credentials) {
+      volumes.push_back(desired_internal::AuthVolume(job, type, index,
+                                                     credentials == PodCredentials::kTokenAndTls));
+      annotations[kAuthSecretAnnotation] = AuthSecretName(job.name);
+    }
   }
   // TF_CONFIG (and the pod IP) go into the training container: the one named
   // kubetrain or tensorflow, else the first.

@@ -111,7 +111,7 @@ std::vector<TaskState> ObserveTasks(const JobObject& job, const TrainingJob& spe
   for (const auto& p : observed.pods) pods[p.name] = &p;
   const std::set<std::string> services(observed.services.begin(), observed.services.end());
   const json history = a->status.value("taskRestarts", json::object());
-  const bool tls = observed.auth_secret && observed.auth_secret->keys.count(kCaCertFile);
+  const PodCredentials credentials = desired_internal::PodCredentialsOf(spec, observed);
   std::set<std::string> wanted;
   std::vector<TaskState> tasks;
   for (const JobTask& id : JobTasks(spec)) {
@@ -126,7 +126,8 @@ std::vector<TaskState> ObserveTasks(const JobObject& job, const TrainingJob& spe
     t.consecutive_failures = h.value("consecutiveFailures", 0);
     auto it = pods.find(name);
     if (it == pods.end()) {
-      a->create_pods.push_back(BuildPod(job, spec, ReplicaKeyOf(id.type), id.index, tls, config));
+      a->create_pods.push_back(
+          BuildPod(job, spec, ReplicaKeyOf(id.type), id.index, credentials, config));
       tasks.push_back(t);
     } else {
       tasks.push_back(FromPod(*it->second, t));

@@ -1282,6 +1282,39 @@ TEST(DesiredTest, ASecretDeletedUnderRunningTasksIsNeverReplacedAndFailsTheJobOn
             "True/AuthSecretLost");
 }
 
+TEST(DesiredTest, AJobStartedWithoutCredentialsRunsOnWithoutThem) {
+  // An operator that gave jobs no credentials created these pods; this one
+  // took over while they ran (an upgrade).
+  json job = JobJson("", "ExitCode");
+  Observed o = AllPods("Running");
+  o.auth_secret.reset();
+  for (ObservedPod& p : o.pods) p.uses_auth_secret = false;
+  o.pods.erase(std::remove_if(o.pods.begin(), o.pods.end(),
+                              [](auto& p) { return p.name == "mnist-worker-1"; }),
+               o.pods.end());
+  Actions a = Desired(Job(job), o, OperatorConfig{});
+  // A key now would lock the running workers out of the open PS tasks.
+  EXPECT_FALSE(a.create_auth_secret.has_value());
+  EXPECT_EQ(a.status["state"], "Running");
+  EXPECT_EQ(Condition(a.status, "RunningWithoutCredentials"), "True/StartedWithoutCredentials");
+  EXPECT_EQ(Condition(a.status, "AuthSecretMissing"), "absent");
+  // The recreated worker runs as its peers do: nothing of a Secret.
+  ASSERT_EQ(a.create_pods.size(), 1u);
+  const json& pod = a.create_pods[0];
+  EXPECT_EQ(pod["metadata"]["name"], "mnist-worker-1");
+  EXPECT_FALSE(
+      pod["metadata"].value("annotations", json::object()).contains(kAuthSecretAnnotation));
+  for (const json& v : pod["spec"]["volumes"]) EXPECT_NE(v["name"], "kubetrain-auth") << v;
+  const json& c = pod["spec"]["containers"][0];
+  for (const json& m : c["volumeMounts"]) EXPECT_NE(m["name"], "kubetrain-auth") << m;
+  for (const json& e : c["env"]) EXPECT_NE(e["name"], kAuthDirEnv) << e;
+  // A pod being deleted does not count, and a job with no pods left gets a Secret.
+  for (ObservedPod& p : o.pods) p.deleting = true;
+  Actions b = Desired(Job(job, a.status), o, OperatorConfig{});
+  EXPECT_TRUE(b.create_auth_secret.has_value());
+  EXPECT_EQ(Condition(b.status, "RunningWithoutCredentials"), "False/CredentialsIssued");
+}
+
 TEST(DesiredTest, TheNetworkPolicyAdmitsOnlyTheJobsPodsExceptToMetrics) {
   Observed o = Fresh(JobJson());
   OperatorConfig config;

@@ -47,6 +47,7 @@ inline constexpr char kCheckpointFailing[] = "CheckpointFailing";
 inline constexpr char kPodGroupFailing[] = "PodGroupFailing";
 inline constexpr char kParametersHeld[] = "ParametersHeld";
 inline constexpr char kAuthSecretMissing[] = "AuthSecretMissing";
+inline constexpr char kRunningWithoutCredentials[] = "RunningWithoutCredentials";
 }  // namespace condition
 
 namespace reason {
@@ -69,6 +70,9 @@ inline constexpr char kPodGroupCreated[] = "PodGroupCreated";
 inline constexpr char kFinalCheckpointFailed[] = "FinalCheckpointFailed";  // PS tasks hold
 inline constexpr char kParametersReleased[] = "ParametersReleased";        // they exited
 inline constexpr char kAuthSecretLost[] = "AuthSecretLost";  // deleted while tasks used it
+// Its pods were created by an operator that gave jobs no credentials.
+inline constexpr char kStartedWithoutCredentials[] = "StartedWithoutCredentials";
+inline constexpr char kCredentialsIssued[] = "CredentialsIssued";
 }  // namespace reason
 
 // metav1.Time: RFC 3339 in UTC, whole seconds ("2027-01-15T08:00:00Z").
