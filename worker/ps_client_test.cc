@@ -137,17 +137,42 @@ TEST_F(PsClientTest, DetectsAPsRestartAndCountsTheStepsLost) {
   ASSERT_TRUE(seen.ok());
   EXPECT_EQ(seen->version, 5);
   EXPECT_EQ(seen->steps_lost, 0);
+  EXPECT_EQ(seen->ps_restarts, 0);
   ASSERT_TRUE(cluster_->ps(0)->Restart(at_2).ok());
   auto after = client->Pull(false, 5, config_->model->variables(), &params);
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->version, 2);
   EXPECT_EQ(after->steps_lost, 3);
+  EXPECT_EQ(after->ps_restarts, 1);
   // A push tagged with the old incarnation could not have reached the new
   // shard: the client now tags the new one, and the step is applied.
   auto pushed = client->Push(Grads(0.1f), 6);
   ASSERT_TRUE(pushed.ok());
   EXPECT_FALSE(pushed->dropped);
   EXPECT_EQ(pushed->version, 3);
+}
+
+TEST_F(PsClientTest, APsRestartThatLostNoStepIsStillARestart) {
+  // Killed right after checkpointing the version this client last pulled: a
+  // restart all the same (the integration test saw ps_restarts_seen 0 then).
+  Make({.ps = 1, .workers = 1, .mode = "async"});
+  auto client = Client(0);
+  ASSERT_TRUE(client->Connect().ok());
+  Params params;
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(client->Pull(false, step, config_->model->variables(), &params).ok());
+    ASSERT_TRUE(client->Push(Grads(0.1f), step + 1).ok());
+  }
+  ASSERT_TRUE(client->Pull(false, 3, config_->model->variables(), &params).ok());
+  ASSERT_TRUE(cluster_->ps(0)->Restart(cluster_->ps(0)->shard()->Checkpoint()).ok());
+  auto after = client->Pull(false, 3, config_->model->variables(), &params);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->version, 3);
+  EXPECT_EQ(after->steps_lost, 0);
+  EXPECT_EQ(after->ps_restarts, 1);
+  auto polled = client->PollStep();
+  ASSERT_TRUE(polled.ok()) << polled.status();
+  EXPECT_EQ(polled->ps_restarts, 0);  // seen once
 }
 
 TEST_F(PsClientTest, MapsPartsOfVariablesSplitOverTwoPsTasksOntoWholeVariables) {
