@@ -28,7 +28,8 @@ class DynamicRowSource {
   // How many rows of table variable `variable` the file will hold; asked
   // once per write, before ForEachPage.
   virtual absl::StatusOr<int64_t> CountRows(int variable) = 0;
-  // Calls `page` for all those rows, in any order. The write fails (nothing
+  // Calls `page` for all those rows, in the order the file is to hold them
+  // (the same rows in the same order make the same bytes). The write fails (nothing
   // is written) if it returns an error or the rows are not exactly
   // CountRows's.
   virtual absl::Status ForEachPage(int variable, const Page& page) = 0;

@@ -20,6 +20,7 @@ int64_t DynamicTable::Bytes() const {
   return floats * 4 + static_cast<int64_t>(ids_.capacity() * sizeof(int64_t)) +
          static_cast<int64_t>((prev_.capacity() + next_.capacity()) * sizeof(int32_t)) +
          static_cast<int64_t>(free_.capacity() * sizeof(int32_t)) +
+         static_cast<int64_t>(sorted_ids_.capacity() * sizeof(int64_t)) +
          static_cast<int64_t>(index_.capacity()) * slot_bytes;
 }
 
@@ -178,18 +179,27 @@ absl::Status DynamicTable::Import(const Rows& rows) {
 }
 
 int64_t DynamicTable::List(int64_t cursor, int64_t max_rows, std::vector<int64_t>* ids,
-                           std::vector<float>* values) const {
-  const int64_t slab = static_cast<int64_t>(ids_.size());
-  int64_t r = std::max<int64_t>(0, cursor);
-  for (int64_t listed = 0; r < slab && listed < max_rows; ++r) {
-    // A held row is in the LRU list: the head, or a row with a predecessor;
-    // an evicted (free) row is in neither.
-    if (r != head_ && prev_[r] == kNone) continue;
-    ids->push_back(ids_[r]);
-    values->insert(values->end(), values_.begin() + r * dim_, values_.begin() + (r + 1) * dim_);
-    ++listed;
+                           std::vector<float>* values) {
+  if (max_rows <= 0) return std::max<int64_t>(0, cursor);
+  if (sorted_generation_ != generation_) {
+    sorted_ids_.clear();
+    sorted_ids_.reserve(index_.size());
+    for (const auto& [id, row] : index_) sorted_ids_.push_back(id);
+    std::sort(sorted_ids_.begin(), sorted_ids_.end());
+    sorted_generation_ = generation_;
   }
-  return r < slab ? r : -1;
+  const int64_t held = static_cast<int64_t>(sorted_ids_.size());
+  int64_t p = std::max<int64_t>(0, cursor);
+  for (const int64_t end = std::min(held, p + max_rows); p < end; ++p) {
+    const int64_t r = index_.find(sorted_ids_[p])->second;
+    ids->push_back(sorted_ids_[p]);
+    values->insert(values->end(), values_.begin() + r * dim_, values_.begin() + (r + 1) * dim_);
+  }
+  if (p < held) return p;
+  // The listing is over: the sorted ids are not kept.
+  std::vector<int64_t>().swap(sorted_ids_);
+  sorted_generation_ = -1;
+  return -1;
 }
 
 }  // namespace kubetrain

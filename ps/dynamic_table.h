@@ -75,12 +75,16 @@ class DynamicTable {
     std::vector<std::vector<float>> slots;
   };
   Rows Export() const;
-  // A page of the held rows in slab order (values only), for listing a table
-  // a page at a time: looks at slab rows from `cursor` on and appends at
-  // most `max_rows` held ones to ids/values. Returns the slab row to go on
-  // from, or -1 when no slab row is left.
+  // A page of the held rows in increasing id order (values only), for
+  // listing a table a page at a time: appends the rows at positions
+  // [cursor, cursor + max_rows) of that order to ids/values. Returns the
+  // position to go on from, or -1 when no row is left. The order does not
+  // depend on how the rows were created, so two tables holding the same rows
+  // list the same pages (reproducible model files). While a listing runs
+  // (from its first page until one returns -1, or the held rows change) the
+  // table keeps its ids sorted: 8 bytes per row, counted in Bytes().
   int64_t List(int64_t cursor, int64_t max_rows, std::vector<int64_t>* ids,
-               std::vector<float>* values) const;
+               std::vector<float>* values);
   // Replaces the contents with `rows` (validated first: distinct ids, sizes,
   // slot count; nothing changes otherwise), recency as Export gave it (so
   // an exported and imported table evicts as the original would). Counters
@@ -106,6 +110,10 @@ class DynamicTable {
   int32_t head_ = kNone, tail_ = kNone;
   absl::flat_hash_map<int64_t, int32_t> index_;  // id -> slab row
   int64_t created_ = 0, evicted_ = 0, generation_ = 0;
+  // The held ids in increasing order while a listing runs (List), valid for
+  // `sorted_generation_`; empty otherwise.
+  std::vector<int64_t> sorted_ids_;
+  int64_t sorted_generation_ = -1;
 };
 
 }  // namespace kubetrain

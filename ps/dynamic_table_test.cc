@@ -233,28 +233,81 @@ TEST(DynamicTableTest, ARestoredTableEvictsInTheOriginalsOrder) {
   }
 }
 
-// List pages through the held rows in slab order, skipping evicted ones;
-// the generation moves with every row created or evicted.
-TEST(DynamicTableTest, ListPagesThroughTheHeldRowsOnly) {
+// Every page of a listing, in order; `pages` counts them.
+std::vector<int64_t> ListAll(DynamicTable* d, int64_t page_rows, std::vector<float>* values,
+                             int* pages = nullptr) {
+  std::vector<int64_t> ids;
+  int64_t cursor = 0;
+  int n = 0;
+  do {
+    cursor = d->List(cursor, page_rows, &ids, values);
+    ++n;
+  } while (cursor >= 0);
+  if (pages != nullptr) *pages = n;
+  return ids;
+}
+
+// List pages through the held rows in increasing id order, skipping evicted
+// ones; the generation moves with every row created or evicted.
+TEST(DynamicTableTest, ListPagesThroughTheHeldRowsOnlyInIdOrder) {
   Fixture f("sgd");
   auto d = f.Make(1, 4);
-  d->Touch({1, 2, 3, 4, 5, 6});  // one touch may pass the bound
+  d->Touch({6, 1, 5, 2, 4, 3});  // one touch may pass the bound
   const int64_t generation = d->generation();
-  d->Touch({7});  // evicts 1, 2 and 3 (4 rows held again), reuses a slab row
+  d->Touch({7});  // evicts 6, 1 and 5 (4 rows held again), reuses a slab row
   EXPECT_GT(d->generation(), generation);
-  std::vector<int64_t> ids;
+  const int64_t bytes = d->Bytes();
   std::vector<float> values;
-  int64_t cursor = 0;
   int pages = 0;
-  do {
-    cursor = d->List(cursor, 2, &ids, &values);
-    ++pages;
-  } while (cursor >= 0);
-  std::sort(ids.begin(), ids.end());
-  EXPECT_EQ(ids, (std::vector<int64_t>{4, 5, 6, 7}));
-  EXPECT_GE(pages, 2);
-  EXPECT_EQ(values.size(), ids.size() * 8);
+  EXPECT_EQ(ListAll(d.get(), 3, &values, &pages), (std::vector<int64_t>{2, 3, 4, 7}));
+  EXPECT_EQ(pages, 2);
+  EXPECT_EQ(values.size(), 4u * 8);
+  for (int64_t k = 0; k < 4; ++k) {
+    const int64_t id = std::vector<int64_t>{2, 3, 4, 7}[k];
+    EXPECT_EQ(std::vector<float>(values.begin() + k * 8, values.begin() + (k + 1) * 8),
+              f.Row(*d, id));
+  }
+  // The sorted ids are kept while the listing runs, and dropped after its last page.
+  std::vector<int64_t> ids;
+  EXPECT_EQ(d->List(0, 1, &ids, &values), 1);
+  EXPECT_EQ(d->Bytes(), bytes + 4 * 8);
+  EXPECT_EQ(d->List(1, 10, &ids, &values), -1);
+  EXPECT_EQ(d->Bytes(), bytes);
   EXPECT_EQ(d->List(0, 0, &ids, &values), 0);  // nothing listed, nothing skipped
+}
+
+// The order of a listing depends only on the rows held: two tables that
+// created the same rows in other orders, with evictions in between (other
+// slab rows), list the same ids and values page for page.
+TEST(DynamicTableTest, TablesHoldingTheSameRowsListTheSamePages) {
+  Fixture f("adagrad");
+  auto a = f.Make(1, 300);
+  auto b = f.Make(1, 300);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 500; ++i)
+    ids.push_back(static_cast<int64_t>((i + 1) * 0x9e3779b97f4a7c15ULL >> 1));
+  std::vector<int64_t> shuffled = ids;
+  std::mt19937_64 rng(5);
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  for (size_t i = 0; i < ids.size(); i += 50) {
+    a->Touch(std::vector<int64_t>(ids.begin() + i, ids.begin() + i + 50));
+    b->Touch(std::vector<int64_t>(shuffled.begin() + i, shuffled.begin() + i + 50));
+  }
+  // The last 300 of `ids` in both (b holds others: touch those again, in another order).
+  const std::vector<int64_t> keep(ids.end() - 300, ids.end());
+  std::vector<int64_t> keep_reversed(keep.rbegin(), keep.rend());
+  a->Touch(keep);
+  b->Touch(keep_reversed);
+  ASSERT_EQ(a->size(), 300);
+  ASSERT_EQ(b->size(), 300);
+  std::vector<float> va, vb;
+  const std::vector<int64_t> la = ListAll(a.get(), 7, &va), lb = ListAll(b.get(), 7, &vb);
+  EXPECT_EQ(la, lb);
+  EXPECT_TRUE(std::is_sorted(la.begin(), la.end()));
+  std::vector<int64_t> sorted_keep = keep;
+  std::sort(sorted_keep.begin(), sorted_keep.end());
+  EXPECT_EQ(la, sorted_keep);
+  EXPECT_EQ(va, vb);  // initial values depend on the id only
 }
 
 // Memory: bytes per held row stay within dim x 4 x (1 + slots) +

@@ -300,7 +300,7 @@ absl::StatusOr<Shard::RowsPage> Shard::ListRows(const TaskId& task, int table, i
                                                    " (both must be >= 0)"));
   }
   absl::MutexLock l(&mu_);
-  const DynamicTable* d = dynamic_[table].get();
+  DynamicTable* d = dynamic_[table].get();
   if (d == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("table ", tables_[table].name,
                                                    " is not dynamic: pull its rows by id (0..",

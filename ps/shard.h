@@ -283,8 +283,9 @@ class Shard {
     int64_t total_rows = 0;  // held now
     int64_t generation = 0;  // DynamicTable::generation
   };
-  // A page of the rows dynamic table `table` holds: at most max_rows from
-  // `cursor` (0 first, then the previous page's next_cursor). INVALID_ARGUMENT
+  // A page of the rows dynamic table `table` holds, in increasing id order
+  // (DynamicTable::List): at most max_rows from `cursor` (0 first, then the
+  // previous page's next_cursor). INVALID_ARGUMENT
   // for an unknown task or table or a fixed table (pull those by id).
   absl::StatusOr<RowsPage> ListRows(const TaskId& task, int table, int64_t cursor,
                                     int64_t max_rows);

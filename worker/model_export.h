@@ -42,7 +42,9 @@ struct ExportPolicy {
 
 // The rows of the model's dynamic tables as the PS tasks hold them, listed
 // off the shards a page at a time while the model file is written
-// (PsClient::ListRows): the exporting task never holds a dynamic table.
+// (PsClient::ListRows: shard by shard, each in increasing id order, so a sync
+// rerun writes the same bytes): the exporting task never holds a dynamic
+// table.
 class PsRowSource : public DynamicRowSource {
  public:
   // `client` and `placement` must outlive the source.

@@ -148,18 +148,19 @@ absl::Status PsClient::WithRetry(const std::string& what, int shard,
   }
 }
 
-int64_t PsClient::Observe(int s, int64_t incarnation, int64_t version, bool done) {
+PsClient::ShardRestart PsClient::Observe(int s, int64_t incarnation, int64_t version, bool done) {
   ShardState& state = shards_[s];
-  int64_t lost = 0;
+  ShardRestart restart;
   if (state.incarnation != 0 && incarnation != state.incarnation) {
-    lost = std::max<int64_t>(0, state.version - version);
+    restart.restarted = true;
+    restart.steps_lost = std::max<int64_t>(0, state.version - version);
     Log(TaskName(), " ps:", s, " restarted: now at version ", version, ", was ", state.version,
-        " (", lost, " steps lost)");
+        " (", restart.steps_lost, " steps lost)");
   }
   state.incarnation = incarnation;
   state.version = version;
   state.done = done;
-  return lost;
+  return restart;
 }
 
 absl::Status PsClient::Connect() {
@@ -227,7 +228,7 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
     if (!variables[v].table) (*params)[v].resize(variables[v].num_elements());  // tables: PullRows
   }
   std::vector<v1::PullResponse::Header> headers(channels_.size());
-  std::vector<int64_t> lost(channels_.size(), 0);
+  std::vector<ShardRestart> restarts(channels_.size());
   absl::Time start = clock_->Now();
   absl::Status st = ForEachShard([&](int s) {
     const auto& parts = parts_by_name_[s];
@@ -267,7 +268,7 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
       }
       if (!rs.ok()) return rs;
       headers[s] = *h;
-      lost[s] = Observe(s, h->incarnation(), h->version(), h->done());
+      restarts[s] = Observe(s, h->incarnation(), h->version(), h->done());
       return absl::OkStatus();
     }
   });
@@ -282,14 +283,15 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
     r.done = r.done && headers[s].done();
     r.waited_seconds = std::max(r.waited_seconds, headers[s].waited_seconds());
     r.absent_workers = std::max(r.absent_workers, headers[s].absent_workers());
-    r.steps_lost += lost[s];
+    r.steps_lost += restarts[s].steps_lost;
+    r.ps_restarts += restarts[s].restarted;
   }
   return r;
 }
 
 absl::StatusOr<PsClient::StepResult> PsClient::PollStep() {
   std::vector<v1::ShardInfo> infos(channels_.size());
-  std::vector<int64_t> lost(channels_.size(), 0);
+  std::vector<ShardRestart> restarts(channels_.size());
   absl::Status st = ForEachShard([&](int s) {
     v1::InfoRequest req;
     req.set_worker_index(options_.task_index);
@@ -304,7 +306,7 @@ absl::StatusOr<PsClient::StepResult> PsClient::PollStep() {
     });
     if (!rs.ok()) return rs;
     infos[s] = *info;
-    lost[s] =
+    restarts[s] =
         Observe(s, info->incarnation(), info->version(), info->version() >= info->target_steps());
     return absl::OkStatus();
   });
@@ -315,7 +317,8 @@ absl::StatusOr<PsClient::StepResult> PsClient::PollStep() {
   for (size_t s = 0; s < infos.size(); ++s) {
     r.version = std::min<int64_t>(r.version, infos[s].version());
     r.done = r.done && infos[s].version() >= infos[s].target_steps();
-    r.steps_lost += lost[s];
+    r.steps_lost += restarts[s].steps_lost;
+    r.ps_restarts += restarts[s].restarted;
     r.absent_workers = std::max(r.absent_workers, infos[s].absent_workers());
   }
   return r;

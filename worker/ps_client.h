@@ -75,6 +75,7 @@ class PsClient {
     bool done = false;          // every shard reached the target
     double waited_seconds = 0;  // longest hold over shards
     int64_t steps_lost = 0;     // versions lost by shards that restarted from a checkpoint
+    int ps_restarts = 0;        // shards seen restarted (a new incarnation), lost steps or not
     int absent_workers = 0;     // most over shards: sync workers not waited for
   };
   struct PushResult {
@@ -89,6 +90,7 @@ class PsClient {
     int64_t version = 0;     // lowest version over shards (the global step)
     bool done = false;       // every shard reached the target
     int64_t steps_lost = 0;  // as in PullResult
+    int ps_restarts = 0;     // as in PullResult
     int absent_workers = 0;  // as in PullResult
   };
 
@@ -147,7 +149,9 @@ class PsClient {
   // summed over the shards (no rows move).
   absl::StatusOr<int64_t> CountRows(int table);
   // Calls page(ids, values, n) (values n x dim) for every row dynamic table
-  // `table` holds, shard by shard, a page of at most chunk_bytes at a time.
+  // `table` holds, shard by shard, each shard's rows in increasing id order
+  // (so the same rows always come in the same order), a page of at most
+  // chunk_bytes at a time.
   // ABORTED if a shard creates, evicts or restores rows of the table (or
   // restarts) during the listing: the pages would not be one table.
   using RowsPage = std::function<void(const int64_t* ids, const float* values, int64_t n)>;
@@ -185,9 +189,14 @@ class PsClient {
   // Push with sparse[s]: the table rows for shard s.
   absl::StatusOr<PushResult> PushImpl(const Params& grads, int64_t worker_clock,
                                       const std::vector<std::vector<SparseRef>>& sparse);
-  // The versions shard `s` lost if `incarnation` is a restart of it; records
+  // Whether `incarnation` is a restart of shard `s` and the versions it lost
+  // (0 when its checkpoint was as new as what this client last saw); records
   // the shard's new state.
-  int64_t Observe(int s, int64_t incarnation, int64_t version, bool done);
+  struct ShardRestart {
+    bool restarted = false;
+    int64_t steps_lost = 0;
+  };
+  ShardRestart Observe(int s, int64_t incarnation, int64_t version, bool done);
   // Runs fn(shard) for every shard at once; the first error (by shard) wins.
   absl::Status ForEachShard(const std::function<absl::Status(int)>& fn);
   // Retries fn while it returns UNAVAILABLE, with backoff, until retry_timeout.

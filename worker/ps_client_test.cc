@@ -5,6 +5,7 @@
 // including variables split over two PS tasks — onto whole variables.
 #include "worker/ps_client.h"
 
+#include <algorithm>
 #include <map>
 #include <thread>
 
@@ -136,17 +137,42 @@ TEST_F(PsClientTest, DetectsAPsRestartAndCountsTheStepsLost) {
   ASSERT_TRUE(seen.ok());
   EXPECT_EQ(seen->version, 5);
   EXPECT_EQ(seen->steps_lost, 0);
+  EXPECT_EQ(seen->ps_restarts, 0);
   ASSERT_TRUE(cluster_->ps(0)->Restart(at_2).ok());
   auto after = client->Pull(false, 5, config_->model->variables(), &params);
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->version, 2);
   EXPECT_EQ(after->steps_lost, 3);
+  EXPECT_EQ(after->ps_restarts, 1);
   // A push tagged with the old incarnation could not have reached the new
   // shard: the client now tags the new one, and the step is applied.
   auto pushed = client->Push(Grads(0.1f), 6);
   ASSERT_TRUE(pushed.ok());
   EXPECT_FALSE(pushed->dropped);
   EXPECT_EQ(pushed->version, 3);
+}
+
+TEST_F(PsClientTest, APsRestartThatLostNoStepIsStillARestart) {
+  // Killed right after checkpointing the version this client last pulled: a
+  // restart all the same (the integration test saw ps_restarts_seen 0 then).
+  Make({.ps = 1, .workers = 1, .mode = "async"});
+  auto client = Client(0);
+  ASSERT_TRUE(client->Connect().ok());
+  Params params;
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(client->Pull(false, step, config_->model->variables(), &params).ok());
+    ASSERT_TRUE(client->Push(Grads(0.1f), step + 1).ok());
+  }
+  ASSERT_TRUE(client->Pull(false, 3, config_->model->variables(), &params).ok());
+  ASSERT_TRUE(cluster_->ps(0)->Restart(cluster_->ps(0)->shard()->Checkpoint()).ok());
+  auto after = client->Pull(false, 3, config_->model->variables(), &params);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->version, 3);
+  EXPECT_EQ(after->steps_lost, 0);
+  EXPECT_EQ(after->ps_restarts, 1);
+  auto polled = client->PollStep();
+  ASSERT_TRUE(polled.ok()) << polled.status();
+  EXPECT_EQ(polled->ps_restarts, 0);  // seen once
 }
 
 TEST_F(PsClientTest, MapsPartsOfVariablesSplitOverTwoPsTasksOntoWholeVariables) {
@@ -227,6 +253,7 @@ TEST_F(PsClientTest, ListsADynamicTableShardByShardAndAbortsIfItsRowsChange) {
   EXPECT_EQ(*count, 400);
 
   std::map<int64_t, std::vector<float>> listed;
+  std::vector<int64_t> order;  // as listed
   int pages = 0;
   ASSERT_TRUE(worker
                   ->ListRows(0,
@@ -234,9 +261,18 @@ TEST_F(PsClientTest, ListsADynamicTableShardByShardAndAbortsIfItsRowsChange) {
                                ++pages;
                                for (int64_t k = 0; k < n; ++k) {
                                  listed[id[k]].assign(values + 4 * k, values + 4 * (k + 1));
+                                 order.push_back(id[k]);
                                }
                              })
                   .ok());
+  // Shard by shard (id mod 2), each in increasing id order.
+  ASSERT_EQ(order.size(), 400u);
+  const auto second =
+      std::find_if(order.begin(), order.end(), [](int64_t id) { return id % 2 == 1; });
+  EXPECT_TRUE(std::all_of(order.begin(), second, [](int64_t id) { return id % 2 == 0; }));
+  EXPECT_TRUE(std::all_of(second, order.end(), [](int64_t id) { return id % 2 == 1; }));
+  EXPECT_TRUE(std::is_sorted(order.begin(), second));
+  EXPECT_TRUE(std::is_sorted(second, order.end()));
   EXPECT_GE(pages, 4);  // 4096-byte pages of 157 rows, ~200 rows per shard
   ASSERT_EQ(listed.size(), 400u);
   for (size_t i = 0; i < ids[0].size(); ++i) {

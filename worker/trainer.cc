@@ -24,11 +24,14 @@ int64_t ExamplesPerStep(const TaskConfig& config) {
          (sync ? config.job.effective_replicas_to_aggregate() : 1);
 }
 
-void CountLost(int64_t steps_lost, TrainResult* result, const TrainerMetrics& metrics) {
-  if (steps_lost <= 0) return;
-  result->steps_lost += steps_lost;
-  ++result->ps_restarts_seen;
-  if (metrics.steps_lost) metrics.steps_lost->Increment(static_cast<double>(steps_lost));
+// PS restarts a pull or poll saw, and the steps they lost (a restart from a
+// checkpoint as new as the last pull loses none, but is still a restart).
+template <typename R>
+void CountRestarts(const R& seen, TrainResult* result, const TrainerMetrics& metrics) {
+  result->ps_restarts_seen += seen.ps_restarts;
+  if (seen.steps_lost <= 0) return;
+  result->steps_lost += seen.steps_lost;
+  if (metrics.steps_lost) metrics.steps_lost->Increment(static_cast<double>(seen.steps_lost));
 }
 
 // The head's test figures for the dense values in `params` (the test set's
@@ -135,7 +138,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     if (client->cancelled()) return absl::CancelledError("training stopped");
     auto pulled = client->Pull(sync && pushed, result.local_steps, model.variables(), &params);
     if (!pulled.ok()) return pulled.status();
-    CountLost(pulled->steps_lost, &result, metrics);
+    CountRestarts(*pulled, &result, metrics);
     if (sync && pushed && metrics.barrier_wait_seconds) {
       metrics.barrier_wait_seconds->Observe(pulled->waited_seconds);
     }
@@ -221,7 +224,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     // The final model: every shard at the target version.
     auto final_pull = client->PullAtLeast(target, result.local_steps, model.variables(), &params);
     if (!final_pull.ok()) return final_pull.status();
-    CountLost(final_pull->steps_lost, &result, metrics);
+    CountRestarts(*final_pull, &result, metrics);
     result.global_step = final_pull->version;
     auto evaluated = Evaluate(config, client, &params, *test_eval, final_pull->version, "chief",
                               metrics, &progress);
@@ -314,7 +317,7 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
   auto poll_and_report = [&]() -> absl::Status {
     auto step = client->PollStep();
     if (!step.ok()) return step.status();
-    CountLost(step->steps_lost, &result, metrics);
+    CountRestarts(*step, &result, metrics);
     if (metrics.global_step) metrics.global_step->Set(static_cast<double>(step->version));
     progress.absent_workers = step->absent_workers;
     report(step->version, clock->Now());
@@ -339,7 +342,7 @@ absl::StatusOr<TrainResult> Follow(const TaskConfig& config, const FollowOptions
       continue;
     }
     if (!pulled.ok()) return pulled.status();
-    CountLost(pulled->steps_lost, &result, metrics);
+    CountRestarts(*pulled, &result, metrics);
     if (metrics.global_step) metrics.global_step->Set(static_cast<double>(pulled->version));
     if (pulled->version >= target) {
       final_pull = std::move(pulled);
