@@ -206,11 +206,10 @@ TEST(MemoryBudgetTest, TablesCountTheirRowsSlotsAndADynamicTablesBookkeeping) {
   for (int s = 0; s < 2; ++s) {
     auto model = Model::Create(job.training.model);
     ASSERT_TRUE(model.ok());
-    for (const PartPlacement* p :
-         PlaceVariables(model->variables(), 2, job.training.split_threshold_bytes)
-             .PartsOfShard(s)) {
-      dense[s] += p->num_bytes();
-    }
+    // The placement outlives the loop: PartsOfShard points into it.
+    const Placement placement =
+        PlaceVariables(model->variables(), 2, job.training.split_threshold_bytes);
+    for (const PartPlacement* p : placement.PartsOfShard(s)) dense[s] += p->num_bytes();
   }
   EXPECT_EQ(dense[0] + dense[1], (12 + 1 + 1) * 4);
   const int64_t ps0 = dense[0] * 4 + table + bookkeeping;
