@@ -51,7 +51,7 @@ Placement PlaceVariables(const std::vector<VariableSpec>& variables, int num_sha
   return placement;
 }
 
-std::vector<const PartPlacement*> Placement::PartsOfShard(int shard) const {
+std::vector<const PartPlacement*> Placement::PartsOfShard(int shard) const& {
   std::vector<const PartPlacement*> out;
   for (const auto& p : parts) {
     if (p.shard == shard) out.push_back(&p);

@@ -86,7 +86,9 @@ struct Placement {
   std::vector<PartPlacement> parts;    // sorted by (shard, name)
   std::vector<TablePlacement> tables;  // in variable order, on every shard
 
-  std::vector<const PartPlacement*> PartsOfShard(int shard) const;
+  std::vector<const PartPlacement*> PartsOfShard(int shard) const&;
+  // The pointers would dangle: keep the Placement in a variable first.
+  std::vector<const PartPlacement*> PartsOfShard(int shard) const&& = delete;
   // Bytes of values `shard` holds: its parts, its rows of the fixed tables
   // and each bounded dynamic table's maxRows share.
   int64_t ShardBytes(int shard) const;
