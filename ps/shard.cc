@@ -12,6 +12,7 @@
 #include <prometheus/histogram.h>
 
 #include "absl/strings/str_cat.h"
+#include "ps/finite.h"
 
 namespace kubetrain {
 
@@ -608,9 +609,7 @@ absl::Status Shard::ValidatePush(const PushHeader& h,
                                                      grads[i].size(), " elements, expected ",
                                                      parts_[i].num_elements()));
     }
-    // Vectorised: NaN and +-Inf make (g - g) NaN, and NaN != NaN.
-    Eigen::Map<const Eigen::ArrayXf> g(grads[i].data(), static_cast<Eigen::Index>(grads[i].size()));
-    if (!((g - g) == (g - g)).all()) {
+    if (!AllFinite(grads[i].data(), static_cast<int64_t>(grads[i].size()))) {
       return absl::InvalidArgumentError(
           absl::StrCat("gradient of ", parts_[i].name, " has a non-finite value"));
     }
