@@ -23,7 +23,8 @@ class KubeApi:
         ca.close()
         self.ctx = ssl.create_default_context(cafile=ca.name)
 
-    def request(self, method, path, body=None, content_type="application/json"):
+    def send(self, method, path, body=None, content_type="application/json"):
+        """(HTTP status, raw response body); an error status is returned, not raised."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.server + path, data=data, method=method)
         req.add_header("Authorization", f"Bearer {self.token}")
@@ -32,9 +33,14 @@ class KubeApi:
             req.add_header("Content-Type", content_type)
         try:
             with urllib.request.urlopen(req, context=self.ctx, timeout=30) as resp:
-                raw = resp.read()
+                return resp.status, resp.read()
         except urllib.error.HTTPError as e:
-            raise AssertionError(f"{method} {path}: {e.code} {e.read()[:500]!r}") from None
+            return e.code, e.read()
+
+    def request(self, method, path, body=None, content_type="application/json"):
+        code, raw = self.send(method, path, body, content_type)
+        if code >= 400:
+            raise AssertionError(f"{method} {path}: {code} {raw[:500]!r}")
         return raw.decode() if path.startswith("/metrics") else json.loads(raw or b"{}")
 
     def get(self, path):

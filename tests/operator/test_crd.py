@@ -14,6 +14,8 @@ import re
 import pytest
 import yaml
 
+from kube_api import KubeApi
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CRD_FILE = os.path.join(ROOT, "deploy", "crd", "kubetrain.io_trainingjobs.yaml")
 CRD_NAME = "trainingjobs.kubetrain.io"
@@ -173,6 +175,11 @@ ACCEPTED = {
         spec(o).update(runPolicy={"schedulingPolicy": {"scheduleTimeoutSeconds": 60}}),
         replicas(o)["Worker"].update(template={"spec": {"schedulerName": "sp"}}),
         replicas(o)["PS"].update(template={"spec": {"schedulerName": "sp"}})),
+    "scheduling-policy-four-replicas-one-scheduler": lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {}}),
+        [r.update(template={"spec": {"schedulerName": "volcano"}}) for r in (
+            replicas(o)["PS"], replicas(o)["Worker"],
+            replicas(o).setdefault("Chief", {}), replicas(o).setdefault("Evaluator", {}))]),
     "template-kept": lambda o: replicas(o)["Worker"].update(template={
         "metadata": {"labels": {"a": "b"}},
         "spec": {"containers": [{"name": "tensorflow", "image": "kubetrain:latest"}]}}),
@@ -350,6 +357,13 @@ REFUSED = {
         replicas(o)["Worker"].update(template={"spec": {"schedulerName": "volcano"}}),
         replicas(o)["PS"].update(template={"spec": {"schedulerName": "other"}})),
         ["spec.replicaSpecs", "must be the same in every replica"]),
+    "gang-one-of-four-schedulers-differs": (lambda o: (
+        spec(o).update(runPolicy={"schedulingPolicy": {}}),
+        [r.update(template={"spec": {"schedulerName": "volcano"}}) for r in (
+            replicas(o)["PS"], replicas(o)["Worker"],
+            replicas(o).setdefault("Chief", {}), replicas(o).setdefault("Evaluator", {}))],
+        replicas(o)["Evaluator"]["template"]["spec"].update(schedulerName="other")),
+        ["spec.replicaSpecs", "must be the same in every replica"]),
     "gang-queue-not-volcano": (lambda o: (
         spec(o).update(runPolicy={"schedulingPolicy": {"queue": "q"}}),
         replicas(o)["Worker"].update(template={"spec": {"schedulerName": "sp"}})),
@@ -416,6 +430,67 @@ def test_malformed_refused(k, case):
         "unknown field" in err, err
     for want in expected:
         assert want in err, f"{case}: {want!r} not in:\n{err}"
+
+
+# --- rules over a map: the same verdict whatever order CEL sees the keys in ------------------
+# replicaSpecs is a map and CEL promises no order for a map's keys: the API server (Go) may see
+# another order at each evaluation, so a rule that depends on it (e.g. comparing every name with
+# element [0] of a list built from the map) decides a spec by chance. Every case that has more
+# than one replica type in play is therefore sent many times, with its keys in every rotation
+# too; one verdict (and message) that differs fails the test. The old schedulerName rule was
+# accepted about one time in eight, so 40 sends catch it in all but ~0.5 % of runs.
+ORDER_REPEATS = 40
+
+
+def _rotations(obj):
+    keys = list(replicas(obj))
+    for i in range(len(keys)):
+        o = copy.deepcopy(obj)
+        o["spec"]["replicaSpecs"] = {key: replicas(obj)[key] for key in keys[i:] + keys[:i]}
+        yield o
+
+
+def _order_sensitive_cases():
+    """(name, object, refusal substrings or None): every case whose replicaSpecs-dependent rules
+    have something to compare (gang scheduling, replicasToAggregate, or replica specs changed)."""
+    def replica_specs(o):
+        specs = o.get("spec", {}).get("replicaSpecs") if isinstance(o.get("spec"), dict) else None
+        return specs if isinstance(specs, dict) else None
+
+    base = job()
+    cases = [(f"accepted:{n}", job(m), None) for n, m in sorted(ACCEPTED.items())]
+    cases += [(f"refused:{n}", job(m), want) for n, (m, want) in sorted(REFUSED.items())]
+    return [(n, o, want) for n, o, want in cases
+            if replica_specs(o) and len(replica_specs(o)) > 1 and (
+                replica_specs(o) != replicas(base) or "runPolicy" in spec(o) or
+                "replicasToAggregate" in (spec(o).get("training") or {}))]
+
+
+def test_map_rules_do_not_depend_on_key_order(k):
+    api = KubeApi(k.env["KUBECONFIG"])
+    path = (f"/apis/kubetrain.io/v1/namespaces/{NS}/trainingjobs"
+            "?dryRun=All&fieldValidation=Strict")
+    cases = _order_sensitive_cases()
+    assert len(cases) >= 15, [n for n, _, _ in cases]
+    flaky = []
+    for name, obj, want in cases:
+        orders = list(_rotations(obj))
+        verdicts = set()
+        for i in range(ORDER_REPEATS):
+            code, raw = api.send("POST", path, orders[i % len(orders)])
+            message = "" if code < 300 else json.loads(raw).get("message", raw.decode())
+            verdicts.add((code < 300, message))
+        if len(verdicts) != 1:
+            flaky.append(f"{name}: {sorted(verdicts)}")
+            continue
+        ((accepted, message),) = verdicts
+        if want is None:
+            assert accepted, f"{name} refused: {message}"
+        else:
+            assert not accepted, f"{name} accepted"
+            for w in want:
+                assert w in message, f"{name}: {w!r} not in {message}"
+    assert not flaky, "verdicts that depend on the order of replicaSpecs' keys:\n" + "\n".join(flaky)
 
 
 def test_own_containers_need_no_training(k):
