@@ -27,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "core/quantity.h"
+#include "core/yaml_limits.h"
 
 namespace kubetrain {
 namespace {
@@ -1690,6 +1691,9 @@ absl::StatusOr<TrainingJob> ParseTrainingJob(const std::string& yaml_text) {
   if (static_cast<int64_t>(yaml_text.size()) > kMaxTrainingJobBytes) {
     return TooLarge(static_cast<int64_t>(yaml_text.size()));
   }
+  // Before the tree is built and walked (CheckQuotesClosed visits every node
+  // an alias repeats; an alias bomb would keep it busy for hours).
+  KT_RETURN_IF_ERROR(CheckAliasExpansion(yaml_text));
   try {
     std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
     for (const YAML::Node& doc : docs) KT_RETURN_IF_ERROR(CheckQuotesClosed(doc, yaml_text));
@@ -1807,6 +1811,10 @@ absl::Status ValidateTrainingJob(const TrainingJob& job) {
 }
 
 absl::Status ParseDatasetSection(const std::string& yaml_text, TrainingSpec* out) {
+  // The section comes from a model file, which anyone may hand to eval.
+  if (absl::Status status = CheckAliasExpansion(yaml_text); !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.training.dataset: ", status.message()));
+  }
   YAML::Node node;
   try {
     node = YAML::Load(yaml_text);

@@ -354,6 +354,74 @@ TEST(JobSpecErrors, AnUnterminatedQuoteGivesLineAndColumn) {
   EXPECT_EQ(ErrorOf(Replace("image: kubetrain:dev", "image: 'it''s'")), "<parsed OK>");
 }
 
+// Ten anchors, each a list of ten aliases of the previous one: 10^9 "lol"s
+// from under 1 KB, each line indented by `indent`. The fourth *a4 on the a5
+// line (7 lines down from a0, column indent + 25) crosses the 100000 nodes
+// aliases may repeat (core/yaml_limits.h).
+std::string AliasBomb(int indent) {
+  const std::string pad(indent, ' ');
+  std::string out = absl::StrCat(pad, "a0: &a0 [\"lol\"]\n");
+  for (int i = 1; i < 10; ++i) {
+    absl::StrAppend(&out, pad, "a", i, ": &a", i, " [");
+    for (int j = 0; j < 10; ++j) absl::StrAppend(&out, j > 0 ? ", " : "", "*a", i - 1);
+    absl::StrAppend(&out, "]\n");
+  }
+  return out;
+}
+
+std::string BombError(int line, int column) {
+  return absl::StrCat("invalid YAML at line ", line, ", column ", column,
+                      ": alias *a4 would expand the document past 100000 nodes (aliases of "
+                      "aliases multiply: an alias bomb)");
+}
+
+// Free-form maps (labels, annotations, a pod template, status) are not read
+// field by field, but the whole tree was walked once (the quote check) and
+// this took hours; it must be refused before any walk.
+TEST(JobSpecErrors, AnAliasBombIsRefusedWherever) {
+  EXPECT_EQ(ErrorOf(Replace("  labels: {team: ml}\n", "  labels:\n" + AliasBomb(4))),
+            BombError(11, 29));
+  EXPECT_EQ(ErrorOf(Replace("  labels: {team: ml}\n",
+                            "  labels: {team: ml}\n  annotations:\n" + AliasBomb(4))),
+            BombError(12, 29));
+  EXPECT_EQ(
+      ErrorOf(Replace("      template:\n", "      template:\n        metadata:\n" + AliasBomb(10))),
+      BombError(21, 35));
+  EXPECT_EQ(ErrorOf(Replace("status:\n  anything: ignored\n", "status:\n" + AliasBomb(2))),
+            BombError(58, 27));
+}
+
+TEST(JobSpecErrors, AnAliasInsideItsOwnNodeIsRefused) {
+  // yaml-cpp builds a tree that contains itself: the walk overflowed the stack.
+  EXPECT_EQ(ErrorOf(Replace("  labels: {team: ml}\n", "  labels: &l {team: [*l]}\n")),
+            "invalid YAML at line 5, column 22: alias *l is inside the node it names (a structure "
+            "that contains itself has no end)");
+}
+
+TEST(JobSpecTest, AnchorsAndAliasesAsJobsUseThemParse) {
+  // One pod template shared by Chief, PS and Worker.
+  absl::StatusOr<TrainingJob> job = LoadTrainingJobFile(ExamplePath("tensorflow/ps-strategy.yaml"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->replica_specs.size(), 3u);
+  const std::string& chief = job->replica_specs.at("Chief").template_yaml;
+  EXPECT_CONTAINS(chief, "image: tensorflow/tensorflow:");
+  EXPECT_EQ(job->replica_specs.at("PS").template_yaml, chief);
+  EXPECT_EQ(job->replica_specs.at("Worker").template_yaml, chief);
+  // A scalar alias too.
+  EXPECT_EQ(ErrorOf(Replace("  labels: {team: ml}\n", "  labels: {team: &t ml, owner: *t}\n")),
+            "<parsed OK>");
+}
+
+TEST(JobSpecErrors, AnAliasBombInADatasetSectionIsRefused) {
+  // The section comes back from a model file (kubetrain eval).
+  TrainingSpec training;
+  const absl::Status status =
+      ParseDatasetSection("name: fashion-mnist\n" + AliasBomb(0), &training);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(status.message()),
+            absl::StrCat("spec.training.dataset: ", BombError(7, 25)));
+}
+
 // ---- Malformed specs: each error names the offending field. ----
 
 TEST(JobSpecErrors, MissingWorker) {

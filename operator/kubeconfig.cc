@@ -9,6 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/yaml_limits.h"
 #include "yaml-cpp/yaml.h"
 
 namespace kubetrain {
@@ -133,6 +134,12 @@ class Parser {
 absl::StatusOr<KubeConfig> ParseKubeConfig(const std::string& yaml, const std::string& path,
                                            const std::string& context) {
   Parser p(path);
+  // Before the tree is built: an alias bomb or an alias inside its own node
+  // would make any walk of it endless. Syntax errors surface here too, with
+  // their line and column.
+  if (absl::Status status = CheckAliasExpansion(yaml); !status.ok()) {
+    return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(yaml);

@@ -184,7 +184,8 @@ TEST_F(KubeConfigTest, MissingOrBadFieldsNameTheFileAndField) {
        "maybe}\n" +
            user + ctx,
        "insecure-skip-tls-verify: must be true or false"},
-      {"not yaml", "clusters: [\n", "not valid YAML"},
+      // Syntax errors are found by the alias check, before the tree is loaded.
+      {"not yaml", "clusters: [\n", "invalid YAML at line 2, column 1: end of sequence flow"},
       {"not a map", "- 1\n- 2\n", "expected a map"},
   };
   for (const BadCase& c : cases) {
@@ -194,6 +195,38 @@ TEST_F(KubeConfigTest, MissingOrBadFieldsNameTheFileAndField) {
     EXPECT_CONTAINS(cfg.status().message(), path + ": ") << c.name;
     EXPECT_CONTAINS(cfg.status().message(), c.want_substr) << c.name << ": " << cfg.status();
   }
+}
+
+TEST_F(KubeConfigTest, AliasBombsAreRefusedWithTheirPosition) {
+  const std::string valid =
+      "clusters:\n- name: c\n  cluster: {server: \"https://127.0.0.1:1\"}\n"
+      "users:\n- name: u\n  user: {token: t}\n"
+      "contexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n";
+  ASSERT_TRUE(LoadKubeConfigFile(Write("ok", valid)).ok());
+  // Ten anchors, each ten aliases of the previous one (10^9 nodes), under a
+  // free-form map; the fourth *a4 of the a5 line crosses the limit.
+  std::string bomb = "preferences:\n  a0: &a0 [lol]\n";
+  for (int i = 1; i < 10; ++i) {
+    bomb += "  a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int j = 0; j < 10; ++j) bomb += (j > 0 ? ", *a" : "*a") + std::to_string(i - 1);
+    bomb += "]\n";
+  }
+  std::string path = Write("bomb", valid + bomb);
+  auto cfg = LoadKubeConfigFile(path);
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_EQ(cfg.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(cfg.status().message()),
+            path +
+                ": invalid YAML at line 17, column 27: alias *a4 would expand the document past "
+                "100000 nodes (aliases of aliases multiply: an alias bomb)");
+  // An alias inside its own node.
+  path = Write("cycle", valid + "preferences: &p {again: *p}\n");
+  cfg = LoadKubeConfigFile(path);
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_CONTAINS(cfg.status().message(),
+                  path +
+                      ": invalid YAML at line 11, column 25: alias *p is inside the node it "
+                      "names");
 }
 
 TEST_F(KubeConfigTest, InCluster) {
