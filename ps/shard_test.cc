@@ -457,6 +457,52 @@ TEST(ShardNumericsTest, SyncMeanOfTwoHugeFiniteGradientsDoesNotOverflow) {
   EXPECT_EQ(f.shard->stats().gradients_applied, 2);
 }
 
+// The sync mean over parts larger than the PS's summing block, 1 to 4
+// workers: exactly (float)((double sum in worker order) / n) per element,
+// and one gradient is its own mean.
+TEST(ShardNumericsTest, SyncMeanIsTheDoubleSumInWorkerOrderBitForBit) {
+  for (int workers = 1; workers <= 4; ++workers) {
+    Fixture f(TrainingMode::kSync, workers, workers);
+    ModelSpec spec;
+    spec.type = "softmax";
+    spec.input_dim = 3001;  // a 6002-element weight part: three summing blocks, the last partial
+    spec.num_classes = 2;
+    f.model = std::make_unique<Model>(*Model::Create(spec));
+    f.placement = PlaceVariables(f.model->variables(), 1, 1 << 20);
+    ShardOptions o = f.shard->options();
+    OptimizerSpec sgd;
+    sgd.type = "sgd";
+    sgd.learning_rate = 1.0;
+    f.shard = *Shard::Create(o, *f.model, f.placement, sgd, &f.clock, ShardMetrics{});
+    const std::vector<float> before = f.Values();
+    std::mt19937 rng(workers);
+    std::normal_distribution<float> normal(0, 1);
+    std::vector<std::vector<std::vector<float>>> grads(workers);
+    for (int w = 0; w < workers; ++w) {
+      grads[w] = f.Grads(0);
+      for (auto& part : grads[w]) {
+        for (float& x : part)
+          x = normal(rng) * std::pow(10.0f, static_cast<float>(rng() % 60) - 30);
+      }
+    }
+    for (int w = workers - 1; w >= 0; --w) {  // arrival order must not matter
+      ASSERT_TRUE(f.shard->Push({w, 0, 1}, grads[w]).ok());
+    }
+    const std::vector<float> after = f.Values();
+    size_t k = 0;
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      for (size_t e = 0; e < grads[0][i].size(); ++e, ++k) {
+        double sum = 0;
+        for (int w = 0; w < workers; ++w) sum += grads[w][i][e];
+        const float want = before[k] - static_cast<float>(sum / workers);
+        ASSERT_EQ(std::memcmp(&after[k], &want, sizeof(float)), 0)
+            << workers << " workers, part " << i << " element " << e;
+      }
+    }
+    ASSERT_EQ(k, after.size());
+  }
+}
+
 TEST(ShardNumericsTest, SyncUpdateThatWouldOverflowIsRefusedAsAWholeAndTheStepSkipped) {
   Fixture f(TrainingMode::kSync, 2, 2);
   ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(3e38f)).ok());
