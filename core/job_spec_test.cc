@@ -1054,6 +1054,21 @@ TEST(JobSpecSparseTest, WideDeepExampleReadsLookedUpColumnsAsIds) {
   EXPECT_EQ(model->tables().size(), 25u);  // 10 embeddings, 10 wide columns, 5 crossed
 }
 
+// The variant whose wide part trains with FTRL (TF's wide & deep defaults).
+TEST(JobSpecSparseTest, WideDeepFtrlExample) {
+  absl::StatusOr<TrainingJob> job =
+      LoadTrainingJobFile(ExamplePath("census-income-wide-deep-ftrl.yaml"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const TrainingSpec& t = job->training;
+  ASSERT_TRUE(t.wide_optimizer.has_value());
+  EXPECT_EQ(t.wide_optimizer->type, "ftrl");
+  EXPECT_EQ(t.wide_optimizer->learning_rate, 0.2);  // min(0.2, 1/sqrt(15))
+  EXPECT_EQ(t.wide_optimizer->learning_rate_power, -0.5);
+  EXPECT_EQ(t.wide_optimizer->initial_accumulator, 0.1);
+  EXPECT_EQ(t.optimizer.type, "adam");
+  EXPECT_EQ(t.model.wide.columns.size() + t.model.wide.crossed.size(), 15u);
+}
+
 TEST(JobSpecSparseTest, BadSparseSpecsNameTheField) {
   EXPECT_CONTAINS(ErrorOf(WideDeepWith("{column: education, dim: 8}", "{column: age, dim: 8}")),
                   "spec.training.model.embeddings[1].column: column \"age\" is numeric");
