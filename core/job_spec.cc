@@ -1075,7 +1075,7 @@ absl::Status ParseOptimizer(const Fields& training, OptimizerSpec* out) {
   bool present;
   KT_RETURN_IF_ERROR(ReadSection(training, "optimizer",
                                  {"type", "learningRate", "momentum", "nesterov", "beta1", "beta2",
-                                  "epsilon", "initialAccumulator", "l1", "l2"},
+                                  "epsilon", "initialAccumulator", "l1", "l2", "learningRatePower"},
                                  &f, &present));
   if (!present) return absl::OkStatus();
   KT_RETURN_IF_ERROR(ReadString(f, "type", &out->type));
@@ -1091,7 +1091,8 @@ absl::Status ParseOptimizer(const Fields& training, OptimizerSpec* out) {
       {"epsilon", {"adam", "adagrad"}},
       {"initialAccumulator", {"adagrad", "ftrl"}},
       {"l1", {"ftrl"}},
-      {"l2", {"ftrl"}}};
+      {"l2", {"ftrl"}},
+      {"learningRatePower", {"ftrl"}}};
   for (const auto& [key, types] : kAppliesTo) {
     if (f.Has(key) && std::find(types.begin(), types.end(), out->type) == types.end()) {
       return FieldError(f.PathOf(key),
@@ -1108,6 +1109,7 @@ absl::Status ParseOptimizer(const Fields& training, OptimizerSpec* out) {
   KT_RETURN_IF_ERROR(ReadDouble(f, "initialAccumulator", &out->initial_accumulator));
   KT_RETURN_IF_ERROR(ReadDouble(f, "l1", &out->l1));
   KT_RETURN_IF_ERROR(ReadDouble(f, "l2", &out->l2));
+  KT_RETURN_IF_ERROR(ReadDouble(f, "learningRatePower", &out->learning_rate_power));
   return absl::OkStatus();
 }
 
@@ -1451,6 +1453,14 @@ absl::Status ValidateOptimizer(const OptimizerSpec& o, const std::string& opath)
     KT_RETURN_IF_ERROR(CheckFinite(opath + "." + name, value));
     KT_RETURN_IF_ERROR(CheckAtLeast(opath + "." + name, value, 0.0));
   }
+  // TF's learning_rate_power: <= 0 (0 is a fixed learning rate; a positive
+  // power would make the per-coordinate rate grow with the gradients).
+  const std::string power = opath + ".learningRatePower";
+  KT_RETURN_IF_ERROR(CheckFinite(power, o.learning_rate_power));
+  if (!(o.learning_rate_power <= 0)) {
+    return FieldError(power, absl::StrCat("must be <= 0, got ", o.learning_rate_power));
+  }
+  KT_RETURN_IF_ERROR(CheckFloat32(power, o.learning_rate_power));
   return absl::OkStatus();
 }
 

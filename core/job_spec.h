@@ -92,6 +92,9 @@ struct OptimizerSpec {
   double initial_accumulator = 0.1;  // adagrad, ftrl
   double l1 = 0;                     // ftrl: L1 regularisation strength
   double l2 = 0;                     // ftrl: L2 regularisation strength
+  // ftrl: TF's learning_rate_power, <= 0: the per-coordinate learning rate is
+  // learning_rate / n^(-power) for n the squared-gradient sum (0: fixed rate).
+  double learning_rate_power = -0.5;
 };
 
 struct TrainingSpec {

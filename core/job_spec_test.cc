@@ -589,6 +589,32 @@ TEST(JobSpecErrors, OptimizerFields) {
             "\"rmsprop\"");
 }
 
+// TF's learning_rate_power for ftrl: default -0.5, <= 0 (0: a fixed rate),
+// and only for ftrl.
+TEST(JobSpecErrors, FtrlLearningRatePower) {
+  const std::string momentum =
+      "type: momentum\n      learningRate: 0.1\n      momentum: 0.5\n      nesterov: true\n";
+  auto ftrl = [&](const std::string& extra) {
+    return Replace(momentum, "type: ftrl\n      learningRate: 0.1\n" + extra);
+  };
+  absl::StatusOr<TrainingJob> job = ParseTrainingJob(ftrl(""));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->training.optimizer.learning_rate_power, -0.5);
+  job = ParseTrainingJob(ftrl("      learningRatePower: -0.25\n"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->training.optimizer.learning_rate_power, -0.25);
+  EXPECT_EQ(ErrorOf(ftrl("      learningRatePower: 0\n")), "<parsed OK>");
+  EXPECT_EQ(ErrorOf(ftrl("      learningRatePower: 0.5\n")),
+            "spec.training.optimizer.learningRatePower: must be <= 0, got 0.5");
+  EXPECT_EQ(ErrorOf(ftrl("      learningRatePower: .nan\n")),
+            "spec.training.optimizer.learningRatePower: must be a finite number, got nan");
+  EXPECT_STARTS_WITH(ErrorOf(ftrl("      learningRatePower: -1e-50\n")),
+                     "spec.training.optimizer.learningRatePower: must be 0 or at least");
+  EXPECT_EQ(ErrorOf(Replace(momentum, "type: adagrad\n      learningRatePower: -0.5\n")),
+            "spec.training.optimizer.learningRatePower: only applies to type ftrl, but type is "
+            "adagrad");
+}
+
 TEST(JobSpecErrors, BadRestartPolicy) {
   EXPECT_EQ(ErrorOf(Replace("restartPolicy: OnFailure", "restartPolicy: Sometimes")),
             "spec.replicaSpecs.PS.restartPolicy: must be one of Never, OnFailure, "
@@ -1028,6 +1054,21 @@ TEST(JobSpecSparseTest, WideDeepExampleReadsLookedUpColumnsAsIds) {
   EXPECT_EQ(model->tables().size(), 25u);  // 10 embeddings, 10 wide columns, 5 crossed
 }
 
+// The variant whose wide part trains with FTRL (TF's wide & deep defaults).
+TEST(JobSpecSparseTest, WideDeepFtrlExample) {
+  absl::StatusOr<TrainingJob> job =
+      LoadTrainingJobFile(ExamplePath("census-income-wide-deep-ftrl.yaml"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const TrainingSpec& t = job->training;
+  ASSERT_TRUE(t.wide_optimizer.has_value());
+  EXPECT_EQ(t.wide_optimizer->type, "ftrl");
+  EXPECT_EQ(t.wide_optimizer->learning_rate, 0.2);  // min(0.2, 1/sqrt(15))
+  EXPECT_EQ(t.wide_optimizer->learning_rate_power, -0.5);
+  EXPECT_EQ(t.wide_optimizer->initial_accumulator, 0.1);
+  EXPECT_EQ(t.optimizer.type, "adam");
+  EXPECT_EQ(t.model.wide.columns.size() + t.model.wide.crossed.size(), 15u);
+}
+
 TEST(JobSpecSparseTest, BadSparseSpecsNameTheField) {
   EXPECT_CONTAINS(ErrorOf(WideDeepWith("{column: education, dim: 8}", "{column: age, dim: 8}")),
                   "spec.training.model.embeddings[1].column: column \"age\" is numeric");
@@ -1055,6 +1096,19 @@ TEST(JobSpecSparseTest, BadSparseSpecsNameTheField) {
   EXPECT_CONTAINS(ErrorOf(WideDeepWith("          type: adagrad\n",
                                        "          type: sgd\n          l1: 0.1\n")),
                   "spec.training.model.wide.optimizer.l1: only applies to type ftrl");
+  EXPECT_CONTAINS(ErrorOf(WideDeepWith("          type: adagrad\n",
+                                       "          type: sgd\n          learningRatePower: -1\n")),
+                  "spec.training.model.wide.optimizer.learningRatePower: only applies to type "
+                  "ftrl, but type is sgd");
+  EXPECT_EQ(ErrorOf(WideDeepWith("          type: adagrad\n",
+                                 "          type: ftrl\n          learningRatePower: 0.5\n")),
+            "spec.training.model.wide.optimizer.learningRatePower: must be <= 0, got 0.5");
+  absl::StatusOr<TrainingJob> job = ParseTrainingJob(WideDeepWith(
+      "          type: adagrad\n", "          type: ftrl\n          learningRatePower: -1\n"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(job->training.wide_optimizer.has_value());
+  EXPECT_EQ(job->training.wide_optimizer->learning_rate_power, -1);
+  EXPECT_EQ(job->training.optimizer.learning_rate_power, -0.5);
 }
 
 // The wide & deep example with capital-gain and native-country as dynamic

@@ -168,31 +168,53 @@ class AdagradRule final : public Rule {
   const float lr_, eps_, init_;
 };
 
-// FTRL-Proximal (McMahan et al. 2013; TF's FtrlOptimizer with
-// learning_rate_power -0.5): slots are the accumulated squared gradients n
-// and the linear term z.
+// FTRL-Proximal (McMahan et al. 2013; TF's FtrlOptimizer, its ApplyFtrl
+// kernel): slots are the accumulated squared gradients n and the linear term
+// z. The per-coordinate learning rate is lr / n^(-learningRatePower); the
+// default power -0.5 (the paper's lr / sqrt(n)) runs on sqrt, as TF's kernel
+// special-cases it, and any other power on std::pow.
 class FtrlRule final : public Rule {
  public:
   explicit FtrlRule(const OptimizerSpec& s)
-      : lr_(s.learning_rate), l1_(s.l1), l2_(s.l2), init_(s.initial_accumulator) {}
+      : lr_(s.learning_rate),
+        l1_(s.l1),
+        l2_(s.l2),
+        init_(s.initial_accumulator),
+        power_(s.learning_rate_power) {}
   std::vector<float> slot_init() const override { return {init_, 0}; }
   bool Update(const float* value, const float* grad, int64_t n, int64_t, const float* const* in,
               float* const* out_slots, float* value_out) const override {
     Vec acc(out_slots[0], n), z(out_slots[1], n);
     ConstVec g(grad, n), w(value, n), old_acc(in[0], n);
     acc = old_acc + g.square();
-    z = ConstVec(in[1], n) + g - (ExactSqrt(acc) - ExactSqrt(old_acc)) / lr_ * w;
     Vec out(value_out, n);
-    const auto quadratic = ExactSqrt(acc) / lr_ + 2 * l2_;
-    // (sign(z) * l1 - z) / quadratic where |z| > l1, else 0, in the same
-    // operations (clamp(z) is sign(z) * l1 there and z elsewhere, z - z = +0)
-    // but vectorised: Eigen 3.4 evaluates select() and sign() per element.
-    out = (z.max(-l1_).min(l1_) - z) / quadratic;
+    if (power_ == -0.5f) {
+      z = ConstVec(in[1], n) + g - (ExactSqrt(acc) - ExactSqrt(old_acc)) / lr_ * w;
+      const auto quadratic = ExactSqrt(acc) / lr_ + 2 * l2_;
+      // (sign(z) * l1 - z) / quadratic where |z| > l1, else 0, in the same
+      // operations (clamp(z) is sign(z) * l1 there and z elsewhere, z - z = +0)
+      // but vectorised: Eigen 3.4 evaluates select() and sign() per element.
+      out = (z.max(-l1_).min(l1_) - z) / quadratic;
+    } else {
+      // n^(-power), new and old, by std::pow element by element: Eigen's
+      // packet pow need not round as std::pow does, and a value must not
+      // depend on where in a packet it falls. The rest stays vectorised.
+      new_pow_.resize(n);
+      old_pow_.resize(n);
+      for (int64_t i = 0; i < n; ++i) {
+        new_pow_[i] = std::pow(acc[i], -power_);
+        old_pow_[i] = std::pow(old_acc[i], -power_);
+      }
+      ConstVec new_pow(new_pow_.data(), n), old_pow(old_pow_.data(), n);
+      z = ConstVec(in[1], n) + g - (new_pow - old_pow) / lr_ * w;
+      out = (z.max(-l1_).min(l1_) - z) / (new_pow / lr_ + 2 * l2_);
+    }
     return AllFinite(value_out, n) && AllFinite(out_slots[0], n) && AllFinite(out_slots[1], n);
   }
 
  private:
-  const float lr_, l1_, l2_, init_;
+  const float lr_, l1_, l2_, init_, power_;
+  mutable std::vector<float> new_pow_, old_pow_;  // scratch of the pow path
 };
 
 absl::StatusOr<std::unique_ptr<Rule>> CreateRule(const OptimizerSpec& spec) {
@@ -206,7 +228,12 @@ absl::StatusOr<std::unique_ptr<Rule>> CreateRule(const OptimizerSpec& spec) {
   }
   if (spec.type == "adam") return std::unique_ptr<Rule>(new AdamRule(spec));
   if (spec.type == "adagrad") return std::unique_ptr<Rule>(new AdagradRule(spec));
-  if (spec.type == "ftrl") return std::unique_ptr<Rule>(new FtrlRule(spec));
+  if (spec.type == "ftrl") {
+    if (!(spec.learning_rate_power <= 0)) {
+      return absl::InvalidArgumentError("optimizer.learningRatePower must be <= 0");
+    }
+    return std::unique_ptr<Rule>(new FtrlRule(spec));
+  }
   return absl::InvalidArgumentError(absl::StrCat("optimizer.type: unknown \"", spec.type,
                                                  "\" (sgd, momentum, adam, adagrad, ftrl)"));
 }

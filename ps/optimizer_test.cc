@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <vector>
 
 namespace kubetrain {
 namespace {
@@ -65,6 +67,151 @@ TEST(OptimizerTest, AdagradScalesByAccumulatedSquares) {
   EXPECT_NEAR(w, -1 - 2 / std::sqrt(8.0f), 1e-6);
 }
 
+// FTRL-Proximal as published, in double precision, written from the rule
+// itself and not from ps/optimizer.cc: McMahan et al. 2013, "Ad Click
+// Prediction: a View from the Trenches", Algorithm 1 (per-coordinate
+// learning rate lr / sqrt(n)), with the learning rate power of TF's
+// FtrlOptimizer as its ApplyFtrl kernel (tensorflow/core/kernels/
+// training_ops.cc) and tf.raw_ops.ApplyFtrl's documentation state it:
+//   accum_new = accum + g^2
+//   linear   += g - (accum_new^(-lr_power) - accum^(-lr_power)) / lr * var
+//   quadratic = accum_new^(-lr_power) / lr + 2 * l2
+//   var       = |linear| > l1 ? (sign(linear) * l1 - linear) / quadratic : 0
+//   accum     = accum_new
+// (std::pow throughout, also for lr_power -0.5, where TF and the PS use sqrt.)
+struct FtrlReference {
+  double lr, l1, l2, lr_power;
+  double var, accum, linear = 0;
+  // The sum of the magnitudes of the terms added into linear: float32
+  // rounding errs on linear by a few ulps of it, not of |linear| (the terms
+  // of gradients of both signs cancel), and var inherits that error.
+  double linear_magnitude = 0;
+  void Step(double g) {
+    const double accum_new = accum + g * g;
+    const double sigma_var =
+        (std::pow(accum_new, -lr_power) - std::pow(accum, -lr_power)) / lr * var;
+    linear += g - sigma_var;
+    linear_magnitude += std::fabs(g) + std::fabs(sigma_var);
+    const double quadratic = std::pow(accum_new, -lr_power) / lr + 2 * l2;
+    var = std::fabs(linear) > l1 ? ((linear > 0 ? l1 : -l1) - linear) / quadratic : 0.0;
+    accum = accum_new;
+  }
+};
+
+// The reference itself, on a first step worked by hand: from var 0, linear
+// is g, and with l1 = l2 = 0, var = -g * lr / sqrt(accum0 + g^2).
+TEST(FtrlReferenceTest, FirstStepByHand) {
+  FtrlReference r{/*lr=*/0.5,        /*l1=*/0,  /*l2=*/0,
+                  /*lr_power=*/-0.5, /*var=*/0, /*accum=*/0.1};
+  r.Step(0.5);
+  EXPECT_DOUBLE_EQ(r.accum, 0.35);
+  EXPECT_DOUBLE_EQ(r.linear, 0.5);
+  EXPECT_NEAR(r.var, -0.25 / std::sqrt(0.35), 1e-15);  // -0.42257712736425829
+  // With l1 = 0.3: var = (0.3 - 0.5) / (sqrt(0.35) / 0.5) = -0.1 / sqrt(0.35).
+  FtrlReference s{0.5, 0.3, 0, -0.5, 0, 0.1};
+  s.Step(0.5);
+  EXPECT_NEAR(s.var, -0.1 / std::sqrt(0.35), 1e-15);
+  // |linear| <= l1: var is 0.
+  FtrlReference t{0.5, 0.3, 0, -0.5, 0, 0.1};
+  t.Step(0.25);
+  EXPECT_EQ(t.var, 0.0);
+}
+
+// The PS's FTRL, dense and row-wise, against the reference over hand-made
+// gradient sequences: learning rate powers -0.5 (the sqrt path), -0.25, -1
+// and 0 (a fixed rate, the pow path), initial accumulators 0.1 and 1, l1
+// and l2 0 and > 0. Six coordinates, six steps: coordinate 1's small
+// gradients keep |linear| <= l1 (value 0) for a while, 3 and 5 cross the
+// threshold mid-sequence, 4 has a zero gradient; 0 and 2 are large.
+TEST(OptimizerTest, FtrlMatchesThePublishedRule) {
+  constexpr int kN = 6, kSteps = 6;
+  const float w0[kN] = {0.0f, 0.5f, -1.5f, 0.02f, 2.0f, -0.3f};
+  const float grads[kSteps][kN] = {
+      {0.5f, -0.1f, 1.5f, 0.05f, -3.0f, 0.35f}, {0.4f, 0.05f, -2.0f, 0.1f, 0.5f, -0.3f},
+      {-0.1f, -0.2f, 0.85f, 0.2f, 0.5f, 0.31f}, {0.6f, 0.15f, 0.3f, 0.25f, -0.25f, -0.29f},
+      {0.2f, -0.1f, -0.4f, -0.65f, 0.0f, 0.2f}, {-0.05f, 0.1f, 1.1f, -0.7f, 0.75f, 0.4f},
+  };
+  int cases = 0, zeros = 0, crossings = 0;
+  for (double lr_power : {-0.5, -0.25, -1.0, 0.0}) {
+    for (double init : {0.1, 1.0}) {
+      for (double l1 : {0.0, 0.3}) {
+        for (double l2 : {0.0, 0.2}) {
+          OptimizerSpec s;
+          s.type = "ftrl";
+          s.learning_rate = 0.5;
+          s.learning_rate_power = lr_power;
+          s.initial_accumulator = init;
+          s.l1 = l1;
+          s.l2 = l2;
+          const std::string name = "lr_power " + std::to_string(lr_power) + " init " +
+                                   std::to_string(init) + " l1 " + std::to_string(l1) + " l2 " +
+                                   std::to_string(l2);
+          auto dense = Make(s, kN);
+          auto rows = RowOptimizer::Create(s, 2, kN / 2);  // 2 rows of 3, both touched
+          ASSERT_TRUE(rows.ok()) << rows.status();
+          std::vector<FtrlReference> ref;
+          for (int i = 0; i < kN; ++i) ref.push_back({0.5, l1, l2, lr_power, w0[i], init});
+          std::vector<float> w(w0, w0 + kN), table(w0, w0 + kN);
+          for (int step = 1; step <= kSteps; ++step) {
+            const float* g = grads[step - 1];
+            ASSERT_TRUE(dense->Apply(0, w.data(), g, kN, step)) << name;
+            std::vector<float> out(kN);
+            ASSERT_TRUE((*rows)->Stage(table.data(), {0, 1}, g, step, out.data())) << name;
+            (*rows)->Commit({0, 1});
+            table = out;
+            for (int i = 0; i < kN; ++i) {
+              const bool was_zero = ref[i].var == 0;
+              ref[i].Step(g[i]);
+              // Keep the data clear of the threshold: a |linear| within
+              // float32 rounding of l1 could land on either side.
+              if (l1 > 0) {
+                ASSERT_GT(std::fabs(std::fabs(ref[i].linear) - l1), 1e-4)
+                    << name << " step " << step << " coordinate " << i;
+              }
+              zeros += ref[i].var == 0;
+              crossings += l1 > 0 && was_zero && ref[i].var != 0;
+            }
+            const std::vector<float>& accum = *dense->Slots(0)[0];
+            const std::vector<float>& linear = *dense->Slots(0)[1];
+            for (int i = 0; i < kN; ++i) {
+              const FtrlReference& r = ref[i];
+              const std::string at =
+                  name + " step " + std::to_string(step) + " coordinate " + std::to_string(i);
+              // float32 rounding, 1e-6 relative to the scale of what was
+              // summed: linear's terms, and for var those plus l1 over
+              // quadratic (|var| itself when nothing cancelled).
+              const double quadratic = std::pow(r.accum, -lr_power) / 0.5 + 2 * l2;
+              const double scale = (r.linear_magnitude + l1) / quadratic;
+              EXPECT_NEAR(w[i], r.var, 1e-6 * scale) << at;
+              if (l1 > 0) EXPECT_EQ(w[i] == 0, r.var == 0) << at;  // the threshold
+              EXPECT_NEAR(accum[i], r.accum, 1e-6 * r.accum) << at;
+              EXPECT_NEAR(linear[i], r.linear, 1e-6 * r.linear_magnitude) << at;
+              // Row-wise: the same rule, the same bits.
+              EXPECT_EQ(table[i], w[i]) << at;
+            }
+          }
+          const auto row_slots = (*rows)->Slots();
+          EXPECT_EQ(*row_slots[0], *dense->Slots(0)[0]) << name;
+          EXPECT_EQ(*row_slots[1], *dense->Slots(0)[1]) << name;
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 32);
+  // The sequences exercise the l1 threshold both ways.
+  EXPECT_GT(zeros, 0);
+  EXPECT_GT(crossings, 0);
+}
+
+TEST(OptimizerTest, FtrlRefusesAPositiveLearningRatePower) {
+  OptimizerSpec s;
+  s.type = "ftrl";
+  s.learning_rate_power = 0.5;
+  EXPECT_FALSE(CreateOptimizer(s, {1}).ok());
+  EXPECT_FALSE(RowOptimizer::Create(s, 1, 1).ok());
+}
+
 // An update is a function of the values alone: the same elements updated as
 // one large part (SIMD packets, blocks) and as parts of one element each
 // (Eigen's scalar path) end bit for bit equal. (The vectorised rules were
@@ -74,7 +221,7 @@ TEST(OptimizerTest, OnePartAndOneElementPerPartAgreeBitForBit) {
   const int64_t n = 3 * 1024 + 13;  // several blocks and a tail shorter than a SIMD packet
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0, 1);
-  std::vector<OptimizerSpec> specs(6);
+  std::vector<OptimizerSpec> specs(7);
   specs[0].type = "sgd";
   specs[1].type = "momentum";
   specs[1].momentum = 0.9;
@@ -87,6 +234,8 @@ TEST(OptimizerTest, OnePartAndOneElementPerPartAgreeBitForBit) {
   specs[5].initial_accumulator = 0.1f;
   specs[5].l1 = 0.05f;
   specs[5].l2 = 0.01f;
+  specs[6] = specs[5];
+  specs[6].learning_rate_power = -0.25;  // the pow path
   for (OptimizerSpec& spec : specs) {
     spec.learning_rate = 0.05;
     auto opt = Make(spec, n);

@@ -1,5 +1,5 @@
 """The Census Income wide & deep example end to end (examples/census-income-
-wide-deep.yaml): embedding and wide tables sharded by row over 2 PS tasks,
+wide-deep.yaml, and its -ftrl variant for the accuracy bar): embedding and wide tables sharded by row over 2 PS tasks,
 real UCI data, real processes on loopback. Sync and async must each reach
 test accuracy >= 0.86 and AUC >= 0.91 on the 16,281-row test set while the
 workers move only table rows, and `kubetrain eval` of the exported model (tables
@@ -14,21 +14,24 @@ import pytest
 from conftest import ROOT, assert_eval_reproduces, run_cli, run_job, write
 
 EXAMPLE = os.path.join(ROOT, "examples", "census-income-wide-deep.yaml")
+# The wide part trained by FTRL with TF's DNNLinearCombinedClassifier defaults.
+FTRL_EXAMPLE = os.path.join(ROOT, "examples", "census-income-wide-deep-ftrl.yaml")
 DATA = os.path.join(ROOT, "data", "census-income")
 
 
-def example_text(**replace):
-    text = open(EXAMPLE).read().replace("data/census-income/", DATA + "/")
+def example_text(example=EXAMPLE, **replace):
+    text = open(example).read().replace("data/census-income/", DATA + "/")
     for old, new in replace.items():
         assert old in text, old
         text = text.replace(old, new)
     return text
 
 
+@pytest.mark.parametrize("example", [EXAMPLE, FTRL_EXAMPLE], ids=["adagrad", "ftrl"])
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_wide_deep_example_reaches_086_and_auc_091_and_eval_agrees(tmp_path, mode):
+def test_wide_deep_example_reaches_086_and_auc_091_and_eval_agrees(tmp_path, mode, example):
     model = str(tmp_path / "wide-deep.ktm")
-    proc, summary = run_job(tmp_path, example_text(**{"mode: sync": f"mode: {mode}"}),
+    proc, summary = run_job(tmp_path, example_text(example, **{"mode: sync": f"mode: {mode}"}),
                             "--export-model", model, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary["status"] == "Succeeded"
@@ -39,7 +42,7 @@ def test_wide_deep_example_reaches_086_and_auc_091_and_eval_agrees(tmp_path, mod
     # Both PS tasks hold rows of every table (row id mod 2).
     assert "embedding.education[8 of 16x8 rows]" in out, out[-3000:]
     assert "wide.education_x_occupation[500 of 1000x1 rows]" in out
-    print(f"wide&deep {mode}:", {k: summary[k] for k in ("test_accuracy", "test_auc",
+    print(f"wide&deep {os.path.basename(example)} {mode}:", {k: summary[k] for k in ("test_accuracy", "test_auc",
                                                          "test_log_loss", "global_step")})
     # The exported model holds the tables: eval reproduces the job's figures.
     assert summary["model_path"] == model, summary

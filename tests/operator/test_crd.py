@@ -101,7 +101,7 @@ def test_example_accepted_by_dry_run(k, path):
 
 
 def test_examples_created_and_listed_with_printer_columns(k):
-    assert len(EXAMPLES) == 8, EXAMPLES  # every examples/*.yaml
+    assert len(EXAMPLES) == 9, EXAMPLES  # every examples/*.yaml
     for path in EXAMPLES:
         k.run("apply", "-n", NS, "-f", path)
     names = {yaml.safe_load(open(p))["metadata"]["name"] for p in EXAMPLES}
@@ -154,6 +154,10 @@ ACCEPTED = {
         "type": "momentum", "momentum": 0.9, "nesterov": True}),
     "adagrad": lambda o: training(o).update(optimizer={
         "type": "adagrad", "epsilon": 1e-8, "initialAccumulator": 0}),
+    "ftrl-learning-rate-power": lambda o: training(o).update(optimizer={
+        "type": "ftrl", "learningRate": 0.1, "l1": 0.01, "l2": 0.1, "learningRatePower": -0.25}),
+    "ftrl-learning-rate-power-zero": lambda o: training(o).update(optimizer={
+        "type": "ftrl", "learningRatePower": 0}),
     "mnist-with-path": lambda o: training(o).update(dataset={"name": "mnist", "path": "/data/mnist"}),
     "checkpoint-full": lambda o: training(o).update(checkpoint={
         "directory": "/ckpt", "everySteps": 100, "everySeconds": 60}),
@@ -278,6 +282,13 @@ REFUSED = {
                   ["spec.training.optimizer.beta1", "less than 1"]),
     "epsilon-zero": (lambda o: training(o).update(optimizer={"type": "adam", "epsilon": 0}),
                      ["spec.training.optimizer.epsilon", "greater than 0"]),
+    "learning-rate-power-positive": (
+        lambda o: training(o).update(optimizer={"type": "ftrl", "learningRatePower": 0.5}),
+        ["spec.training.optimizer.learningRatePower", "less than or equal to 0"]),
+    "learning-rate-power-with-adagrad": (
+        lambda o: training(o).update(optimizer={"type": "adagrad", "learningRatePower": -0.5}),
+        ["spec.training.optimizer.learningRatePower",
+         "only applies to type ftrl, but type is adagrad"]),
     "initial-accumulator-negative": (
         lambda o: training(o).update(optimizer={"type": "adagrad", "initialAccumulator": -0.1}),
         ["spec.training.optimizer.initialAccumulator", "greater than or equal to 0"]),
