@@ -45,7 +45,10 @@ bench_against_fail() {
 bench_against_build() {
   local dir="$1" log="$2"
   shift 2
-  if ! (cd "$dir" && "$@") >"$log" 2>&1; then
+  # 9>&-: the lock's descriptor must not leak into a bazel server started
+  # here (it daemonises and lives for hours): it would hold the lock after we
+  # end and the next bench --against would wait for it forever.
+  if ! (cd "$dir" && "$@" 9>&-) >"$log" 2>&1; then
     echo "bench --against: '$*' failed in $dir:" >&2
     tail -n 40 "$log" >&2
     return 1
@@ -77,7 +80,10 @@ bench_against_run() {
   # One builder per revision at a time: two benches against the same REV
   # would otherwise race on its worktree and its bazel output base.
   exec 9>"$cache/$sha.lock"
-  flock 9
+  if ! flock -n 9; then
+    echo "bench --against: waiting for another bench --against $short ($cache/$sha.lock)..." >&2
+    flock 9
+  fi
 
   if [[ -e "$dir" ]]; then
     local head
@@ -91,7 +97,7 @@ bench_against_run() {
     fi
   else
     echo "bench --against: creating a worktree of $short in $dir" >&2
-    git -C "$root" worktree add --detach "$dir" "$sha" >"$tmp/worktree.log" 2>&1 || {
+    git -C "$root" worktree add --detach "$dir" "$sha" >"$tmp/worktree.log" 2>&1 9>&- || {
       cat "$tmp/worktree.log" >&2
       bench_against_fail "could not create the worktree of $short in $dir"
     }
@@ -115,13 +121,13 @@ bench_against_run() {
   local side bin_dir src
   for side in current against; do
     if [[ "$side" == current ]]; then src="$root"; else src="$dir"; fi
-    bin_dir="$(cd "$src" && "$BAZEL" info bazel-bin 2>/dev/null)"
+    bin_dir="$(cd "$src" && "$BAZEL" info bazel-bin 2>/dev/null 9>&-)"
     mkdir -p "$tmp/$side"
     cp "$bin_dir/tests/bench/$target" "$src/bin/kubetrain-ps" "$tmp/$side/"
   done
   # REV's bazel server is not needed any more: end it so its memory does not
   # sit idle for hours next to the runs (bazel's default idle timeout is 3 h).
-  (cd "$dir" && "$BAZEL" shutdown) >/dev/null 2>&1 || true
+  (cd "$dir" && "$BAZEL" shutdown 9>&-) >/dev/null 2>&1 || true
   exec 9>&-
 
   # Alternate the builds so load drifts on the (shared) machine hit both alike.
