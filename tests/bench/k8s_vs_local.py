@@ -1,0 +1,144 @@
+"""tests/bench/k8s_vs_local: examples/s of one TrainingJob on the test cluster vs `kubetrain run`.
+
+Starts a private test cluster (tests/cluster/cluster-up.sh: kube-apiserver + etcd, the CRD, the
+operator process and the test node agent; pods from the runtime image unless --host-binaries),
+then per round trains the job locally (`bin/kubetrain run --summary-json`) and on the cluster
+(`kubectl apply` under a fresh name, until .status.state is Succeeded, reading the chief's
+.status.result), alternating which goes first. The figure of each is the chief's own
+examples/s over its training (the same counter in both: the operator copies the chief's
+termination message into .status.result). Last line:
+  k8s_eps=... local_eps=... ratio=... k8s_acc=... local_acc=... k8s_min=... k8s_max=... local_min=... local_max=... rounds=N job=NAME images=0|1 local_tls=0|1
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import yaml
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+CLUSTER = os.path.join(ROOT, "tests", "cluster")
+
+
+def die(msg):
+    print(f"k8s_vs_local: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def result_value(result, snake):
+    camel = snake.split("_")[0] + "".join(w.title() for w in snake.split("_")[1:])
+    return result.get(camel, result.get(snake))
+
+
+class Cluster:
+    def __init__(self, host_binaries):
+        self.state = tempfile.mkdtemp(prefix="kubetrain-k8s-vs-local.")
+        self.env = dict(os.environ, KUBETRAIN_STATE=self.state,
+                        KUBETRAIN_HOST_BINARIES="1" if host_binaries else "0")
+        self.env.pop("KUBECONFIG", None)
+        proc = subprocess.run([os.path.join(CLUSTER, "cluster-up.sh")], capture_output=True, text=True,
+                              env=self.env, timeout=900)
+        if proc.returncode != 0:
+            self.down()
+            die(f"tests/cluster/cluster-up.sh failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        for line in proc.stdout.splitlines():
+            if line.startswith("export ") and "=" in line:
+                key, value = line[len("export "):].split("=", 1)
+                self.env[key] = value.strip('"').replace("$PATH", os.environ.get("PATH", ""))
+        self.kubectl = os.path.join(os.environ.get("KUBETRAIN_CACHE", os.path.expanduser("~/.cache/kubetrain")),
+                                    "bin", "kubectl")
+
+    def run(self, *args, input=None, check=True):
+        proc = subprocess.run([self.kubectl, *args], input=input, capture_output=True, text=True,
+                              env=self.env, timeout=120)
+        if check and proc.returncode != 0:
+            die(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+        return proc
+
+    def train(self, job, name, timeout):
+        obj = dict(job)
+        obj["metadata"] = dict(job.get("metadata", {}), name=name, namespace="default")
+        self.run("apply", "-f", "-", input=json.dumps(obj))
+        deadline = time.monotonic() + timeout
+        while True:
+            status = json.loads(self.run("get", "tj", name, "-o", "json").stdout).get("status", {})
+            state = status.get("state")
+            if state == "Succeeded":
+                break
+            if state == "Failed" or time.monotonic() > deadline:
+                conditions = "; ".join(f"{c.get('type')}: {c.get('message', '')}"
+                                       for c in status.get("conditions", []))
+                die(f"job {name} on the cluster ended {state or 'without finishing'}: {conditions}")
+            time.sleep(1)
+        self.run("delete", "tj", name, "--wait=false")
+        return status.get("result", {})
+
+    def down(self):
+        subprocess.run([os.path.join(CLUSTER, "cluster-down.sh"), "--purge", "--quiet"], env=self.env,
+                       timeout=300)
+
+
+def train_locally(path, tmp, tls):
+    summary = os.path.join(tmp, "summary.json")
+    proc = subprocess.run([os.path.join(ROOT, "bin", "kubetrain"), "run", path, "--quiet",
+                           "--summary-json", summary] + (["--tls"] if tls else []),
+                          capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        die(f"kubetrain run {path} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    with open(summary) as f:
+        return json.load(f)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--job", default=os.path.join(ROOT, "examples", "fashion-mnist-sync.yaml"))
+    ap.add_argument("--host-binaries", action="store_true",
+                    help="pods as host processes from bin/ instead of the runtime image")
+    ap.add_argument("--local-tls", action="store_true",
+                    help="kubetrain run --tls (mutual TLS between the local tasks too, as on the cluster)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per job on the cluster")
+    args = ap.parse_args()
+    if args.rounds < 1:
+        die("--rounds must be >= 1")
+    if os.geteuid() != 0:
+        die("needs root (the test node agent runs pods in namespaces and chroots)")
+    with open(args.job) as f:
+        job = yaml.safe_load(f)
+    name = job["metadata"]["name"]
+    cluster = Cluster(args.host_binaries)
+    k8s, local = [], []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(args.rounds):
+                order = ("local", "k8s") if r % 2 == 0 else ("k8s", "local")
+                for where in order:
+                    if where == "local":
+                        s = train_locally(args.job, tmp, args.local_tls)
+                        local.append((s["examples_per_second"], s["test_accuracy"]))
+                    else:
+                        res = cluster.train(job, f"{name}-{r}", args.timeout)
+                        k8s.append((result_value(res, "examples_per_second"), result_value(res, "test_accuracy")))
+                    eps, acc = (local if where == "local" else k8s)[-1]
+                    print(f"round {r + 1} {where:5s}: {eps:9.0f} examples/s, test accuracy {acc:.4f}",
+                          flush=True)
+    finally:
+        cluster.down()
+    k_eps, l_eps = [e for e, _ in k8s], [e for e, _ in local]
+    k_med, l_med = statistics.median(k_eps), statistics.median(l_eps)
+    print(f"cluster      examples/s: min {min(k_eps):.0f}  median {k_med:.0f}  max {max(k_eps):.0f}")
+    print(f"kubetrain run examples/s: min {min(l_eps):.0f}  median {l_med:.0f}  max {max(l_eps):.0f}")
+    print(f"k8s_eps={k_med:.0f} local_eps={l_med:.0f} ratio={k_med / l_med:.3f} "
+          f"k8s_acc={statistics.median(a for _, a in k8s):.4f} "
+          f"local_acc={statistics.median(a for _, a in local):.4f} "
+          f"k8s_min={min(k_eps):.0f} k8s_max={max(k_eps):.0f} local_min={min(l_eps):.0f} "
+          f"local_max={max(l_eps):.0f} rounds={args.rounds} job={name} "
+          f"images={0 if args.host_binaries else 1} local_tls={int(args.local_tls)}")
+
+
+if __name__ == "__main__":
+    main()
