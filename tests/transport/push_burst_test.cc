@@ -1,13 +1,16 @@
 // Issue 26, item 5: a burst of 200 concurrent pushes to one real
-// kubetrain-ps -- on one connection, on a connection each, and through the
-// workers' own channel. Every push either succeeds or is refused with a
-// status whose message names the limit that refused it: a refusal logged as
-// "" cannot be told from any other. (An empty RESOURCE_EXHAUSTED was
-// reported from such a burst; here every refusal is one of the PS's two
-// stream limits, with text. gRPC 1.51's own RESOURCE_EXHAUSTEDs -- message
-// size, RST_STREAM ENHANCE_YOUR_CALM, metadata size -- carry text too; both
-// ends now also fill in any status that arrives without it.)
+// kubetrain-ps -- on one connection, on a connection each, through the
+// workers' own channel, and with the job's credentials (tokens, mutual
+// TLS). Every push either succeeds or is refused with a status whose message
+// names the limit (or the reason) that refused it: a refusal logged as ""
+// cannot be told from any other. (An empty RESOURCE_EXHAUSTED was reported
+// from such a burst; here every refusal is one of the PS's two stream
+// limits, or a bad token, with text. gRPC 1.51's own RESOURCE_EXHAUSTEDs --
+// message size, RST_STREAM ENHANCE_YOUR_CALM, metadata size -- carry text
+// too; both ends now also fill in any status that arrives without it.)
 #include <gtest/gtest.h>
+
+#include <grpcpp/security/credentials.h>
 
 #include <algorithm>
 #include <map>
@@ -18,6 +21,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "core/job_credentials.h"
+#include "core/testing/temp_files.h"
 #include "tests/transport/ps_process.h"
 #include "tests/transport/raw_ps_client.h"
 #include "worker/grpc_shard_channel.h"
@@ -30,7 +35,11 @@ constexpr int kPushes = 200;
 
 class PushBurstTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartPs({}); }
+
+  // The PS, with `extra_args`; `caller` is the workers' identity (none when
+  // the PS runs open).
+  void StartPs(const std::vector<std::string>& extra_args, const CallerCredentials& caller = {}) {
     ps_ = std::make_unique<PsProcess>(
         "ps/kubetrain-ps",
         absl::StrCat("apiVersion: kubetrain.io/v1\n"
@@ -44,19 +53,22 @@ class PushBurstTest : public ::testing::Test {
                      "    model:\n      type: mlp\n      hiddenUnits: [2048]\n"
                      "    optimizer:\n      type: sgd\n      learningRate: 0.01\n"
                      "    batchSize: 32\n    steps: 100000\n"),
-        kWorkers);
+        kWorkers, extra_args);
     ASSERT_TRUE(ps_->started()) << "cannot start ps/kubetrain-ps";
-    auto channel = NewGrpcShardChannel(ps_->address(), 1 << 20);
+    auto channel = NewGrpcShardChannel(ps_->address(), 1 << 20, caller);
     auto info = channel->GetInfo(v1::InfoRequest(), absl::Seconds(60));
     ASSERT_TRUE(info.ok()) << info.status();
+    parts_.clear();
     for (const auto& p : info->parts()) {
       parts_.push_back({p.name(), std::vector<float>(p.rows() * p.cols(), 0.001f)});
     }
   }
 
   // Pushes from worker `i % kWorkers` on `channel`, all started together.
+  // (with `metadata(i)`, if given).
   std::vector<grpc::Status> Burst(
-      const std::function<std::shared_ptr<grpc::Channel>(int)>& channel) {
+      const std::function<std::shared_ptr<grpc::Channel>(int)>& channel,
+      const std::function<RawPsClient::Metadata(int)>& metadata = nullptr) {
     std::vector<std::unique_ptr<RawPsClient>> clients;
     std::vector<std::vector<std::string>> pushes;  // by worker
     for (int w = 0; w < kWorkers; ++w) {
@@ -66,7 +78,10 @@ class PushBurstTest : public ::testing::Test {
       h.set_worker_clock(1);
       pushes.push_back(EncodePush(h, parts_, 1 << 18));  // 1 MB chunks, as the workers send
     }
-    for (int i = 0; i < kPushes; ++i) clients.push_back(std::make_unique<RawPsClient>(channel(i)));
+    for (int i = 0; i < kPushes; ++i) {
+      clients.push_back(std::make_unique<RawPsClient>(
+          channel(i), metadata ? metadata(i) : RawPsClient::Metadata{}));
+    }
     absl::Notification go;
     std::vector<grpc::Status> statuses(kPushes);
     std::vector<std::thread> threads;
@@ -93,6 +108,10 @@ class PushBurstTest : public ::testing::Test {
       }
       ++seen[absl::StrCat(s.error_code(), " \"", s.error_message(), "\"")];
       EXPECT_FALSE(s.error_message().empty()) << "code " << s.error_code() << " with no message";
+      if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+        EXPECT_NE(s.error_message().find("is not that task's token"), std::string::npos)
+            << s.error_message();
+      }
       if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
         EXPECT_TRUE(s.error_message().find("push streams already open on this PS") !=
                         std::string::npos ||
@@ -170,6 +189,44 @@ TEST_F(PushBurstTest, ThroughTheWorkersChannelEveryRefusalNamesItsLimit) {
                           std::string(s.message().substr(prefix.size())));
   }
   ExpectEveryRefusalSaysWhy(statuses);
+  EXPECT_TRUE(ps_->Running());
+}
+
+// With the job's credentials (tokens and mutual TLS, ps/rpc_auth.h): every
+// tenth push carries another job's token and is refused as such; the rest
+// meet the same limits as on an open PS.
+TEST_F(PushBurstTest, WithAuthEveryRefusalNamesItsLimitOrItsReason) {
+  auto job = GenerateJobCredentials("push-burst", /*tls=*/true);
+  auto other = GenerateJobCredentials("push-burst", /*tls=*/true);
+  ASSERT_TRUE(job.ok() && other.ok());
+  const std::string dir = NewTestDir("ps-auth");
+  ASSERT_TRUE(WriteTaskCredentials(dir, CredentialsForTask(*job, "ps", 0)).ok());
+  const std::string worker_dir = NewTestDir("worker-auth");
+  ASSERT_TRUE(WriteTaskCredentials(worker_dir, CredentialsForTask(*job, "worker", 0)).ok());
+  auto caller = ReadCallerCredentials(worker_dir, "worker", 0);
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  StartPs({"--auth_dir=" + dir}, *caller);
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = job->ca_cert_pem;
+  tls.pem_cert_chain = job->cert_pem;
+  tls.pem_private_key = job->key_pem;
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride(kTaskTlsName);
+  auto channel = grpc::CreateCustomChannel(ps_->address(), grpc::SslCredentials(tls), args);
+  const auto statuses =
+      Burst([&](int) { return channel; },
+            [&](int i) {
+              const int w = i % kWorkers;
+              const std::string& key = i % 10 == 9 ? other->job_key : job->job_key;
+              return RawPsClient::Metadata{
+                  {kTaskMetadataKey, TaskMetadataValue("worker", w)},
+                  {kAuthorizationMetadataKey, kBearerPrefix + TaskToken(key, "worker", w)}};
+            });
+  ExpectEveryRefusalSaysWhy(statuses);
+  int unauthenticated = 0;
+  for (const auto& s : statuses)
+    unauthenticated += s.error_code() == grpc::StatusCode::UNAUTHENTICATED;
+  EXPECT_EQ(unauthenticated, kPushes / 10);
   EXPECT_TRUE(ps_->Running());
 }
 
