@@ -12,6 +12,7 @@
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "ps/shard_wire.h"
 
@@ -355,6 +356,13 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
+  // A refusal with no text leaves the worker's log saying nothing about which
+  // limit or rule it hit (issue 26): every status the PS sends says something.
+  if (s.message().empty()) {
+    return grpc::Status(
+        static_cast<grpc::StatusCode>(s.code()),
+        absl::StrCat("ps: ", absl::StatusCodeToString(s.code()), " with no detail from the shard"));
+  }
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 

@@ -759,6 +759,111 @@ TEST(ShardTableTest, SyncSparseAggregationEqualsTheDenseComputationBitForBit) {
   }
 }
 
+// Bounded staleness (async, tau = 1) with an embedding table: the same
+// schedule pushed with gradient rows and without them (dense only) holds the
+// same pulls, reports the same staleness per push and in the stats, and the
+// rows applied on arrival equal the dense computation over the whole table
+// (duplicate ids summed, zeros elsewhere) in arrival order, bit for bit.
+// Staleness never drops an async push (tau holds the fast worker's pulls),
+// for rows as for dense parts.
+TEST(ShardTableTest, BoundedStalenessWithRowsMatchesTheDenseCase) {
+  for (const char* type : {"sgd", "adagrad"}) {
+    TableFixture sparse(type, 2, TrainingMode::kAsync), dense(type, 2, TrainingMode::kAsync);
+    for (TableFixture* f : {&sparse, &dense}) {
+      f->options.max_staleness = 1;
+      f->shard = f->Make();
+    }
+    const int64_t dim = 16;
+    std::vector<float> expected = sparse.model->InitialValue(sparse.model->tables()[0], 1);
+    auto full = CreateOptimizer(sparse.opt, {10 * dim});
+    ASSERT_TRUE(full.ok());
+    std::mt19937_64 rng(11);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    int64_t applied = 0;
+    // Pushes `ids` from `worker` (its clock, the version it pulled) to both
+    // shards; checks both answer alike and returns the staleness reported.
+    auto push = [&](int worker, int64_t pulled, int64_t clock, std::vector<int64_t> ids) {
+      Shard::SparseGrad g{0, ids, {}};
+      std::vector<float> grad(10 * dim, 0.0f);
+      for (int64_t id : ids) {
+        for (int64_t k = 0; k < dim; ++k) {
+          g.rows.push_back(normal(rng));
+          grad[id * dim + k] += g.rows.back();
+        }
+      }
+      auto rs = sparse.shard->Push({worker, pulled, clock}, sparse.DenseGrads(), {g});
+      auto rd = dense.shard->Push({worker, pulled, clock}, dense.DenseGrads());
+      EXPECT_TRUE(rs.ok() && rd.ok()) << rs.status() << " " << rd.status();
+      if (!rs.ok() || !rd.ok()) return int64_t{-1};
+      EXPECT_FALSE(rs->dropped) << type;
+      EXPECT_EQ(rs->dropped, rd->dropped);
+      EXPECT_EQ(rs->version, rd->version);
+      EXPECT_EQ(rs->staleness, rd->staleness) << type << " worker " << worker;
+      EXPECT_TRUE((*full)->Apply(0, expected.data(), grad.data(), 10 * dim, ++applied));
+      return rs->staleness;
+    };
+    // Whether a pull of `worker` at `clock` is served now, on each shard.
+    struct Held {
+      bool sparse = false, dense = false;
+    };
+    auto pull = [&](int worker, int64_t clock, Held* served) {
+      sparse.shard->Pull({worker, 0, clock}, sparse.clock.Now() + absl::Seconds(10),
+                         [served](auto s) { served->sparse = s.ok(); });
+      dense.shard->Pull({worker, 0, clock}, dense.clock.Now() + absl::Seconds(10),
+                        [served](auto s) { served->dense = s.ok(); });
+    };
+
+    EXPECT_EQ(push(0, 0, 1, {2, 4, 2}), 0);
+    EXPECT_EQ(push(0, 1, 2, {8}), 0);
+    // Worker 0 is 2 steps ahead of worker 1 (none): its pull waits on both.
+    Held first;
+    pull(0, 2, &first);
+    EXPECT_FALSE(first.sparse);
+    EXPECT_FALSE(first.dense);
+    // Worker 1's first push, computed against version 0, lands at version 2:
+    // applied (not dropped), staleness 2, and it frees worker 0's pull.
+    EXPECT_EQ(push(1, 0, 1, {0, 2}), 2);
+    EXPECT_TRUE(first.sparse);
+    EXPECT_TRUE(first.dense);
+    EXPECT_EQ(push(0, 2, 3, {6, 6}), 1);
+    Held second;
+    pull(0, 3, &second);
+    EXPECT_FALSE(second.sparse);
+    EXPECT_FALSE(second.dense);
+    // A worker that leaves stops holding the others, for both.
+    ASSERT_TRUE(sparse.shard->Leave({TaskRole::kWorker, 1}).ok());
+    ASSERT_TRUE(dense.shard->Leave({TaskRole::kWorker, 1}).ok());
+    EXPECT_TRUE(second.sparse);
+    EXPECT_TRUE(second.dense);
+
+    const ShardStatsSnapshot ss = sparse.shard->stats(), ds = dense.shard->stats();
+    EXPECT_EQ(ss.version, 4);
+    EXPECT_EQ(ss.version, ds.version);
+    EXPECT_EQ(ss.gradients_applied, ds.gradients_applied);
+    EXPECT_EQ(ss.stale_gradients_dropped, 0);
+    EXPECT_EQ(ds.stale_gradients_dropped, 0);
+    EXPECT_EQ(ss.staleness_sum, 3);
+    EXPECT_EQ(ss.staleness_sum, ds.staleness_sum);
+    EXPECT_EQ(ss.staleness_max, 2);
+    EXPECT_EQ(ss.staleness_max, ds.staleness_max);
+    std::vector<float> rows = sparse.Rows(kLocalIds);
+    for (size_t i = 0; i < kLocalIds.size(); ++i) {
+      for (int64_t k = 0; k < dim; ++k) {
+        EXPECT_EQ(rows[i * dim + k], expected[kLocalIds[i] * dim + k])
+            << type << " id " << kLocalIds[i];
+      }
+    }
+    // The dense-only shard's rows never moved.
+    const std::vector<float> init = dense.model->InitialValue(dense.model->tables()[0], 1);
+    std::vector<float> untouched = dense.Rows(kLocalIds);
+    for (size_t i = 0; i < kLocalIds.size(); ++i) {
+      for (int64_t k = 0; k < dim; ++k) {
+        EXPECT_EQ(untouched[i * dim + k], init[kLocalIds[i] * dim + k]);
+      }
+    }
+  }
+}
+
 TEST(ShardTableTest, LazyAdamTouchesOnlyPushedRowsAsync) {
   TableFixture f("adam", 1, TrainingMode::kAsync);
   const std::vector<float> before = f.Rows(kLocalIds);

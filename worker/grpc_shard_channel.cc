@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "proto/ps.grpc.pb.h"
 
@@ -12,6 +13,16 @@ namespace {
 
 absl::Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
+  // The PS's service always sends text (ps/service.cc ToGrpcStatus); a status
+  // without any was made by gRPC itself (a transport limit or a broken
+  // connection), so say that rather than log an empty reason.
+  if (s.error_message().empty()) {
+    return absl::Status(
+        static_cast<absl::StatusCode>(s.error_code()),
+        absl::StrCat("gRPC ended the call with ",
+                     absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())),
+                     " and no message (from the transport, not the PS's service)"));
+  }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 

@@ -568,5 +568,14 @@ TEST_F(ServiceTest, AnIdlePushStreamIsClosedAndChangesNothing) {
   EXPECT_EQ(shard_->version(), 1);
 }
 
+// Issue 26: whatever the shard returns, the status on the wire has text.
+TEST(ToGrpcStatusTest, AStatusWithoutTextGetsSome) {
+  grpc::Status s = ToGrpcStatus(absl::Status(absl::StatusCode::kResourceExhausted, ""));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(s.error_message(), "ps: RESOURCE_EXHAUSTED with no detail from the shard");
+  EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError("full")).error_message(), "full");
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+}
+
 }  // namespace
 }  // namespace kubetrain
