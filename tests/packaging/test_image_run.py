@@ -91,34 +91,97 @@ def one_epoch_of_the_sync_example():
     return short
 
 
-def test_runtime_image_trains_like_the_host(roots, tmp_path):
-    spec = one_epoch_of_the_sync_example()
-    host_dir, pod_dir = tmp_path / "host", tmp_path / "pod"
-    host_dir.mkdir()
-    pod_dir.mkdir()
-    (host_dir / "job.yaml").write_text(spec)
-    (pod_dir / "job.yaml").write_text(spec)
-    os.chmod(pod_dir, 0o777)  # the emptyDir the pod writes its summary to, as uid 65532
-
+@pytest.fixture(scope="module")
+def host_summary(tmp_path_factory):
+    """The summary of one epoch of the sync example run by the host's bin/kubetrain."""
+    host_dir = tmp_path_factory.mktemp("host")
+    (host_dir / "job.yaml").write_text(one_epoch_of_the_sync_example())
     host = subprocess.run([os.path.join(BIN, "kubetrain"), "run", str(host_dir / "job.yaml"), "--quiet",
                            "--summary_json", str(host_dir / "summary.json")],
                           capture_output=True, text=True, timeout=600)
     assert host.returncode == 0, host.stdout + host.stderr
+    return json.loads((host_dir / "summary.json").read_text())
+
+
+def test_runtime_image_trains_like_the_host(roots, tmp_path, host_summary):
+    spec = one_epoch_of_the_sync_example()
+    pod_dir = tmp_path / "pod"
+    pod_dir.mkdir()
+    (pod_dir / "job.yaml").write_text(spec)
+    os.chmod(pod_dir, 0o777)  # the emptyDir the pod writes its summary to, as uid 65532
+
     pod = run_in(roots[RUNTIME], tmp_path, ["kubetrain", "run", "/work/job.yaml", "--quiet",
                                             "--summary_json", "/work/summary.json"],
                  binds=[(str(pod_dir), "/work", False)], timeout=600)
     assert pod.returncode == 0, f"kubetrain run in {RUNTIME} exited {pod.returncode}:\n{pod.stdout}{pod.stderr}"
 
-    h = json.loads((host_dir / "summary.json").read_text())
+    h = host_summary
     p = json.loads((pod_dir / "summary.json").read_text())
-    # Same spec, same seed; the image's binaries are built for x86-64-v2 rather than
-    # -march=native, and sync aggregation order varies, so allow a small difference.
+    # Same spec, same seed; the image's binaries are built per x86-64 level rather than
+    # -march=native, so allow a small difference.
     assert p["test_accuracy"] > 0.75, p
     assert abs(p["test_accuracy"] - h["test_accuracy"]) <= 0.01, (h, p)
     for k in ("global_step", "target_steps"):
         if k in h:
             assert p.get(k) == h[k], (k, h, p)
     print(f"\ntest accuracy: host {h['test_accuracy']:.4f}, {RUNTIME} {p['test_accuracy']:.4f}")
+
+
+# The runtime image holds one build per x86-64 level and runs the highest the CPU has
+# (docker/cpu-dispatch.sh; its choices on fake CPUs: test_cpu_dispatch.py).
+LEVEL_FLAGS = [("x86-64-v2", "cx16 lahf_lm popcnt sse4_1 sse4_2 ssse3"),
+               ("x86-64-v3", "avx avx2 bmi1 bmi2 f16c fma abm movbe xsave"),
+               ("x86-64-v4", "avx512f avx512bw avx512cd avx512dq avx512vl")]
+
+
+def host_levels():
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    levels = []
+    for level, needed in LEVEL_FLAGS:
+        if not set(needed.split()) <= set(flags):
+            break
+        levels.append(level)
+    return levels
+
+
+def test_runtime_image_runs_the_highest_cpu_level(roots, tmp_path):
+    if os.uname().machine != "x86_64":
+        pytest.skip("one build on this architecture")
+    levels = host_levels()
+    proc = run_in(roots[RUNTIME], tmp_path, ["/bin/sh", "-c",
+                                             "ls /usr/local/lib/kubetrain/*/ && kubetrain-ps --help"])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for level, _ in LEVEL_FLAGS:  # every level's three binaries are in the image
+        assert f"/usr/local/lib/kubetrain/{level}/:\nkubetrain\nkubetrain-ps\nkubetrain-worker\n" in \
+            proc.stdout, proc.stdout
+    assert f"kubetrain-ps: running the {levels[-1]} build (CPU levels: {' '.join(levels)})" in \
+        proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("level", [level for level, _ in LEVEL_FLAGS])
+def test_every_cpu_level_trains_like_the_host(roots, tmp_path, level, host_summary):
+    """Each level's build, chosen with KUBETRAIN_CPU_LEVEL, trains one epoch of the sync
+    example to the host build's accuracy (float results differ slightly between levels:
+    FMA, vector widths)."""
+    if level not in host_levels():
+        pytest.skip(f"this CPU lacks {level}")
+    pod_dir = tmp_path / "pod"
+    pod_dir.mkdir()
+    (pod_dir / "job.yaml").write_text(one_epoch_of_the_sync_example())
+    os.chmod(pod_dir, 0o777)
+    pod = run_in(roots[RUNTIME], tmp_path, ["env", f"KUBETRAIN_CPU_LEVEL={level}", "kubetrain", "run",
+                                            "/work/job.yaml", "--quiet", "--summary_json",
+                                            "/work/summary.json"],
+                 binds=[(str(pod_dir), "/work", False)], timeout=600)
+    assert pod.returncode == 0, f"{level}: exited {pod.returncode}:\n{pod.stdout}{pod.stderr}"
+    assert f"kubetrain: running the {level} build" in pod.stderr, pod.stderr
+    p = json.loads((pod_dir / "summary.json").read_text())
+    assert abs(p["test_accuracy"] - host_summary["test_accuracy"]) <= 0.01, (level, host_summary, p)
+    assert p["global_step"] == host_summary["global_step"], (level, host_summary, p)
+    print(f"\n{level}: test accuracy {p['test_accuracy']:.4f} (host {host_summary['test_accuracy']:.4f}), "
+          f"{p['examples_per_second']:.0f} examples/s")
 
 
 def test_broken_dockerfile_fails_with_buildahs_error(tmp_path):

@@ -106,15 +106,24 @@ def apt_installed(stage):
 
 
 def copied_binaries(stage):
-    """Binary names COPY --from=... puts into /usr/local/bin/ in the stage."""
+    """Binary names the stage puts into /usr/local/bin/: COPY into the directory (the
+    sources' names), COPY to a file there (the runtime image's CPU-level dispatcher,
+    docker/cpu-dispatch.sh, as kubetrain) and `ln -s` names made there."""
     names = []
     for word, args in stage:
-        if word != "COPY":
-            continue
-        words = [w for w in args.split() if not w.startswith("--")]
-        *sources, dest = words
-        if dest.rstrip("/") == "/usr/local/bin":
-            names += [os.path.basename(s) for s in sources]
+        if word == "COPY":
+            words = [w for w in args.split() if not w.startswith("--")]
+            *sources, dest = words
+            if dest.rstrip("/") == "/usr/local/bin":
+                names += [os.path.basename(s) for s in sources]
+            elif os.path.dirname(dest) == "/usr/local/bin":
+                names.append(os.path.basename(dest))
+        elif word == "RUN":
+            for command in re.split(r"&&|\|\||;", args):
+                tokens = shlex.split(command)
+                if len(tokens) == 4 and tokens[:2] == ["ln", "-s"] and \
+                        os.path.dirname(tokens[3]) == "/usr/local/bin":
+                    names.append(os.path.basename(tokens[3]))
     return names
 
 
