@@ -145,6 +145,14 @@ struct Model::Cache {
 
 Model::Model(ModelSpec spec) : spec_(std::move(spec)) {}
 
+void Model::SetThreads(int threads) {
+  if (threads <= 1) {
+    pool_.reset();
+  } else if (this->threads() != threads) {
+    pool_ = std::make_shared<ThreadPool>(threads);
+  }
+}
+
 absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
   Model m(spec);
   auto dense = [](int units, Activation a) {
@@ -639,6 +647,7 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
     cache->argmax.assign(ops_.size(), {});
   }
   const float* in = x;
+  ThreadPool* pool = pool_.get();
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op& op = ops_[i];
     RowMatrix out;
@@ -650,21 +659,22 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
         ConstMatrixMap input(in, batch, in_dim);
         ConstMatrixMap kernel(params[op.kernel].data(), kv.rows, kv.cols);
         out.resize(batch, kv.cols);
-        out.noalias() = input * kernel;
+        ProductByRows(pool, out, input, kernel);  // by examples
         AddBias(params[op.bias], &out);
-        ApplyActivation(op.layer.activation, &out);
+        ApplyActivation(op.layer.activation, &out, pool);
         break;
       }
       case LayerType::kConv2D:
         ConvForward(op.window, in, batch, params[op.kernel].data(), params[op.bias].data(),
-                    op.layer.filters, aux, &out);
-        ApplyActivation(op.layer.activation, &out);
+                    op.layer.filters, aux, &out, pool);
+        ApplyActivation(op.layer.activation, &out, pool);
         break;
       case LayerType::kMaxPool2D:
-        MaxPoolForward(op.window, in, batch, &out, cache != nullptr ? &cache->argmax[i] : &argmax);
+        MaxPoolForward(op.window, in, batch, &out, cache != nullptr ? &cache->argmax[i] : &argmax,
+                       pool);
         break;
       case LayerType::kAvgPool2D:
-        AvgPoolForward(op.window, in, batch, &out);
+        AvgPoolForward(op.window, in, batch, &out, pool);
         break;
       case LayerType::kFlatten:
         out = ConstMatrixMap(in, batch, in_dim);
@@ -784,6 +794,7 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
     }
   }
   const bool need_deep_grad = !spec_.embeddings.empty();
+  ThreadPool* pool = pool_.get();
   if (need_deep_grad) first_with_vars = 0;
   for (int i = static_cast<int>(ops_.size()) - 1; i >= 0 && i >= first_with_vars; --i) {
     const Op& op = ops_[i];
@@ -792,30 +803,31 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
     RowMatrix din;
     switch (op.layer.type) {
       case LayerType::kDense: {
-        ActivationGradient(op.layer.activation, cache.out[i], &d);
+        ActivationGradient(op.layer.activation, cache.out[i], &d, pool);
         const VariableSpec& kv = variables_[op.kernel];
         ConstMatrixMap input(in, batch, kv.rows);
         MatrixMap dkernel((*grads)[op.kernel].data(), kv.rows, kv.cols);
-        dkernel.noalias() = input.transpose() * d;
-        ColumnSums(d.data(), d.rows(), kv.cols, (*grads)[op.bias].data());
+        // By rows of dW (input features): each a whole sum over the batch.
+        ProductByRows(pool, dkernel, input.transpose(), d);
+        ColumnSums(d.data(), d.rows(), kv.cols, (*grads)[op.bias].data(), pool);
         if (need_input_grad) {
           ConstMatrixMap kernel(params[op.kernel].data(), kv.rows, kv.cols);
           din.resize(batch, kv.rows);
-          din.noalias() = d * kernel.transpose();
+          ProductByRows(pool, din, d, kernel.transpose());  // by examples
         }
         break;
       }
       case LayerType::kConv2D:
-        ActivationGradient(op.layer.activation, cache.out[i], &d);
+        ActivationGradient(op.layer.activation, cache.out[i], &d, pool);
         ConvBackward(op.window, cache.aux[i], d, params[op.kernel].data(), op.layer.filters, batch,
                      (*grads)[op.kernel].data(), (*grads)[op.bias].data(),
-                     need_input_grad ? &din : nullptr);
+                     need_input_grad ? &din : nullptr, pool);
         break;
       case LayerType::kMaxPool2D:
-        MaxPoolBackward(op.window, d, cache.argmax[i], &din);
+        MaxPoolBackward(op.window, d, cache.argmax[i], &din, pool);
         break;
       case LayerType::kAvgPool2D:
-        AvgPoolBackward(op.window, d, &din);
+        AvgPoolBackward(op.window, d, &din, pool);
         break;
       case LayerType::kFlatten:
         din = std::move(d);  // same layout

@@ -8,11 +8,16 @@
 //   gemm   the same three GEMMs per layer on preallocated matrices: the
 //          ceiling the kernels are compared with;
 //   step   one Model::LossAndGradients of the whole example CNN (what a
-//          worker computes per step, on one core; no PS transfer).
+//          worker computes per step, on one core; no PS transfer);
+//   threads the same step with Model::SetThreads(--threads) against one
+//          thread, timed alternately step by step (one of each per round)
+//          so that load from other processes hits both alike;
+//          threads_speedup is the median over rounds of t(1) / t(N).
 // Prints figures; the last line is key=value pairs (ratios = kernel / gemm).
 // Never fails on a time.
 #include <time.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -67,14 +72,19 @@ double GemmSeconds(int64_t m, int64_t k, int64_t n, int reps, std::mt19937_64* r
 }
 
 int Main(int argc, char** argv) {
-  int64_t batch = 64, reps = 20;
-  FlagParser flags("layers_bench [--batch N] [--reps N]");
+  int64_t batch = 64, reps = 20, threads = 2;
+  FlagParser flags("layers_bench [--batch N] [--reps N] [--threads N]");
   flags.Int("batch", &batch, "examples per batch");
   flags.Int("reps", &reps, "timed repetitions (median reported)");
+  flags.Int("threads", &threads, "threads of the multi-threaded CNN step (against one)");
   if (auto st = flags.Parse(argc, argv, 1, nullptr); !st.ok() || flags.help_requested()) {
     std::fprintf(stderr, "%s\n%s", st.ok() ? "" : std::string(st.message()).c_str(),
                  flags.Usage().c_str());
     return flags.help_requested() ? 0 : 2;
+  }
+  if (threads < 1) {
+    std::fprintf(stderr, "--threads must be >= 1, got %lld\n", static_cast<long long>(threads));
+    return 2;
   }
   std::mt19937_64 rng(1);
 
@@ -164,6 +174,34 @@ int Main(int argc, char** argv) {
   for (int64_t i = 0; i < reps; ++i) step();
   const double step_cpu_s = (CpuSeconds() - cpu0) / static_cast<double>(reps);
 
+  // threads: one model per thread count, steps alternated.
+  Model threaded = *model;
+  threaded.SetThreads(static_cast<int>(threads));
+  Model single = *model;
+  single.SetThreads(1);
+  Params grads_n;
+  auto step_on = [&](const Model& m, Params* g) {
+    Batch b;
+    b.x = images.data();
+    b.labels = labels.data();
+    b.size = batch;
+    m.LossAndGradients(params, b, ++dropout_seed, g);
+  };
+  step_on(single, &grads);
+  step_on(threaded, &grads_n);
+  std::vector<double> t1, tn, ratio;
+  for (int64_t i = 0; i < reps; ++i) {
+    double t0 = NowSeconds();
+    step_on(single, &grads);
+    t1.push_back(NowSeconds() - t0);
+    t0 = NowSeconds();
+    step_on(threaded, &grads_n);
+    tn.push_back(NowSeconds() - t0);
+    ratio.push_back(t1.back() / tn.back());
+  }
+  const double step1_s = bench::Summarize(t1).median, stepn_s = bench::Summarize(tn).median;
+  const double speedup = bench::Summarize(ratio).median;
+
   const double conv_gf = conv_flops / conv_s / 1e9, conv_ref = conv_flops / conv_gemm_s / 1e9;
   const double dense_gf = dense_flops / dense_s / 1e9, dense_ref = dense_flops / dense_gemm_s / 1e9;
   std::printf("conv 14x14x32->64 3x3 same, batch %lld: %.3f ms, %.2f GFLOP/s (plain GEMM %.2f)\n",
@@ -176,13 +214,19 @@ int Main(int argc, char** argv) {
       static_cast<long long>(batch), step_s * 1e3, batch / step_s, step_cpu_s * 1e3,
       batch / step_cpu_s);
   std::printf(
+      "cnn step, %lld threads vs 1 (alternating): %.3f ms vs %.3f ms, speedup %.2fx (median "
+      "of per-round ratios)\n",
+      static_cast<long long>(threads), stepn_s * 1e3, step1_s * 1e3, speedup);
+  std::printf(
       "%s\n",
       absl::StrFormat(
           "conv_gflops=%.2f conv_gemm_gflops=%.2f conv_ratio=%.3f dense_gflops=%.2f "
           "dense_gemm_gflops=%.2f dense_ratio=%.3f cnn_step_ms=%.2f cnn_examples_per_s=%.0f "
-          "cnn_step_cpu_ms=%.2f cnn_examples_per_cpu_s=%.0f",
+          "cnn_step_cpu_ms=%.2f cnn_examples_per_cpu_s=%.0f threads=%lld "
+          "cnn_step_1thread_ms=%.2f cnn_step_threads_ms=%.2f threads_speedup=%.3f",
           conv_gf, conv_ref, conv_gf / conv_ref, dense_gf, dense_ref, dense_gf / dense_ref,
-          step_s * 1e3, batch / step_s, step_cpu_s * 1e3, batch / step_cpu_s)
+          step_s * 1e3, batch / step_s, step_cpu_s * 1e3, batch / step_cpu_s,
+          static_cast<long long>(threads), step1_s * 1e3, stepn_s * 1e3, speedup)
           .c_str());
   return 0;
 }
