@@ -31,29 +31,30 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-void ThreadPool::Loop(int index) {
+bool ThreadPool::Claim(int* c) {
+  if (fn_ == nullptr || next_ >= chunks_) return false;
+  *c = next_++;
+  return true;
+}
+
+void ThreadPool::Loop(int /*index*/) {
   uint64_t seen = 0;
+  auto ready = [this, &seen]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || generation_ != seen; };
+  absl::MutexLock l(&mu_);
   while (true) {
-    const ChunkFn* fn = nullptr;
-    int64_t n = 0;
-    int chunks = 0;
-    {
-      auto ready = [this, &seen]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || generation_ != seen; };
-      absl::MutexLock l(&mu_, absl::Condition(&ready));
-      if (stop_) return;
-      seen = generation_;
-      // Not part of this job (fewer chunks than threads): the caller does
-      // not wait for this thread.
-      if (index >= chunks_) continue;
-      fn = fn_;
-      n = n_;
-      chunks = chunks_;
+    mu_.Await(absl::Condition(&ready));
+    if (stop_) return;
+    seen = generation_;
+    int c = 0;
+    while (Claim(&c)) {
+      const ChunkFn* fn = fn_;
+      const auto [begin, end] = ChunkRange(n_, chunks_, c);
+      mu_.Unlock();
+      (*fn)(begin, end);
+      mu_.Lock();
+      ++done_;
     }
-    const auto [begin, end] = ChunkRange(n, chunks, index);
-    (*fn)(begin, end);
-    absl::MutexLock l(&mu_);
-    --pending_;
   }
 }
 
@@ -78,14 +79,21 @@ void ThreadPool::ParallelFor(int64_t n, const ChunkFn& fn) {
     fn_ = &fn;
     n_ = n;
     chunks_ = chunks;
-    pending_ = chunks - 1;
+    next_ = 1;  // chunk 0 is the caller's
+    done_ = 0;
     ++generation_;
   }
-  const auto [begin, end] = ChunkRange(n, chunks, 0);
-  fn(begin, end);
+  int c = 0;
+  while (true) {
+    const auto [begin, end] = ChunkRange(n, chunks, c);
+    fn(begin, end);
+    absl::MutexLock l(&mu_);
+    ++done_;
+    if (!Claim(&c)) break;
+  }
   {
-    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
-    absl::MutexLock l(&mu_, absl::Condition(&done));
+    auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ == chunks_; };
+    absl::MutexLock l(&mu_, absl::Condition(&finished));
     fn_ = nullptr;
   }
   use_mu_.Unlock();

@@ -2,10 +2,16 @@
 // (core/layers.h, core/model.h), and how many threads a task gets.
 //
 // ParallelFor splits [0, n) into contiguous chunks that are a function of
-// (n, threads) only (no work stealing, no dynamic sizes): chunk c of k =
-// min(n, threads) is [c*n/k, (c+1)*n/k). A kernel that computes each output
-// element within one chunk therefore gives the same bits on every run with
-// the same thread count, whichever thread happens to run which chunk.
+// (n, threads) only (no dynamic sizes, no splitting of a chunk): chunk c of
+// k = min(n, threads) is [c*n/k, (c+1)*n/k). A kernel that computes each
+// output element within one chunk therefore gives the same bits on every
+// run with the same thread count, whichever thread runs which chunk.
+//
+// The caller runs chunk 0; the others are claimed whole, in order, by
+// whichever thread is free first, the caller included: on a loaded machine
+// a pool thread that is not scheduled in time leaves its chunk to the
+// caller instead of stalling it (the result is the same; only the speed
+// changes).
 //
 // Thread safety: ParallelFor may be called from any number of threads at
 // once, and from inside a chunk. One call at a time uses the pool; a call
@@ -45,8 +51,8 @@ class ThreadPool {
   int threads() const { return threads_; }
 
   // Calls fn once per chunk of [0, n) (see above; nothing for n <= 0) and
-  // returns when all have returned. The caller runs chunk 0; with one
-  // thread, fn(0, n) runs inline. fn must not throw.
+  // returns when all have returned. With one thread, fn(0, n) runs inline.
+  // fn must not throw.
   void ParallelFor(int64_t n, const ChunkFn& fn);
 
  private:
@@ -58,13 +64,17 @@ class ThreadPool {
   // inline rather than wait, so nested calls cannot deadlock).
   absl::Mutex use_mu_;
   absl::Mutex mu_;
-  // The current job: a new generation wakes the threads; thread i (1-based)
-  // runs chunk i if i < chunks_.
+  // Claims the next chunk of the current job into *c; false if none is left.
+  bool Claim(int* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The current job: a new generation wakes the threads. fn_ stays valid
+  // while a chunk is unfinished: the caller returns once done_ == chunks_.
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   const ChunkFn* fn_ ABSL_GUARDED_BY(mu_) = nullptr;
   int64_t n_ ABSL_GUARDED_BY(mu_) = 0;
   int chunks_ ABSL_GUARDED_BY(mu_) = 0;
-  int pending_ ABSL_GUARDED_BY(mu_) = 0;  // threads yet to finish the job
+  int next_ ABSL_GUARDED_BY(mu_) = 0;  // the first unclaimed chunk
+  int done_ ABSL_GUARDED_BY(mu_) = 0;  // chunks finished
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -68,20 +68,28 @@ TEST(ThreadPoolTest, OneThreadAndNoPoolRunInline) {
   }
 }
 
-TEST(ThreadPoolTest, UsesOtherThreadsAndTheCallers) {
+TEST(ThreadPoolTest, RunsChunksOnOtherThreadsWhileTheCallerRunsChunkZero) {
   ThreadPool pool(3);
+  // Chunk 0 (the caller's) waits until chunks 1 and 2 have run: they can
+  // only have run on the pool's threads.
   absl::Mutex mu;
+  int others_done = 0;
   std::vector<std::pair<int64_t, std::thread::id>> by;
   ParallelFor(&pool, 3, [&](int64_t begin, int64_t) {
     absl::MutexLock l(&mu);
     by.emplace_back(begin, std::this_thread::get_id());
+    if (begin == 0) {
+      mu.Await(absl::Condition(
+          +[](int* done) { return *done == 2; }, &others_done));
+    } else {
+      ++others_done;
+    }
   });
   std::sort(by.begin(), by.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   ASSERT_EQ(by.size(), 3u);
-  EXPECT_EQ(by[0].second, std::this_thread::get_id());  // the caller takes chunk 0
+  EXPECT_EQ(by[0].second, std::this_thread::get_id());
   EXPECT_NE(by[1].second, by[0].second);
   EXPECT_NE(by[2].second, by[0].second);
-  EXPECT_NE(by[2].second, by[1].second);
 }
 
 TEST(ThreadPoolTest, NestedAndConcurrentCallsRunTheSameChunks) {
