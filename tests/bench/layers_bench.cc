@@ -33,11 +33,15 @@ namespace {
 
 using bench::NowSeconds;
 
-double CpuSeconds() {
+double ClockSeconds(clockid_t clock) {
   timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  clock_gettime(clock, &ts);
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
+double CpuSeconds() { return ClockSeconds(CLOCK_PROCESS_CPUTIME_ID); }
+// This thread's CPU time: in a threaded step, the caller's share (the
+// serial parts and chunk 0 of every split), which waiting does not count.
+double ThreadCpuSeconds() { return ClockSeconds(CLOCK_THREAD_CPUTIME_ID); }
 
 // Median seconds of `fn` over `reps` runs after one warm-up.
 template <typename Fn>
@@ -189,18 +193,28 @@ int Main(int argc, char** argv) {
   };
   step_on(single, &grads);
   step_on(threaded, &grads_n);
-  std::vector<double> t1, tn, ratio;
+  std::vector<double> t1, tn, ratio, cpu1, cpun, caller_cpun;
   for (int64_t i = 0; i < reps; ++i) {
-    double t0 = NowSeconds();
+    double t0 = NowSeconds(), c0 = CpuSeconds();
     step_on(single, &grads);
     t1.push_back(NowSeconds() - t0);
+    cpu1.push_back(CpuSeconds() - c0);
     t0 = NowSeconds();
+    c0 = CpuSeconds();
+    const double tc0 = ThreadCpuSeconds();
     step_on(threaded, &grads_n);
     tn.push_back(NowSeconds() - t0);
+    cpun.push_back(CpuSeconds() - c0);
+    caller_cpun.push_back(ThreadCpuSeconds() - tc0);
     ratio.push_back(t1.back() / tn.back());
   }
   const double step1_s = bench::Summarize(t1).median, stepn_s = bench::Summarize(tn).median;
   const double speedup = bench::Summarize(ratio).median;
+  // Load-independent figures: CPU time of the whole threaded step (all
+  // threads: the cost of splitting) and of its caller thread alone (with
+  // even chunks, the critical path on an idle machine), against one thread.
+  const double cpu1_s = bench::Summarize(cpu1).median, cpun_s = bench::Summarize(cpun).median;
+  const double caller_s = bench::Summarize(caller_cpun).median;
 
   const double conv_gf = conv_flops / conv_s / 1e9, conv_ref = conv_flops / conv_gemm_s / 1e9;
   const double dense_gf = dense_flops / dense_s / 1e9, dense_ref = dense_flops / dense_gemm_s / 1e9;
@@ -218,15 +232,23 @@ int Main(int argc, char** argv) {
       "of per-round ratios)\n",
       static_cast<long long>(threads), stepn_s * 1e3, step1_s * 1e3, speedup);
   std::printf(
+      "cnn step CPU time: 1 thread %.3f ms; %lld threads %.3f ms in all, %.3f ms on the caller "
+      "(its ratio, a bound on the speedup on an idle machine: %.2fx)\n",
+      cpu1_s * 1e3, static_cast<long long>(threads), cpun_s * 1e3, caller_s * 1e3,
+      cpu1_s / caller_s);
+  std::printf(
       "%s\n",
       absl::StrFormat(
           "conv_gflops=%.2f conv_gemm_gflops=%.2f conv_ratio=%.3f dense_gflops=%.2f "
           "dense_gemm_gflops=%.2f dense_ratio=%.3f cnn_step_ms=%.2f cnn_examples_per_s=%.0f "
           "cnn_step_cpu_ms=%.2f cnn_examples_per_cpu_s=%.0f threads=%lld "
-          "cnn_step_1thread_ms=%.2f cnn_step_threads_ms=%.2f threads_speedup=%.3f",
+          "cnn_step_1thread_ms=%.2f cnn_step_threads_ms=%.2f cnn_step_1thread_cpu_ms=%.2f "
+          "cnn_step_threads_cpu_ms=%.2f cnn_step_threads_caller_cpu_ms=%.2f "
+          "threads_cpu_speedup=%.3f threads_speedup=%.3f",
           conv_gf, conv_ref, conv_gf / conv_ref, dense_gf, dense_ref, dense_gf / dense_ref,
           step_s * 1e3, batch / step_s, step_cpu_s * 1e3, batch / step_cpu_s,
-          static_cast<long long>(threads), step1_s * 1e3, stepn_s * 1e3, speedup)
+          static_cast<long long>(threads), step1_s * 1e3, stepn_s * 1e3, cpu1_s * 1e3, cpun_s * 1e3,
+          caller_s * 1e3, cpu1_s / caller_s, speedup)
           .c_str());
   return 0;
 }
