@@ -277,25 +277,31 @@ void Col2ImAdd(const WindowGeometry& g, const RowMatrix& col, int batch, float* 
               [&](int64_t b0, int64_t b1) { Col2ImAddImages(g, col, b0, b1, in_grad); });
 }
 
+void ConvForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
+                       const float* kernel, const float* bias, int filters, RowMatrix* col,
+                       RowMatrix* out) {
+  // One pass per chunk of images: their patches, their rows of the GEMM,
+  // their bias; the patches are still in cache for the GEMM.
+  const int64_t positions = g.positions();
+  Im2ColImages(g, in, b0, b1, col);
+  MatrixMap z(out->data(), col->rows(), filters);
+  const int64_t r0 = b0 * positions, rows = (b1 - b0) * positions;
+  z.middleRows(r0, rows).noalias() =
+      col->middleRows(r0, rows) * ConstMatrixMap(kernel, g.patch_size(), filters);
+  float* o = out->data() + r0 * filters;
+  for (int64_t r = 0; r < rows; ++r, o += filters) {
+#pragma omp simd
+    for (int f = 0; f < filters; ++f) o[f] += bias[f];
+  }
+}
+
 void ConvForward(const WindowGeometry& g, const float* in, int batch, const float* kernel,
                  const float* bias, int filters, RowMatrix* col, RowMatrix* out, ThreadPool* pool) {
   if (!Serial(pool)) {
-    // One pass per chunk of images: their patches, their rows of the GEMM,
-    // their bias; the patches are still in cache for the GEMM.
-    const int64_t positions = g.positions();
-    col->resize(batch * positions, g.patch_size());
-    out->resize(batch, positions * filters);
-    MatrixMap z(out->data(), col->rows(), filters);
-    const ConstMatrixMap k(kernel, g.patch_size(), filters);
+    col->resize(batch * g.positions(), g.patch_size());
+    out->resize(batch, g.positions() * filters);
     pool->ParallelFor(batch, [&](int64_t b0, int64_t b1) {
-      Im2ColImages(g, in, b0, b1, col);
-      const int64_t r0 = b0 * positions, rows = (b1 - b0) * positions;
-      z.middleRows(r0, rows).noalias() = col->middleRows(r0, rows) * k;
-      float* o = out->data() + r0 * filters;
-      for (int64_t r = 0; r < rows; ++r, o += filters) {
-#pragma omp simd
-        for (int f = 0; f < filters; ++f) o[f] += bias[f];
-      }
+      ConvForwardImages(g, in, b0, b1, kernel, bias, filters, col, out);
     });
     return;
   }
@@ -355,14 +361,12 @@ void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix
   Col2ImAdd(g, dcol, batch, din->data());
 }
 
-void MaxPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out,
-                    std::vector<int32_t>* argmax, ThreadPool* pool) {
+void MaxPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
+                          RowMatrix* out, std::vector<int32_t>* argmax) {
   const int64_t in_size = int64_t{g.in_h} * g.in_w * g.in_c;
   const int64_t out_size = g.positions() * g.in_c;
   const int c_count = g.in_c;
-  out->resize(batch, out_size);
-  argmax->resize(static_cast<size_t>(batch) * out_size);
-  ParallelFor(pool, batch, [&](int64_t b0, int64_t b1) {
+  {
     for (int64_t b = b0; b < b1; ++b) {
       const float* image = in + b * in_size;
       float* o = out->data() + b * out_size;
@@ -397,7 +401,15 @@ void MaxPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatr
         }
       }
     }
-  });
+  }
+}
+
+void MaxPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out,
+                    std::vector<int32_t>* argmax, ThreadPool* pool) {
+  out->resize(batch, g.positions() * g.in_c);
+  argmax->resize(static_cast<size_t>(batch) * out->cols());
+  ParallelFor(pool, batch,
+              [&](int64_t b0, int64_t b1) { MaxPoolForwardImages(g, in, b0, b1, out, argmax); });
 }
 
 void MaxPoolBackward(const WindowGeometry& g, const RowMatrix& dout,
@@ -415,13 +427,12 @@ void MaxPoolBackward(const WindowGeometry& g, const RowMatrix& dout,
   });
 }
 
-void AvgPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out,
-                    ThreadPool* pool) {
+void AvgPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
+                          RowMatrix* out) {
   const int64_t in_size = int64_t{g.in_h} * g.in_w * g.in_c;
   const int64_t out_size = g.positions() * g.in_c;
   const float scale = 1.0f / static_cast<float>(g.k * g.k);
-  out->resize(batch, out_size);
-  ParallelFor(pool, batch, [&](int64_t b0, int64_t b1) {
+  {
     out->middleRows(b0, b1 - b0).setZero();
     for (int64_t b = b0; b < b1; ++b) {
       const float* image = in + b * in_size;
@@ -440,7 +451,14 @@ void AvgPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatr
         }
       }
     }
-  });
+  }
+}
+
+void AvgPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out,
+                    ThreadPool* pool) {
+  out->resize(batch, g.positions() * g.in_c);
+  ParallelFor(pool, batch,
+              [&](int64_t b0, int64_t b1) { AvgPoolForwardImages(g, in, b0, b1, out); });
 }
 
 void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* din,
@@ -470,6 +488,27 @@ void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* 
 
 // ReLU as plain loops: Eigen 3.4 does not vectorise select(); these compute
 // the same values (z > 0 ? z : 0, NaN and -0 give 0) in vector registers.
+void ApplyActivationRows(Activation a, RowMatrix* z, int64_t r0, int64_t r1) {
+  const int64_t cols = z->cols();
+  switch (a) {
+    case Activation::kRelu: {
+      float* p = z->data() + r0 * cols;
+      const int64_t n = (r1 - r0) * cols;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) p[i] = p[i] > 0.0f ? p[i] : 0.0f;
+      break;
+    }
+    case Activation::kTanh:
+      z->middleRows(r0, r1 - r0) = z->middleRows(r0, r1 - r0).array().tanh();
+      break;
+    case Activation::kSigmoid:
+      z->middleRows(r0, r1 - r0) = (1.0f + (-z->middleRows(r0, r1 - r0).array()).exp()).inverse();
+      break;
+    case Activation::kLinear:
+      break;
+  }
+}
+
 void ApplyActivation(Activation a, RowMatrix* z, ThreadPool* pool) {
   switch (a) {
     case Activation::kRelu: {

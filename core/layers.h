@@ -143,6 +143,20 @@ void AvgPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatr
 void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* din,
                      ThreadPool* pool = nullptr);
 
+// The forward kernels on images [b0, b1) of the batch only, into outputs
+// already sized for the whole batch (col, out, argmax as the kernels above
+// size them): what one chunk of a split computes, so that a caller can run
+// several layers per chunk in one ParallelFor (core/model.cc). The
+// activation on rows [r0, r1) of z likewise.
+void ConvForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
+                       const float* kernel, const float* bias, int filters, RowMatrix* col,
+                       RowMatrix* out);
+void MaxPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
+                          RowMatrix* out, std::vector<int32_t>* argmax);
+void AvgPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
+                          RowMatrix* out);
+void ApplyActivationRows(Activation a, RowMatrix* z, int64_t r0, int64_t r1);
+
 // Whether `pool` computes on one thread (null or threads() == 1): then the
 // kernels run their single-threaded code, bit for bit as before pools.
 inline bool Serial(const ThreadPool* pool) { return pool == nullptr || pool->threads() == 1; }

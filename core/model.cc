@@ -36,6 +36,12 @@ constexpr int64_t kEvalBlock = 1000;
 // implementation-defined, which would break cross-platform determinism.
 double Uniform01(std::mt19937_64* rng) { return static_cast<double>((*rng)() >> 11) * 0x1.0p-53; }
 
+// Layers that compute image by image (each image's output from its input
+// only).
+bool PerImage(LayerType t) {
+  return t == LayerType::kConv2D || t == LayerType::kMaxPool2D || t == LayerType::kAvgPool2D;
+}
+
 // Adds the bias row to every row of z.
 void AddBias(const std::vector<float>& bias, RowMatrix* z) {
   z->rowwise() += ConstRowVectorMap(bias.data(), z->cols());
@@ -650,6 +656,66 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
   ThreadPool* pool = pool_.get();
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op& op = ops_[i];
+    size_t end = i + 1;
+    if (!Serial(pool) && PerImage(op.layer.type)) {
+      while (end < ops_.size() && PerImage(ops_[end].layer.type)) ++end;
+    }
+    if (end - i >= 2) {
+      // A run of image-by-image layers (conv2d, pools) on threads: one job
+      // per chunk of images through all of them, not one per layer (fewer
+      // hand-offs, each a wait on a busy machine; a chunk's activations
+      // stay in cache from layer to layer). The chunks, so the bits, are
+      // those of the layers one by one.
+      const size_t n = end - i;
+      std::vector<RowMatrix> outs(n), cols(n);
+      std::vector<std::vector<int32_t>> args(n);
+      for (size_t k = 0; k < n; ++k) {
+        const Op& o = ops_[i + k];
+        const WindowGeometry& g = o.window;
+        if (o.layer.type == LayerType::kConv2D) {
+          cols[k].resize(batch * g.positions(), g.patch_size());
+          outs[k].resize(batch, g.positions() * o.layer.filters);
+        } else {
+          outs[k].resize(batch, g.positions() * g.in_c);
+          if (o.layer.type == LayerType::kMaxPool2D) args[k].resize(outs[k].size());
+        }
+      }
+      pool->ParallelFor(batch, [&](int64_t b0, int64_t b1) {
+        const float* src = in;
+        for (size_t k = 0; k < n; ++k) {
+          const Op& o = ops_[i + k];
+          switch (o.layer.type) {
+            case LayerType::kConv2D:
+              ConvForwardImages(o.window, src, b0, b1, params[o.kernel].data(),
+                                params[o.bias].data(), o.layer.filters, &cols[k], &outs[k]);
+              ApplyActivationRows(o.layer.activation, &outs[k], b0, b1);
+              break;
+            case LayerType::kMaxPool2D:
+              MaxPoolForwardImages(o.window, src, b0, b1, &outs[k], &args[k]);
+              break;
+            case LayerType::kAvgPool2D:
+              AvgPoolForwardImages(o.window, src, b0, b1, &outs[k]);
+              break;
+            default:
+              break;
+          }
+          src = outs[k].data();
+        }
+      });
+      if (cache != nullptr) {
+        for (size_t k = 0; k < n; ++k) {
+          cache->out[i + k] = std::move(outs[k]);
+          cache->aux[i + k] = std::move(cols[k]);
+          cache->argmax[i + k] = std::move(args[k]);
+        }
+        in = cache->out[end - 1].data();
+      } else {
+        current = std::move(outs[n - 1]);
+        in = current.data();
+      }
+      i = end - 1;
+      continue;
+    }
     RowMatrix out;
     RowMatrix* aux = cache != nullptr ? &cache->aux[i] : &col;
     const int64_t in_dim = NumElements(op.in);
