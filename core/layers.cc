@@ -318,16 +318,25 @@ void ConvForward(const WindowGeometry& g, const float* in, int batch, const floa
   }
 }
 
+namespace {
+
+// ColumnSums of columns [c0, c1).
+void ColumnSumsRange(const float* m, int64_t rows, int64_t cols, int64_t c0, int64_t c1,
+                     float* out) {
+  Eigen::Map<Eigen::ArrayXf> sum(out + c0, c1 - c0);
+  sum.setZero();
+  // Element-wise adds only: every column is summed in row order whatever
+  // the alignment of `m` or `out` (or the columns a chunk starts at).
+  for (int64_t r = 0; r < rows; ++r) {
+    sum += Eigen::Map<const Eigen::ArrayXf>(m + r * cols + c0, c1 - c0);
+  }
+}
+
+}  // namespace
+
 void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out, ThreadPool* pool) {
-  ParallelFor(PoolFor(pool, rows * cols), cols, [&](int64_t c0, int64_t c1) {
-    Eigen::Map<Eigen::ArrayXf> sum(out + c0, c1 - c0);
-    sum.setZero();
-    // Element-wise adds only: every column is summed in row order whatever
-    // the alignment of `m` or `out` (or the columns a chunk starts at).
-    for (int64_t r = 0; r < rows; ++r) {
-      sum += Eigen::Map<const Eigen::ArrayXf>(m + r * cols + c0, c1 - c0);
-    }
-  });
+  ParallelFor(PoolFor(pool, rows * cols), cols,
+              [&](int64_t c0, int64_t c1) { ColumnSumsRange(m, rows, cols, c0, c1, out); });
 }
 
 void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
@@ -336,9 +345,25 @@ void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix
   ConstMatrixMap dz(dout.data(), batch * g.positions(), filters);
   if (!Serial(pool)) {
     const ConstMatrixMap k(kernel, g.patch_size(), filters);
-    // dkernel by its rows: each is a whole sum over batch*positions.
-    ProductByRows(pool, MatrixMap(dkernel, g.patch_size(), filters), col.transpose(), dz);
-    ColumnSums(dz.data(), dz.rows(), filters, dbias, pool);
+    // One job: chunk c of dkernel's rows (each a whole sum over
+    // batch*positions; the split ProductByRows makes) and of dbias's columns.
+    const int64_t patch = g.patch_size();
+    const int threads = pool->threads();
+    const int row_chunks = static_cast<int>(std::min<int64_t>(patch, threads));
+    const int col_chunks = std::min(filters, threads);
+    MatrixMap dk(dkernel, patch, filters);
+    pool->ParallelFor(threads, [&](int64_t c0, int64_t c1) {
+      for (int c = static_cast<int>(c0); c < c1; ++c) {
+        if (c < row_chunks) {
+          const auto [r0, r1] = ChunkRange(patch, row_chunks, c);
+          dk.middleRows(r0, r1 - r0).noalias() = col.middleCols(r0, r1 - r0).transpose() * dz;
+        }
+        if (c < col_chunks) {
+          const auto [f0, f1] = ChunkRange(filters, col_chunks, c);
+          ColumnSumsRange(dz.data(), dz.rows(), filters, f0, f1, dbias);
+        }
+      }
+    });
     if (din == nullptr) return;
     // Per chunk of images: their rows of dcol, then their input gradients.
     const int64_t positions = g.positions();
