@@ -256,4 +256,9 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace kubetrain
 
-int main(int argc, char** argv) { return kubetrain::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // malloc as in kubetrain-worker: the step's large buffers (im2col patches)
+  // stay in the process instead of faulting in again every step.
+  kubetrain::InitProcess(kubetrain::ProcessProfile::kTensorBuffers);
+  return kubetrain::Main(argc, argv);
+}
