@@ -186,7 +186,9 @@ void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out, ThreadPo
 
 // y = act(z) in place; and dz = dy * act'(z) from the activation's output y.
 // ReLU is split by rows across the pool (an exact select: the same bits);
-// tanh and sigmoid (not in the CNN examples) stay on the caller's thread.
+// tanh and sigmoid (not in the CNN examples) stay on the caller's thread
+// here (in a conv run fused per chunk, ApplyActivationRows runs them on the
+// chunk's rows: a split fixed by the thread count, so fixed bits too).
 void ApplyActivation(Activation a, RowMatrix* z, ThreadPool* pool = nullptr);
 void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy,
                         ThreadPool* pool = nullptr);
