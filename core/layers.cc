@@ -185,16 +185,27 @@ absl::StatusOr<Shape> OutputShape(const LayerSpec& layer, const Shape& input) {
   return out;
 }
 
-void Im2Col(const WindowGeometry& g, const float* in, int batch, RowMatrix* col) {
+namespace {
+
+// Below this many elements an element-wise pass stays on the caller's
+// thread: waking another costs more (it never changes the bits).
+constexpr int64_t kMinParallelElements = int64_t{1} << 15;
+
+ThreadPool* PoolFor(ThreadPool* pool, int64_t elements) {
+  return elements < kMinParallelElements ? nullptr : pool;
+}
+
+// Im2Col of images [b0, b1) into their rows of col (sized).
+void Im2ColImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
+                  RowMatrix* col) {
   const int64_t patch = g.patch_size();
-  col->resize(batch * g.positions(), patch);
   const int64_t in_size = int64_t{g.in_h} * g.in_w * g.in_c;
   const size_t run = static_cast<size_t>(g.k) * g.in_c;  // one kernel row, contiguous in HWC
-  for (int b = 0; b < batch; ++b) {
+  for (int64_t b = b0; b < b1; ++b) {
     const float* image = in + b * in_size;
     for (int oy = 0; oy < g.out_h; ++oy) {
       for (int ox = 0; ox < g.out_w; ++ox) {
-        float* dst = col->data() + ((int64_t{b} * g.out_h + oy) * g.out_w + ox) * patch;
+        float* dst = col->data() + ((b * g.out_h + oy) * g.out_w + ox) * patch;
         const int x0 = ox * g.stride - g.pad_left;
         const bool row_inside = x0 >= 0 && x0 + g.k <= g.in_w;
         for (int ky = 0; ky < g.k; ++ky) {
@@ -223,14 +234,25 @@ void Im2Col(const WindowGeometry& g, const float* in, int batch, RowMatrix* col)
   }
 }
 
-void Col2ImAdd(const WindowGeometry& g, const RowMatrix& col, int batch, float* in_grad) {
+}  // namespace
+
+void Im2Col(const WindowGeometry& g, const float* in, int batch, RowMatrix* col, ThreadPool* pool) {
+  col->resize(batch * g.positions(), g.patch_size());
+  ParallelFor(pool, batch, [&](int64_t b0, int64_t b1) { Im2ColImages(g, in, b0, b1, col); });
+}
+
+namespace {
+
+// Col2ImAdd of images [b0, b1): writes only their slices of in_grad.
+void Col2ImAddImages(const WindowGeometry& g, const RowMatrix& col, int64_t b0, int64_t b1,
+                     float* in_grad) {
   const int64_t patch = g.patch_size();
   const int64_t in_size = int64_t{g.in_h} * g.in_w * g.in_c;
-  for (int b = 0; b < batch; ++b) {
+  for (int64_t b = b0; b < b1; ++b) {
     float* image = in_grad + b * in_size;
     for (int oy = 0; oy < g.out_h; ++oy) {
       for (int ox = 0; ox < g.out_w; ++ox) {
-        const float* src = col.data() + ((int64_t{b} * g.out_h + oy) * g.out_w + ox) * patch;
+        const float* src = col.data() + ((b * g.out_h + oy) * g.out_w + ox) * patch;
         for (int ky = 0; ky < g.k; ++ky) {
           const int iy = oy * g.stride - g.pad_top + ky;
           if (iy < 0 || iy >= g.in_h) continue;
@@ -247,8 +269,42 @@ void Col2ImAdd(const WindowGeometry& g, const RowMatrix& col, int batch, float* 
   }
 }
 
+}  // namespace
+
+void Col2ImAdd(const WindowGeometry& g, const RowMatrix& col, int batch, float* in_grad,
+               ThreadPool* pool) {
+  ParallelFor(pool, batch,
+              [&](int64_t b0, int64_t b1) { Col2ImAddImages(g, col, b0, b1, in_grad); });
+}
+
+void ConvForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
+                       const float* kernel, const float* bias, int filters, RowMatrix* col,
+                       RowMatrix* out) {
+  // One pass per chunk of images: their patches, their rows of the GEMM,
+  // their bias; the patches are still in cache for the GEMM.
+  const int64_t positions = g.positions();
+  Im2ColImages(g, in, b0, b1, col);
+  MatrixMap z(out->data(), col->rows(), filters);
+  const int64_t r0 = b0 * positions, rows = (b1 - b0) * positions;
+  z.middleRows(r0, rows).noalias() =
+      col->middleRows(r0, rows) * ConstMatrixMap(kernel, g.patch_size(), filters);
+  float* o = out->data() + r0 * filters;
+  for (int64_t r = 0; r < rows; ++r, o += filters) {
+#pragma omp simd
+    for (int f = 0; f < filters; ++f) o[f] += bias[f];
+  }
+}
+
 void ConvForward(const WindowGeometry& g, const float* in, int batch, const float* kernel,
-                 const float* bias, int filters, RowMatrix* col, RowMatrix* out) {
+                 const float* bias, int filters, RowMatrix* col, RowMatrix* out, ThreadPool* pool) {
+  if (!Serial(pool)) {
+    col->resize(batch * g.positions(), g.patch_size());
+    out->resize(batch, g.positions() * filters);
+    pool->ParallelFor(batch, [&](int64_t b0, int64_t b1) {
+      ConvForwardImages(g, in, b0, b1, kernel, bias, filters, col, out);
+    });
+    return;
+  }
   Im2Col(g, in, batch, col);
   // (batch*positions) x filters is, row-major, batch x positions*filters:
   // the GEMM writes the layer's output in place.
@@ -262,18 +318,65 @@ void ConvForward(const WindowGeometry& g, const float* in, int batch, const floa
   }
 }
 
-void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out) {
-  Eigen::Map<Eigen::ArrayXf> sum(out, cols);
+namespace {
+
+// ColumnSums of columns [c0, c1).
+void ColumnSumsRange(const float* m, int64_t rows, int64_t cols, int64_t c0, int64_t c1,
+                     float* out) {
+  Eigen::Map<Eigen::ArrayXf> sum(out + c0, c1 - c0);
   sum.setZero();
-  // Element-wise adds only: every column is summed in row order whatever the
-  // alignment of `m` or `out`.
-  for (int64_t r = 0; r < rows; ++r) sum += Eigen::Map<const Eigen::ArrayXf>(m + r * cols, cols);
+  // Element-wise adds only: every column is summed in row order whatever
+  // the alignment of `m` or `out` (or the columns a chunk starts at).
+  for (int64_t r = 0; r < rows; ++r) {
+    sum += Eigen::Map<const Eigen::ArrayXf>(m + r * cols + c0, c1 - c0);
+  }
+}
+
+}  // namespace
+
+void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out, ThreadPool* pool) {
+  ParallelFor(PoolFor(pool, rows * cols), cols,
+              [&](int64_t c0, int64_t c1) { ColumnSumsRange(m, rows, cols, c0, c1, out); });
 }
 
 void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
                   const float* kernel, int filters, int batch, float* dkernel, float* dbias,
-                  RowMatrix* din) {
+                  RowMatrix* din, ThreadPool* pool) {
   ConstMatrixMap dz(dout.data(), batch * g.positions(), filters);
+  if (!Serial(pool)) {
+    const ConstMatrixMap k(kernel, g.patch_size(), filters);
+    // One job: chunk c of dkernel's rows (each a whole sum over
+    // batch*positions; the split ProductByRows makes) and of dbias's columns.
+    const int64_t patch = g.patch_size();
+    const int threads = pool->threads();
+    const int row_chunks = static_cast<int>(std::min<int64_t>(patch, threads));
+    const int col_chunks = std::min(filters, threads);
+    MatrixMap dk(dkernel, patch, filters);
+    pool->ParallelFor(threads, [&](int64_t c0, int64_t c1) {
+      for (int c = static_cast<int>(c0); c < c1; ++c) {
+        if (c < row_chunks) {
+          const auto [r0, r1] = ChunkRange(patch, row_chunks, c);
+          dk.middleRows(r0, r1 - r0).noalias() = col.middleCols(r0, r1 - r0).transpose() * dz;
+        }
+        if (c < col_chunks) {
+          const auto [f0, f1] = ChunkRange(filters, col_chunks, c);
+          ColumnSumsRange(dz.data(), dz.rows(), filters, f0, f1, dbias);
+        }
+      }
+    });
+    if (din == nullptr) return;
+    // Per chunk of images: their rows of dcol, then their input gradients.
+    const int64_t positions = g.positions();
+    RowMatrix dcol(dz.rows(), g.patch_size());
+    din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
+    pool->ParallelFor(batch, [&](int64_t b0, int64_t b1) {
+      const int64_t r0 = b0 * positions, rows = (b1 - b0) * positions;
+      dcol.middleRows(r0, rows).noalias() = dz.middleRows(r0, rows) * k.transpose();
+      din->middleRows(b0, b1 - b0).setZero();
+      Col2ImAddImages(g, dcol, b0, b1, din->data());
+    });
+    return;
+  }
   MatrixMap(dkernel, g.patch_size(), filters).noalias() = col.transpose() * dz;
   ColumnSums(dz.data(), dz.rows(), filters, dbias);
   if (din == nullptr) return;
@@ -283,40 +386,41 @@ void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix
   Col2ImAdd(g, dcol, batch, din->data());
 }
 
-void MaxPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out,
-                    std::vector<int32_t>* argmax) {
+void MaxPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
+                          RowMatrix* out, std::vector<int32_t>* argmax) {
   const int64_t in_size = int64_t{g.in_h} * g.in_w * g.in_c;
   const int64_t out_size = g.positions() * g.in_c;
   const int c_count = g.in_c;
-  out->resize(batch, out_size);
-  argmax->resize(static_cast<size_t>(batch) * out_size);
-  for (int b = 0; b < batch; ++b) {
-    const float* image = in + b * in_size;
-    float* o = out->data() + b * out_size;
-    int32_t* arg = argmax->data() + b * out_size;
-    for (int oy = 0; oy < g.out_h; ++oy) {
-      for (int ox = 0; ox < g.out_w; ++ox) {
-        // All channels of a window at once (HWC: channels are contiguous):
-        // start from its first pixel, then keep the first maximum (">"), so
-        // ties route the gradient to one input.
-        const int64_t at = (int64_t{oy} * g.out_w + ox) * c_count;
-        float* best = o + at;
-        int32_t* best_index = arg + at;
-        const int32_t first = ((oy * g.stride) * g.in_w + ox * g.stride) * c_count;
+  {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* image = in + b * in_size;
+      float* o = out->data() + b * out_size;
+      int32_t* arg = argmax->data() + b * out_size;
+      for (int oy = 0; oy < g.out_h; ++oy) {
+        for (int ox = 0; ox < g.out_w; ++ox) {
+          // All channels of a window at once (HWC: channels are contiguous):
+          // start from its first pixel, then keep the first maximum (">"), so
+          // ties route the gradient to one input.
+          const int64_t at = (int64_t{oy} * g.out_w + ox) * c_count;
+          float* best = o + at;
+          int32_t* best_index = arg + at;
+          const int32_t first = ((oy * g.stride) * g.in_w + ox * g.stride) * c_count;
 #pragma omp simd
-        for (int c = 0; c < c_count; ++c) {
-          best[c] = image[first + c];
-          best_index[c] = first + c;
-        }
-        for (int ky = 0; ky < g.k; ++ky) {
-          for (int kx = ky == 0 ? 1 : 0; kx < g.k; ++kx) {
-            const int32_t index = ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * c_count;
-            const float* src = image + index;
+          for (int c = 0; c < c_count; ++c) {
+            best[c] = image[first + c];
+            best_index[c] = first + c;
+          }
+          for (int ky = 0; ky < g.k; ++ky) {
+            for (int kx = ky == 0 ? 1 : 0; kx < g.k; ++kx) {
+              const int32_t index =
+                  ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * c_count;
+              const float* src = image + index;
 #pragma omp simd
-            for (int c = 0; c < c_count; ++c) {
-              const bool greater = src[c] > best[c];
-              best[c] = greater ? src[c] : best[c];
-              best_index[c] = greater ? index + c : best_index[c];
+              for (int c = 0; c < c_count; ++c) {
+                const bool greater = src[c] > best[c];
+                best[c] = greater ? src[c] : best[c];
+                best_index[c] = greater ? index + c : best_index[c];
+              }
             }
           }
         }
@@ -325,72 +429,121 @@ void MaxPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatr
   }
 }
 
-void MaxPoolBackward(const WindowGeometry& g, const RowMatrix& dout,
-                     const std::vector<int32_t>& argmax, RowMatrix* din) {
-  const int batch = static_cast<int>(dout.rows());
-  din->setZero(batch, int64_t{g.in_h} * g.in_w * g.in_c);
-  for (int b = 0; b < batch; ++b) {
-    const float* d = dout.data() + b * dout.cols();
-    const int32_t* arg = argmax.data() + b * dout.cols();
-    float* di = din->data() + b * din->cols();
-    for (int64_t i = 0; i < dout.cols(); ++i) di[arg[i]] += d[i];
-  }
+void MaxPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out,
+                    std::vector<int32_t>* argmax, ThreadPool* pool) {
+  out->resize(batch, g.positions() * g.in_c);
+  argmax->resize(static_cast<size_t>(batch) * out->cols());
+  ParallelFor(pool, batch,
+              [&](int64_t b0, int64_t b1) { MaxPoolForwardImages(g, in, b0, b1, out, argmax); });
 }
 
-void AvgPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out) {
+void MaxPoolBackward(const WindowGeometry& g, const RowMatrix& dout,
+                     const std::vector<int32_t>& argmax, RowMatrix* din, ThreadPool* pool) {
+  const int batch = static_cast<int>(dout.rows());
+  din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
+  ParallelFor(pool, batch, [&](int64_t b0, int64_t b1) {
+    din->middleRows(b0, b1 - b0).setZero();
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* d = dout.data() + b * dout.cols();
+      const int32_t* arg = argmax.data() + b * dout.cols();
+      float* di = din->data() + b * din->cols();
+      for (int64_t i = 0; i < dout.cols(); ++i) di[arg[i]] += d[i];
+    }
+  });
+}
+
+void AvgPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
+                          RowMatrix* out) {
   const int64_t in_size = int64_t{g.in_h} * g.in_w * g.in_c;
   const int64_t out_size = g.positions() * g.in_c;
   const float scale = 1.0f / static_cast<float>(g.k * g.k);
-  out->setZero(batch, out_size);
-  for (int b = 0; b < batch; ++b) {
-    const float* image = in + b * in_size;
-    float* o = out->data() + b * out_size;
-    for (int oy = 0; oy < g.out_h; ++oy) {
-      for (int ox = 0; ox < g.out_w; ++ox) {
-        float* dst = o + (int64_t{oy} * g.out_w + ox) * g.in_c;
-        for (int ky = 0; ky < g.k; ++ky) {
-          for (int kx = 0; kx < g.k; ++kx) {
-            const float* src =
-                image + ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c;
-            for (int c = 0; c < g.in_c; ++c) dst[c] += src[c];
+  {
+    out->middleRows(b0, b1 - b0).setZero();
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* image = in + b * in_size;
+      float* o = out->data() + b * out_size;
+      for (int oy = 0; oy < g.out_h; ++oy) {
+        for (int ox = 0; ox < g.out_w; ++ox) {
+          float* dst = o + (int64_t{oy} * g.out_w + ox) * g.in_c;
+          for (int ky = 0; ky < g.k; ++ky) {
+            for (int kx = 0; kx < g.k; ++kx) {
+              const float* src =
+                  image + ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c;
+              for (int c = 0; c < g.in_c; ++c) dst[c] += src[c];
+            }
           }
+          for (int c = 0; c < g.in_c; ++c) dst[c] *= scale;
         }
-        for (int c = 0; c < g.in_c; ++c) dst[c] *= scale;
       }
     }
   }
 }
 
-void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* din) {
+void AvgPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out,
+                    ThreadPool* pool) {
+  out->resize(batch, g.positions() * g.in_c);
+  ParallelFor(pool, batch,
+              [&](int64_t b0, int64_t b1) { AvgPoolForwardImages(g, in, b0, b1, out); });
+}
+
+void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* din,
+                     ThreadPool* pool) {
   const int batch = static_cast<int>(dout.rows());
   const float scale = 1.0f / static_cast<float>(g.k * g.k);
-  din->setZero(batch, int64_t{g.in_h} * g.in_w * g.in_c);
-  for (int b = 0; b < batch; ++b) {
-    const float* d = dout.data() + b * dout.cols();
-    float* di = din->data() + b * din->cols();
-    for (int oy = 0; oy < g.out_h; ++oy) {
-      for (int ox = 0; ox < g.out_w; ++ox) {
-        const float* src = d + (int64_t{oy} * g.out_w + ox) * g.in_c;
-        for (int ky = 0; ky < g.k; ++ky) {
-          for (int kx = 0; kx < g.k; ++kx) {
-            float* dst = di + ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c;
-            for (int c = 0; c < g.in_c; ++c) dst[c] += src[c] * scale;
+  din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
+  ParallelFor(pool, batch, [&](int64_t b0, int64_t b1) {
+    din->middleRows(b0, b1 - b0).setZero();
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* d = dout.data() + b * dout.cols();
+      float* di = din->data() + b * din->cols();
+      for (int oy = 0; oy < g.out_h; ++oy) {
+        for (int ox = 0; ox < g.out_w; ++ox) {
+          const float* src = d + (int64_t{oy} * g.out_w + ox) * g.in_c;
+          for (int ky = 0; ky < g.k; ++ky) {
+            for (int kx = 0; kx < g.k; ++kx) {
+              float* dst = di + ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c;
+              for (int c = 0; c < g.in_c; ++c) dst[c] += src[c] * scale;
+            }
           }
         }
       }
     }
-  }
+  });
 }
 
 // ReLU as plain loops: Eigen 3.4 does not vectorise select(); these compute
 // the same values (z > 0 ? z : 0, NaN and -0 give 0) in vector registers.
-void ApplyActivation(Activation a, RowMatrix* z) {
+void ApplyActivationRows(Activation a, RowMatrix* z, int64_t r0, int64_t r1) {
+  const int64_t cols = z->cols();
   switch (a) {
     case Activation::kRelu: {
-      float* p = z->data();
-      const int64_t n = z->size();
+      float* p = z->data() + r0 * cols;
+      const int64_t n = (r1 - r0) * cols;
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) p[i] = p[i] > 0.0f ? p[i] : 0.0f;
+      break;
+    }
+    case Activation::kTanh:
+      z->middleRows(r0, r1 - r0) = z->middleRows(r0, r1 - r0).array().tanh();
+      break;
+    case Activation::kSigmoid:
+      z->middleRows(r0, r1 - r0) = (1.0f + (-z->middleRows(r0, r1 - r0).array()).exp()).inverse();
+      break;
+    case Activation::kLinear:
+      break;
+  }
+}
+
+void ApplyActivation(Activation a, RowMatrix* z, ThreadPool* pool) {
+  switch (a) {
+    case Activation::kRelu: {
+      const int64_t cols = z->cols();
+      ParallelFor(PoolFor(pool, z->size()), z->rows(), [&](int64_t r0, int64_t r1) {
+        float* p = z->data() + r0 * cols;
+        const int64_t n = (r1 - r0) * cols;
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) p[i] = p[i] > 0.0f ? p[i] : 0.0f;
+      });
       break;
     }
     case Activation::kTanh:
@@ -404,15 +557,18 @@ void ApplyActivation(Activation a, RowMatrix* z) {
   }
 }
 
-void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy) {
+void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy, ThreadPool* pool) {
   switch (a) {
     case Activation::kRelu: {
       // Pass through where the activation was positive.
-      const float* py = y.data();
-      float* pd = dy->data();
-      const int64_t n = dy->size();
+      const int64_t cols = dy->cols();
+      ParallelFor(PoolFor(pool, dy->size()), dy->rows(), [&](int64_t r0, int64_t r1) {
+        const float* py = y.data() + r0 * cols;
+        float* pd = dy->data() + r0 * cols;
+        const int64_t n = (r1 - r0) * cols;
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i) pd[i] = py[i] > 0.0f ? pd[i] : 0.0f;
+        for (int64_t i = 0; i < n; ++i) pd[i] = py[i] > 0.0f ? pd[i] : 0.0f;
+      });
       break;
     }
     case Activation::kTanh:

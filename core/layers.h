@@ -12,7 +12,13 @@
 // (rows = patch features, so a split by rows across PS tasks is a contiguous
 // slice, as for dense kernels).
 //
-// Everything here is stateless and thread-compatible.
+// Everything here is stateless and thread-compatible. The kernels that take
+// a ThreadPool (core/thread_pool.h) split their work by OUTPUT rows (images
+// of the batch, rows of a GEMM's result; never a sum's terms), so each
+// output element is computed whole by one thread: with a fixed thread count
+// the bits are the same on every run. A null pool or one thread runs the
+// single-threaded code as it was; more threads may differ from it in the
+// last bits (Eigen blocks a GEMM by its sizes, and chunks are smaller).
 #ifndef KUBETRAIN_CORE_LAYERS_H_
 #define KUBETRAIN_CORE_LAYERS_H_
 
@@ -35,6 +41,7 @@
 #endif
 
 #include "absl/status/statusor.h"
+#include "core/thread_pool.h"
 
 namespace kubetrain {
 
@@ -100,41 +107,91 @@ WindowGeometry MakeWindowGeometry(const LayerSpec& layer, const Shape& input);
 
 // col (batch*out_h*out_w) x (k*k*in_c) <- patches of `in` (batch x h*w*c);
 // padding reads as zero.
-void Im2Col(const WindowGeometry& g, const float* in, int batch, RowMatrix* col);
+// Split by image.
+void Im2Col(const WindowGeometry& g, const float* in, int batch, RowMatrix* col,
+            ThreadPool* pool = nullptr);
 // in_grad (batch x h*w*c) += the patch gradients in `col` put back in place.
-void Col2ImAdd(const WindowGeometry& g, const RowMatrix& col, int batch, float* in_grad);
+// Split by image (an image's patches only touch its own slice of in_grad).
+void Col2ImAdd(const WindowGeometry& g, const RowMatrix& col, int batch, float* in_grad,
+               ThreadPool* pool = nullptr);
 
 // out (batch x out_h*out_w*filters) = im2col(in) * kernel + bias, before the
-// activation; `col` keeps the patches for the backward pass.
+// activation; `col` keeps the patches for the backward pass. Split by image
+// (rows of col and out).
 void ConvForward(const WindowGeometry& g, const float* in, int batch, const float* kernel,
-                 const float* bias, int filters, RowMatrix* col, RowMatrix* out);
+                 const float* bias, int filters, RowMatrix* col, RowMatrix* out,
+                 ThreadPool* pool = nullptr);
 // From dout (batch x out_h*out_w*filters, after the activation's gradient):
 // dkernel = col^T dout, dbias = column sums, and, if din is not null,
-// din (batch x h*w*c) = col2im(dout kernel^T).
+// din (batch x h*w*c) = col2im(dout kernel^T). Split by rows of dkernel
+// (patch features), columns of dbias, and images for din.
 void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
                   const float* kernel, int filters, int batch, float* dkernel, float* dbias,
-                  RowMatrix* din);
+                  RowMatrix* din, ThreadPool* pool = nullptr);
 
 // Max/average pooling over each channel (windows wholly inside the input:
 // padding is always "valid"). Max pooling records the flat input index of
-// each output's maximum in `argmax` for the backward pass.
+// each output's maximum in `argmax` for the backward pass. Split by image;
+// the same bits with any pool.
 void MaxPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out,
-                    std::vector<int32_t>* argmax);
+                    std::vector<int32_t>* argmax, ThreadPool* pool = nullptr);
 void MaxPoolBackward(const WindowGeometry& g, const RowMatrix& dout,
-                     const std::vector<int32_t>& argmax, RowMatrix* din);
-void AvgPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out);
-void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* din);
+                     const std::vector<int32_t>& argmax, RowMatrix* din,
+                     ThreadPool* pool = nullptr);
+void AvgPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatrix* out,
+                    ThreadPool* pool = nullptr);
+void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* din,
+                     ThreadPool* pool = nullptr);
+
+// The forward kernels on images [b0, b1) of the batch only, into outputs
+// already sized for the whole batch (col, out, argmax as the kernels above
+// size them): what one chunk of a split computes, so that a caller can run
+// several layers per chunk in one ParallelFor (core/model.cc). The
+// activation on rows [r0, r1) of z likewise.
+void ConvForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
+                       const float* kernel, const float* bias, int filters, RowMatrix* col,
+                       RowMatrix* out);
+void MaxPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
+                          RowMatrix* out, std::vector<int32_t>* argmax);
+void AvgPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
+                          RowMatrix* out);
+void ApplyActivationRows(Activation a, RowMatrix* z, int64_t r0, int64_t r1);
+
+// Whether `pool` computes on one thread (null or threads() == 1): then the
+// kernels run their single-threaded code, bit for bit as before pools.
+inline bool Serial(const ThreadPool* pool) { return pool == nullptr || pool->threads() == 1; }
+
+// dst = lhs * rhs (Eigen expressions; dst a matrix or map already sized),
+// split by the rows of dst: a thread computes whole rows, each from the
+// whole reduction, so a fixed thread count gives fixed bits.
+template <typename Dst, typename Lhs, typename Rhs>
+void ProductByRows(ThreadPool* pool, Dst&& dst, const Lhs& lhs, const Rhs& rhs) {
+  if (Serial(pool)) {
+    dst.noalias() = lhs * rhs;
+    return;
+  }
+  pool->ParallelFor(dst.rows(), [&](int64_t begin, int64_t end) {
+    dst.middleRows(begin, end - begin).noalias() = lhs.middleRows(begin, end - begin) * rhs;
+  });
+}
 
 // out[j] = the sum of column j of the row-major rows x cols matrix `m`,
 // added row by row in order. Eigen's colwise().sum() into a Map adds the
 // columns it vectorises in a different order from the scalar ones, and which
 // are which depends on where `out` happens to lie in memory, so the same
 // inputs could give different bits from run to run; here they cannot.
-void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out);
+// With a pool, split by columns: each column is still summed in row order,
+// so the bits are the same with any pool.
+void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out, ThreadPool* pool = nullptr);
 
 // y = act(z) in place; and dz = dy * act'(z) from the activation's output y.
-void ApplyActivation(Activation a, RowMatrix* z);
-void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy);
+// ReLU is split by rows across the pool (an exact select: the same bits);
+// tanh and sigmoid (not in the CNN examples) stay on the caller's thread
+// here (in a conv run fused per chunk, ApplyActivationRows runs them on the
+// chunk's rows: a split fixed by the thread count, so fixed bits too).
+void ApplyActivation(Activation a, RowMatrix* z, ThreadPool* pool = nullptr);
+void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy,
+                        ThreadPool* pool = nullptr);
 
 }  // namespace kubetrain
 

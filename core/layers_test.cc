@@ -1,6 +1,7 @@
 #include "core/layers.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -183,6 +184,98 @@ TEST(LayersTest, PoolingValues) {
   AvgPoolForward(g, in.data(), 1, &out);
   EXPECT_FLOAT_EQ(out(0, 0), 13.0f / 4);
   EXPECT_FLOAT_EQ(out(0, 1), 17.0f / 4);
+}
+
+// The element-wise kernels give the same bits with any pool (each output
+// computed as without one); the conv GEMMs, split by output rows, the same
+// bits on every run with a pool of a given size, within rounding of none.
+TEST(LayersTest, KernelsOnAPool) {
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  auto random = [&](int64_t rows, int64_t cols) {
+    RowMatrix m(rows, cols);
+    for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = n(rng);
+    return m;
+  };
+  auto same = [](const RowMatrix& a, const RowMatrix& b) {
+    return a.rows() == b.rows() && a.cols() == b.cols() &&
+           std::memcmp(a.data(), b.data(), 4 * a.size()) == 0;
+  };
+  const int batch = 7;
+  const Shape in_shape = {9, 8, 3};
+  const RowMatrix in = random(batch, NumElements(in_shape));
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    // Pools (2x2 and 3x3 stride 2 windows) and ReLU: identical.
+    for (int k : {2, 3}) {
+      LayerSpec p;
+      p.type = LayerType::kMaxPool2D;
+      p.kernel = k;
+      p.stride = 2;
+      const WindowGeometry g = MakeWindowGeometry(p, in_shape);
+      RowMatrix out0, out1, din0, din1;
+      std::vector<int32_t> arg0, arg1;
+      MaxPoolForward(g, in.data(), batch, &out0, &arg0);
+      MaxPoolForward(g, in.data(), batch, &out1, &arg1, &pool);
+      EXPECT_TRUE(same(out0, out1));
+      EXPECT_EQ(arg0, arg1);
+      const RowMatrix dout = random(batch, out0.cols());
+      MaxPoolBackward(g, dout, arg0, &din0);
+      MaxPoolBackward(g, dout, arg1, &din1, &pool);
+      EXPECT_TRUE(same(din0, din1));
+      AvgPoolForward(g, in.data(), batch, &out0);
+      AvgPoolForward(g, in.data(), batch, &out1, &pool);
+      EXPECT_TRUE(same(out0, out1));
+      AvgPoolBackward(g, dout, &din0);
+      AvgPoolBackward(g, dout, &din1, &pool);
+      EXPECT_TRUE(same(din0, din1));
+    }
+    RowMatrix big = random(300, 211), relu0 = big, relu1 = big;
+    ApplyActivation(Activation::kRelu, &relu0);
+    ApplyActivation(Activation::kRelu, &relu1, &pool);
+    EXPECT_TRUE(same(relu0, relu1));
+    RowMatrix g0 = big, g1 = big;
+    ActivationGradient(Activation::kRelu, relu0, &g0);
+    ActivationGradient(Activation::kRelu, relu0, &g1, &pool);
+    EXPECT_TRUE(same(g0, g1));
+    std::vector<float> sums0(211), sums1(211);
+    ColumnSums(big.data(), big.rows(), big.cols(), sums0.data());
+    ColumnSums(big.data(), big.rows(), big.cols(), sums1.data(), &pool);
+    EXPECT_EQ(sums0, sums1);
+
+    // conv2d forward and backward.
+    for (bool pad : {true, false}) {
+      const WindowGeometry g = MakeWindowGeometry(Conv(5, 3, 1, pad), in_shape);
+      const RowMatrix kernel = random(g.patch_size(), 5), bias = random(1, 5);
+      RowMatrix col0, out0, din0;
+      ConvForward(g, in.data(), batch, kernel.data(), bias.data(), 5, &col0, &out0);
+      const RowMatrix dout = random(batch, out0.cols());
+      std::vector<float> dk0(kernel.size()), db0(5);
+      ConvBackward(g, col0, dout, kernel.data(), 5, batch, dk0.data(), db0.data(), &din0);
+      RowMatrix first_out, first_din;
+      std::vector<float> first_dk;
+      for (int rep = 0; rep < 3; ++rep) {
+        RowMatrix col1, out1, din1;
+        ConvForward(g, in.data(), batch, kernel.data(), bias.data(), 5, &col1, &out1, &pool);
+        EXPECT_TRUE(same(col0, col1));  // im2col: copies
+        std::vector<float> dk1(kernel.size()), db1(5);
+        ConvBackward(g, col1, dout, kernel.data(), 5, batch, dk1.data(), db1.data(), &din1, &pool);
+        EXPECT_EQ(db0, db1);
+        if (rep == 0) {
+          first_out = out1;
+          first_din = din1;
+          first_dk = dk1;
+          EXPECT_LE((out1 - out0).cwiseAbs().maxCoeff(), 1e-5f * out0.cwiseAbs().maxCoeff());
+          EXPECT_LE((din1 - din0).cwiseAbs().maxCoeff(), 1e-5f * din0.cwiseAbs().maxCoeff());
+          for (size_t i = 0; i < dk0.size(); ++i) EXPECT_NEAR(dk1[i], dk0[i], 1e-4f);
+        } else {
+          EXPECT_TRUE(same(out1, first_out));
+          EXPECT_TRUE(same(din1, first_din));
+          EXPECT_EQ(dk1, first_dk);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

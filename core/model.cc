@@ -36,6 +36,12 @@ constexpr int64_t kEvalBlock = 1000;
 // implementation-defined, which would break cross-platform determinism.
 double Uniform01(std::mt19937_64* rng) { return static_cast<double>((*rng)() >> 11) * 0x1.0p-53; }
 
+// Layers that compute image by image (each image's output from its input
+// only).
+bool PerImage(LayerType t) {
+  return t == LayerType::kConv2D || t == LayerType::kMaxPool2D || t == LayerType::kAvgPool2D;
+}
+
 // Adds the bias row to every row of z.
 void AddBias(const std::vector<float>& bias, RowMatrix* z) {
   z->rowwise() += ConstRowVectorMap(bias.data(), z->cols());
@@ -144,6 +150,14 @@ struct Model::Cache {
 };
 
 Model::Model(ModelSpec spec) : spec_(std::move(spec)) {}
+
+void Model::SetThreads(int threads) {
+  if (threads <= 1) {
+    pool_.reset();
+  } else if (this->threads() != threads) {
+    pool_ = std::make_shared<ThreadPool>(threads);
+  }
+}
 
 absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
   Model m(spec);
@@ -639,8 +653,69 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
     cache->argmax.assign(ops_.size(), {});
   }
   const float* in = x;
+  ThreadPool* pool = pool_.get();
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op& op = ops_[i];
+    size_t end = i + 1;
+    if (!Serial(pool) && PerImage(op.layer.type)) {
+      while (end < ops_.size() && PerImage(ops_[end].layer.type)) ++end;
+    }
+    if (end - i >= 2) {
+      // A run of image-by-image layers (conv2d, pools) on threads: one job
+      // per chunk of images through all of them, not one per layer (fewer
+      // hand-offs, each a wait on a busy machine; a chunk's activations
+      // stay in cache from layer to layer). The chunks, so the bits, are
+      // those of the layers one by one.
+      const size_t n = end - i;
+      std::vector<RowMatrix> outs(n), cols(n);
+      std::vector<std::vector<int32_t>> args(n);
+      for (size_t k = 0; k < n; ++k) {
+        const Op& o = ops_[i + k];
+        const WindowGeometry& g = o.window;
+        if (o.layer.type == LayerType::kConv2D) {
+          cols[k].resize(batch * g.positions(), g.patch_size());
+          outs[k].resize(batch, g.positions() * o.layer.filters);
+        } else {
+          outs[k].resize(batch, g.positions() * g.in_c);
+          if (o.layer.type == LayerType::kMaxPool2D) args[k].resize(outs[k].size());
+        }
+      }
+      pool->ParallelFor(batch, [&](int64_t b0, int64_t b1) {
+        const float* src = in;
+        for (size_t k = 0; k < n; ++k) {
+          const Op& o = ops_[i + k];
+          switch (o.layer.type) {
+            case LayerType::kConv2D:
+              ConvForwardImages(o.window, src, b0, b1, params[o.kernel].data(),
+                                params[o.bias].data(), o.layer.filters, &cols[k], &outs[k]);
+              ApplyActivationRows(o.layer.activation, &outs[k], b0, b1);
+              break;
+            case LayerType::kMaxPool2D:
+              MaxPoolForwardImages(o.window, src, b0, b1, &outs[k], &args[k]);
+              break;
+            case LayerType::kAvgPool2D:
+              AvgPoolForwardImages(o.window, src, b0, b1, &outs[k]);
+              break;
+            default:
+              break;
+          }
+          src = outs[k].data();
+        }
+      });
+      if (cache != nullptr) {
+        for (size_t k = 0; k < n; ++k) {
+          cache->out[i + k] = std::move(outs[k]);
+          cache->aux[i + k] = std::move(cols[k]);
+          cache->argmax[i + k] = std::move(args[k]);
+        }
+        in = cache->out[end - 1].data();
+      } else {
+        current = std::move(outs[n - 1]);
+        in = current.data();
+      }
+      i = end - 1;
+      continue;
+    }
     RowMatrix out;
     RowMatrix* aux = cache != nullptr ? &cache->aux[i] : &col;
     const int64_t in_dim = NumElements(op.in);
@@ -650,21 +725,22 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
         ConstMatrixMap input(in, batch, in_dim);
         ConstMatrixMap kernel(params[op.kernel].data(), kv.rows, kv.cols);
         out.resize(batch, kv.cols);
-        out.noalias() = input * kernel;
+        ProductByRows(pool, out, input, kernel);  // by examples
         AddBias(params[op.bias], &out);
-        ApplyActivation(op.layer.activation, &out);
+        ApplyActivation(op.layer.activation, &out, pool);
         break;
       }
       case LayerType::kConv2D:
         ConvForward(op.window, in, batch, params[op.kernel].data(), params[op.bias].data(),
-                    op.layer.filters, aux, &out);
-        ApplyActivation(op.layer.activation, &out);
+                    op.layer.filters, aux, &out, pool);
+        ApplyActivation(op.layer.activation, &out, pool);
         break;
       case LayerType::kMaxPool2D:
-        MaxPoolForward(op.window, in, batch, &out, cache != nullptr ? &cache->argmax[i] : &argmax);
+        MaxPoolForward(op.window, in, batch, &out, cache != nullptr ? &cache->argmax[i] : &argmax,
+                       pool);
         break;
       case LayerType::kAvgPool2D:
-        AvgPoolForward(op.window, in, batch, &out);
+        AvgPoolForward(op.window, in, batch, &out, pool);
         break;
       case LayerType::kFlatten:
         out = ConstMatrixMap(in, batch, in_dim);
@@ -784,6 +860,7 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
     }
   }
   const bool need_deep_grad = !spec_.embeddings.empty();
+  ThreadPool* pool = pool_.get();
   if (need_deep_grad) first_with_vars = 0;
   for (int i = static_cast<int>(ops_.size()) - 1; i >= 0 && i >= first_with_vars; --i) {
     const Op& op = ops_[i];
@@ -792,30 +869,31 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
     RowMatrix din;
     switch (op.layer.type) {
       case LayerType::kDense: {
-        ActivationGradient(op.layer.activation, cache.out[i], &d);
+        ActivationGradient(op.layer.activation, cache.out[i], &d, pool);
         const VariableSpec& kv = variables_[op.kernel];
         ConstMatrixMap input(in, batch, kv.rows);
         MatrixMap dkernel((*grads)[op.kernel].data(), kv.rows, kv.cols);
-        dkernel.noalias() = input.transpose() * d;
-        ColumnSums(d.data(), d.rows(), kv.cols, (*grads)[op.bias].data());
+        // By rows of dW (input features): each a whole sum over the batch.
+        ProductByRows(pool, dkernel, input.transpose(), d);
+        ColumnSums(d.data(), d.rows(), kv.cols, (*grads)[op.bias].data(), pool);
         if (need_input_grad) {
           ConstMatrixMap kernel(params[op.kernel].data(), kv.rows, kv.cols);
           din.resize(batch, kv.rows);
-          din.noalias() = d * kernel.transpose();
+          ProductByRows(pool, din, d, kernel.transpose());  // by examples
         }
         break;
       }
       case LayerType::kConv2D:
-        ActivationGradient(op.layer.activation, cache.out[i], &d);
+        ActivationGradient(op.layer.activation, cache.out[i], &d, pool);
         ConvBackward(op.window, cache.aux[i], d, params[op.kernel].data(), op.layer.filters, batch,
                      (*grads)[op.kernel].data(), (*grads)[op.bias].data(),
-                     need_input_grad ? &din : nullptr);
+                     need_input_grad ? &din : nullptr, pool);
         break;
       case LayerType::kMaxPool2D:
-        MaxPoolBackward(op.window, d, cache.argmax[i], &din);
+        MaxPoolBackward(op.window, d, cache.argmax[i], &din, pool);
         break;
       case LayerType::kAvgPool2D:
-        AvgPoolBackward(op.window, d, &din);
+        AvgPoolBackward(op.window, d, &din, pool);
         break;
       case LayerType::kFlatten:
         din = std::move(d);  // same layout

@@ -19,18 +19,27 @@
 // sqrt(6 / fan_in)), all others Glorot-uniform (limit
 // sqrt(6 / (fan_in + fan_out))), with fan = k*k*channels for conv2d.
 //
-// Thread safety: a Model is immutable after Create(); all const methods may be
-// called concurrently.
+// Threads: a step computes on SetThreads() threads (default 1: the caller's
+// thread only, the same bits as before threads existed). With N > 1 the
+// layers split their work by output rows (core/layers.h): the bits are the
+// same on every run with N threads, and within float rounding of N = 1.
+//
+// Thread safety: a Model is immutable after Create() and SetThreads(); all
+// const methods may be called concurrently (calls that overlap share the
+// pool: one of them uses its threads, the others compute the same chunks on
+// their own thread, core/thread_pool.h). Copies share the pool.
 #ifndef KUBETRAIN_CORE_MODEL_H_
 #define KUBETRAIN_CORE_MODEL_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/layers.h"
+#include "core/thread_pool.h"
 
 namespace kubetrain {
 
@@ -185,6 +194,12 @@ class Model {
   // what its head needs. Errors on a layer start with "layers[i]: ".
   static absl::StatusOr<Model> Create(const ModelSpec& spec);
 
+  // Computes LossAndGradients, Logits and Evaluate on `threads` threads
+  // (the caller's and threads - 1 started here; values < 1 count as 1).
+  // Not thread-safe: call before sharing the model.
+  void SetThreads(int threads);
+  int threads() const { return pool_ ? pool_->threads() : 1; }
+
   const std::vector<VariableSpec>& variables() const { return variables_; }
   // Whether the model looks up ids (embeddings, the wide part).
   bool sparse() const { return id_slots_ > 0 || !tables_.empty(); }
@@ -283,6 +298,8 @@ class Model {
   std::vector<TableUse> table_uses_;
   std::vector<int64_t> slot_offset_;  // per sparse input: its first lookup id
   int wide_bias_ = -1;
+  // Null for one thread: the kernels then run their single-threaded code.
+  std::shared_ptr<ThreadPool> pool_;
 };
 
 }  // namespace kubetrain

@@ -1,5 +1,6 @@
 #include "core/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -450,36 +451,158 @@ TEST(ModelDeterminismTest, GradientsDoNotDependOnBufferAddresses) {
                {Conv(4, 3, 1, true, Activation::kRelu), Pool(LayerType::kMaxPool2D, 2, 2),
                 Simple(LayerType::kFlatten), Simple(LayerType::kDropout, 0.3),
                 Dense(19, Activation::kTanh), Dense(3)})}) {
-    Model model = MustCreate(spec);
-    std::mt19937_64 rng(5);
-    Params params = RandomParams(model, &rng);
-    const int batch = 64;
-    const int64_t dim = model.input_dim();
-    std::vector<float> x(batch * dim);
-    std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
-    for (float& f : x) f = pixel(rng);
-    std::vector<int32_t> y(batch);
-    for (int i = 0; i < batch; ++i) y[i] = (i * 7) % 3;
-    Params want;
-    const float want_loss = model.LossAndGradients(params, x.data(), y.data(), batch, &want);
-    for (int shift = 1; shift < 16; ++shift) {
-      // The input at another offset, and fresh gradient buffers allocated
-      // after `pad`, so they start at other addresses too.
-      std::vector<float> shifted(x.size() + shift);
-      std::copy(x.begin(), x.end(), shifted.begin() + shift);
-      std::vector<char> pad(16 * shift + 8);
-      Params params_copy = params;
-      Params got;
-      Batch b;
-      b.x = shifted.data() + shift;
-      b.labels = y.data();
-      b.size = batch;
-      const float loss = model.LossAndGradients(params_copy, b, 0, &got);
-      EXPECT_EQ(loss, want_loss) << model.Summary() << " shift " << shift;
-      ASSERT_EQ(got.size(), want.size());
-      for (size_t v = 0; v < got.size(); ++v) {
-        EXPECT_EQ(0, std::memcmp(got[v].data(), want[v].data(), 4 * want[v].size()))
-            << model.Summary() << " " << model.variables()[v].name << " shift " << shift;
+    for (int threads : {1, 2}) {
+      Model model = MustCreate(spec);
+      model.SetThreads(threads);
+      std::mt19937_64 rng(5);
+      Params params = RandomParams(model, &rng);
+      const int batch = 64;
+      const int64_t dim = model.input_dim();
+      std::vector<float> x(batch * dim);
+      std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+      for (float& f : x) f = pixel(rng);
+      std::vector<int32_t> y(batch);
+      for (int i = 0; i < batch; ++i) y[i] = (i * 7) % 3;
+      Params want;
+      const float want_loss = model.LossAndGradients(params, x.data(), y.data(), batch, &want);
+      for (int shift = 1; shift < 16; ++shift) {
+        // The input at another offset, and fresh gradient buffers allocated
+        // after `pad`, so they start at other addresses too.
+        std::vector<float> shifted(x.size() + shift);
+        std::copy(x.begin(), x.end(), shifted.begin() + shift);
+        std::vector<char> pad(16 * shift + 8);
+        Params params_copy = params;
+        Params got;
+        Batch b;
+        b.x = shifted.data() + shift;
+        b.labels = y.data();
+        b.size = batch;
+        const float loss = model.LossAndGradients(params_copy, b, 0, &got);
+        EXPECT_EQ(loss, want_loss) << model.Summary() << " shift " << shift;
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t v = 0; v < got.size(); ++v) {
+          EXPECT_EQ(0, std::memcmp(got[v].data(), want[v].data(), 4 * want[v].size()))
+              << model.Summary() << " " << model.variables()[v].name << " shift " << shift
+              << " threads " << threads;
+        }
+      }
+    }
+  }
+}
+
+// The fashion-mnist-cnn example's layer list (examples/fashion-mnist-cnn.yaml).
+ModelSpec FashionCnn() {
+  LayerSpec pool = Pool(LayerType::kMaxPool2D, 2, 2);
+  return Layers({28, 28, 1},
+                {Conv(32, 3, 1, true, Activation::kRelu), pool,
+                 Conv(64, 3, 1, true, Activation::kRelu), pool, Simple(LayerType::kFlatten),
+                 Dense(128, Activation::kRelu), Simple(LayerType::kDropout, 0.5), Dense(10)},
+                HeadType::kSoftmax, 10);
+}
+
+struct StepResult {
+  float loss = 0;
+  Params grads;
+  RowMatrix logits;
+};
+
+StepResult Step(const Model& model, const Params& params, const std::vector<float>& x,
+                const std::vector<int32_t>& y) {
+  StepResult r;
+  Batch b;
+  b.x = x.data();
+  b.labels = y.data();
+  b.size = static_cast<int64_t>(y.size());
+  r.loss = model.LossAndGradients(params, b, 11, &r.grads);
+  r.logits = model.Logits(params, b);
+  return r;
+}
+
+::testing::AssertionResult SameBits(const StepResult& a, const StepResult& b) {
+  if (std::memcmp(&a.loss, &b.loss, 4) != 0) {
+    return ::testing::AssertionFailure() << "loss " << a.loss << " vs " << b.loss;
+  }
+  if (a.grads.size() != b.grads.size()) return ::testing::AssertionFailure() << "grads size";
+  for (size_t v = 0; v < a.grads.size(); ++v) {
+    if (a.grads[v].size() != b.grads[v].size() ||
+        std::memcmp(a.grads[v].data(), b.grads[v].data(), 4 * a.grads[v].size()) != 0) {
+      return ::testing::AssertionFailure() << "gradient " << v << " differs";
+    }
+  }
+  if (a.logits.size() != b.logits.size() ||
+      std::memcmp(a.logits.data(), b.logits.data(), 4 * a.logits.size()) != 0) {
+    return ::testing::AssertionFailure() << "logits differ";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Within float rounding, norm-wise: every |a - b| <= 1e-5 of the largest
+// |b| of the variable. (Entries that are sums cancelling to near zero differ
+// by more than 1e-5 of themselves; measured here: < 1e-6 norm-wise.)
+::testing::AssertionResult Close(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << "sizes differ";
+  float scale = 0;
+  for (float f : b) scale = std::max(scale, std::fabs(f));
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!(std::fabs(a[i] - b[i]) <= 1e-5f * scale)) {
+      return ::testing::AssertionFailure()
+             << "[" << i << "] " << a[i] << " vs " << b[i] << " (largest " << scale << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// A worker with N threads: the same bits on every run with N (whichever
+// thread runs which chunk), within float rounding of one thread; one thread
+// is the single-threaded code (a model never given a thread count).
+TEST(ModelThreadsTest, FixedThreadCountGivesFixedBitsCloseToOneThread) {
+  for (const ModelSpec& spec :
+       {FashionCnn(),
+        Layers({7, 6, 2},
+               {Conv(4, 3, 1, true, Activation::kRelu), Pool(LayerType::kAvgPool2D, 2, 2),
+                Conv(5, 2, 2, false, Activation::kTanh), Simple(LayerType::kFlatten),
+                Dense(19, Activation::kRelu), Dense(3)})}) {
+    const Model base = MustCreate(spec);
+    EXPECT_EQ(base.threads(), 1);
+    // Trained-like magnitudes (He/Glorot), not RandomParams' +-0.8: on a
+    // 3136-input layer those saturate the softmax and amplify rounding.
+    std::mt19937_64 rng(3);
+    const Params params = base.InitialParams(9);
+    for (int batch : {64, 37, 2}) {
+      std::vector<float> x(batch * base.input_dim());
+      std::normal_distribution<float> pixel(0.0f, 1.0f);
+      for (float& f : x) f = pixel(rng);
+      std::vector<int32_t> y(batch);
+      const int classes = static_cast<int>(base.variables().back().cols);
+      for (int i = 0; i < batch; ++i) y[i] = (i * 7) % classes;
+      const StepResult want = Step(base, params, x, y);
+      Model one = base;
+      one.SetThreads(4);
+      one.SetThreads(1);
+      EXPECT_EQ(one.threads(), 1);
+      EXPECT_TRUE(SameBits(Step(one, params, x, y), want)) << base.Summary() << " batch " << batch;
+      for (int threads : {2, 3}) {
+        Model model = base;
+        model.SetThreads(threads);
+        EXPECT_EQ(model.threads(), threads);
+        const StepResult first = Step(model, params, x, y);
+        for (int rep = 0; rep < 3; ++rep) {
+          EXPECT_TRUE(SameBits(Step(model, params, x, y), first))
+              << base.Summary() << " batch " << batch << " threads " << threads;
+        }
+        // A new pool of the same size: the same bits too.
+        Model again = base;
+        again.SetThreads(threads);
+        EXPECT_TRUE(SameBits(Step(again, params, x, y), first)) << threads;
+        EXPECT_NEAR(first.loss, want.loss, 1e-5 * std::fabs(want.loss));
+        for (size_t v = 0; v < want.grads.size(); ++v) {
+          EXPECT_TRUE(Close(first.grads[v], want.grads[v]))
+              << base.Summary() << " batch " << batch << " threads " << threads << " "
+              << base.variables()[v].name;
+        }
+        EXPECT_TRUE(Close(
+            std::vector<float>(first.logits.data(), first.logits.data() + first.logits.size()),
+            std::vector<float>(want.logits.data(), want.logits.data() + want.logits.size())));
       }
     }
   }

@@ -64,9 +64,21 @@ int main(int argc, char** argv) {
   parser.String("export_from_ps", &export_from_ps,
                 "be the exporter: pull the whole model from these PS tasks (host:port of ps:0, "
                 "ps:1, ... comma-separated) and write it to --export_model");
+  int64_t threads = 1;
+  parser.Int("threads", &threads,
+             "threads a step computes on (0: as many as the container's CPU limit, else the "
+             "machine's cores); the bits of a run are the same for a given count");
   std::string termination_log;
   AddTerminationLogFlag(parser, &termination_log);
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
+  if (threads < 0 || threads > 1024) {
+    std::fprintf(stderr,
+                 "error: --threads must be >= 1 (or 0: the CPU limit) and at most 1024, got "
+                 "%lld\n\n%s",
+                 static_cast<long long>(threads), parser.Usage().c_str());
+    return 2;
+  }
+  options.threads = static_cast<int>(threads);
   if (config_file.empty()) {
     std::fprintf(stderr, "error: --config is required\n\n%s", parser.Usage().c_str());
     return 2;

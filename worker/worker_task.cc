@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
 
 namespace kubetrain {
 namespace {
@@ -64,6 +65,14 @@ absl::StatusOr<std::unique_ptr<WorkerTask>> WorkerTask::Create(
     return absl::InvalidArgumentError(absl::StrCat("TF_CONFIG task type is \"chief\", but ",
                                                    config.job.name, " has no Chief replica"));
   }
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads must be >= 1 (or 0: the CPU limit), got ", options.threads));
+  }
+  const bool threads_from_cpu_limit = options.threads == 0;
+  if (config.model) {
+    config.model->SetThreads(threads_from_cpu_limit ? ThreadsFromCpuLimit() : options.threads);
+  }
   if (options.export_model.empty() && !config.job.training.checkpoint_dir.empty()) {
     options.export_model = config.job.training.checkpoint_dir + "/model.ktm";
     options.export_policy.field = "spec.training.checkpoint.directory";
@@ -86,6 +95,7 @@ absl::StatusOr<std::unique_ptr<WorkerTask>> WorkerTask::Create(
       new WorkerTask(std::move(config), std::move(options), clock, std::move(registry)));
   const TaskConfig& c = task->config_;
   task->name_ = absl::StrCat(type, ":", index);
+  task->threads_from_cpu_limit_ = threads_from_cpu_limit;
   task->is_chief_ = c.job.IsChiefTask(type, index);
   task->trains_ = type == "worker";
   task->RegisterMetrics();
@@ -305,7 +315,9 @@ absl::Status WorkerTask::Run() {
   const int index = config_.tf.task_index;
   Log(name_, is_chief_ && trains_ ? " (chief)" : "", " connecting to ", config_.num_ps,
       " PS tasks; metrics on ",
-      metrics_server_ ? absl::StrCat(metrics_server_->port()) : std::string("(off)"));
+      metrics_server_ ? absl::StrCat(metrics_server_->port()) : std::string("(off)"),
+      "; computing on ", threads(), threads() == 1 ? " thread" : " threads",
+      threads_from_cpu_limit_ ? " (the CPU limit)" : "");
   if (absl::Status s = client_->Connect(); !s.ok()) return ExplainMismatch(s);
   auto on_progress = [this](const Progress& p) { ReportProgress(p); };
   absl::StatusOr<TrainResult> result;

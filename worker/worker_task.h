@@ -57,6 +57,10 @@ struct WorkerTaskOptions {
   ExportPolicy export_policy;
   // The chief's report lines, without newline ("" default: stdout, flushed).
   std::function<void(const std::string& line)> report_sink;
+  // Threads a step (and an evaluation) computes on (Model::SetThreads); 0:
+  // as many as this process's CPU limit allows (ThreadsFromCpuLimit,
+  // core/thread_pool.h). 1 keeps the single-threaded bits of older releases.
+  int threads = 1;
 };
 
 // Data already opened (e.g. shared by tasks in one process; in memory:
@@ -88,6 +92,8 @@ class WorkerTask {
   void Stop() { client_->Cancel(); }
 
   bool is_chief() const { return is_chief_; }
+  // The threads its model computes on (options.threads resolved).
+  int threads() const { return config_.model ? config_.model->threads() : 1; }
   // The chief's result, once Run succeeded.
   const std::optional<JobResult>& result() const { return result_; }
   int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
@@ -112,7 +118,8 @@ class WorkerTask {
   const WorkerTaskOptions options_;
   const Clock* const clock_;
   const std::shared_ptr<prometheus::Registry> registry_;
-  std::string name_;  // "worker:1", "chief:0", "evaluator:0"
+  std::string name_;                     // "worker:1", "chief:0", "evaluator:0"
+  bool threads_from_cpu_limit_ = false;  // options.threads was 0
   bool is_chief_ = false;
   bool trains_ = false;  // a worker (not a reader)
   PsClientMetrics client_metrics_;

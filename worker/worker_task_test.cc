@@ -232,6 +232,27 @@ TEST_F(WorkerTaskTest, TheChiefReportsThePsTasksCheckpointFailuresWithTheOsError
   }
 }
 
+// --threads: workers computing on 2 threads train the job to its end; 0
+// takes the CPU limit; a negative count is a configuration error.
+TEST_F(WorkerTaskTest, WorkersComputeOnTheirThreads) {
+  Make({.ps = 1, .workers = 2, .mode = "sync", .steps = 20});
+  Add("worker", 0, WorkerTaskOptions{.threads = 2});
+  Add("worker", 1, WorkerTaskOptions{.threads = 0});
+  EXPECT_EQ(tasks_["worker:0"].task->threads(), 2);
+  EXPECT_GE(tasks_["worker:1"].task->threads(), 1);
+  RunAll();
+  for (auto& [name, t] : tasks_) ASSERT_TRUE(t.run.ok()) << name << ": " << t.run;
+  std::vector<ReportLine> reports = Reports(tasks_["worker:0"]);
+  ASSERT_FALSE(reports.empty());
+  ASSERT_TRUE(reports.back().result.has_value());
+  EXPECT_EQ(reports.back().result->global_step, 20);
+  Task t;
+  auto bad = CreateTask("worker", 0, &t, WorkerTaskOptions{.threads = -1});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(std::string(bad.status().message()), "threads must be >= 1");
+}
+
 TEST_F(WorkerTaskTest, RefusesTaskTypesItDoesNotRun) {
   Make({.ps = 1, .workers = 1});
   Task t;

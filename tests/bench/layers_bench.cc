@@ -8,11 +8,16 @@
 //   gemm   the same three GEMMs per layer on preallocated matrices: the
 //          ceiling the kernels are compared with;
 //   step   one Model::LossAndGradients of the whole example CNN (what a
-//          worker computes per step, on one core; no PS transfer).
+//          worker computes per step, on one core; no PS transfer);
+//   threads the same step with Model::SetThreads(--threads) against one
+//          thread, timed alternately step by step (one of each per round)
+//          so that load from other processes hits both alike;
+//          threads_speedup is the median over rounds of t(1) / t(N).
 // Prints figures; the last line is key=value pairs (ratios = kernel / gemm).
 // Never fails on a time.
 #include <time.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -28,11 +33,15 @@ namespace {
 
 using bench::NowSeconds;
 
-double CpuSeconds() {
+double ClockSeconds(clockid_t clock) {
   timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  clock_gettime(clock, &ts);
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
+double CpuSeconds() { return ClockSeconds(CLOCK_PROCESS_CPUTIME_ID); }
+// This thread's CPU time: in a threaded step, the caller's share (the
+// serial parts and chunk 0 of every split), which waiting does not count.
+double ThreadCpuSeconds() { return ClockSeconds(CLOCK_THREAD_CPUTIME_ID); }
 
 // Median seconds of `fn` over `reps` runs after one warm-up.
 template <typename Fn>
@@ -67,14 +76,19 @@ double GemmSeconds(int64_t m, int64_t k, int64_t n, int reps, std::mt19937_64* r
 }
 
 int Main(int argc, char** argv) {
-  int64_t batch = 64, reps = 20;
-  FlagParser flags("layers_bench [--batch N] [--reps N]");
+  int64_t batch = 64, reps = 20, threads = 2;
+  FlagParser flags("layers_bench [--batch N] [--reps N] [--threads N]");
   flags.Int("batch", &batch, "examples per batch");
   flags.Int("reps", &reps, "timed repetitions (median reported)");
+  flags.Int("threads", &threads, "threads of the multi-threaded CNN step (against one)");
   if (auto st = flags.Parse(argc, argv, 1, nullptr); !st.ok() || flags.help_requested()) {
     std::fprintf(stderr, "%s\n%s", st.ok() ? "" : std::string(st.message()).c_str(),
                  flags.Usage().c_str());
     return flags.help_requested() ? 0 : 2;
+  }
+  if (threads < 1) {
+    std::fprintf(stderr, "--threads must be >= 1, got %lld\n", static_cast<long long>(threads));
+    return 2;
   }
   std::mt19937_64 rng(1);
 
@@ -164,6 +178,44 @@ int Main(int argc, char** argv) {
   for (int64_t i = 0; i < reps; ++i) step();
   const double step_cpu_s = (CpuSeconds() - cpu0) / static_cast<double>(reps);
 
+  // threads: one model per thread count, steps alternated.
+  Model threaded = *model;
+  threaded.SetThreads(static_cast<int>(threads));
+  Model single = *model;
+  single.SetThreads(1);
+  Params grads_n;
+  auto step_on = [&](const Model& m, Params* g) {
+    Batch b;
+    b.x = images.data();
+    b.labels = labels.data();
+    b.size = batch;
+    m.LossAndGradients(params, b, ++dropout_seed, g);
+  };
+  step_on(single, &grads);
+  step_on(threaded, &grads_n);
+  std::vector<double> t1, tn, ratio, cpu1, cpun, caller_cpun;
+  for (int64_t i = 0; i < reps; ++i) {
+    double t0 = NowSeconds(), c0 = CpuSeconds();
+    step_on(single, &grads);
+    t1.push_back(NowSeconds() - t0);
+    cpu1.push_back(CpuSeconds() - c0);
+    t0 = NowSeconds();
+    c0 = CpuSeconds();
+    const double tc0 = ThreadCpuSeconds();
+    step_on(threaded, &grads_n);
+    tn.push_back(NowSeconds() - t0);
+    cpun.push_back(CpuSeconds() - c0);
+    caller_cpun.push_back(ThreadCpuSeconds() - tc0);
+    ratio.push_back(t1.back() / tn.back());
+  }
+  const double step1_s = bench::Summarize(t1).median, stepn_s = bench::Summarize(tn).median;
+  const double speedup = bench::Summarize(ratio).median;
+  // Load-independent figures: CPU time of the whole threaded step (all
+  // threads: the cost of splitting) and of its caller thread alone (with
+  // even chunks, the critical path on an idle machine), against one thread.
+  const double cpu1_s = bench::Summarize(cpu1).median, cpun_s = bench::Summarize(cpun).median;
+  const double caller_s = bench::Summarize(caller_cpun).median;
+
   const double conv_gf = conv_flops / conv_s / 1e9, conv_ref = conv_flops / conv_gemm_s / 1e9;
   const double dense_gf = dense_flops / dense_s / 1e9, dense_ref = dense_flops / dense_gemm_s / 1e9;
   std::printf("conv 14x14x32->64 3x3 same, batch %lld: %.3f ms, %.2f GFLOP/s (plain GEMM %.2f)\n",
@@ -176,13 +228,27 @@ int Main(int argc, char** argv) {
       static_cast<long long>(batch), step_s * 1e3, batch / step_s, step_cpu_s * 1e3,
       batch / step_cpu_s);
   std::printf(
+      "cnn step, %lld threads vs 1 (alternating): %.3f ms vs %.3f ms, speedup %.2fx (median "
+      "of per-round ratios)\n",
+      static_cast<long long>(threads), stepn_s * 1e3, step1_s * 1e3, speedup);
+  std::printf(
+      "cnn step CPU time: 1 thread %.3f ms; %lld threads %.3f ms in all, %.3f ms on the caller "
+      "(its ratio, a bound on the speedup on an idle machine: %.2fx)\n",
+      cpu1_s * 1e3, static_cast<long long>(threads), cpun_s * 1e3, caller_s * 1e3,
+      cpu1_s / caller_s);
+  std::printf(
       "%s\n",
       absl::StrFormat(
           "conv_gflops=%.2f conv_gemm_gflops=%.2f conv_ratio=%.3f dense_gflops=%.2f "
           "dense_gemm_gflops=%.2f dense_ratio=%.3f cnn_step_ms=%.2f cnn_examples_per_s=%.0f "
-          "cnn_step_cpu_ms=%.2f cnn_examples_per_cpu_s=%.0f",
+          "cnn_step_cpu_ms=%.2f cnn_examples_per_cpu_s=%.0f threads=%lld "
+          "cnn_step_1thread_ms=%.2f cnn_step_threads_ms=%.2f cnn_step_1thread_cpu_ms=%.2f "
+          "cnn_step_threads_cpu_ms=%.2f cnn_step_threads_caller_cpu_ms=%.2f "
+          "threads_cpu_speedup=%.3f threads_speedup=%.3f",
           conv_gf, conv_ref, conv_gf / conv_ref, dense_gf, dense_ref, dense_gf / dense_ref,
-          step_s * 1e3, batch / step_s, step_cpu_s * 1e3, batch / step_cpu_s)
+          step_s * 1e3, batch / step_s, step_cpu_s * 1e3, batch / step_cpu_s,
+          static_cast<long long>(threads), step1_s * 1e3, stepn_s * 1e3, cpu1_s * 1e3, cpun_s * 1e3,
+          caller_s * 1e3, cpu1_s / caller_s, speedup)
           .c_str());
   return 0;
 }
@@ -190,4 +256,9 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace kubetrain
 
-int main(int argc, char** argv) { return kubetrain::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // malloc as in kubetrain-worker: the step's large buffers (im2col patches)
+  // stay in the process instead of faulting in again every step.
+  kubetrain::InitProcess(kubetrain::ProcessProfile::kTensorBuffers);
+  return kubetrain::Main(argc, argv);
+}
