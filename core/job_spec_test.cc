@@ -1,4 +1,5 @@
 #include "core/job_spec.h"
+#include "core/yaml_limits_testing.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -352,21 +353,6 @@ TEST(JobSpecErrors, AnUnterminatedQuoteGivesLineAndColumn) {
   EXPECT_EQ(ErrorOf(Replace("image: kubetrain:dev", "image: \"kube\\\"train\\\\\"")),
             "<parsed OK>");
   EXPECT_EQ(ErrorOf(Replace("image: kubetrain:dev", "image: 'it''s'")), "<parsed OK>");
-}
-
-// Ten anchors, each a list of ten aliases of the previous one: 10^9 "lol"s
-// from under 1 KB, each line indented by `indent`. The fourth *a4 on the a5
-// line (7 lines down from a0, column indent + 25) crosses the 100000 nodes
-// aliases may repeat (core/yaml_limits.h).
-std::string AliasBomb(int indent) {
-  const std::string pad(indent, ' ');
-  std::string out = absl::StrCat(pad, "a0: &a0 [\"lol\"]\n");
-  for (int i = 1; i < 10; ++i) {
-    absl::StrAppend(&out, pad, "a", i, ": &a", i, " [");
-    for (int j = 0; j < 10; ++j) absl::StrAppend(&out, j > 0 ? ", " : "", "*a", i - 1);
-    absl::StrAppend(&out, "]\n");
-  }
-  return out;
 }
 
 std::string BombError(int line, int column) {

@@ -1,4 +1,5 @@
 #include "core/yaml_limits.h"
+#include "core/yaml_limits_testing.h"
 
 #include <string>
 
@@ -15,21 +16,8 @@ namespace {
     EXPECT_TRUE(absl::StrContains(kt_s, part)) << kt_s; \
   } while (0)
 
-// Ten anchors, each a list of ten aliases of the previous one: 10^9 "lol"s
-// from under 1 KB, each line indented by `indent`.
-std::string Bomb(int indent) {
-  const std::string pad(indent, ' ');
-  std::string out = absl::StrCat(pad, "a0: &a0 [\"lol\"]\n");
-  for (int i = 1; i < 10; ++i) {
-    absl::StrAppend(&out, pad, "a", i, ": &a", i, " [");
-    for (int j = 0; j < 10; ++j) absl::StrAppend(&out, j > 0 ? ", " : "", "*a", i - 1);
-    absl::StrAppend(&out, "]\n");
-  }
-  return out;
-}
-
 TEST(YamlLimitsTest, AliasBombIsRefusedAtTheAliasThatCrossesTheLimit) {
-  const absl::Status status = CheckAliasExpansion(Bomb(0));
+  const absl::Status status = CheckAliasExpansion(AliasBomb(0));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   // a4 stands for 21111 nodes; the aliases before a5 repeat 23450, so the
   // fourth *a4 of line 6 ("a5: &a5 [*a4, *a4, *a4, *a4, ...", column 25)
