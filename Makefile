@@ -3,7 +3,8 @@
 #   make build   build everything; binaries land in bin/
 #   make demo    train examples/fashion-mnist-sync.yaml locally
 #   make images  build the operator and runtime images with buildah (docker/README.md)
-#   make test    unit tests (Bazel) + multi-process integration tests + e2e with the images
+#   make test    lint, Bazel unit tests, images, operator e2e (pods from the images) + scale,
+#                packaging (images, chart, dashboards, docs), integration: docs/development.md
 #                (E2E_IMAGES=0: the e2e with host binaries, no image build)
 SHELL := /bin/bash
 BAZEL ?= bazel
