@@ -15,9 +15,9 @@ DEB_PACKAGES := bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-g
 # Only for the tests and `make images` (`make deps`, not `make build-deps`), and
 # only in a clone (the Dockerfiles' builder stage runs `make deps` with the
 # Makefile alone): buildah and debootstrap build the images, ca-certificates
-# for the Go module proxy, iproute2 for the node agent's pod network; Go >= 1.21 comes from bookworm-backports when
+# for the Go module proxy, iproute2 for the node agent's pod network, nftables for its NetworkPolicy enforcement; Go >= 1.21 comes from bookworm-backports when
 # missing (tests/cluster/install-go.sh).
-TEST_DEB_PACKAGES := buildah debootstrap ca-certificates iproute2
+TEST_DEB_PACKAGES := buildah debootstrap ca-certificates iproute2 nftables
 BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker operator/kubetrain-operator
 # $(call apt_install,PACKAGES): a shell snippet installing them as root.
 apt_install = echo "installing:" $(1); \
