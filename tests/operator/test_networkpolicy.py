@@ -15,10 +15,15 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 
 import pytest
 
-from test_e2e import apply, job, started_pod, status, wait_for, wait_state
+from conftest import CLUSTER
+from test_e2e import RUNTIME_IMAGE, apply, job, started_pod, status, wait_for, wait_state
+
+sys.path.insert(0, CLUSTER)
+import image_rootfs  # noqa: E402
 
 JOB = "np"
 STRAY_NS = "np-stray"
@@ -119,6 +124,13 @@ def test_networkpolicy_lets_the_jobs_workers_reach_the_ps(cluster, ps):
     table = wait_for(k, "the PS's ingress rules", lambda: "selected by default/np" in nft_table_of(k, ps)
                      and nft_table_of(k, ps), 30)
     assert "counter packets" in table and "drop" in table, table
+    # Per network namespace, so whether the PS runs from its image (make images; the default) or
+    # as a host process (KUBETRAIN_HOST_BINARIES=1) makes no difference; say which one this was.
+    with open(os.path.join(k.state, "logs", "node-agent.log")) as f:
+        started = [line for line in f if f"started default/{JOB}-ps-0 " in line]
+    print("PS started:", started[-1].split(": ")[0])
+    if os.environ.get("KUBETRAIN_HOST_BINARIES", "0") == "0" and image_rootfs.image_exists(RUNTIME_IMAGE):
+        assert f" image {RUNTIME_IMAGE}" in started[-1], started
     # The workers train against the PS: the global step moves.
     before = (status(k, JOB).get("progress") or {}).get("globalStep", 0)
     wait_for(k, "more steps", lambda: (status(k, JOB).get("progress") or {}).get("globalStep", 0) > before, 60)
