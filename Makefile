@@ -76,12 +76,12 @@ integration-test: build
 
 # The operator against a real kube-apiserver + etcd (built from Go modules on
 # first use, ~7 min cold, cached in ~/.cache/kubetrain): the C++ API client,
-# the CRD's validation, the test node agent, and kubectl end to end, with every
+# the CRD's validation, the test node agent (and its NetworkPolicy enforcement), and kubectl end to end, with every
 # PS/worker pod run from the runtime image (E2E_IMAGES=0: host binaries).
 operator-test: $(E2E_DEPS)
 	tests/cluster/build.sh
 	tests/operator/run_client_test.sh
-	$(PYTHON) -m pytest -q tests/cluster/test_node_agent.py
+	$(PYTHON) -m pytest -q tests/cluster/test_node_agent.py tests/cluster/test_netpolicy.py
 	$(PYTHON) -m pytest -q tests/operator
 	tests/scale/build_kwok.sh
 	$(PYTHON) -m pytest -q tests/scale
