@@ -13,6 +13,7 @@ Each pod gets its own network namespace on a bridge with an address from 10.244.
 each), ConfigMap, Secret, emptyDir and hostPath volumes (ConfigMaps and Secrets as the
 kubelet writes them: items, file modes, fsGroup, mounted read-only), a termination-log file and a shared hosts
 file (headless Service names) bind-mounted, in private mount + PID namespaces (unshare).
+NetworkPolicy ingress rules are enforced with nftables in each pod's namespace (netpolicy.py).
 Needs root.
 With --service-account-tokens it also does what the kubelet does for in-cluster
 clients: a TokenRequest token of the pod's ServiceAccount, the API server CA and the
