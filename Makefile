@@ -16,9 +16,9 @@ DEB_PACKAGES := bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-g
 # Only for the tests and `make images` (`make deps`, not `make build-deps`), and
 # only in a clone (the Dockerfiles' builder stage runs `make deps` with the
 # Makefile alone): buildah and debootstrap build the images, ca-certificates
-# for the Go module proxy, iproute2 for the node agent's pod network; Go >= 1.21 comes from bookworm-backports when
+# for the Go module proxy, iproute2 for the node agent's pod network, nftables for its NetworkPolicy enforcement; Go >= 1.21 comes from bookworm-backports when
 # missing (tests/cluster/install-go.sh).
-TEST_DEB_PACKAGES := buildah debootstrap ca-certificates iproute2
+TEST_DEB_PACKAGES := buildah debootstrap ca-certificates iproute2 nftables
 BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker operator/kubetrain-operator
 # $(call apt_install,PACKAGES): a shell snippet installing them as root.
 apt_install = echo "installing:" $(1); \
@@ -77,12 +77,12 @@ integration-test: build
 
 # The operator against a real kube-apiserver + etcd (built from Go modules on
 # first use, ~7 min cold, cached in ~/.cache/kubetrain): the C++ API client,
-# the CRD's validation, the test node agent, and kubectl end to end, with every
+# the CRD's validation, the test node agent (and its NetworkPolicy enforcement), and kubectl end to end, with every
 # PS/worker pod run from the runtime image (E2E_IMAGES=0: host binaries).
 operator-test: $(E2E_DEPS)
 	tests/cluster/build.sh
 	tests/operator/run_client_test.sh
-	$(PYTHON) -m pytest -q tests/cluster/test_node_agent.py
+	$(PYTHON) -m pytest -q tests/cluster/test_node_agent.py tests/cluster/test_netpolicy.py
 	$(PYTHON) -m pytest -q tests/operator
 	tests/scale/build_kwok.sh
 	$(PYTHON) -m pytest -q tests/scale

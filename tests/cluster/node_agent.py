@@ -13,6 +13,7 @@ Each pod gets its own network namespace on a bridge with an address from 10.244.
 each), ConfigMap, Secret, emptyDir and hostPath volumes (ConfigMaps and Secrets as the
 kubelet writes them: items, file modes, fsGroup, mounted read-only), a termination-log file and a shared hosts
 file (headless Service names) bind-mounted, in private mount + PID namespaces (unshare).
+NetworkPolicy ingress rules are enforced with nftables in each pod's namespace (netpolicy.py).
 Needs root.
 With --service-account-tokens it also does what the kubelet does for in-cluster
 clients: a TokenRequest token of the pod's ServiceAccount, the API server CA and the
@@ -29,6 +30,7 @@ import subprocess, sys, threading, time, urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import image_rootfs  # noqa: E402
+import netpolicy  # noqa: E402
 import pod_network  # noqa: E402
 
 BACKOFF_START, BACKOFF_CAP, GRACE_CAP, HEARTBEAT = 1.0, 10.0, 5.0, 10.0
@@ -234,6 +236,7 @@ class Agent:
         else:
             self.api.load()
             self.net = pod_network.NetnsNetwork(self.state, self.api.host, self.api.port, log, self.state)
+        self.netpol = netpolicy.Enforcer(self.net, log)  # NetworkPolicy ingress, per pod namespace
         self.bind_tried = {}
         self.hosts_path = os.path.join(self.state, "hosts")
         base = open("/etc/hosts").read() if os.path.exists("/etc/hosts") else "127.0.0.1 localhost\n"
@@ -767,6 +770,7 @@ class Agent:
 
     def tick(self):
         now = time.time()
+        self.netpol.sync(self.runs.values())  # before a new pod's containers start
         if self.hosts_dirty:
             self.write_hosts()  # before starting containers, so their names resolve at once
         for run in list(self.runs.values()):
@@ -916,7 +920,9 @@ class Agent:
         self.register_node()
         self.write_hosts()
         for target, args in ((self.heartbeat_loop, ()), (self.watch_loop, ("services", "/api/v1/services")),
-                             (self.watch_loop, ("pods", "/api/v1/pods"))):
+                             (self.watch_loop, ("pods", "/api/v1/pods")),
+                             (self.watch_loop, ("networkpolicies", "/apis/networking.k8s.io/v1/networkpolicies")),
+                             (self.watch_loop, ("namespaces", "/api/v1/namespaces"))):
             threading.Thread(target=target, args=args, daemon=True).start()
         log(f"node {self.node} ready; state {self.state}")
         while not self.stop.is_set():
@@ -926,8 +932,10 @@ class Agent:
                     kind, typ, obj = self.q.get(timeout=max(0.0, deadline - time.time()))
                     if kind == "pods":
                         self.on_pods(typ, obj)
-                    else:
+                    elif kind == "services":
                         self.on_services(typ, obj)
+                    else:
+                        self.netpol.on_event(kind, typ, obj)
             except queue.Empty:
                 pass
             except Exception as e:

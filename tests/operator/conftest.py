@@ -13,6 +13,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CLUSTER = os.path.join(ROOT, "tests", "cluster")
 CRD_FILE = os.path.join(ROOT, "deploy", "crd", "kubetrain.io_trainingjobs.yaml")
 CRD_NAME = "trainingjobs.kubetrain.io"
+BIN = os.path.join(ROOT, "bin")
 
 
 def _cache_bin():
@@ -89,3 +90,29 @@ def crd_installed(kube_cluster):
             break
         time.sleep(1)
     return k
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A whole test cluster for the module (tests/cluster/cluster-up.sh: etcd, kube-apiserver,
+    the CRD, the operator and the node agent), stopped afterwards. Yields a Kubectl with .state."""
+    for b in ("kubetrain-operator", "kubetrain-ps", "kubetrain-worker"):
+        if not os.access(os.path.join(BIN, b), os.X_OK):
+            pytest.fail(f"{BIN}/{b} missing: run make build")
+    state = tempfile.mkdtemp(prefix="kubetrain-e2e.")
+    env = dict(os.environ, KUBETRAIN_STATE=state)
+    env.pop("KUBECONFIG", None)
+    proc = subprocess.run([os.path.join(CLUSTER, "cluster-up.sh")], capture_output=True, text=True,
+                          env=env, timeout=3600)
+    if proc.returncode != 0:
+        subprocess.run([os.path.join(CLUSTER, "cluster-down.sh"), "--purge"], env=env)
+        pytest.fail(f"cluster-up.sh failed:\n{proc.stderr[-4000:]}")
+    for line in proc.stdout.splitlines():
+        if line.startswith("export KUBECONFIG="):
+            env["KUBECONFIG"] = line.split("=", 1)[1].strip('"')
+    k = Kubectl(os.path.join(_cache_bin(), "kubectl"), env)
+    k.state = state
+    try:
+        yield k
+    finally:
+        subprocess.run([os.path.join(CLUSTER, "cluster-down.sh"), "--purge"], env=env, timeout=120)

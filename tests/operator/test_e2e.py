@@ -17,33 +17,7 @@ import time
 
 import pytest
 
-from conftest import CLUSTER, ROOT, Kubectl, _cache_bin
-
-BIN = os.path.join(ROOT, "bin")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    for b in ("kubetrain-operator", "kubetrain-ps", "kubetrain-worker"):
-        if not os.access(os.path.join(BIN, b), os.X_OK):
-            pytest.fail(f"{BIN}/{b} missing: run make build")
-    state = tempfile.mkdtemp(prefix="kubetrain-e2e.")
-    env = dict(os.environ, KUBETRAIN_STATE=state)
-    env.pop("KUBECONFIG", None)
-    proc = subprocess.run([os.path.join(CLUSTER, "cluster-up.sh")], capture_output=True, text=True,
-                          env=env, timeout=3600)
-    if proc.returncode != 0:
-        subprocess.run([os.path.join(CLUSTER, "cluster-down.sh"), "--purge"], env=env)
-        pytest.fail(f"cluster-up.sh failed:\n{proc.stderr[-4000:]}")
-    for line in proc.stdout.splitlines():
-        if line.startswith("export KUBECONFIG="):
-            env["KUBECONFIG"] = line.split("=", 1)[1].strip('"')
-    k = Kubectl(os.path.join(_cache_bin(), "kubectl"), env)
-    k.state = state
-    try:
-        yield k
-    finally:
-        subprocess.run([os.path.join(CLUSTER, "cluster-down.sh"), "--purge"], env=env, timeout=120)
+from conftest import BIN, CLUSTER, ROOT
 
 
 def job(name, *, steps=300, workers=2, ps=1, worker_policy="Never", run_policy=None, extra_training=None,
