@@ -21,6 +21,32 @@ namespace kubetrain {
 namespace spec_internal {
 namespace {
 
+// A categorical column's separator and maxValues (a multi-valued column).
+absl::Status ParseMultiValued(const Fields& f, ColumnSpec* out) {
+  if (!f.Has("separator")) {
+    if (f.Has("maxValues")) {
+      return FieldError(f.PathOf("maxValues"),
+                        "only applies to a multi-valued column (set separator, e.g. \"|\")");
+    }
+    return absl::OkStatus();
+  }
+  std::string sep;
+  KT_RETURN_IF_ERROR(ReadString(f, "separator", &sep));
+  if (sep.size() != 1 || sep == "\"" || sep == "\n" || sep == "\r" || sep == " ") {
+    return FieldError(
+        f.PathOf("separator"),
+        absl::StrCat("must be one character (not a quote, space or newline), got ", Quote(sep)));
+  }
+  out->separator = sep[0];
+  if (!f.Has("maxValues")) {
+    return FieldError(f.PathOf("maxValues"),
+                      "required with separator: the most values one field may hold (the model "
+                      "looks up that many ids per example)");
+  }
+  KT_RETURN_IF_ERROR(ReadInt32(f, "maxValues", &out->max_values));
+  return CheckRange(f.PathOf("maxValues"), out->max_values, 1, 1024);
+}
+
 // One entry of spec.training.dataset.columns.
 absl::Status ParseColumn(const YAML::Node& node, const std::string& path, ColumnSpec* out) {
   Fields f;
@@ -39,7 +65,8 @@ absl::Status ParseColumn(const YAML::Node& node, const std::string& path, Column
     known.insert(known.end(), {"normalize", "missing"});
   } else if (type == "categorical") {
     out->type = ColumnType::kCategorical;
-    known.insert(known.end(), {"vocabulary", "hashBuckets", "dynamic", "missing"});
+    known.insert(known.end(),
+                 {"vocabulary", "hashBuckets", "dynamic", "missing", "separator", "maxValues"});
   } else if (type == "label") {
     out->type = ColumnType::kLabel;
     known.insert(known.end(), {"classes", "numClasses"});
@@ -65,6 +92,7 @@ absl::Status ParseColumn(const YAML::Node& node, const std::string& path, Column
                         "a categorical column needs exactly one of vocabulary, hashBuckets or "
                         "dynamic: true");
     }
+    KT_RETURN_IF_ERROR(ParseMultiValued(f, out));
     if (f.Has("hashBuckets")) {
       KT_RETURN_IF_ERROR(CheckRange(f.PathOf("hashBuckets"), out->hash_buckets, 1, 1 << 20));
     } else if (f.Has("vocabulary")) {
@@ -264,6 +292,11 @@ absl::Status ParseDatasetFields(const Fields& f, TrainingSpec* out) {
     if (!names.insert(c.name).second) {
       return FieldError(path + ".name", absl::StrCat("duplicate column name ", Quote(c.name)));
     }
+    if (c.separator != 0 && c.separator == t.delimiter) {
+      return FieldError(path + ".separator",
+                        absl::StrCat("must differ from the dataset's delimiter ",
+                                     Quote(std::string(1, t.delimiter))));
+    }
     if (c.type == ColumnType::kLabel && ++labels > 1) {
       return FieldError(path + ".type", "only one column can be the label");
     }
@@ -345,7 +378,7 @@ absl::Status ConnectModelToDataset(TrainingSpec* t) {
                        "by spec.training.model.embeddings or model.wide"));
     }
     if (!c.as_ids) continue;
-    SparseInput in{c.name, 0, 1, c.dynamic};
+    SparseInput in{c.name, 0, c.max_values, c.dynamic};
     if (!c.dynamic) {
       in.vocab = c.hash_buckets > 0 ? c.hash_buckets : static_cast<int64_t>(c.vocabulary.size());
     }

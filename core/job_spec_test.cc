@@ -1110,6 +1110,25 @@ std::string DynamicExample(const std::string& embedding_extra = "",
   return s;
 }
 
+TEST(JobSpecSparseTest, AMultiValuedColumnIsMaxValuesIdSlots) {
+  std::ifstream in(ExamplePath("census-income-profile.yaml"));
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<TrainingJob> job = ParseTrainingJob(text.str());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const TrainingSpec& t = job->training;
+  const ColumnSpec& profile = t.tabular.columns[5];
+  EXPECT_EQ(profile.separator, '|');
+  EXPECT_EQ(profile.max_values, 8);
+  EXPECT_TRUE(profile.as_ids);
+  ASSERT_EQ(t.model.sparse_inputs.size(), 1u);
+  EXPECT_EQ(t.model.sparse_inputs[0].slots, 8);
+  EXPECT_EQ(IdSlots(t.tabular), 8);
+  absl::StatusOr<Model> model = Model::Create(t.model);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->id_slots(), 8);
+}
+
 TEST(JobSpecSparseTest, DynamicColumnsAndMaxRows) {
   absl::StatusOr<TrainingJob> job =
       ParseTrainingJob(DynamicExample(", maxRows: 5000", "        maxRows: 300\n"));

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/hash.h"
 #include "core/libsvm.h"
 
@@ -94,6 +95,9 @@ bool SplitRecord(absl::string_view line, char delimiter, std::vector<std::string
 struct Parsed {
   std::vector<double> numbers;
   std::vector<int64_t> indices;
+  // Multi-valued columns (separator set): each value's index, in field
+  // order (indices[c] is unused for them).
+  std::vector<std::vector<int64_t>> multi;
 };
 
 // The lines of a list of files, in order, each file streamed (LineReader).
@@ -213,7 +217,17 @@ class CsvParser {
           break;
         }
         case ColumnType::kCategorical:
-          if (col.as_ids) {
+          if (col.separator != 0) {
+            const std::vector<int64_t>& values = p.multi[c];
+            for (int k = 0; k < col.max_values; ++k) {
+              const int64_t id = k < static_cast<int>(values.size()) ? values[k] : -1;
+              if (col.as_ids) {
+                r->lookup_ids.push_back(id);
+              } else if (id >= 0) {
+                x[offset + id] = 1.0f;
+              }
+            }
+          } else if (col.as_ids) {
             r->lookup_ids.push_back(index);
           } else if (index >= 0) {
             x[offset + index] = 1.0f;
@@ -238,6 +252,17 @@ class CsvParser {
     return absl::InvalidArgumentError(absl::StrCat("column '", col.name, "': ", what));
   }
 
+  // The id of one categorical value: its vocabulary index (-1 if not in it),
+  // hash bucket or dynamic id.
+  static int64_t CategoryIndex(const ColumnSpec& col, absl::string_view v) {
+    if (col.dynamic) return DynamicColumnId(v);
+    if (col.hash_buckets > 0) {
+      return static_cast<int64_t>(Fnv1a64(v) % static_cast<uint64_t>(col.hash_buckets));
+    }
+    auto it = std::find(col.vocabulary.begin(), col.vocabulary.end(), v);
+    return it == col.vocabulary.end() ? -1 : it - col.vocabulary.begin();
+  }
+
   bool IsMissing(const std::string& v) const {
     return std::find(spec_.missing_values.begin(), spec_.missing_values.end(), v) !=
            spec_.missing_values.end();
@@ -247,6 +272,8 @@ class CsvParser {
     const size_t ncols = spec_.columns.size();
     out->numbers.assign(ncols, std::numeric_limits<double>::quiet_NaN());
     out->indices.assign(ncols, -1);
+    out->multi.resize(ncols);
+    for (std::vector<int64_t>& values : out->multi) values.clear();
     for (size_t c = 0; c < ncols; ++c) {
       const ColumnSpec& col = spec_.columns[c];
       const std::string& v = fields[c];
@@ -271,14 +298,20 @@ class CsvParser {
             if (col.missing == "error") return Bad(col, "missing value");
             break;
           }
-          if (col.dynamic) {
-            out->indices[c] = DynamicColumnId(v);
-          } else if (col.hash_buckets > 0) {
-            out->indices[c] =
-                static_cast<int64_t>(Fnv1a64(v) % static_cast<uint64_t>(col.hash_buckets));
-          } else {
-            auto it = std::find(col.vocabulary.begin(), col.vocabulary.end(), v);
-            if (it != col.vocabulary.end()) out->indices[c] = it - col.vocabulary.begin();
+          if (col.separator == 0) {
+            out->indices[c] = CategoryIndex(col, v);
+            break;
+          }
+          for (absl::string_view part : absl::StrSplit(v, col.separator)) {
+            part = absl::StripAsciiWhitespace(part);
+            if (part.empty() || IsMissing(std::string(part))) continue;
+            if (static_cast<int>(out->multi[c].size()) == col.max_values) {
+              return Bad(col, absl::StrCat("more than maxValues (", col.max_values, ") values in ",
+                                           QuoteDataValue(v)));
+            }
+            const int64_t index = CategoryIndex(col, part);
+            // An out-of-vocabulary value is no id, as for a single value.
+            if (index >= 0) out->multi[c].push_back(index);
           }
           break;
         case ColumnType::kLabel: {
@@ -489,8 +522,9 @@ int64_t FeatureDim(const TabularSpec& spec) {
 }
 
 int64_t IdSlots(const TabularSpec& spec) {
-  return std::count_if(spec.columns.begin(), spec.columns.end(),
-                       [](const ColumnSpec& c) { return c.as_ids; });
+  int64_t slots = 0;
+  for (const ColumnSpec& c : spec.columns) slots += c.as_ids ? c.max_values : 0;
+  return slots;
 }
 
 int64_t DynamicColumnId(absl::string_view value) {

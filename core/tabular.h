@@ -60,6 +60,12 @@ struct ColumnSpec {
   // bucket or dynamic id; -1 when missing or out of the vocabulary) is one
   // of the record's lookup_ids, in column order.
   bool as_ids = false;
+  // categorical: a multi-valued column ("drama|comedy"): the field holds up
+  // to max_values values split at `separator` (0: one value per field). As
+  // ids: max_values lookup ids, -1 past the record's values; one-hot: every
+  // value's bit set (multi-hot).
+  char separator = 0;
+  int max_values = 1;
   // label: value -> class index; or num_classes for integer labels
   // 0..num_classes-1; with neither, a numeric regression target.
   std::vector<std::pair<std::string, int>> classes;
@@ -90,7 +96,7 @@ std::string QuoteDataValue(absl::string_view v);
 
 // Dense features per record (looked-up columns are ids, not features).
 int64_t FeatureDim(const TabularSpec& spec);
-// Lookup ids per record: the columns with as_ids.
+// Lookup ids per record: max_values per column with as_ids.
 int64_t IdSlots(const TabularSpec& spec);
 
 // The id of a dynamic column's value: SplitMix64(Fnv1a64(value)) >> 1

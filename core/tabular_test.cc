@@ -279,5 +279,56 @@ TEST(TabularTest, LookedUpColumnsAre64BitLookupIds) {
   EXPECT_EQ(x, d->images);
 }
 
+TEST(TabularTest, MultiValuedColumnsGiveUpToMaxValuesIdsOrAMultiHotBlock) {
+  const std::string dir = NewTestDir("tabular");
+  // genres as ids (an embedding's), tags one-hot (multi-hot); "?" and empty
+  // parts are no value, an unknown value is no id, a missing field none.
+  const std::string path = Write(dir, "movies.csv",
+                                 "drama|comedy, a|c, 1\n"
+                                 "comedy, ?, 0\n"
+                                 "?, b|x|a, 1\n"
+                                 "horror||drama, , 0\n");
+  TabularSpec spec;
+  ColumnSpec genres = Categorical("genres", {"drama", "comedy", "horror"});
+  genres.separator = '|';
+  genres.max_values = 3;
+  genres.as_ids = true;
+  ColumnSpec tags = Categorical("tags", {"a", "b", "c"});
+  tags.separator = '|';
+  tags.max_values = 3;
+  spec.columns = {genres, tags, Label({}, 2)};
+  EXPECT_EQ(FeatureDim(spec), 3);
+  EXPECT_EQ(IdSlots(spec), 3);
+  auto d = LoadCsv(spec, {path}, nullptr);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->lookup_ids, (std::vector<int64_t>{0, 1, -1, 1, -1, -1, -1, -1, -1, 2, 0, -1}));
+  EXPECT_EQ(d->images, (std::vector<float>{1, 0, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0}));
+  EXPECT_EQ(d->labels, (std::vector<int32_t>{1, 0, 1, 0}));
+}
+
+TEST(TabularTest, AFieldWithMoreThanMaxValuesIsABadRecordNamingTheColumn) {
+  const std::string dir = NewTestDir("tabular");
+  const std::string path = Write(dir, "movies.csv", "drama|comedy, 1\ndrama|comedy|horror, 0\n");
+  TabularSpec spec;
+  ColumnSpec genres;
+  genres.name = "genres";
+  genres.type = ColumnType::kCategorical;
+  genres.hash_buckets = 100;
+  genres.separator = '|';
+  genres.max_values = 2;
+  genres.as_ids = true;
+  spec.columns = {genres, Label({}, 2)};
+  auto d = LoadCsv(spec, {path}, nullptr);
+  ASSERT_FALSE(d.ok());
+  EXPECT_CONTAINS(std::string(d.status().message()),
+                  "movies.csv:2: column 'genres': more than maxValues (2) values in "
+                  "\"drama|comedy|horror\"");
+  spec.skip_bad_records = true;
+  d = LoadCsv(spec, {path}, nullptr);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->skipped_records, 1);
+  EXPECT_EQ(d->lookup_ids.size(), 2u);
+}
+
 }  // namespace
 }  // namespace kubetrain
