@@ -58,6 +58,9 @@ def cluster():
     for b in ("kubetrain-operator", "kubetrain-ps", "kubetrain-worker"):
         if not os.access(os.path.join(BIN, b), os.X_OK):
             pytest.fail(f"{BIN}/{b} missing: run make build")
+    # Image mode: without the images the node agent would run every pod from bin/, silently.
+    if testlib.e2e_images():
+        testlib.require_images(pytest.fail)
     with testlib.running_cluster("kubetrain-e2e.", pytest.fail) as (state, env, _):
         k = Kubectl(os.path.join(_cache_bin(), "kubectl"), env)
         k.state = state
