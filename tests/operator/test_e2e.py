@@ -414,8 +414,9 @@ def test_deleted_service_and_configmap_come_back_from_their_watch_events(cluster
             time.sleep(0.05)
         assert back is not None, f"{kind} {name} was not recreated\n" + operator_log(k)[-3000:]
         print(f"{kind} {name} recreated after {back:.3f} s")
-        # Far below the 60 s resync: it came from the watch (typically tens of ms).
-        assert back < 10, back
+        # Far below the 60 s resync: it came from the watch's DELETED event (issue 27: within
+        # 1 s, measured from the delete call to the recreated object read back with kubectl).
+        assert back < 1.0, f"{kind} {name} recreated after {back:.3f} s, not within 1 s\n" + operator_log(k)[-3000:]
     assert len(pods(k, "svc-back")) == 3  # nothing else was touched
     k.run("delete", "tj", "svc-back")
 
@@ -446,6 +447,42 @@ def test_a_pod_the_api_server_refuses_fails_the_job_with_its_message(cluster):
     assert 1 <= len(warnings) <= 2 and all(w["count"] == 1 for w in warnings), warnings
     assert len(events) <= 6, [(e["reason"], e.get("count")) for e in events]
     k.run("delete", "tj", "refused")
+
+
+def test_jobs_whose_pods_are_refused_do_not_stall_another_job(cluster):
+    """Two jobs whose worker pods the API server keeps refusing (403: their priorityClassName
+    names no PriorityClass, so the Priority admission plugin forbids them; a refusal that can
+    heal, so the operator retries them with backoff) while a third job in the same namespace
+    is applied: it runs and succeeds in normal time (about 2 s to Running, 8 s to Succeeded
+    on the 2-core test machine), and the stuck jobs stay stuck."""
+    k = cluster
+    stuck = ("stuck-a", "stuck-b")
+    for name in stuck:
+        obj = job(name, steps=100)
+        obj["spec"]["replicaSpecs"]["Worker"]["template"] = {
+            "spec": {"priorityClassName": "kubetrain-test-no-such-class"}}
+        apply(k, obj)
+
+    def refused():
+        events = k.json("get", "events", "--field-selector", "reason=FailedCreate")["items"]
+        return {e["involvedObject"]["name"] for e in events} >= set(stuck)
+    wait_for(k, "the stuck jobs' pods refused", refused, 60)
+
+    t0 = time.time()
+    apply(k, job("unstalled", steps=100))
+    wait_state(k, "unstalled", {"Running", "Succeeded"}, timeout=60)
+    running = time.time() - t0
+    st = wait_state(k, "unstalled", {"Succeeded", "Failed"}, timeout=180)
+    done = time.time() - t0
+    print(f"beside 2 refused jobs: unstalled Running after {running:.1f} s, Succeeded after {done:.1f} s")
+    assert st["state"] == "Succeeded", st
+    # The stuck jobs are still stuck and not given up on (a 403 can heal: no CreateRejected):
+    # their PS runs, no worker pod exists, and they have not ended.
+    for name in stuck:
+        assert not [p for p in pods(k, name) if "-worker-" in p["metadata"]["name"]]
+        assert status(k, name).get("state") not in ("Succeeded", "Failed"), status(k, name)
+    for name in (*stuck, "unstalled"):
+        k.run("delete", "tj", name)
 
 
 def test_events_are_aggregated_a_few_per_job(cluster):
