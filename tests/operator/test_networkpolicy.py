@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from conftest import CLUSTER
-from test_e2e import RUNTIME_IMAGE, apply, job, started_pod, status, wait_for, wait_state
+from e2e_helpers import RUNTIME_IMAGE, apply, job, started_pod, status, wait_for, wait_state
 
 sys.path.insert(0, CLUSTER)
 import testlib  # noqa: E402
