@@ -101,6 +101,8 @@ def main():
         die("--rounds must be >= 1")
     if os.geteuid() != 0:
         die("needs root (the test node agent runs pods in namespaces and chroots)")
+    if not args.host_binaries:  # images=1 must mean the pods ran from the images
+        testlib.require_images(die)
     with open(args.job) as f:
         job = yaml.safe_load(f)
     name = job["metadata"]["name"]

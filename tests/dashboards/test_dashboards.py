@@ -346,6 +346,9 @@ def env():
     for b in ("kubetrain", "kubetrain-ps", "kubetrain-worker", "kubetrain-operator"):
         if not os.access(os.path.join(BIN, b), os.X_OK):
             pytest.fail(f"{BIN}/{b} missing: run make build")
+    # Image mode (make test's default): the jobs' pods run from the images, never silently from bin/.
+    if testlib.e2e_images():
+        testlib.require_images(pytest.fail)
     prom_bin = shutil.which("prometheus") or "/usr/bin/prometheus"
     if not os.access(prom_bin, os.X_OK):
         pytest.fail("prometheus missing: apt-get install prometheus")
