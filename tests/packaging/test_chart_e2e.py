@@ -90,8 +90,9 @@ def test_chart_operator_runs_a_job_to_success(chart_cluster, pk):
     assert k.run("get", "crd", pk.CRD_NAME, check=False).returncode != 0
 
     t0 = time.time()
-    # The pod shares the host's network (the node agent has no network isolation): free
-    # ports instead of 8080/8081, so a busy port or a parallel run cannot break the test.
+    # metrics.port/health.port away from the chart's 8080/8081 defaults, so those values are
+    # exercised too (each pod has its own network namespace, tests/cluster/pod_network.py, so
+    # no port of the host or of a parallel run can clash with them).
     _helm(k, "install", RELEASE, pk.CHART, "-n", pk.NAMESPACE, "--create-namespace", "--wait", "--timeout", "3m",
           "--set", f"metrics.port={testlib.free_port()}", "--set", f"health.port={testlib.free_port()}",
           *(_image_values() if WITH_IMAGES else []))
