@@ -123,7 +123,7 @@ def require_root(what):
     if os.geteuid() != 0:
         import pytest
         pytest.fail(f"{what} needs root (the test node agent makes mount and network namespaces): "
-                    "run as root (CI does), e.g. sudo make operator-test")
+                    "run the tests as root, as CI does (e.g. sudo make test)")
 
 
 def exports(stdout):
