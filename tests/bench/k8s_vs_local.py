@@ -22,6 +22,8 @@ import yaml
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CLUSTER = os.path.join(ROOT, "tests", "cluster")
+sys.path.insert(0, CLUSTER)
+import testlib  # noqa: E402
 
 
 def die(msg):
@@ -36,21 +38,14 @@ def result_value(result, snake):
 
 class Cluster:
     def __init__(self, host_binaries):
-        self.state = tempfile.mkdtemp(prefix="kubetrain-k8s-vs-local.")
-        self.env = dict(os.environ, KUBETRAIN_STATE=self.state,
-                        KUBETRAIN_HOST_BINARIES="1" if host_binaries else "0")
-        self.env.pop("KUBECONFIG", None)
-        proc = subprocess.run([os.path.join(CLUSTER, "cluster-up.sh")], capture_output=True, text=True,
-                              env=self.env, timeout=900)
-        if proc.returncode != 0:
-            self.down()
-            die(f"tests/cluster/cluster-up.sh failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        for line in proc.stdout.splitlines():
-            if line.startswith("export ") and "=" in line:
-                key, value = line[len("export "):].split("=", 1)
-                self.env[key] = value.strip('"').replace("$PATH", os.environ.get("PATH", ""))
-        self.kubectl = os.path.join(os.environ.get("KUBETRAIN_CACHE", os.path.expanduser("~/.cache/kubetrain")),
-                                    "bin", "kubectl")
+        try:
+            self.state, self.env, ex = testlib.cluster_up(
+                "kubetrain-k8s-vs-local.", timeout=900, down_args=("--purge", "--quiet"),
+                KUBETRAIN_HOST_BINARIES="1" if host_binaries else "0")
+        except testlib.ClusterUpFailed as e:
+            die(str(e))
+        self.env.update(ex)
+        self.kubectl = os.path.join(testlib.cache_bin(), "kubectl")
 
     def run(self, *args, input=None, check=True):
         proc = subprocess.run([self.kubectl, *args], input=input, capture_output=True, text=True,
@@ -78,8 +73,7 @@ class Cluster:
         return status.get("result", {})
 
     def down(self):
-        subprocess.run([os.path.join(CLUSTER, "cluster-down.sh"), "--purge", "--quiet"], env=self.env,
-                       timeout=300)
+        testlib.cluster_down(self.env, "cluster-up.sh", "--purge", "--quiet", timeout=300)
 
 
 def train_locally(path, tmp, tls):
@@ -107,6 +101,8 @@ def main():
         die("--rounds must be >= 1")
     if os.geteuid() != 0:
         die("needs root (the test node agent runs pods in namespaces and chroots)")
+    if not args.host_binaries:  # images=1 must mean the pods ran from the images
+        testlib.require_images(die)
     with open(args.job) as f:
         job = yaml.safe_load(f)
     name = job["metadata"]["name"]

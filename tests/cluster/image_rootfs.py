@@ -47,6 +47,13 @@ def image_exists(image):
         return False
 
 
+def image_size(image):
+    """IMAGE's size in bytes as buildah stores it (the sum of its uncompressed layers; what
+    `buildah images` shows, in decimal MB)."""
+    manifest = json.loads(json.loads(buildah("inspect", "--type", "image", image).stdout)["Manifest"])
+    return sum(layer["size"] for layer in manifest["layers"])
+
+
 def image_config(image):
     """The image's OCI config (Env, User, WorkingDir, Entrypoint, Cmd, Labels)."""
     out = buildah("inspect", "--type", "image", image).stdout

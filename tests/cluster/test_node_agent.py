@@ -16,10 +16,12 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-CACHE_BIN = os.path.join(os.environ.get("KUBETRAIN_CACHE", os.path.expanduser("~/.cache/kubetrain")), "bin")
+sys.path.insert(0, HERE)
+import testlib  # noqa: E402
+
+CACHE_BIN = testlib.cache_bin()
 NODE = "kubetrain-node-0"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root (mount namespaces)")
 
 
 class Cluster:
@@ -60,17 +62,24 @@ class Cluster:
         return open(os.path.join(self.agent_state, "logs", f"default_{pod}_{container}.log")).read()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def as_root():
+    testlib.require_root("tests/cluster/test_node_agent.py")
+
+
 @pytest.fixture(scope="module")
 def cluster():
     if not all(os.access(os.path.join(CACHE_BIN, b), os.X_OK) for b in ("etcd", "kube-apiserver", "kubectl")):
         pytest.skip(f"control-plane binaries missing in {CACHE_BIN} (run tests/cluster/build.sh)")
-    state = tempfile.mkdtemp(prefix="kubetrain-agenttest.")
-    env = dict(os.environ, KUBETRAIN_STATE=state, KUBETRAIN_SKIP_BUILD="1")
+    try:
+        state, env, ex = testlib.cluster_up("kubetrain-agenttest.", "up.sh", timeout=180, down_args=("--quiet",),
+                                            KUBETRAIN_SKIP_BUILD="1")
+    except testlib.ClusterUpFailed as e:
+        pytest.fail(str(e))
     agent = None
     try:
-        up = subprocess.run([os.path.join(HERE, "up.sh")], capture_output=True, text=True, env=env, timeout=180)
-        assert up.returncode == 0, f"up.sh failed:\n{up.stderr}"
-        env["KUBECONFIG"] = os.path.join(state, "kubeconfig")
+        env["KUBECONFIG"] = ex["KUBECONFIG"]
+        assert env["KUBECONFIG"] == os.path.join(state, "kubeconfig")
         agent_state = os.path.join(state, "agent")
         with open(os.path.join(state, "node-agent.log"), "w") as logf:
             agent = subprocess.Popen([sys.executable, os.path.join(HERE, "node_agent.py"),
@@ -93,7 +102,7 @@ def cluster():
                 agent.wait()
         if agent and agent.returncode:
             print(f"node agent exited {agent.returncode}; log:\n" + Cluster(state, env, "").agent_log())
-        subprocess.run([os.path.join(HERE, "down.sh"), "--quiet"], env=env, timeout=60)
+        testlib.cluster_down(env, "up.sh", "--quiet", timeout=60)
         if os.environ.get("KUBETRAIN_KEEP_STATE") != "1":
             shutil.rmtree(state, ignore_errors=True)
 
@@ -353,9 +362,7 @@ RUNTIME, OPERATOR = IMAGES["KUBETRAIN_RUNTIME_IMAGE"], IMAGES["KUBETRAIN_OPERATO
 def need_images():
     if os.environ.get("KUBETRAIN_E2E_IMAGES", "1") == "0":
         pytest.skip("KUBETRAIN_E2E_IMAGES=0: the host-binary fast mode was asked for")
-    for image in (RUNTIME, OPERATOR):
-        if not image_rootfs.image_exists(image):
-            pytest.fail(f"image {image} is not in buildah's local storage: run `make images`")
+    testlib.require_images(pytest.fail)
 
 
 def working_containers():

@@ -28,8 +28,8 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -40,6 +40,9 @@ import pytest
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.path.join(ROOT, "bin")
 CLUSTER = os.path.join(ROOT, "tests", "cluster")
+sys.path.insert(0, CLUSTER)
+import testlib  # noqa: E402
+from testlib import free_port  # noqa: E402
 DASHBOARDS = os.path.join(ROOT, "dashboards")
 FILES = {"training": "kubetrain-training.json", "operator": "kubetrain-operator.json"}
 LOCAL_NS = "local"
@@ -167,14 +170,6 @@ def test_required_panels_exist():
 
 
 # ----------------------------------------------------------- live environment
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def http_json(url, timeout=5):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read().decode())
@@ -343,13 +338,7 @@ class Launcher:
 
 
 def wait_for(cond, timeout, what, interval=0.2):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return testlib.wait_for(cond, timeout, what, interval)
 
 
 @pytest.fixture(scope="module")
@@ -357,14 +346,16 @@ def env():
     for b in ("kubetrain", "kubetrain-ps", "kubetrain-worker", "kubetrain-operator"):
         if not os.access(os.path.join(BIN, b), os.X_OK):
             pytest.fail(f"{BIN}/{b} missing: run make build")
+    # Image mode (make test's default): the jobs' pods run from the images, never silently from bin/.
+    if testlib.e2e_images():
+        testlib.require_images(pytest.fail)
     prom_bin = shutil.which("prometheus") or "/usr/bin/prometheus"
     if not os.access(prom_bin, os.X_OK):
         pytest.fail("prometheus missing: apt-get install prometheus")
     tmp = tempfile.mkdtemp(prefix="kubetrain-dash.")
     state = os.path.join(tmp, "cluster")
     os.mkdir(state)
-    cenv = dict(os.environ, KUBETRAIN_STATE=state)
-    cenv.pop("KUBECONFIG", None)
+    cenv = testlib.cluster_env(state)
     tasks_sd, op_sd = os.path.join(tmp, "tasks.json"), os.path.join(tmp, "operator.json")
     write_targets(tasks_sd, [])
     write_targets(op_sd, [])
@@ -397,9 +388,7 @@ def env():
             out, _ = cluster_up.communicate(timeout=600)
         if cluster_up.returncode != 0:
             pytest.fail("cluster-up.sh failed:\n" + open(os.path.join(tmp, "cluster-up.log")).read()[-4000:])
-        for line in out.splitlines():
-            if line.startswith("export KUBECONFIG="):
-                cenv["KUBECONFIG"] = line.split("=", 1)[1].strip('"')
+        cenv["KUBECONFIG"] = testlib.exports(out)["KUBECONFIG"]
         op_log = os.path.join(state, "logs", "operator.log")
 
         def op_port():

@@ -5,14 +5,16 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
+from testlib import free_ports  # noqa: E402,F401  (the tests import it from here)
 BIN = os.path.join(ROOT, "bin")
 
 
@@ -143,18 +145,6 @@ def metric_value(text, name, labels=None):
             continue
         return float(m.group(3))
     return None
-
-
-def free_ports(n):
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 class Cluster:

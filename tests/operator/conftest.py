@@ -1,49 +1,18 @@
 """Fixtures for the operator tests: a real, minimal Kubernetes control plane
 (etcd + kube-apiserver on 127.0.0.1) started by tests/cluster/up.sh into a
 private state dir, and a kubectl wrapper bound to its kubeconfig."""
-import json
 import os
-import subprocess
-import tempfile
+import sys
 import time
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-CLUSTER = os.path.join(ROOT, "tests", "cluster")
-CRD_FILE = os.path.join(ROOT, "deploy", "crd", "kubetrain.io_trainingjobs.yaml")
-CRD_NAME = "trainingjobs.kubetrain.io"
-BIN = os.path.join(ROOT, "bin")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cluster"))
+import testlib  # noqa: E402
+from testlib import BIN, CLUSTER, CRD_FILE, CRD_NAME, ROOT, Kubectl  # noqa: E402,F401
 
-
-def _cache_bin():
-    cache = os.environ.get("KUBETRAIN_CACHE", os.path.expanduser("~/.cache/kubetrain"))
-    return os.path.join(cache, "bin")
-
-
-def _have_go():
-    """A Go >= 1.21 as build.sh finds it (tests/cluster/go-env.sh)."""
-    return subprocess.run([os.path.join(CLUSTER, "go-env.sh"), "--have-go"]).returncode == 0
-
-
-class Kubectl:
-    """Runs kubectl against the test cluster; never touches the user's kubeconfig."""
-
-    def __init__(self, binary, env):
-        self.binary = binary
-        self.env = env
-
-    def run(self, *args, input=None, check=True, timeout=60):
-        proc = subprocess.run([self.binary, *args], input=input, capture_output=True, text=True,
-                              env=self.env, timeout=timeout)
-        if check and proc.returncode != 0:
-            raise AssertionError(
-                f"kubectl {' '.join(args)} exited {proc.returncode}\n"
-                f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-        return proc
-
-    def json(self, *args):
-        return json.loads(self.run(*args, "-o", "json").stdout)
+_cache_bin = testlib.cache_bin
+_have_go = testlib.have_go
 
 
 @pytest.fixture(scope="module")
@@ -56,26 +25,16 @@ def kube_cluster():
     if not have_bins and not _have_go():
         pytest.fail(f"no control-plane binaries in {bin_dir} and no Go toolchain to build them "
                     "(make deps installs one; tests/cluster/build.sh)")
-    state = tempfile.mkdtemp(prefix="kubetrain-optest.")
-    env = dict(os.environ, KUBETRAIN_STATE=state)
-    env.pop("KUBECONFIG", None)
-    proc = subprocess.run([os.path.join(CLUSTER, "up.sh")], capture_output=True, text=True,
-                          env=env, timeout=3600)
-    if proc.returncode != 0:
-        subprocess.run([os.path.join(CLUSTER, "down.sh"), "--purge", "--quiet"], env=env)
-        pytest.fail(f"tests/cluster/up.sh failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    # up.sh prints `export VAR=value` lines (values without spaces).
-    for line in proc.stdout.splitlines():
-        if line.startswith("export ") and "=" in line:
-            key, value = line[len("export "):].split("=", 1)
-            env[key] = value
-    assert "KUBECONFIG" in env, proc.stdout
+    try:
+        state, env, ex = testlib.cluster_up("kubetrain-optest.", "up.sh", down_args=("--purge", "--quiet"))
+    except testlib.ClusterUpFailed as e:
+        pytest.fail(str(e))
+    env.update(ex)
     kubectl = os.path.join(env.get("KUBETRAIN_BIN", bin_dir), "kubectl")
     try:
         yield Kubectl(kubectl, env)
     finally:
-        subprocess.run([os.path.join(CLUSTER, "down.sh"), "--purge", "--quiet"], env=env,
-                       timeout=120)
+        testlib.cluster_down(env, "up.sh", "--purge", "--quiet")
 
 
 @pytest.fixture(scope="module")
@@ -99,20 +58,10 @@ def cluster():
     for b in ("kubetrain-operator", "kubetrain-ps", "kubetrain-worker"):
         if not os.access(os.path.join(BIN, b), os.X_OK):
             pytest.fail(f"{BIN}/{b} missing: run make build")
-    state = tempfile.mkdtemp(prefix="kubetrain-e2e.")
-    env = dict(os.environ, KUBETRAIN_STATE=state)
-    env.pop("KUBECONFIG", None)
-    proc = subprocess.run([os.path.join(CLUSTER, "cluster-up.sh")], capture_output=True, text=True,
-                          env=env, timeout=3600)
-    if proc.returncode != 0:
-        subprocess.run([os.path.join(CLUSTER, "cluster-down.sh"), "--purge"], env=env)
-        pytest.fail(f"cluster-up.sh failed:\n{proc.stderr[-4000:]}")
-    for line in proc.stdout.splitlines():
-        if line.startswith("export KUBECONFIG="):
-            env["KUBECONFIG"] = line.split("=", 1)[1].strip('"')
-    k = Kubectl(os.path.join(_cache_bin(), "kubectl"), env)
-    k.state = state
-    try:
+    # Image mode: without the images the node agent would run every pod from bin/, silently.
+    if testlib.e2e_images():
+        testlib.require_images(pytest.fail)
+    with testlib.running_cluster("kubetrain-e2e.", pytest.fail) as (state, env, _):
+        k = Kubectl(os.path.join(_cache_bin(), "kubectl"), env)
+        k.state = state
         yield k
-    finally:
-        subprocess.run([os.path.join(CLUSTER, "cluster-down.sh"), "--purge"], env=env, timeout=120)

@@ -11,7 +11,6 @@ ConfigMaps, and per job a Secret and a NetworkPolicy), no duplicate creates, not
 and the operator's own request counter agrees with the API server's."""
 import os
 import re
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,6 +18,7 @@ import time
 import pytest
 
 from conftest import ROOT
+from testlib import free_port
 from kube_api import KubeApi, delta, request_counts
 
 BIN = os.path.join(ROOT, "bin")
@@ -51,12 +51,6 @@ def job(name):
             "spec": {"replicaSpecs": {"PS": {"replicas": 1, "restartPolicy": "OnFailure"},
                                       "Worker": {"replicas": WORKERS, "restartPolicy": "Never"}},
                      "training": {"model": {"type": "softmax"}, "steps": 10}}}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,10 @@ import sys
 import pytest
 
 from conftest import CLUSTER
-from test_e2e import RUNTIME_IMAGE, apply, job, started_pod, status, wait_for, wait_state
+from e2e_helpers import RUNTIME_IMAGE, apply, job, started_pod, status, wait_for, wait_state
 
 sys.path.insert(0, CLUSTER)
-import image_rootfs  # noqa: E402
+import testlib  # noqa: E402
 
 JOB = "np"
 STRAY_NS = "np-stray"
@@ -129,7 +129,7 @@ def test_networkpolicy_lets_the_jobs_workers_reach_the_ps(cluster, ps):
     with open(os.path.join(k.state, "logs", "node-agent.log")) as f:
         started = [line for line in f if f"started default/{JOB}-ps-0 " in line]
     print("PS started:", started[-1].split(": ")[0])
-    if os.environ.get("KUBETRAIN_HOST_BINARIES", "0") == "0" and image_rootfs.image_exists(RUNTIME_IMAGE):
+    if testlib.e2e_images():  # the cluster fixture made sure the images exist
         assert f" image {RUNTIME_IMAGE}" in started[-1], started
     # The workers train against the PS: the global step moves.
     before = (status(k, JOB).get("progress") or {}).get("globalStep", 0)

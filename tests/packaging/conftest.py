@@ -7,7 +7,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import time
 
 import pytest
 import yaml
@@ -73,21 +72,10 @@ def one(objs, kind, name=None):
     return found[0]
 
 
-class Helm:
+class Helm(_operator_conftest.testlib.Tool):
     """Runs the helm binary against the test cluster's kubeconfig, with private
     helm config/cache/data dirs (never the user's)."""
-
-    def __init__(self, binary, env):
-        self.binary = binary
-        self.env = env
-
-    def run(self, *args, input=None, check=True, timeout=180):
-        proc = subprocess.run([self.binary, *args], input=input, capture_output=True, text=True,
-                              env=self.env, timeout=timeout)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} exited {proc.returncode}\n"
-                                 f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
-        return proc
+    name, timeout, tail = "helm", 180, 4000
 
 
 @pytest.fixture(scope="session")
@@ -125,15 +113,17 @@ def helm(helm_binary, kube_cluster, tmp_path_factory):
     return Helm(helm_binary, _helm_env(kube_cluster.env, tmp))
 
 
-def wait_for(fn, timeout, what, interval=0.5):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+wait_for = _operator_conftest.testlib.wait_for
+
+
+def small_job(name):
+    """A small TrainingJob (1 PS, 1 worker, 100 steps) for the operator installs to run."""
+    return {"apiVersion": "kubetrain.io/v1", "kind": "TrainingJob", "metadata": {"name": name},
+            "spec": {"replicaSpecs": {"PS": {"replicas": 1, "restartPolicy": "OnFailure"},
+                                      "Worker": {"replicas": 1, "restartPolicy": "Never"}},
+                     "training": {"mode": "sync", "model": {"type": "mlp", "hiddenUnits": [16]},
+                                  "optimizer": {"type": "adam", "learningRate": 0.002}, "batchSize": 32,
+                                  "steps": 100, "seed": 3, "startupTimeoutSeconds": 60}}}
 
 
 def ensure_namespace(k, ns):
@@ -181,6 +171,7 @@ class Pk:
     by_kind = staticmethod(by_kind)
     one = staticmethod(one)
     wait_for = staticmethod(wait_for)
+    small_job = staticmethod(small_job)
     ensure_namespace = staticmethod(ensure_namespace)
     apply_crd = staticmethod(apply_crd)
     can_i = staticmethod(can_i)

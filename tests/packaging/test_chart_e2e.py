@@ -19,21 +19,19 @@ Run: python3 -m pytest -q tests/packaging/test_chart_e2e.py   (as root; needs `m
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cluster"))
 import image_rootfs  # noqa: E402
+import testlib  # noqa: E402
 
 RELEASE = "kubetrain"
 JOB = "chart-e2e"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root (mount namespaces)")
 WITH_IMAGES = os.environ.get("KUBETRAIN_E2E_IMAGES", "1") != "0"
 IMAGES = image_rootfs.images_env()
 OPERATOR_IMAGE, RUNTIME_IMAGE = IMAGES["KUBETRAIN_OPERATOR_IMAGE"], IMAGES["KUBETRAIN_RUNTIME_IMAGE"]
@@ -49,47 +47,23 @@ def _image_values():
     return out
 
 
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 @pytest.fixture(scope="module")
 def chart_cluster(pk, helm_binary):
+    testlib.require_root("the Helm chart e2e")
     for b in ("kubetrain-operator", "kubetrain-ps", "kubetrain-worker"):
         if not os.access(os.path.join(pk.BIN, b), os.X_OK):
             pytest.fail(f"{pk.BIN}/{b} missing: run `make build` first")
     if WITH_IMAGES:
-        for image in (OPERATOR_IMAGE, RUNTIME_IMAGE):
-            if not image_rootfs.image_exists(image):
-                pytest.fail(f"image {image} is not in buildah's local storage: run `make images` "
-                            "(or KUBETRAIN_E2E_IMAGES=0 for host binaries)")
-    state = tempfile.mkdtemp(prefix="kubetrain-chart-e2e.")
-    env = dict(os.environ, KUBETRAIN_STATE=state, KUBETRAIN_OPERATOR="chart",
-               KUBETRAIN_HOST_BINARIES="0" if WITH_IMAGES else "1")
-    env.pop("KUBECONFIG", None)
-    cluster = os.path.join(pk.ROOT, "tests", "cluster")
+        testlib.require_images(pytest.fail)
     t0 = time.time()
-    proc = subprocess.run([os.path.join(cluster, "cluster-up.sh")], capture_output=True, text=True,
-                          env=env, timeout=3600)
-    try:
-        assert proc.returncode == 0, f"cluster-up.sh failed:\n{proc.stderr[-4000:]}"
-        for line in proc.stdout.splitlines():
-            if line.startswith("export KUBECONFIG="):
-                env["KUBECONFIG"] = line.split("=", 1)[1].strip('"')
-            if line.startswith("export KUBETRAIN_APISERVER_URL="):
-                apiserver_url = line.split("=", 1)[1].strip('"')
-        assert "KUBECONFIG" in env, proc.stdout
+    with testlib.running_cluster("kubetrain-chart-e2e.", pytest.fail, KUBETRAIN_OPERATOR="chart",
+                                 KUBETRAIN_HOST_BINARIES="0" if WITH_IMAGES else "1") as (state, env, ex):
         for sub in ("config", "cache", "data"):  # private helm dirs, never the user's
             env[f"HELM_{sub.upper()}_HOME"] = os.path.join(state, "helm", sub)
         k = pk.Kubectl(os.path.join(os.path.dirname(helm_binary), "kubectl"), env)
-        k.state, k.helm, k.up_seconds, k.apiserver_url = state, helm_binary, time.time() - t0, apiserver_url
+        k.state, k.helm, k.up_seconds = state, helm_binary, time.time() - t0
+        k.apiserver_url = ex["KUBETRAIN_APISERVER_URL"]
         yield k
-    finally:
-        subprocess.run([os.path.join(cluster, "cluster-down.sh"), "--purge"], env=env, timeout=120)
 
 
 def _logs(k):
@@ -116,10 +90,11 @@ def test_chart_operator_runs_a_job_to_success(chart_cluster, pk):
     assert k.run("get", "crd", pk.CRD_NAME, check=False).returncode != 0
 
     t0 = time.time()
-    # The pod shares the host's network (the node agent has no network isolation): free
-    # ports instead of 8080/8081, so a busy port or a parallel run cannot break the test.
+    # metrics.port/health.port away from the chart's 8080/8081 defaults, so those values are
+    # exercised too (each pod has its own network namespace, tests/cluster/pod_network.py, so
+    # no port of the host or of a parallel run can clash with them).
     _helm(k, "install", RELEASE, pk.CHART, "-n", pk.NAMESPACE, "--create-namespace", "--wait", "--timeout", "3m",
-          "--set", f"metrics.port={_free_port()}", "--set", f"health.port={_free_port()}",
+          "--set", f"metrics.port={testlib.free_port()}", "--set", f"health.port={testlib.free_port()}",
           *(_image_values() if WITH_IMAGES else []))
     install_seconds = time.time() - t0
 
@@ -157,12 +132,7 @@ def test_chart_operator_runs_a_job_to_success(chart_cluster, pk):
     assert "is the leader" in text and k.apiserver_url.startswith("https://127.0.0.1:")
 
     # A TrainingJob with kubectl only.
-    job = {"apiVersion": "kubetrain.io/v1", "kind": "TrainingJob", "metadata": {"name": JOB},
-           "spec": {"replicaSpecs": {"PS": {"replicas": 1, "restartPolicy": "OnFailure"},
-                                     "Worker": {"replicas": 1, "restartPolicy": "Never"}},
-                    "training": {"mode": "sync", "model": {"type": "mlp", "hiddenUnits": [16]},
-                                 "optimizer": {"type": "adam", "learningRate": 0.002}, "batchSize": 32,
-                                 "steps": 100, "seed": 3, "startupTimeoutSeconds": 60}}}
+    job = pk.small_job(JOB)
     t1 = time.time()
     k.run("apply", "-n", "default", "-f", "-", input=json.dumps(job))
     deadline, st = time.time() + 240, {}

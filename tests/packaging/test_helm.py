@@ -279,12 +279,7 @@ def test_operator_with_the_charts_rbac_runs_a_job_to_success(sa_kubeconfig, kube
         return "\n".join(f"--- {n} (tail)\n" + (tmp_path / n).read_text()[-3000:]
                          for n in ("operator.log", "agent.log"))
     try:
-        job = {"apiVersion": "kubetrain.io/v1", "kind": "TrainingJob", "metadata": {"name": JOB},
-               "spec": {"replicaSpecs": {"PS": {"replicas": 1, "restartPolicy": "OnFailure"},
-                                         "Worker": {"replicas": 1, "restartPolicy": "Never"}},
-                        "training": {"mode": "sync", "model": {"type": "mlp", "hiddenUnits": [16]},
-                                     "optimizer": {"type": "adam", "learningRate": 0.002}, "batchSize": 32,
-                                     "steps": 100, "seed": 3, "startupTimeoutSeconds": 60}}}
+        job = pk.small_job(JOB)
         k.run("apply", "-n", "default", "-f", "-", input=json.dumps(job))
         deadline = time.time() + 240
         st = {}

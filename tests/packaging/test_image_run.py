@@ -42,6 +42,21 @@ def skip_in_fast_mode():
         pytest.skip("KUBETRAIN_E2E_IMAGES=0 (make test E2E_IMAGES=0): the no-image fast mode was asked for")
 
 
+# Upper bounds of the images' sizes (decimal MB, uncompressed as buildah stores them): the
+# runtime image is what every node pulls for every job, the operator's what its Deployment pulls.
+SIZE_LIMIT_MB = {RUNTIME: 400, OPERATOR: 150}
+
+
+@pytest.mark.parametrize("image", [RUNTIME, OPERATOR])
+def test_image_size_is_bounded(image):
+    skip_in_fast_mode()
+    if not image_rootfs.image_exists(image):
+        pytest.fail(f"image {image} is not in buildah's local storage: run `make images`")
+    mb = image_rootfs.image_size(image) / 1e6
+    print(f"\n{image}: {mb:.1f} MB (limit {SIZE_LIMIT_MB[image]} MB)")
+    assert mb <= SIZE_LIMIT_MB[image], f"{image} is {mb:.1f} MB, over its {SIZE_LIMIT_MB[image]} MB bound"
+
+
 @pytest.fixture(scope="module")
 def roots():
     """One mounted working container per image, shared by the module's tests."""

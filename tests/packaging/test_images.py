@@ -389,3 +389,30 @@ def test_workflow_takes_image_names_from_images_env():
         assert f'{key}.repository="${{{name}%:*}}"' in wf and f'{key}.tag="${{{name}##*:}}"' in wf, key
     # No image name hard-coded anywhere else in the workflow.
     assert not re.search(r"kubetrain-(operator|runtime):", wf), "an image tag is hard-coded in e2e-kind.yaml"
+
+
+def test_ci_cache_never_crosses_cpus():
+    """.bazelrc compiles with -march=native, so an object in Bazel's disk cache only runs on a
+    CPU like the one that built it: every key and restore key of the CI workflow's caches names
+    the CPU (a hash of /proc/cpuinfo's vendor, family, model and flags), so a runner never
+    restores objects with instructions it lacks."""
+    import yaml
+    with open(os.path.join(ROOT, ".bazelrc")) as f:
+        if "-march=native" not in f.read():
+            return  # a portable baseline: any runner may take any object
+    with open(os.path.join(ROOT, ".github", "workflows", "ci.yaml")) as f:
+        wf = yaml.safe_load(f)
+    for job in wf["jobs"].values():
+        steps = job.get("steps", [])
+        caches = [s for s in steps if str(s.get("uses", "")).startswith("actions/cache")]
+        if not caches:
+            continue
+        cpu = next((s for s in steps if s.get("id") == "cpu"), None)
+        assert cpu, "no step `id: cpu` hashing the CPU for the cache keys (.bazelrc has -march=native)"
+        assert "/proc/cpuinfo" in cpu["run"] and "flags" in cpu["run"], cpu
+        assert steps.index(cpu) < min(steps.index(s) for s in caches), "the CPU hash comes after a cache"
+        for s in caches:
+            restore = [line.strip() for line in s["with"].get("restore-keys", "").splitlines()]
+            keys = [s["with"]["key"], *filter(None, restore)]
+            for key in keys:
+                assert "${{ steps.cpu.outputs.hash }}" in key, f"cache key without the CPU: {key}"

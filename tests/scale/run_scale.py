@@ -32,10 +32,8 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import http.client
 import time
@@ -44,7 +42,10 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "operator"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
 from kube_api import KubeApi, delta, request_counts  # noqa: E402
+import testlib  # noqa: E402
+from testlib import free_port  # noqa: E402
 
 CACHE = os.environ.get("KUBETRAIN_CACHE", os.path.expanduser("~/.cache/kubetrain"))
 NS = "scale"
@@ -53,12 +54,6 @@ WORKERS = 4
 
 def log(*a):
     print(time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metric(text, name, labels=""):
@@ -210,16 +205,11 @@ def reference_create_s(api, jobs, qps, burst, parallelism):
 def start_cluster(prefix):
     """A fresh kube-apiserver + etcd (tests/cluster/up.sh) with the
     TrainingJob CRD and the namespace NS: (state dir, env with KUBECONFIG)."""
-    state = tempfile.mkdtemp(prefix=prefix)
-    env = dict(os.environ, KUBETRAIN_STATE=state)
-    env.pop("KUBECONFIG", None)
-    up = subprocess.run([os.path.join(ROOT, "tests", "cluster", "up.sh")], capture_output=True,
-                        text=True, env=env)
-    if up.returncode != 0:
-        sys.exit(f"up.sh failed:\n{up.stderr[-3000:]}")
-    for line in up.stdout.splitlines():
-        if line.startswith("export KUBECONFIG="):
-            env["KUBECONFIG"] = line.split("=", 1)[1].strip('"')
+    try:
+        state, env, ex = testlib.cluster_up(prefix, "up.sh", down_args=("--purge", "--quiet"))
+    except testlib.ClusterUpFailed as e:
+        sys.exit(str(e))
+    env["KUBECONFIG"] = ex["KUBECONFIG"]
     kubectl = os.path.join(CACHE, "bin", "kubectl")
     def run(*a, attempts=1):
         for attempt in range(attempts):
@@ -241,7 +231,7 @@ def start_cluster(prefix):
 
 
 def stop_cluster(env):
-    subprocess.run([os.path.join(ROOT, "tests", "cluster", "down.sh"), "--purge", "--quiet"], env=env)
+    testlib.cluster_down(env, "up.sh", "--purge", "--quiet", timeout=None)
 
 
 def idle_cost(api, op, jobs, seconds):

@@ -13,14 +13,14 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "operator"))
-from conftest import CLUSTER, ROOT, Kubectl, _cache_bin  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
+import testlib  # noqa: E402
+from testlib import ROOT, Kubectl  # noqa: E402
 
 EXAMPLE = os.path.join(ROOT, "examples", "tensorflow")
 JOB = "tf-ps-strategy"
@@ -35,23 +35,10 @@ def venv_python():
 @pytest.fixture(scope="module")
 def cluster():
     python = venv_python()
-    state = tempfile.mkdtemp(prefix="kubetrain-tf.")
-    env = dict(os.environ, KUBETRAIN_STATE=state)
-    env.pop("KUBECONFIG", None)
-    proc = subprocess.run([os.path.join(CLUSTER, "cluster-up.sh")], capture_output=True, text=True,
-                          env=env, timeout=3600)
-    if proc.returncode != 0:
-        subprocess.run([os.path.join(CLUSTER, "cluster-down.sh"), "--purge"], env=env)
-        pytest.fail(f"cluster-up.sh failed:\n{proc.stderr[-4000:]}")
-    for line in proc.stdout.splitlines():
-        if line.startswith("export KUBECONFIG="):
-            env["KUBECONFIG"] = line.split("=", 1)[1].strip('"')
-    k = Kubectl(os.path.join(_cache_bin(), "kubectl"), env)
-    k.state, k.python = state, python
-    try:
+    with testlib.running_cluster("kubetrain-tf.", pytest.fail) as (state, env, _):
+        k = Kubectl(os.path.join(testlib.cache_bin(), "kubectl"), env)
+        k.state, k.python = state, python
         yield k
-    finally:
-        subprocess.run([os.path.join(CLUSTER, "cluster-down.sh"), "--purge"], env=env, timeout=120)
 
 
 def pod_log(k, pod):
