@@ -391,6 +391,8 @@ class PsWireFuzzTest : public ::testing::Test {
       const std::string dir = NewTestDir("fuzz-auth");
       ASSERT_TRUE(WriteTaskCredentials(dir, CredentialsForTask(*job, "ps", 0)).ok());
       args.push_back("--auth_dir=" + dir);
+    } else {
+      args.push_back("--insecure");  // open: any client is served
     }
     ps_ = std::make_unique<PsProcess>(
         "ps/kubetrain-ps",
