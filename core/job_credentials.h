@@ -22,6 +22,12 @@
 //   (constant-time compare), and PERMISSION_DENIED when a request's own
 //   task_type/worker_index is not the caller's, or a task other than the
 //   job's chief asks for Shutdown.
+// - A PS task without a job key would serve any client that reaches its
+//   port (push, pull, Shutdown): it refuses to start so unless told to run
+//   open, by --insecure or KUBETRAIN_INSECURE=1 (kInsecureEnv; the operator's
+//   way, which a runtime older than the operator ignores). Workers need no
+//   such flag: they serve no RPC, and one without credentials gets through
+//   only to a PS that was itself started open.
 // - TLS is mutual: the PS requires a client certificate signed by the job's
 //   CA; clients verify the PS's certificate against the same CA under the
 //   name kTaskTlsName (not the address, so one certificate serves every task
@@ -37,6 +43,8 @@
 namespace kubetrain {
 
 inline constexpr char kAuthDirEnv[] = "KUBETRAIN_AUTH_DIR";
+// "1" or "true": a PS task without credentials runs open (kubetrain-ps --insecure).
+inline constexpr char kInsecureEnv[] = "KUBETRAIN_INSECURE";
 inline constexpr char kJobKeyFile[] = "job.key";
 inline constexpr char kTokenFile[] = "token";
 inline constexpr char kCaCertFile[] = "ca.crt";

@@ -45,7 +45,9 @@
 // files, so an operator restart never regenerates it. Each runtime container
 // mounts only its own files read-only at OperatorConfig::auth_dir (PS: job.key;
 // others: their token as `token`; plus the TLS files), with
-// KUBETRAIN_AUTH_DIR pointing there. A Secret deleted while pods that use it
+// KUBETRAIN_AUTH_DIR pointing there. Only the PS pods of a job started
+// without credentials (RunningWithoutCredentials) get KUBETRAIN_INSECURE=1
+// instead (kubetrain-ps refuses to run open without it). A Secret deleted while pods that use it
 // run is never replaced (a new key would lock restarted tasks out of the
 // running PS tasks): AuthSecretMissing, and the job fails (AuthSecretLost)
 // when one of those tasks would have to be started again.

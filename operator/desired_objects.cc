@@ -40,6 +40,12 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
     mounts.push_back({{"name", desired_internal::kAuthVolumeName},
                       {"mountPath", config.auth_dir},
                       {"readOnly", true}});
+  } else if (ps) {
+    // Only a job started without credentials (RunningWithoutCredentials):
+    // its running workers hold no token, so a PS started again must run open
+    // as its peers do, which kubetrain-ps refuses unless told so. An
+    // environment variable, not --insecure: an older runtime ignores it.
+    env.push_back({{"name", kInsecureEnv}, {"value", "1"}});
   }
   return {{"name", "kubetrain"},
           {"image", config.runtime_image},

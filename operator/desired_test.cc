@@ -1177,6 +1177,7 @@ TEST(DesiredTest, EachPodMountsOnlyItsOwnFilesReadOnly) {
                                           {"mountPath", "/var/run/kubetrain/auth"},
                                           {"readOnly", true}}));
     EXPECT_EQ(EnvOf(pod, "KUBETRAIN_AUTH_DIR"), "/var/run/kubetrain/auth");
+    EXPECT_EQ(EnvOf(pod, "KUBETRAIN_INSECURE"), "");  // with credentials: never told to run open
     EXPECT_EQ(pod["metadata"]["annotations"]["kubetrain.io/auth-secret"], "mnist-auth");
     // No task but a PS ever sees the job key.
     if (pod["metadata"]["labels"]["kubetrain.io/replica-type"] != "ps") {
@@ -1312,6 +1313,18 @@ TEST(DesiredTest, AJobStartedWithoutCredentialsRunsOnWithoutThem) {
   const json& c = pod["spec"]["containers"][0];
   for (const json& m : c["volumeMounts"]) EXPECT_NE(m["name"], "kubetrain-auth") << m;
   for (const json& e : c["env"]) EXPECT_NE(e["name"], kAuthDirEnv) << e;
+  // Only a worker: not told to run open (kubetrain-ps only needs that).
+  EXPECT_EQ(EnvOf(pod, "KUBETRAIN_INSECURE"), "");
+  // A PS task started again runs open as its peers do, and says so explicitly.
+  Observed ps_gone = o;
+  ps_gone.pods.erase(std::remove_if(ps_gone.pods.begin(), ps_gone.pods.end(),
+                                    [](auto& p) { return p.name == "mnist-ps-1"; }),
+                     ps_gone.pods.end());
+  Actions again = Desired(Job(job), ps_gone, OperatorConfig{});
+  const json* ps = PodNamed(again, "mnist-ps-1");
+  ASSERT_NE(ps, nullptr);
+  EXPECT_EQ(EnvOf(*ps, "KUBETRAIN_INSECURE"), "1");
+  EXPECT_EQ(EnvOf(*ps, "KUBETRAIN_AUTH_DIR"), "");
   // A pod being deleted does not count, and a job with no pods left gets a Secret.
   for (ObservedPod& p : o.pods) p.deleting = true;
   Actions b = Desired(Job(job, a.status), o, OperatorConfig{});

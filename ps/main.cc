@@ -11,7 +11,10 @@
 // With --auth_dir (else $KUBETRAIN_AUTH_DIR; core/job_credentials.h) it
 // serves only its job's tasks: every call must carry a task's token (the
 // directory's job.key checks them), and with ca.crt, tls.crt and tls.key the
-// port speaks mutual TLS under the job's CA.
+// port speaks mutual TLS under the job's CA. Without credentials it refuses
+// to start (exit code 2, naming --auth_dir and --insecure) unless --insecure
+// (else $KUBETRAIN_INSECURE=1) says to serve any client; it then logs a
+// warning line.
 #include <signal.h>
 
 #include <atomic>
@@ -42,6 +45,15 @@ int main(int argc, char** argv) {
   if (const char* tf = std::getenv("TF_CONFIG")) tf_config = tf;
   if (const char* dir = std::getenv(kAuthDirEnv)) auth_dir = dir;
   PsTaskOptions options;
+  std::string insecure_env;
+  if (const char* v = std::getenv(kInsecureEnv)) insecure_env = v;
+  if (insecure_env == "1" || insecure_env == "true") {
+    options.insecure = true;
+  } else if (!insecure_env.empty() && insecure_env != "0" && insecure_env != "false") {
+    std::fprintf(stderr, "error: $%s: must be 1, true, 0 or false, got \"%s\"\n", kInsecureEnv,
+                 insecure_env.c_str());
+    return 2;
+  }
   int64_t shutdown_grace_seconds = absl::ToInt64Seconds(options.shutdown_grace);
   int64_t keep_serving_seconds =
       absl::ToInt64Seconds(options.keep_serving_after_checkpoint_failure);
@@ -50,7 +62,11 @@ int main(int argc, char** argv) {
   parser.String("tf_config", &tf_config, "cluster spec JSON (default: $TF_CONFIG)");
   parser.String("auth_dir", &auth_dir,
                 "the job's credentials: job.key, and ca.crt, tls.crt, tls.key for TLS (default: "
-                "$KUBETRAIN_AUTH_DIR; none: the PS serves any client)");
+                "$KUBETRAIN_AUTH_DIR; none: refused unless --insecure)");
+  parser.Bool("insecure", &options.insecure,
+              "without an auth directory, serve any client that reaches the port (pushes, "
+              "pulls, Shutdown) instead of refusing to start (default: $KUBETRAIN_INSECURE=1); "
+              "only on a network no one but the job can reach");
   parser.String("bind_host", &options.bind_host,
                 "address to listen on; the port comes from TF_CONFIG");
   parser.String("metrics_address", &options.metrics_address, "host:port for /metrics; empty = off");

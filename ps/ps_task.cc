@@ -108,6 +108,15 @@ absl::StatusOr<std::unique_ptr<PsTask>> PsTask::Create(
     return absl::InvalidArgumentError(absl::StrCat("TF_CONFIG task type is \"", config.tf.task_type,
                                                    "\", kubetrain-ps runs \"ps\" tasks"));
   }
+  if (options.credentials.job_key.empty() && !options.insecure) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ps:", config.tf.task_index,
+        " has no credentials: without a job key it would serve any client that reaches its "
+        "port (pushes, pulls, Shutdown); give it the job's auth directory (--auth_dir or $",
+        kAuthDirEnv, ", holding ", kJobKeyFile,
+        "; `kubetrain run` and the operator do), or pass --insecure (or ", kInsecureEnv,
+        "=1) to run it open on a network only the job can reach"));
+  }
   if (options.port < 0) {
     auto port = PortOf(config.tf.self_address());
     if (!port.ok()) return port.status();
@@ -238,8 +247,8 @@ absl::Status PsTask::Start() {
       o.replicas_to_aggregate, ", target ", config_.target_steps, " steps");
   Log("job fingerprint ", config_.fingerprint, "; placement:\n", config_.placement.Describe());
   if (options_.credentials.job_key.empty()) {
-    Log("ps:", index_, " runs open: no auth directory (--auth_dir, ", kAuthDirEnv,
-        "), so any client that reaches its port may push, pull or end the job");
+    Log("warning: ps:", index_, " runs open (--insecure): no auth directory (--auth_dir, ",
+        kAuthDirEnv, "), so any client that reaches its port may push, pull or end the job");
   } else {
     Log("ps:", index_, " admits only ", job.name, "'s tasks: tokens checked",
         options_.credentials.tls() ? ", mutual TLS under the job's CA" : ", no TLS (plaintext)");

@@ -89,6 +89,11 @@ struct PsTaskOptions {
   // job key (empty: any client is served, which Start logs) and, with TLS
   // files, mutual TLS under the job's CA. TLS needs the job key too.
   TaskCredentials credentials;
+  // Serve any client when `credentials` has no job key (kubetrain-ps
+  // --insecure): without it Create refuses such a task, naming --auth_dir
+  // and --insecure; with it Start logs a warning line. Ignored when there is
+  // a job key.
+  bool insecure = false;
   // Signals received (counted by a signal handler): the first ends serving
   // as Stop() does; one more while holding the parameters exits at once. Not owned.
   const std::atomic<int>* signals = nullptr;
@@ -99,7 +104,8 @@ class PsTask {
   // Checks the task (TF_CONFIG type "ps"), registers the PS metrics in
   // `registry` and serves them on options.metrics_address, builds the shard
   // and restores its checkpoint. Every error is a configuration error
-  // (kubetrain-ps exits 2). `clock` must outlive the task.
+  // (kubetrain-ps exits 2), among them no job key without options.insecure
+  // (FAILED_PRECONDITION). `clock` must outlive the task.
   static absl::StatusOr<std::unique_ptr<PsTask>> Create(
       TaskConfig config, PsTaskOptions options, const Clock* clock,
       std::shared_ptr<prometheus::Registry> registry);

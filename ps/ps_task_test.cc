@@ -50,6 +50,7 @@ PsTaskOptions Quiet() {
   o.metrics_address = "";
   o.bind_host = "127.0.0.1";
   o.port = 0;
+  o.insecure = true;  // no credentials: the tests that check them say so
   return o;
 }
 
@@ -203,6 +204,26 @@ TEST_F(PsTaskTest, RefusesATaskThatIsNotAPs) {
   ASSERT_FALSE(task.ok());
   EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_CONTAINS(std::string(task.status().message()), "kubetrain-ps runs \"ps\" tasks");
+}
+
+TEST_F(PsTaskTest, RefusesToRunOpenUnlessInsecureSaysSo) {
+  PsTaskOptions options = Quiet();
+  options.insecure = false;
+  auto open =
+      PsTask::Create(PsConfig({}), options, &clock_, std::make_shared<prometheus::Registry>());
+  ASSERT_FALSE(open.ok());
+  EXPECT_EQ(open.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string message(open.status().message());
+  EXPECT_CONTAINS(message, "ps:0 has no credentials");
+  EXPECT_CONTAINS(message, "--auth_dir or $KUBETRAIN_AUTH_DIR, holding job.key");
+  EXPECT_CONTAINS(message, "or pass --insecure (or KUBETRAIN_INSECURE=1) to run it open");
+  // A job key is enough without the flag.
+  options.credentials.job_key = std::string(64, 'a');
+  EXPECT_TRUE(
+      PsTask::Create(PsConfig({}), options, &clock_, std::make_shared<prometheus::Registry>())
+          .ok());
+  // And --insecure serves open.
+  EXPECT_NE(Create({}, Quiet()), nullptr);
 }
 
 TEST_F(PsTaskTest, RegistersThePsMetricsUnderTheirDocumentedNames) {

@@ -57,7 +57,8 @@ class PsProcess {
   ~PsProcess();
 
   // Starts `binary --config=<job_file> --bind_host=127.0.0.1 --metrics_address=`
-  // and `extra_args` with TF_CONFIG set, stdout+stderr to `log_path`; the
+  // and `extra_args` (--insecure for a PS without --auth_dir: it refuses to
+  // run open otherwise) with TF_CONFIG set, stdout+stderr to `log_path`; the
   // child gets SIGKILL if this process dies. Call before any other thread
   // (gRPC) exists.
   absl::Status Start(const std::string& binary, const std::string& job_file,

@@ -346,7 +346,7 @@ int Run(Flags f) {
   std::vector<PsProcess> ps(num_ps), base(base_ports.size());
   for (int i = 0; i < num_ps; ++i) {
     if (auto s = ps[i].Start(f.ps_binary, job_file, TfConfigJson(ps_ports, *worker_port, "ps", i),
-                             absl::StrCat(*dir, "/ps-", i, ".log"));
+                             absl::StrCat(*dir, "/ps-", i, ".log"), {"--insecure"});
         !s.ok()) {
       return Fail("", s);
     }
@@ -355,7 +355,7 @@ int Run(Flags f) {
     if (auto s =
             base[i].Start(f.ps_binary, base_file,
                           TfConfigJson(base_ports, *base_worker_port, "ps", static_cast<int>(i)),
-                          absl::StrCat(*dir, "/baseline-ps-", i, ".log"));
+                          absl::StrCat(*dir, "/baseline-ps-", i, ".log"), {"--insecure"});
         !s.ok()) {
       return Fail("", s);
     }

@@ -126,7 +126,7 @@ int Run(const Flags& f) {
   std::vector<PsProcess> ps(num_ps);
   for (int i = 0; i < num_ps; ++i) {
     if (auto s = ps[i].Start(f.ps_binary, job_file, TfConfigJson(ps_ports, *worker_port, "ps", i),
-                             absl::StrCat(*dir, "/ps-", i, ".log"));
+                             absl::StrCat(*dir, "/ps-", i, ".log"), {"--insecure"});
         !s.ok()) {
       return Fail("", s);
     }

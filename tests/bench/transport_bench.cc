@@ -273,7 +273,7 @@ int Run(const Flags& f) {
   if (!worker_credentials.ok()) return Fail(worker_credentials.status());
   PsProcess ps, tls_ps;
   if (auto s = ps.Start(f.ps_binary, job_file, TfConfigJson(*ps_port, *worker_port, "ps"),
-                        *dir + "/ps.log");
+                        *dir + "/ps.log", {"--insecure"});
       !s.ok()) {
     return Fail(s);
   }

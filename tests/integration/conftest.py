@@ -161,7 +161,9 @@ class Cluster:
         self.metrics = {(kind, i): next(ports) for kind, n in counts.items() for i in range(n)}
         self.procs = {}
 
-    def start(self, kind, index, *flags):
+    def start(self, kind, index, *flags, insecure=None):
+        """A PS without --auth_dir gets --insecure (it refuses to start open
+        without it) unless insecure=False says otherwise."""
         tf = {"cluster": self.addr, "task": {"type": kind, "index": index}}
         env = dict(os.environ, TF_CONFIG=json.dumps(tf))
         program = "kubetrain-ps" if kind == "ps" else "kubetrain-worker"
@@ -169,6 +171,10 @@ class Cluster:
                f"--metrics_address=127.0.0.1:{self.metrics[(kind, index)]}", *flags]
         if kind == "ps":
             cmd.append("--bind_host=127.0.0.1")
+            if insecure is None:
+                insecure = not any(f.startswith("--auth_dir") for f in flags)
+            if insecure:
+                cmd.append("--insecure")
         log = open(self.tmp / f"{kind}-{index}.log", "w")
         self.procs[(kind, index)] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         return self.procs[(kind, index)]

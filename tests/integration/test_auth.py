@@ -51,13 +51,24 @@ def test_a_task_with_another_jobs_token_exits_2_with_the_reason(cluster_factory,
     assert c.procs[("ps", 0)].wait(timeout=120) == 0, c.log("ps", 0)
 
 
-def test_a_ps_without_credentials_says_it_runs_open(cluster_factory):
+def test_a_ps_without_credentials_refuses_to_start_unless_insecure(cluster_factory):
+    c = cluster_factory(job_yaml("refused", ps=1, workers=1, steps=20), ps=1, workers=1)
+    assert c.start("ps", 0, insecure=False).wait(timeout=60) == 2, c.log("ps", 0)
+    log = c.log("ps", 0)
+    assert "error: ps:0 has no credentials: without a job key it would serve any client that " \
+           "reaches its port (pushes, pulls, Shutdown); give it the job's auth directory " \
+           "(--auth_dir or $KUBETRAIN_AUTH_DIR, holding job.key; `kubetrain run` and the operator " \
+           "do), or pass --insecure (or KUBETRAIN_INSECURE=1) to run it open on a network only " \
+           "the job can reach" in log, log
+
+
+def test_an_insecure_ps_warns_that_it_runs_open(cluster_factory):
     c = cluster_factory(job_yaml("open", ps=1, workers=1, steps=20), ps=1, workers=1)
-    c.start("ps", 0)
+    c.start("ps", 0, "--insecure", insecure=False)
     c.start("worker", 0)
     codes = c.wait_all()
     assert codes == {("ps", 0): 0, ("worker", 0): 0}, (codes, c.log("ps", 0))
-    assert c.log("ps", 0).count("ps:0 runs open: no auth directory (--auth_dir, "
+    assert c.log("ps", 0).count("warning: ps:0 runs open (--insecure): no auth directory (--auth_dir, "
                                 "KUBETRAIN_AUTH_DIR), so any client that reaches its port may push, "
                                 "pull or end the job") == 1
 

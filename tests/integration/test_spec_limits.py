@@ -18,7 +18,7 @@ def ps_env(ps_port, worker_port):
 def run_ps(job, *prefix, timeout=60):
     ps, worker, metrics = free_ports(3)
     cmd = [*prefix, binary("kubetrain-ps"), f"--config={job}", f"--metrics_address=127.0.0.1:{metrics}",
-           "--bind_host=127.0.0.1"]
+           "--bind_host=127.0.0.1", "--insecure"]
     return subprocess.run(cmd, env=ps_env(ps, worker), capture_output=True, text=True, timeout=timeout)
 
 

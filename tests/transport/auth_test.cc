@@ -13,8 +13,14 @@
 //
 // Each refusal is followed by the same call with the right credentials
 // succeeding, so a PS that refused everything would fail the tests too.
+//
+// Issue 26, item 5: a PS with no credentials at all refuses to start (exit
+// code 2, the reason naming --auth_dir and --insecure) unless --insecure (or
+// KUBETRAIN_INSECURE=1) says to run it open; then it serves anyone.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -286,6 +292,74 @@ TEST(PsAuthDirTest, APsWithoutTheJobKeyRefusesToStart) {
   // It exits by itself (no timing: waits for the exit however long it takes).
   while (ps.Running(&how)) absl::SleepFor(absl::Milliseconds(20));
   EXPECT_EQ(how, "exit code 2");
+}
+
+// How the PS ended (waited for however long it takes).
+std::string ExitOf(PsProcess& ps) {
+  std::string how = "exit code 0";
+  while (ps.Running(&how)) absl::SleepFor(absl::Milliseconds(20));
+  return how;
+}
+
+TEST(PsWithoutCredentialsTest, RefusesToStartUnlessInsecure) {
+  const std::string dir = NewTestDir("open-ps");
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  const std::string log = dir + "/termination-log";
+  PsProcess ps("ps/kubetrain-ps", kJob, 2, {"--termination_log=" + log});
+  ASSERT_TRUE(ps.started());
+  EXPECT_EQ(ExitOf(ps), "exit code 2");
+  const std::string reason = ReadFile(log);
+  EXPECT_NE(reason.find("ps:0 has no credentials: without a job key it would serve any client"),
+            std::string::npos)
+      << reason;
+  EXPECT_NE(reason.find("give it the job's auth directory (--auth_dir or $KUBETRAIN_AUTH_DIR, "
+                        "holding job.key"),
+            std::string::npos)
+      << reason;
+  EXPECT_NE(reason.find("or pass --insecure (or KUBETRAIN_INSECURE=1) to run it open"),
+            std::string::npos)
+      << reason;
+}
+
+TEST(PsWithoutCredentialsTest, AnUnclearKubetrainInsecureIsAnError) {
+  const std::string dir = NewTestDir("open-ps-env");
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  const std::string log = dir + "/termination-log";
+  ASSERT_EQ(setenv("KUBETRAIN_INSECURE", "yes", 1), 0);
+  PsProcess ps("ps/kubetrain-ps", kJob, 2, {"--termination_log=" + log});
+  unsetenv("KUBETRAIN_INSECURE");
+  ASSERT_TRUE(ps.started());
+  EXPECT_EQ(ExitOf(ps), "exit code 2");
+  // Refused for the variable (before the flags), not read as "no" or "yes".
+  EXPECT_EQ(ReadFile(log).find("has no credentials"), std::string::npos);
+}
+
+// Open as asked: anyone's calls are served, Shutdown included.
+void ExpectServesAnyone(PsProcess& ps) {
+  ASSERT_TRUE(ps.started());
+  auto channel = grpc::CreateChannel(ps.address(), grpc::InsecureChannelCredentials());
+  RawPsClient stranger(channel);
+  grpc::Status info;
+  for (int i = 0; i < 600; ++i) {  // the PS takes a moment to listen
+    info = stranger.Unary("GetInfo", InfoRequest(1), nullptr, absl::Seconds(5));
+    if (info.ok() || !ps.Running()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(info.ok()) << info.error_message();
+  EXPECT_TRUE(stranger.Unary("Shutdown", ShutdownRequest(0), nullptr, absl::Seconds(10)).ok());
+  EXPECT_TRUE(ps.Running());
+}
+
+TEST(PsWithoutCredentialsTest, InsecureRunsItOpen) {
+  PsProcess ps("ps/kubetrain-ps", kJob, 2, {"--insecure"});
+  ExpectServesAnyone(ps);
+}
+
+TEST(PsWithoutCredentialsTest, KubetrainInsecureRunsItOpen) {
+  ASSERT_EQ(setenv("KUBETRAIN_INSECURE", "1", 1), 0);
+  PsProcess ps("ps/kubetrain-ps", kJob, 2);
+  unsetenv("KUBETRAIN_INSECURE");
+  ExpectServesAnyone(ps);
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ class IdlePushStreamsTest : public ::testing::Test {
         "    model:\n      type: mlp\n      hiddenUnits: [2048]\n"  // 6.5 MB
         "    optimizer:\n      type: sgd\n      learningRate: 0.01\n"
         "    batchSize: 32\n    steps: 1000\n",
-        2);
+        2, std::vector<std::string>{"--insecure"});  // open: any client may stream
     ASSERT_TRUE(ps_->started()) << "cannot start ps/kubetrain-ps";
     pid_ = ps_->pid();
     metrics_port_ = ps_->metrics_port();

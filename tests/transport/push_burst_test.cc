@@ -35,7 +35,7 @@ constexpr int kPushes = 200;
 
 class PushBurstTest : public ::testing::Test {
  protected:
-  void SetUp() override { StartPs({}); }
+  void SetUp() override { StartPs({"--insecure"}); }
 
   // The PS, with `extra_args`; `caller` is the workers' identity (none when
   // the PS runs open).
