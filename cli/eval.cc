@@ -76,13 +76,15 @@ absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& model_path,
   batch.labels = test->labels.data();
   batch.targets = test->targets.empty() ? nullptr : test->targets.data();
   batch.lookup_ids = test->lookup_ids.data();
+  batch.lookup_weights = test->lookup_weights.empty() ? nullptr : test->lookup_weights.data();
   batch.size = test->size;
   // Sparse models: only the rows the test set looks up, as the job's chief
   // pulls them; a dynamic table's row the file does not hold reads as its
   // initial value, as the PS serves it.
   SparseBatch lookups;
   if (model->sparse()) {
-    lookups = model->Lookups(test->lookup_ids.data(), test->size);
+    lookups = model->Lookups(test->lookup_ids.data(), test->size,
+                             test->lookup_weights.empty() ? nullptr : test->lookup_weights.data());
     if (absl::Status s = KeepTableRows(*model, CompactLookups(&lookups), &*file); !s.ok()) {
       return absl::DataLossError(absl::StrCat(model_path, ": ", s.message()));
     }

@@ -349,6 +349,11 @@ class DatasetReader : public RecordReader {
     r->values.clear();
     const int64_t* ids = data_.lookup_ids.data() + next_ * data_.id_slots;
     r->lookup_ids.assign(ids, ids + data_.id_slots);
+    r->lookup_weights.clear();
+    if (!data_.lookup_weights.empty()) {
+      const float* w = data_.lookup_weights.data() + next_ * data_.id_slots;
+      r->lookup_weights.assign(w, w + data_.id_slots);
+    }
     r->label = data_.labels.empty() ? 0 : data_.labels[next_];
     r->target = data_.targets.empty() ? 0.0f : data_.targets[next_];
     ++next_;
@@ -503,6 +508,8 @@ absl::StatusOr<Dataset> ReadRecords(const RecordSource& source, int64_t limit) {
     d.images.resize(d.images.size() + d.cols);
     r.CopyTo(d.images.data() + d.size * d.cols, d.cols);
     d.lookup_ids.insert(d.lookup_ids.end(), r.lookup_ids.begin(), r.lookup_ids.end());
+    d.lookup_weights.insert(d.lookup_weights.end(), r.lookup_weights.begin(),
+                            r.lookup_weights.end());
     d.labels.push_back(r.label);
     if (targets) d.targets.push_back(r.target);
     ++d.size;
@@ -617,7 +624,8 @@ absl::Status ShardedBatcher::NextRecord() {
 }
 
 absl::Status ShardedBatcher::Next(int batch, std::vector<float>* x, std::vector<int32_t>* y,
-                                  std::vector<float>* t, std::vector<int64_t>* lookup_ids) {
+                                  std::vector<float>* t, std::vector<int64_t>* lookup_ids,
+                                  std::vector<float>* lookup_weights) {
   if (num_shards_ < 1 || shard_ < 0 || shard_ >= num_shards_) {
     return absl::InvalidArgumentError(
         absl::StrCat("shard ", shard_, " is not one of ", num_shards_, " shards"));
@@ -631,6 +639,9 @@ absl::Status ShardedBatcher::Next(int batch, std::vector<float>* x, std::vector<
   if (targets) t->resize(batch);
   if (lookup_ids != nullptr)
     lookup_ids->assign(static_cast<size_t>(std::max(0, batch)) * slots, -1);
+  if (lookup_weights != nullptr) {
+    lookup_weights->assign(static_cast<size_t>(std::max(0, batch)) * slots, 1.0f);
+  }
   for (int i = 0; i < batch; ++i) {
     if (absl::Status s = NextRecord(); !s.ok()) return s;
     out_.CopyTo(x->data() + static_cast<size_t>(i) * dim, dim);
@@ -639,6 +650,11 @@ absl::Status ShardedBatcher::Next(int batch, std::vector<float>* x, std::vector<
     if (slots > 0) {
       std::copy_n(out_.lookup_ids.begin(), std::min<int64_t>(slots, out_.lookup_ids.size()),
                   lookup_ids->begin() + static_cast<size_t>(i) * slots);
+      if (lookup_weights != nullptr) {
+        std::copy_n(out_.lookup_weights.begin(),
+                    std::min<int64_t>(slots, out_.lookup_weights.size()),
+                    lookup_weights->begin() + static_cast<size_t>(i) * slots);
+      }
     }
   }
   return absl::OkStatus();

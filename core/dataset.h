@@ -25,6 +25,9 @@ struct Dataset {
   // in its tables (Record::lookup_ids), 64-bit integers as they are.
   int id_slots = 0;
   std::vector<int64_t> lookup_ids;
+  // Their weights (size x id_slots) when the data has a weighted column (a
+  // libsvm dataset's weightedColumn: the features' values); else empty.
+  std::vector<float> lookup_weights;
   std::vector<int32_t> labels;  // size, class indices (classification)
   std::vector<float> targets;   // size, regression targets (else empty)
   int64_t skipped_records = 0;  // bad records dropped (onBadRecord: skip)
@@ -97,6 +100,10 @@ struct Record {
   // id; -1 when missing or out of the vocabulary. Never squeezed through a
   // float: dynamic ids use 63 bits.
   std::vector<int64_t> lookup_ids;
+  // libsvm with a weightedColumn: the features as lookup ids (0-based
+  // indices, -1 past the record's) and these weights (their values, 0 past);
+  // ids and values are then empty (no dense features).
+  std::vector<float> lookup_weights;
   int32_t label = 0;  // class (classification)
   float target = 0;   // regression target
   // Writes the features to x[0, dim).
@@ -193,8 +200,10 @@ class ShardedBatcher {
   // if the data has them, the regression targets t and the lookup ids
   // (batch x id_slots). Errors: the data (file:line), an invalid shard, or
   // a shard with no records.
+  // With `lookup_weights`, also their weights (1 where the data has none).
   absl::Status Next(int batch, std::vector<float>* x, std::vector<int32_t>* y,
-                    std::vector<float>* t = nullptr, std::vector<int64_t>* lookup_ids = nullptr);
+                    std::vector<float>* t = nullptr, std::vector<int64_t>* lookup_ids = nullptr,
+                    std::vector<float>* lookup_weights = nullptr);
 
   // Completed passes.
   int64_t epoch() const { return epoch_; }

@@ -161,7 +161,8 @@ std::string DatasetKeyFormats(const std::string& key) {
                                              {"numFeatures", "libsvm"},
                                              {"indexBase", "libsvm"},
                                              {"labels", "libsvm"},
-                                             {"numClasses", "libsvm"}};
+                                             {"numClasses", "libsvm"},
+                                             {"weightedColumn", "libsvm"}};
   auto it = formats->find(key);
   return it == formats->end() ? "" : it->second;
 }
@@ -196,16 +197,30 @@ absl::Status ParseLibsvmFields(const Fields& f, TabularSpec* t) {
     return FieldError(f.PathOf("numClasses"),
                       absl::StrCat("only applies to labels classes, but labels is ", labels));
   }
-  return absl::OkStatus();
+  Fields w;
+  bool present;
+  KT_RETURN_IF_ERROR(ReadSection(f, "weightedColumn", {"name", "maxValues"}, &w, &present));
+  if (!present) return absl::OkStatus();
+  if (!w.Has("name")) return FieldError(w.PathOf("name"), "required");
+  KT_RETURN_IF_ERROR(ReadString(w, "name", &t->weighted_column));
+  if (t->weighted_column.empty()) return FieldError(w.PathOf("name"), "must not be empty");
+  if (!w.Has("maxValues")) {
+    return FieldError(w.PathOf("maxValues"),
+                      "required: the most features one record may have (the model looks up that "
+                      "many ids per example)");
+  }
+  KT_RETURN_IF_ERROR(ReadInt32(w, "maxValues", &t->weighted_max_values));
+  return CheckRange(w.PathOf("maxValues"), t->weighted_max_values, 1, 65536);
 }
 
 }  // namespace
 
 const std::vector<std::string>& DatasetKeys() {
   static const auto* keys = new std::vector<std::string>{
-      "name",        "path",      "format",        "trainFiles",    "testPath",     "testFiles",
-      "header",      "delimiter", "commentPrefix", "missingValues", "onBadRecord",  "columns",
-      "numFeatures", "indexBase", "labels",        "numClasses",    "shuffleBuffer"};
+      "name",        "path",          "format",        "trainFiles",    "testPath",
+      "testFiles",   "header",        "delimiter",     "commentPrefix", "missingValues",
+      "onBadRecord", "columns",       "numFeatures",   "indexBase",     "labels",
+      "numClasses",  "shuffleBuffer", "weightedColumn"};
   return *keys;
 }
 
@@ -327,6 +342,38 @@ absl::Status ParseDataset(const Fields& training, TrainingSpec* out) {
   return absl::OkStatus();
 }
 
+// A libsvm dataset's weightedColumn, as the embeddings and wide columns that
+// name it (`uses`: column, field) look it up: ids the feature indices,
+// weights their values.
+absl::Status ConnectWeightedColumn(const std::vector<std::pair<std::string, std::string>>& uses,
+                                   TrainingSpec* t) {
+  const TabularSpec& d = t->tabular;
+  const std::string wpath = "spec.training.dataset.weightedColumn";
+  for (const auto& [name, field] : uses) {
+    if (d.weighted_column.empty()) {
+      return FieldError(field, absl::StrCat("a libsvm dataset's features are looked up as one "
+                                            "weighted column: set ",
+                                            wpath, " (e.g. {name: ", name, ", maxValues: 64})"));
+    }
+    if (name != d.weighted_column) {
+      return FieldError(field, absl::StrCat("no column ", Quote(name), "; the libsvm dataset's ",
+                                            "weighted column is ", Quote(d.weighted_column)));
+    }
+    if (absl::StrContains(field, ".crossed[")) {
+      return FieldError(field, "a weighted column (a libsvm dataset's features) cannot be crossed");
+    }
+  }
+  if (d.weighted_column.empty()) return absl::OkStatus();
+  if (uses.empty()) {
+    return FieldError(wpath, absl::StrCat("no spec.training.model.embeddings or model.wide ",
+                                          "looks up ", Quote(d.weighted_column)));
+  }
+  SparseInput in{d.weighted_column, d.num_features, d.weighted_max_values, false};
+  in.weighted = true;
+  t->model.sparse_inputs.push_back(in);
+  return absl::OkStatus();
+}
+
 // The model's input shape and classes come from the dataset: IDX images are
 // [28, 28, 1] with 10 classes.
 // CSV records are [features] with the label column's classes.
@@ -348,8 +395,13 @@ absl::Status ConnectModelToDataset(TrainingSpec* t) {
                              absl::StrCat(mpath, ".wide.crossed[", i, "].columns[", j, "]"));
     }
   }
+  // A libsvm dataset has one column to look up, its weightedColumn.
+  std::vector<std::pair<std::string, std::string>> weighted_uses;
+  if (t->tabular.libsvm) weighted_uses.swap(looked_up);
   if (!looked_up.empty() && t->dataset_format != "csv") {
-    return FieldError(looked_up[0].second, "embeddings and wide need a csv dataset");
+    return FieldError(looked_up[0].second,
+                      "embeddings and wide need a csv dataset, or a libsvm dataset's "
+                      "weightedColumn");
   }
   for (const auto& [name, field] : looked_up) {
     auto col = std::find_if(t->tabular.columns.begin(), t->tabular.columns.end(),
@@ -384,6 +436,7 @@ absl::Status ConnectModelToDataset(TrainingSpec* t) {
     }
     t->model.sparse_inputs.push_back(in);
   }
+  if (t->tabular.libsvm) KT_RETURN_IF_ERROR(ConnectWeightedColumn(weighted_uses, t));
   if (t->dataset_format != "idx") {
     const int64_t dim = FeatureDim(t->tabular);
     t->model.input_dim = static_cast<int>(dim);

@@ -1129,6 +1129,25 @@ TEST(JobSpecSparseTest, AMultiValuedColumnIsMaxValuesIdSlots) {
   EXPECT_EQ(model->id_slots(), 8);
 }
 
+TEST(JobSpecSparseTest, ALibsvmWeightedColumnIsOneWeightedInputOverTheFeatures) {
+  std::ifstream in(ExamplePath("census-income-libsvm-sparse.yaml"));
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<TrainingJob> job = ParseTrainingJob(text.str());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const TrainingSpec& t = job->training;
+  EXPECT_EQ(t.tabular.weighted_column, "features");
+  EXPECT_EQ(t.tabular.weighted_max_values, 16);
+  ASSERT_EQ(t.model.sparse_inputs.size(), 1u);
+  EXPECT_TRUE(t.model.sparse_inputs[0].weighted);
+  EXPECT_EQ(t.model.sparse_inputs[0].vocab, 104);
+  EXPECT_EQ(t.model.sparse_inputs[0].slots, 16);
+  EXPECT_EQ(t.model.input_dim, 0);  // no dense inputs: the features are looked up
+  absl::StatusOr<Model> model = Model::Create(t.model);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->id_slots(), 16);
+}
+
 TEST(JobSpecSparseTest, DynamicColumnsAndMaxRows) {
   absl::StatusOr<TrainingJob> job =
       ParseTrainingJob(DynamicExample(", maxRows: 5000", "        maxRows: 300\n"));

@@ -108,6 +108,19 @@ absl::StatusOr<bool> ParseLibsvmLine(const TabularSpec& spec, absl::string_view 
   if (dup != sorted.end()) {
     return absl::InvalidArgumentError(absl::StrCat("index ", *dup + lo, " appears more than once"));
   }
+  if (!spec.weighted_column.empty()) {
+    const size_t slots = static_cast<size_t>(spec.weighted_max_values);
+    if (r.ids.size() > slots) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          r.ids.size(), " features, more than weightedColumn.maxValues (", slots, ")"));
+    }
+    r.lookup_ids.assign(r.ids.begin(), r.ids.end());
+    r.lookup_ids.resize(slots, -1);
+    r.lookup_weights = std::move(r.values);
+    r.lookup_weights.resize(slots, 0.0f);
+    r.ids.clear();
+    r.values.clear();
+  }
   *out = std::move(r);
   return true;
 }

@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -160,6 +161,49 @@ TEST(LibsvmTest, MissingAndCorruptFilesAreNamed) {
   auto cut = LoadTabular(Spec(3), {gz}, nullptr);
   ASSERT_FALSE(cut.ok());
   EXPECT_CONTAINS(std::string(cut.status().message()), gz + ": corrupt gzip data");
+}
+
+TEST(LibsvmTest, AWeightedColumnMakesTheFeaturesLookupIdsWithTheirValuesAsWeights) {
+  const std::string dir = NewTestDir("libsvm");
+  const std::string path = Write(dir, "w.svm", "1 3:0.5 1:2\n-1\n0 2:1 3:4 1:-1\n");
+  TabularSpec spec = Spec(3);
+  spec.weighted_column = "features";
+  spec.weighted_max_values = 3;
+  EXPECT_EQ(FeatureDim(spec), 0);
+  EXPECT_EQ(IdSlots(spec), 3);
+  auto d = LoadTabular(spec, {path}, nullptr);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->feature_dim(), 0);
+  EXPECT_TRUE(d->images.empty());
+  // 0-based indices in file order, -1 (weight 0) past a record's features.
+  EXPECT_EQ(d->lookup_ids, (std::vector<int64_t>{2, 0, -1, -1, -1, -1, 1, 2, 0}));
+  EXPECT_EQ(d->lookup_weights, (std::vector<float>{0.5f, 2, 0, 0, 0, 0, 1, 4, -1}));
+  EXPECT_EQ(d->labels, (std::vector<int32_t>{1, 0, 0}));
+  // The batcher hands the weights out beside the ids.
+  ShardedBatcher batcher(*d, 0, 1, 1);
+  std::vector<float> x, w;
+  std::vector<int32_t> y;
+  std::vector<int64_t> ids;
+  ASSERT_TRUE(batcher.Next(3, &x, &y, nullptr, &ids, &w).ok());
+  ASSERT_EQ(ids.size(), 9u);
+  ASSERT_EQ(w.size(), 9u);
+  // Shuffled, but each record's ids keep their weights.
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] == 2) {
+      EXPECT_TRUE(w[i] == 0.5f || w[i] == 4.0f) << i;
+    } else if (ids[i] < 0) {
+      EXPECT_EQ(w[i], 0.0f) << i;
+    }
+  }
+  float total = 0;
+  for (float v : w) total += v;
+  EXPECT_FLOAT_EQ(total, 0.5f + 2 + 1 + 4 - 1);
+  // More features than maxValues: a bad record naming the count.
+  spec.weighted_max_values = 2;
+  auto failed = LoadTabular(spec, {path}, nullptr);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().message(),
+            path + ":3: 3 features, more than weightedColumn.maxValues (2)");
 }
 
 }  // namespace

@@ -72,14 +72,32 @@ void CrossIds(const std::vector<std::vector<int64_t>>& members, int64_t buckets,
   }
 }
 
-// The combiner's factor for n ids.
-float CombinerScale(Combiner c, int64_t n) {
+// The combiner's factor for example r's ids in `l` (n ids of weight 1: 1/n
+// for the mean, 1/sqrt(n) for sqrtn, as before weights existed).
+float CombinerScale(Combiner c, const TableLookup& l, int64_t r) {
+  const int64_t begin = l.offsets[r], n = l.offsets[r + 1] - begin;
   if (n == 0) return 0.0f;
+  if (l.weights.empty()) {
+    switch (c) {
+      case Combiner::kMean:
+        return 1.0f / static_cast<float>(n);
+      case Combiner::kSqrtn:
+        return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+      case Combiner::kSum:
+        break;
+    }
+    return 1.0f;
+  }
+  double sum = 0, squares = 0;
+  for (int64_t i = begin; i < begin + n; ++i) {
+    sum += l.weights[i];
+    squares += static_cast<double>(l.weights[i]) * l.weights[i];
+  }
   switch (c) {
     case Combiner::kMean:
-      return 1.0f / static_cast<float>(n);
+      return sum > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
     case Combiner::kSqrtn:
-      return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+      return squares > 0 ? static_cast<float>(1.0 / std::sqrt(squares)) : 0.0f;
     case Combiner::kSum:
       break;
   }
@@ -320,6 +338,12 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
       for (size_t j = 0; j < x.columns.size(); ++j) {
         auto k = input_of(x.columns[j], absl::StrCat(field, ".columns[", j, "]"));
         if (!k.ok()) return k.status();
+        if (spec.sparse_inputs[*k].weighted) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(field, ".columns[", j, "]: '", x.columns[j],
+                           "' is a weighted column (a libsvm dataset's features), which "
+                           "cannot be crossed"));
+        }
         use.inputs.push_back(*k);
       }
       VariableSpec v{"wide." + x.name(), x.hash_buckets, 1};
@@ -424,7 +448,8 @@ bool Model::has_dynamic_tables() const {
                      [this](int v) { return variables_[v].dynamic; });
 }
 
-SparseBatch Model::Lookups(const int64_t* lookup_ids, int64_t rows) const {
+SparseBatch Model::Lookups(const int64_t* lookup_ids, int64_t rows,
+                           const float* lookup_weights) const {
   SparseBatch out(tables_.size());
   std::vector<std::vector<int64_t>> members;
   for (size_t t = 0; t < tables_.size(); ++t) {
@@ -432,6 +457,8 @@ SparseBatch Model::Lookups(const int64_t* lookup_ids, int64_t rows) const {
     TableLookup& l = out[t];
     l.offsets.reserve(rows + 1);
     l.offsets.push_back(0);
+    // A weighted input is never crossed (the spec refuses it): one member.
+    const bool weighted = use.buckets == 0 && spec_.sparse_inputs[use.inputs[0]].weighted;
     for (int64_t r = 0; r < rows; ++r) {
       members.assign(use.inputs.size(), {});
       for (size_t j = 0; j < use.inputs.size(); ++j) {
@@ -440,7 +467,14 @@ SparseBatch Model::Lookups(const int64_t* lookup_ids, int64_t rows) const {
         const int64_t* ids = lookup_ids + r * id_slots_ + slot_offset_[k];
         for (int s = 0; s < in.slots; ++s) {
           // -1: none; anything outside the vocabulary is none as well.
-          if (ids[s] >= 0 && (in.dynamic || ids[s] < in.vocab)) members[j].push_back(ids[s]);
+          if (ids[s] >= 0 && (in.dynamic || ids[s] < in.vocab)) {
+            members[j].push_back(ids[s]);
+            if (weighted) {
+              l.weights.push_back(lookup_weights != nullptr
+                                      ? lookup_weights[r * id_slots_ + slot_offset_[k] + s]
+                                      : 1.0f);
+            }
+          }
         }
       }
       if (use.buckets > 0) {
@@ -470,9 +504,13 @@ RowMatrix Model::ForwardSparse(const Params& params, const float* x, int64_t row
     for (int64_t r = 0; r < rows; ++r) {
       auto out = deep->row(r).segment(col, emb.dim);
       for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
-        out += ConstRowVectorMap(table + l.ids[i] * emb.dim, emb.dim);
+        if (l.weights.empty()) {
+          out += ConstRowVectorMap(table + l.ids[i] * emb.dim, emb.dim);
+        } else {
+          out += l.weights[i] * ConstRowVectorMap(table + l.ids[i] * emb.dim, emb.dim);
+        }
       }
-      out *= CombinerScale(emb.combiner, l.offsets[r + 1] - l.offsets[r]);
+      out *= CombinerScale(emb.combiner, l, r);
     }
     col += emb.dim;
   }
@@ -484,7 +522,9 @@ RowMatrix Model::ForwardSparse(const Params& params, const float* x, int64_t row
         if (table_uses_[t].embedding >= 0) continue;
         const TableLookup& l = lookups[t];
         const float* table = params[tables_[t]].data();
-        for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) w += table[l.ids[i]];
+        for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
+          w += l.weights.empty() ? table[l.ids[i]] : l.weights[i] * table[l.ids[i]];
+        }
       }
       z(r, 0) += w;
     }
@@ -504,17 +544,20 @@ void Model::SparseBackward(const Params& params, const SparseBatch& lookups,
     if (table_uses_[t].embedding >= 0) {
       const EmbeddingSpec& emb = spec_.embeddings[table_uses_[t].embedding];
       for (int64_t r = 0; r < rows; ++r) {
-        const float scale = CombinerScale(emb.combiner, l.offsets[r + 1] - l.offsets[r]);
+        const float scale = CombinerScale(emb.combiner, l, r);
         const float* d = d_deep.data() + r * d_deep.cols() + col;
         for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
           float* row = g.data() + l.ids[i] * emb.dim;
-          for (int k = 0; k < emb.dim; ++k) row[k] += scale * d[k];
+          const float s = l.weights.empty() ? scale : scale * l.weights[i];
+          for (int k = 0; k < emb.dim; ++k) row[k] += s * d[k];
         }
       }
       col += emb.dim;
     } else {
       for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) g[l.ids[i]] += d_logits(r, 0);
+        for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
+          g[l.ids[i]] += l.weights.empty() ? d_logits(r, 0) : l.weights[i] * d_logits(r, 0);
+        }
       }
     }
   }
@@ -798,7 +841,7 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
   SparseBatch own_lookups;
   const SparseBatch* lookups = data.sparse;
   if (sparse() && lookups == nullptr) {
-    own_lookups = Lookups(data.lookup_ids, batch);
+    own_lookups = Lookups(data.lookup_ids, batch, data.lookup_weights);
     lookups = &own_lookups;
   }
   RowMatrix deep;  // sparse: the deep tower's input
@@ -918,6 +961,9 @@ SparseBatch SliceLookups(const SparseBatch& all, int64_t start, int64_t rows) {
     const TableLookup& from = all[t];
     const int64_t begin = from.offsets[start], end = from.offsets[start + rows];
     out[t].ids.assign(from.ids.begin() + begin, from.ids.begin() + end);
+    if (!from.weights.empty()) {
+      out[t].weights.assign(from.weights.begin() + begin, from.weights.begin() + end);
+    }
     out[t].offsets.reserve(rows + 1);
     for (int64_t r = 0; r <= rows; ++r) out[t].offsets.push_back(from.offsets[start + r] - begin);
   }
@@ -929,9 +975,10 @@ SparseBatch SliceLookups(const SparseBatch& all, int64_t start, int64_t rows) {
 RowMatrix Model::Logits(const Params& params, const Batch& data) const {
   if (!sparse()) return Forward(params, data.x, data.size, 0, nullptr);
   RowMatrix deep;
-  return ForwardSparse(params, data.x, data.size,
-                       data.sparse ? *data.sparse : Lookups(data.lookup_ids, data.size), 0, nullptr,
-                       &deep);
+  return ForwardSparse(
+      params, data.x, data.size,
+      data.sparse ? *data.sparse : Lookups(data.lookup_ids, data.size, data.lookup_weights), 0,
+      nullptr, &deep);
 }
 
 RowMatrix Model::BlockLogits(const Params& params, const Batch& data, int64_t start,
@@ -940,6 +987,9 @@ RowMatrix Model::BlockLogits(const Params& params, const Batch& data, int64_t st
   block.x = data.x + start * input_dim();
   block.size = rows;
   if (data.lookup_ids != nullptr) block.lookup_ids = data.lookup_ids + start * id_slots_;
+  if (data.lookup_weights != nullptr) {
+    block.lookup_weights = data.lookup_weights + start * id_slots_;
+  }
   SparseBatch slice;
   if (data.sparse != nullptr) {
     slice = SliceLookups(*data.sparse, start, rows);

@@ -81,9 +81,15 @@ struct SparseInput {
   // A dynamic column: ids are any value >= 0 (DynamicColumnId, core/
   // tabular.h), looked up in dynamic tables.
   bool dynamic = false;
+  // A weighted column (a libsvm dataset's features: ids are the indices,
+  // weights their values; Batch::lookup_weights): each id's row counts
+  // with its weight, as TF's weighted_categorical_column.
+  bool weighted = false;
 };
 // How the rows of an example's ids are combined: their sum, their mean, or
-// their sum / sqrt(count) (TF's combiners); no ids give zeros.
+// their sum / sqrt(count) (TF's combiners); no ids give zeros. With weights
+// w_i: sum(w_i row_i), divided by sum(w_i) (mean) or sqrt(sum(w_i^2))
+// (sqrtn), as TF's safe_embedding_lookup_sparse.
 enum class Combiner { kSum, kMean, kSqrtn };
 const char* CombinerName(Combiner c);
 std::optional<Combiner> CombinerFromName(const std::string& name);
@@ -142,6 +148,8 @@ struct ModelSpec {
 struct TableLookup {
   std::vector<int64_t> offsets;
   std::vector<int64_t> ids;
+  std::vector<float> weights;  // per id; empty: every weight is 1
+  float weight(int64_t i) const { return weights.empty() ? 1.0f : weights[i]; }
 };
 using SparseBatch = std::vector<TableLookup>;
 
@@ -164,6 +172,8 @@ struct Batch {
   int64_t size = 0;
   // Sparse models: size x id_slots() lookup ids (Dataset::lookup_ids).
   const int64_t* lookup_ids = nullptr;
+  // Their weights (size x id_slots()), for weighted inputs; null: all 1.
+  const float* lookup_weights = nullptr;
   // Lookups of the batch into compact tables (CompactLookups): params of a
   // table then hold only its looked-up rows. Null: the model computes the
   // lookups from lookup_ids, and params hold whole tables (which a model
@@ -212,7 +222,10 @@ class Model {
   RowMatrix Logits(const Params& params, const Batch& data) const;
   // The table lookups of `rows` examples (global ids) from their
   // rows x id_slots() lookup ids.
-  SparseBatch Lookups(const int64_t* lookup_ids, int64_t rows) const;
+  // rows x id_slots() lookup ids, and their weights (null: all 1; only
+  // weighted inputs read them).
+  SparseBatch Lookups(const int64_t* lookup_ids, int64_t rows,
+                      const float* lookup_weights = nullptr) const;
   const ModelSpec& spec() const { return spec_; }
   // The first layer's input: the deep tower's for a sparse model (dense
   // features, then the combined embeddings).

@@ -19,6 +19,10 @@ namespace {
 // A framed file (core/framed_file.h) with this magic and format version.
 constexpr std::string_view kMagic = "KTMODEL1";
 constexpr uint32_t kFormatVersion = 4;
+// Per sparse input (version 4): these bits (0 and 1 in files before weighted
+// inputs existed, so those read as they did).
+constexpr uint32_t kInputDynamic = 1;
+constexpr uint32_t kInputWeighted = 2;
 constexpr uint32_t kFormatVersion3 = 3;  // no dynamic tables; input_dim counted the lookup ids
 constexpr uint32_t kFormatVersion2 = 2;  // no sparse features
 constexpr uint32_t kFormatVersion1 = 1;  // softmax/mlp only, no trailer
@@ -71,12 +75,11 @@ std::string LayoutMismatch(const Model& model, const std::vector<std::string>& n
 // columns (u32 count, strings) and crossed columns (u32 count; per crossed
 // column u32 count and column strings, hash buckets i64). Embedding and wide
 // tables are variables like the others (every row of a fixed table exists).
-// Version 4 appends: the seed (u64), per sparse input whether it is dynamic
-// (u32), per embedding its maxRows (i64), the wide part's maxRows (i64), and
-// for each dynamic table (variable order; its variable above holds no
-// values) its row count (u64) and its rows, each an id (u64) and dim floats.
-// Version 3 counted one lookup id per sparse input in input_dim and the
-// input shape (DecodePayload takes them off).
+// Version 4 appends: the seed (u64), per sparse input its flags (u32:
+// kInputDynamic, kInputWeighted), per embedding its maxRows (i64), the wide part's maxRows (i64),
+// and for each dynamic table (variable order; its variable above holds no values) its row count
+// (u64) and its rows, each an id (u64) and dim floats. Version 3 counted one lookup id per sparse
+// input in input_dim and the input shape (DecodePayload takes them off).
 void EncodePayload(const ModelFile& model, const Model& m, const std::vector<int64_t>& dynamic_rows,
                    BinaryWriter& w) {
   w.PutString(model.job_name);
@@ -133,7 +136,9 @@ void EncodePayload(const ModelFile& model, const Model& m, const std::vector<int
     w.PutI64(c.hash_buckets);
   }
   w.PutU64(model.seed);
-  for (const SparseInput& in : spec.sparse_inputs) w.PutU32(in.dynamic ? 1 : 0);
+  for (const SparseInput& in : spec.sparse_inputs) {
+    w.PutU32((in.dynamic ? kInputDynamic : 0) | (in.weighted ? kInputWeighted : 0));
+  }
   for (const EmbeddingSpec& e : spec.embeddings) w.PutI64(e.max_rows);
   w.PutI64(spec.wide.max_rows);
   size_t next = 0;  // into dynamic_rows
@@ -282,9 +287,14 @@ absl::Status DecodePayload(std::string_view payload, uint32_t version, ModelFile
   }
   KT_RETURN_IF_ERROR(r.GetU64(&out->seed));
   for (SparseInput& in : spec.sparse_inputs) {
-    uint32_t dynamic = 0;
-    KT_RETURN_IF_ERROR(r.GetU32(&dynamic));
-    in.dynamic = dynamic != 0;
+    uint32_t flags = 0;
+    KT_RETURN_IF_ERROR(r.GetU32(&flags));
+    if ((flags & ~(kInputDynamic | kInputWeighted)) != 0) {
+      return absl::DataLossError(
+          absl::StrCat("sparse input ", in.column, ": unknown flags ", flags));
+    }
+    in.dynamic = (flags & kInputDynamic) != 0;
+    in.weighted = (flags & kInputWeighted) != 0;
   }
   for (EmbeddingSpec& e : spec.embeddings) KT_RETURN_IF_ERROR(r.GetI64(&e.max_rows));
   KT_RETURN_IF_ERROR(r.GetI64(&spec.wide.max_rows));

@@ -181,6 +181,21 @@ TEST(ModelFileTest, WideAndDeepRoundTripKeepsTablesAndSparseFeatures) {
   EXPECT_EQ(TwoExamples(*again, read->params), TwoExamples(*model, f.params));
 }
 
+TEST(ModelFileTest, AWeightedInputStaysWeighted) {
+  const std::string dir = NewTestDir("model_file");
+  const std::string path = dir + "/weighted.ktm";
+  ModelSpec spec = WideDeep();
+  spec.sparse_inputs[1].weighted = true;  // b: embedded and wide, not crossed
+  spec.wide.crossed.clear();
+  ModelFile f = MakeModelFile(spec, 3);
+  ASSERT_TRUE(WriteModelFile(path, f).ok());
+  auto read = ReadModelFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_FALSE(read->spec.sparse_inputs[0].weighted);
+  EXPECT_TRUE(read->spec.sparse_inputs[1].weighted);
+  EXPECT_FALSE(read->spec.sparse_inputs[1].dynamic);
+}
+
 // The rows of dynamic tables, in memory, a page of `page_rows` at a time.
 class FakeRows : public DynamicRowSource {
  public:

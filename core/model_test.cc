@@ -1009,6 +1009,102 @@ TEST(ModelSparseTest, CombinersAndCrossedIds) {
   EXPECT_NEAR(z(0, 0), std::tanh(2.0 / std::sqrt(2.0)), 1e-6);  // wide weights start at zero
 }
 
+// A weighted column (a libsvm dataset's features, vocab 6, 3 slots): an
+// embedding with `combiner` and the wide part over it, no dense features.
+ModelSpec WeightedSpec(Combiner combiner) {
+  ModelSpec spec = Layers({0}, {Dense(3, Activation::kTanh), Dense(1)}, HeadType::kWideAndDeep, 2);
+  SparseInput f{"features", 6, 3};
+  f.weighted = true;
+  spec.sparse_inputs = {f};
+  spec.embeddings = {{"features", 2, combiner}};
+  spec.wide.columns = {"features"};
+  return spec;
+}
+
+TEST(ModelSparseTest, WeightedIdsScaleTheirRowsAndTheCombinerUsesTheWeights) {
+  for (Combiner c : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtn}) {
+    Model model = MustCreate(WeightedSpec(c));
+    EXPECT_EQ(model.input_dim(), 0);
+    const std::vector<int64_t> ids = {1, 4, -1};
+    const std::vector<float> weights = {0.5f, 2.0f, 0.0f};
+    SparseBatch l = model.Lookups(ids.data(), 1, weights.data());
+    EXPECT_EQ(l[0].ids, (std::vector<int64_t>{1, 4}));
+    EXPECT_EQ(l[0].weights, (std::vector<float>{0.5f, 2.0f}));
+    EXPECT_EQ(l[1].weights, (std::vector<float>{0.5f, 2.0f}));
+    // Embedding rows r1 = (1, 0), r4 = (0, 1); the tower copies the first
+    // embedding dim to the logit; wide weights w1 = 3, w4 = -1, bias 0.25.
+    Params params = model.InitialParams(3);
+    for (auto& v : params) std::fill(v.begin(), v.end(), 0.0f);
+    auto var = [&](const std::string& name) {
+      for (size_t v = 0; v < model.variables().size(); ++v) {
+        if (model.variables()[v].name == name) return v;
+      }
+      ADD_FAILURE() << "no variable " << name;
+      return size_t{0};
+    };
+    params[var("embedding.features")][1 * 2 + 0] = 1.0f;
+    params[var("embedding.features")][4 * 2 + 1] = 1.0f;
+    params[var("layers.0.kernel")][0] = 1.0f;  // input 0 -> unit 0
+    params[var("layers.1.kernel")][0] = 1.0f;  // unit 0 -> logit
+    params[var("wide.features")][1] = 3.0f;
+    params[var("wide.features")][4] = -1.0f;
+    params[var("wide.bias")][0] = 0.25f;
+    Batch one;
+    one.lookup_ids = ids.data();
+    one.lookup_weights = weights.data();
+    one.size = 1;
+    const double first = 0.5 * (c == Combiner::kSum    ? 1.0
+                                : c == Combiner::kMean ? 1.0 / 2.5
+                                                       : 1.0 / std::sqrt(0.25 + 4.0));
+    RowMatrix z = model.Logits(params, one);
+    EXPECT_NEAR(z(0, 0), std::tanh(first) + 0.5 * 3.0 + 2.0 * -1.0 + 0.25, 1e-6) << CombinerName(c);
+  }
+}
+
+TEST(ModelSparseTest, WeightedCombinersMatchFiniteDifferences) {
+  for (Combiner c : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtn}) {
+    Model model = MustCreate(WeightedSpec(c));
+    std::mt19937_64 rng(31);
+    Params params = RandomParams(model, &rng);
+    // 0, 1, 2 and 3 ids, a repeated one, and weights of either sign.
+    const std::vector<int64_t> ids = {-1, -1, -1, 2, -1, -1, 0, 5, -1, 3, 3, 1};
+    const std::vector<float> weights = {0, 0, 0, 0.7f, 0, 0, 1.5f, -0.4f, 0, 0.3f, 2.0f, 1.0f};
+    const std::vector<int32_t> y = {1, 0, 1, 0};
+    Batch b;
+    b.lookup_ids = ids.data();
+    b.lookup_weights = weights.data();
+    b.labels = y.data();
+    b.size = 4;
+    Params grads, scratch;
+    model.LossAndGradients(params, b, 0, &grads);
+    const float eps = 3e-3f;
+    for (size_t v = 0; v < params.size(); ++v) {
+      for (size_t k = 0; k < params[v].size(); ++k) {
+        const float saved = params[v][k];
+        params[v][k] = saved + eps;
+        const float plus = model.LossAndGradients(params, b, 0, &scratch);
+        params[v][k] = saved - eps;
+        const float minus = model.LossAndGradients(params, b, 0, &scratch);
+        params[v][k] = saved;
+        const float numeric = (plus - minus) / (2 * eps);
+        EXPECT_NEAR(grads[v][k], numeric, 2e-3f + 2e-2f * std::fabs(numeric))
+            << CombinerName(c) << " " << model.variables()[v].name << "[" << k << "]";
+      }
+    }
+  }
+}
+
+TEST(ModelSparseTest, AWeightedColumnCannotBeCrossed) {
+  ModelSpec spec = WeightedSpec(Combiner::kSum);
+  spec.sparse_inputs.push_back({"other", 4, 1});
+  spec.wide.crossed = {{{"features", "other"}, 7}};
+  absl::StatusOr<Model> model = Model::Create(spec);
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("wide.crossed[0].columns[0]: 'features' is a weighted"),
+            std::string::npos)
+      << model.status();
+}
+
 TEST(ModelSparseTest, CompactLookupsGiveTheSameLossAndRowGradients) {
   Model model = MustCreate(SparseSpec(Combiner::kMean));
   std::mt19937_64 rng(5);

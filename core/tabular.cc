@@ -515,13 +515,14 @@ std::string QuoteDataValue(absl::string_view v) {
 }
 
 int64_t FeatureDim(const TabularSpec& spec) {
-  if (spec.libsvm) return spec.num_features;
+  if (spec.libsvm) return spec.weighted_column.empty() ? spec.num_features : 0;
   int64_t dim = 0;
   for (const ColumnSpec& c : spec.columns) dim += ColumnWidth(c);
   return dim;
 }
 
 int64_t IdSlots(const TabularSpec& spec) {
+  if (spec.libsvm) return spec.weighted_column.empty() ? 0 : spec.weighted_max_values;
   int64_t slots = 0;
   for (const ColumnSpec& c : spec.columns) slots += c.as_ids ? c.max_values : 0;
   return slots;

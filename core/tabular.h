@@ -89,6 +89,12 @@ struct TabularSpec {
   int index_base = 1;        // the file's first feature index (1 or 0)
   LibsvmLabels libsvm_labels = LibsvmLabels::kBinary;
   int libsvm_classes = 0;  // kClasses: ids 0..libsvm_classes-1
+  // libsvm: the features as one weighted categorical column of this name
+  // (ids: the 0-based indices, weights: the values; at most
+  // weighted_max_values a record) that embeddings and the wide part look up,
+  // instead of num_features dense inputs. Empty: dense.
+  std::string weighted_column;
+  int weighted_max_values = 0;
 };
 
 // `v` in double quotes for an error message, cut after 40 characters.
@@ -96,7 +102,8 @@ std::string QuoteDataValue(absl::string_view v);
 
 // Dense features per record (looked-up columns are ids, not features).
 int64_t FeatureDim(const TabularSpec& spec);
-// Lookup ids per record: max_values per column with as_ids.
+// Lookup ids per record: max_values per column with as_ids (libsvm:
+// weighted_max_values).
 int64_t IdSlots(const TabularSpec& spec);
 
 // The id of a dynamic column's value: SplitMix64(Fnv1a64(value)) >> 1

@@ -7,7 +7,8 @@ namespace kubetrain {
 EvalData::EvalData(const Model& model, const Dataset& data, int64_t limit)
     : model_(model), data_(data), size_(limit < 0 ? data.size : std::min(limit, data.size)) {
   if (model_.sparse()) {
-    lookups_ = model_.Lookups(data_.lookup_ids.data(), size_);
+    lookups_ = model_.Lookups(data_.lookup_ids.data(), size_,
+                              data_.lookup_weights.empty() ? nullptr : data_.lookup_weights.data());
     ids_ = CompactLookups(&lookups_);
   }
 }
@@ -18,6 +19,7 @@ Batch EvalData::batch() const {
   b.labels = data_.labels.data();
   b.targets = data_.targets.empty() ? nullptr : data_.targets.data();
   b.lookup_ids = data_.lookup_ids.data();
+  b.lookup_weights = data_.lookup_weights.empty() ? nullptr : data_.lookup_weights.data();
   b.size = size_;
   if (model_.sparse()) b.sparse = &lookups_;
   return b;

@@ -116,6 +116,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   std::vector<int32_t> y;
   std::vector<float> targets;
   std::vector<int64_t> lookup_ids;
+  std::vector<float> lookup_weights;
   std::deque<float> recent_losses;
   TrainResult result;
   result.local_steps = client->resume_clock();  // a restarted worker continues its clock
@@ -158,7 +159,9 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
 
     if (options.step_delay > absl::ZeroDuration()) clock->SleepFor(options.step_delay);
     absl::Time t0 = clock->Now();
-    if (absl::Status s = batcher.Next(spec.batch_size, &x, &y, &targets, &lookup_ids); !s.ok()) {
+    if (absl::Status s =
+            batcher.Next(spec.batch_size, &x, &y, &targets, &lookup_ids, &lookup_weights);
+        !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("training data: ", s.message()));
     }
     // Dropout masks differ per worker and step, and repeat exactly on a rerun.
@@ -172,7 +175,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     batch.size = spec.batch_size;
     if (model.sparse()) {
       // Only the rows this batch looks up: its distinct ids per table.
-      lookups = model.Lookups(lookup_ids.data(), spec.batch_size);
+      lookups = model.Lookups(lookup_ids.data(), spec.batch_size, lookup_weights.data());
       table_ids = CompactLookups(&lookups);
       if (absl::Status s = client->PullRows(table_ids, &params); !s.ok()) return s;
       batch.sparse = &lookups;

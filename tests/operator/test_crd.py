@@ -101,7 +101,7 @@ def test_example_accepted_by_dry_run(k, path):
 
 
 def test_examples_created_and_listed_with_printer_columns(k):
-    assert len(EXAMPLES) == 10, EXAMPLES  # every examples/*.yaml
+    assert len(EXAMPLES) == 11, EXAMPLES  # every examples/*.yaml
     for path in EXAMPLES:
         k.run("apply", "-n", NS, "-f", path)
     names = {yaml.safe_load(open(p))["metadata"]["name"] for p in EXAMPLES}
