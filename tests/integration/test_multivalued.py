@@ -9,18 +9,11 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT, run_cli, run_job, write
-
-EXAMPLE = os.path.join(ROOT, "examples", "census-income-profile.yaml")
-DATA = os.path.join(ROOT, "data", "census-income")
+from conftest import CENSUS_DATA as DATA, census_example, run_cli, run_job, write
 
 
 def example_text(**replace):
-    text = open(EXAMPLE).read().replace("data/census-income/", DATA + "/")
-    for old, new in replace.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    return text
+    return census_example("census-income-profile.yaml", **replace)
 
 
 def test_committed_profile_files_are_what_the_script_writes(tmp_path):
