@@ -41,6 +41,13 @@ struct ReplicaSpec {
   std::string scheduler_name;
   // template.spec.priorityClassName ("" = not set).
   std::string priority_class_name;
+  // The runtime container's resources.limits.cpu in millicores (0: none).
+  int64_t cpu_limit_milli = 0;
+  // The threads a task of this replica computes a step on by default: the
+  // whole cores of its CPU limit (at least 1, at most 1024), 1 without one.
+  // Read from the spec, so `kubetrain run` and the pods compute on the same
+  // number of threads and give the same bits.
+  int threads() const;
 };
 
 // Which PodGroup API a gang scheduler reads (TFJob's --gang-scheduler-name

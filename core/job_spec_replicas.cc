@@ -42,6 +42,21 @@ std::string NormalizeReplicaType(const std::string& key) {
   return "";
 }
 
+// The runtime container's resources.limits.cpu (a quantity: "2", 1.5, "500m").
+absl::Status ReadCpuLimit(const YAML::Node& container, const std::string& path, ReplicaSpec* out) {
+  const YAML::Node resources = container["resources"];
+  const YAML::Node limits = resources && resources.IsMap() ? resources["limits"] : YAML::Node();
+  const YAML::Node cpu = limits && limits.IsMap() ? limits["cpu"] : YAML::Node();
+  if (!cpu || cpu.IsNull()) return absl::OkStatus();
+  const std::string cpath = path + ".resources.limits.cpu";
+  if (!cpu.IsScalar()) return TypeError(cpath, "a quantity", cpu);
+  absl::StatusOr<int64_t> milli = ParseQuantityMilli(cpu.Scalar());
+  if (!milli.ok()) return FieldError(cpath, milli.status().message());
+  if (*milli <= 0) return FieldError(cpath, absl::StrCat("must be > 0, got ", cpu.Scalar()));
+  out->cpu_limit_milli = *milli;
+  return absl::OkStatus();
+}
+
 // A resource name as Kubernetes spells one: "cpu", "memory",
 // "nvidia.com/gpu", "hugepages-2Mi".
 bool IsResourceName(const std::string& name) {
@@ -196,7 +211,11 @@ absl::Status ParseReplicaSpecs(const YAML::Node& node, const std::string& path,
           const YAML::Node& c = containers[i];
           const std::string name =
               c.IsMap() && c["name"] && c["name"].IsScalar() ? c["name"].Scalar() : std::string();
-          if (IsRuntimeContainer(name, c.IsMap() && c["command"])) spec.own_containers = false;
+          if (IsRuntimeContainer(name, c.IsMap() && c["command"])) {
+            spec.own_containers = false;
+            KT_RETURN_IF_ERROR(ReadCpuLimit(
+                c, absl::StrCat(f.PathOf("template"), ".spec.containers[", i, "]"), &spec));
+          }
         }
         // What gang scheduling needs to know of the pods (the rest of the
         // template is the API server's to validate).
@@ -277,6 +296,11 @@ absl::Status ValidateRunPolicy(const TrainingJob& job) {
 }  // namespace spec_internal
 
 using namespace spec_internal;  // NOLINT(build/namespaces): this section's helpers
+
+int ReplicaSpec::threads() const {
+  if (cpu_limit_milli <= 0) return 1;
+  return static_cast<int>(std::clamp<int64_t>(cpu_limit_milli / 1000, 1, 1024));
+}
 
 int TrainingJob::num_ps() const {
   auto it = replica_specs.find("PS");

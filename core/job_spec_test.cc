@@ -1338,5 +1338,34 @@ TEST(JobSpecTest, SchedulerNameWithoutSchedulingPolicyIsJustPassedOn) {
   EXPECT_EQ(job->replica_specs.at("Worker").priority_class_name, "low");
 }
 
+TEST(JobSpecTest, TheRuntimeContainersCpuLimitGivesItsReplicasThreads) {
+  auto threads_with = [](const std::string& container) -> std::string {
+    absl::StatusOr<TrainingJob> job = ParseTrainingJob(
+        Replace("          - name: tensorflow\n            image: kubetrain:dev\n", container));
+    if (!job.ok()) return std::string(job.status().message());
+    return absl::StrCat(job->replica_specs.at("Worker").threads(), " ",
+                        job->replica_specs.at("PS").threads());
+  };
+  auto runtime = [](const std::string& cpu) {
+    return "          - name: kubetrain\n            resources: {limits: {cpu: " + cpu + "}}\n";
+  };
+  EXPECT_EQ(threads_with(runtime("2")), "2 1");  // the PS template names no limit
+  EXPECT_EQ(threads_with(runtime("\"2500m\"")), "2 1");
+  EXPECT_EQ(threads_with(runtime("1.5")), "1 1");
+  EXPECT_EQ(threads_with(runtime("500m")), "1 1");  // a fraction of a core: one thread
+  EXPECT_EQ(threads_with(runtime("4096")), "1024 1");
+  EXPECT_EQ(threads_with("          - name: kubetrain\n"), "1 1");
+  // A container of the user's own (a command) is not the runtime's.
+  EXPECT_EQ(threads_with("          - name: kubetrain\n            command: [python3]\n"
+                         "            resources: {limits: {cpu: 8}}\n"),
+            "1 1");
+  EXPECT_STARTS_WITH(threads_with(runtime("two")),
+                     "spec.replicaSpecs.Worker.template.spec.containers[0].resources.limits.cpu: "
+                     "\"two\" is not a quantity");
+  EXPECT_EQ(threads_with(runtime("0")),
+            "spec.replicaSpecs.Worker.template.spec.containers[0].resources.limits.cpu: must be > "
+            "0, got 0");
+}
+
 }  // namespace
 }  // namespace kubetrain

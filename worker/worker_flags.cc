@@ -33,15 +33,18 @@ void WorkerFlags::Register(FlagParser* parser) {
                  "be the exporter: pull the whole model from these PS tasks (host:port of ps:0, "
                  "ps:1, ... comma-separated) and write it to --export_model");
   parser->Int("threads", &threads_,
-              "threads a step computes on (0: as many as the container's CPU limit, else the "
-              "machine's cores); the bits of a run are the same for a given count");
+              "threads a step computes on (default -1: the whole cores of the task's CPU limit "
+              "in the job's pod template (resources.limits.cpu of the kubetrain container), "
+              "else 1; 0: as many as this container's CPU limit, else the machine's cores); the "
+              "bits of a run are the same for a given count");
   AddTerminationLogFlag(*parser, &termination_log);
 }
 
 absl::Status WorkerFlags::Finish() {
-  if (threads_ < 0 || threads_ > 1024) {
+  if (threads_ < WorkerTaskOptions::kThreadsFromJob || threads_ > 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--threads must be >= 1 (or 0: the CPU limit) and at most 1024, got ", threads_));
+        "--threads must be >= 1 (or 0: the CPU limit, -1: the job's) and at most 1024, got ",
+        threads_));
   }
   if (config_file.empty()) return absl::InvalidArgumentError("--config is required");
   task.threads = static_cast<int>(threads_);

@@ -33,7 +33,7 @@ struct WorkerFlags {
  private:
   double progress_interval_seconds_ = 1.0;
   int64_t step_delay_ms_ = 0;
-  int64_t threads_ = 1;
+  int64_t threads_ = WorkerTaskOptions::kThreadsFromJob;
 };
 
 }  // namespace kubetrain

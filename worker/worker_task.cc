@@ -11,6 +11,7 @@
 #include <prometheus/registry.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/cluster_spec.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 
@@ -65,11 +66,15 @@ absl::StatusOr<std::unique_ptr<WorkerTask>> WorkerTask::Create(
     return absl::InvalidArgumentError(absl::StrCat("TF_CONFIG task type is \"chief\", but ",
                                                    config.job.name, " has no Chief replica"));
   }
-  if (options.threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("threads must be >= 1 (or 0: the CPU limit), got ", options.threads));
+  if (options.threads < WorkerTaskOptions::kThreadsFromJob) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "threads must be >= 1 (or 0: the CPU limit, -1: the job's), got ", options.threads));
   }
   const bool threads_from_cpu_limit = options.threads == 0;
+  if (options.threads == WorkerTaskOptions::kThreadsFromJob) {
+    auto replica = config.job.replica_specs.find(ReplicaKeyOf(type));
+    options.threads = replica == config.job.replica_specs.end() ? 1 : replica->second.threads();
+  }
   if (config.model) {
     config.model->SetThreads(threads_from_cpu_limit ? ThreadsFromCpuLimit() : options.threads);
   }

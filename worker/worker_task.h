@@ -59,8 +59,13 @@ struct WorkerTaskOptions {
   std::function<void(const std::string& line)> report_sink;
   // Threads a step (and an evaluation) computes on (Model::SetThreads); 0:
   // as many as this process's CPU limit allows (ThreadsFromCpuLimit,
-  // core/thread_pool.h). 1 keeps the single-threaded bits of older releases.
-  int threads = 1;
+  // core/thread_pool.h); kThreadsFromJob: the task's replica's
+  // (ReplicaSpec::threads: the whole cores of the runtime container's CPU
+  // limit in the job's pod template, else 1), so a job gives the same bits
+  // under `kubetrain run` and on Kubernetes. A given count gives the same bits
+  // on every run; 1 keeps the single-threaded bits of older releases.
+  static constexpr int kThreadsFromJob = -1;
+  int threads = kThreadsFromJob;
 };
 
 // Data already opened (e.g. shared by tasks in one process; in memory:

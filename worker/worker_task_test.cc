@@ -247,10 +247,24 @@ TEST_F(WorkerTaskTest, WorkersComputeOnTheirThreads) {
   ASSERT_TRUE(reports.back().result.has_value());
   EXPECT_EQ(reports.back().result->global_step, 20);
   Task t;
-  auto bad = CreateTask("worker", 0, &t, WorkerTaskOptions{.threads = -1});
+  auto bad = CreateTask("worker", 0, &t, WorkerTaskOptions{.threads = -2});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_CONTAINS(std::string(bad.status().message()), "threads must be >= 1");
+}
+
+TEST_F(WorkerTaskTest, ByDefaultAWorkerComputesOnTheWholeCoresOfItsTemplatesCpuLimit) {
+  Make({.ps = 1, .workers = 2, .mode = "sync", .steps = 5});
+  const std::string plain = "    Worker: {replicas: 2}\n";
+  ASSERT_NE(yaml_.find(plain), std::string::npos);
+  yaml_.replace(yaml_.find(plain), plain.size(),
+                "    Worker:\n      replicas: 2\n      template:\n        spec:\n"
+                "          containers:\n          - name: kubetrain\n"
+                "            resources: {limits: {cpu: 2500m}}\n");
+  Add("worker", 0);  // WorkerTaskOptions::kThreadsFromJob
+  EXPECT_EQ(tasks_["worker:0"].task->threads(), 2);
+  Add("worker", 1, WorkerTaskOptions{.threads = 1});  // the flag wins
+  EXPECT_EQ(tasks_["worker:1"].task->threads(), 1);
 }
 
 TEST_F(WorkerTaskTest, RefusesTaskTypesItDoesNotRun) {
