@@ -11,8 +11,6 @@
 #include "cli/export.h"
 #include "cli/run.h"
 #include "cli/validate.h"
-#include "core/flags.h"
-#include "core/job_spec.h"
 
 namespace {
 
@@ -42,57 +40,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: unknown command \"%s\"\n\n%s", command.c_str(), kUsage);
     return 2;
   }
-  kubetrain::RunOptions options;
-  std::string restart_policy;
-  options.bin_dir = kubetrain::ExecutableDir();
-  kubetrain::FlagParser parser("kubetrain " + command + " FILE.yaml");
-  std::string memory_limit;
-  parser.String("memory_limit", &memory_limit,
-                "the memory each task may use (8Gi, 512Mi, ...; default: the cgroup's limit, "
-                "else the machine's memory): a model that cannot fit is refused");
-  bool skip_data = false;
-  if (command == "validate") {
-    parser.Bool("skip_data", &skip_data,
-                "do not read the data files (they exist only where the tasks run, e.g. in the "
-                "pods' image or volume); epochs still need the training set");
-  }
-  if (command == "run") {
-    parser.String("summary_json", &options.summary_json,
-                  "also write the job summary as JSON to this file");
-    parser.String("bin_dir", &options.bin_dir,
-                  "directory holding kubetrain-ps and kubetrain-worker");
-    parser.Bool("quiet", &options.quiet, "hide task logs; show only progress and the summary");
-    parser.String("export_model", &options.export_model,
-                  "write the trained model to this file (then: kubetrain eval FILE)");
-    parser.Bool("tls", &options.tls,
-                "the tasks speak mutual TLS under a CA made for this run (tokens are always on)");
-    parser.String("restart_policy", &restart_policy,
-                  "restart failed tasks per this policy instead of the spec's: Never, OnFailure, "
-                  "Always, ExitCode");
-  }
-  std::vector<std::string> files;
-  if (auto exit_code = parser.ParseMain(argc, argv, 2, &files)) return *exit_code;
-  if (files.size() != 1) {
-    std::fprintf(stderr, "error: expected exactly one TrainingJob file\n\n%s",
-                 parser.Usage().c_str());
-    return 2;
-  }
-  if (command == "validate") {
-    return kubetrain::ValidateCommand(files[0], memory_limit, !skip_data);
-  }
-  options.job_file = files[0];
-  options.memory_limit = memory_limit;
-  if (!restart_policy.empty()) {
-    options.restart_policy = kubetrain::RestartPolicyFromName(restart_policy);
-    if (!options.restart_policy) {
-      std::fprintf(stderr,
-                   "error: --restart-policy: \"%s\" is not one of Never, OnFailure, Always, "
-                   "ExitCode\n",
-                   restart_policy.c_str());
-      return 2;
-    }
-  }
-  kubetrain::InitProcess(kubetrain::ProcessProfile::kDefault);
-  options.interrupted = kubetrain::InterruptOnSignals();
-  return kubetrain::RunJob(options);
+  return command == "run" ? kubetrain::RunCommand(argc, argv, kubetrain::ExecutableDir())
+                          : kubetrain::ValidateMain(argc, argv);
 }

@@ -20,6 +20,7 @@
 #include "core/clock.h"
 #include "core/cluster_spec.h"
 #include "core/file_env.h"
+#include "core/flags.h"
 #include "core/task_config.h"
 
 namespace kubetrain {
@@ -159,6 +160,48 @@ int RunJob(const RunOptions& options) {
     }
   }
   return result.ExitCode();
+}
+
+int RunCommand(int argc, char** argv, const std::string& bin_dir) {
+  RunOptions options;
+  options.bin_dir = bin_dir;
+  FlagParser parser("kubetrain run FILE.yaml");
+  parser.String("memory_limit", &options.memory_limit,
+                "the memory each task may use (8Gi, 512Mi, ...; default: the cgroup's limit, "
+                "else the machine's memory): a model that cannot fit is refused");
+  parser.String("summary_json", &options.summary_json,
+                "also write the job summary as JSON to this file");
+  parser.String("bin_dir", &options.bin_dir, "directory holding kubetrain-ps and kubetrain-worker");
+  parser.Bool("quiet", &options.quiet, "hide task logs; show only progress and the summary");
+  parser.String("export_model", &options.export_model,
+                "write the trained model to this file (then: kubetrain eval FILE)");
+  parser.Bool("tls", &options.tls,
+              "the tasks speak mutual TLS under a CA made for this run (tokens are always on)");
+  std::string restart_policy;
+  parser.String("restart_policy", &restart_policy,
+                "restart failed tasks per this policy instead of the spec's: Never, OnFailure, "
+                "Always, ExitCode");
+  std::vector<std::string> files;
+  if (auto exit_code = parser.ParseMain(argc, argv, 2, &files)) return *exit_code;
+  if (files.size() != 1) {
+    std::fprintf(stderr, "error: expected exactly one TrainingJob file\n\n%s",
+                 parser.Usage().c_str());
+    return 2;
+  }
+  options.job_file = files[0];
+  if (!restart_policy.empty()) {
+    options.restart_policy = RestartPolicyFromName(restart_policy);
+    if (!options.restart_policy) {
+      std::fprintf(stderr,
+                   "error: --restart-policy: \"%s\" is not one of Never, OnFailure, Always, "
+                   "ExitCode\n",
+                   restart_policy.c_str());
+      return 2;
+    }
+  }
+  InitProcess(ProcessProfile::kDefault);
+  options.interrupted = InterruptOnSignals();
+  return RunJob(options);
 }
 
 }  // namespace kubetrain

@@ -46,6 +46,11 @@ absl::Status PreflightCheck(const TrainingJob& job);
 // a failed PreflightCheck), 130 interrupted.
 int RunJob(const RunOptions& options);
 
+// `kubetrain run FILE.yaml [flags]` (argv[1] is "run"): parses the flags
+// into RunOptions (tasks from `bin_dir` unless --bin_dir) and runs the job;
+// the exit code of RunJob, 2 on bad flags.
+int RunCommand(int argc, char** argv, const std::string& bin_dir);
+
 // The directory of the running executable (where `make build` puts
 // kubetrain-ps and kubetrain-worker beside kubetrain); "." if unknown.
 std::string ExecutableDir();

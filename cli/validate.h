@@ -25,6 +25,10 @@ absl::StatusOr<MemoryLimit> MemoryLimitFromFlag(const std::string& flag);
 int ValidateCommand(const std::string& file, const std::string& memory_limit = "",
                     bool check_data = true, std::FILE* out = stdout, std::FILE* err = stderr);
 
+// `kubetrain validate FILE.yaml [--memory_limit Q] [--skip_data]` (argv[1] is
+// "validate"): ValidateCommand's exit code, 2 on bad flags.
+int ValidateMain(int argc, char** argv);
+
 }  // namespace kubetrain
 
 #endif  // KUBETRAIN_CLI_VALIDATE_H_
