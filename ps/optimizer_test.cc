@@ -183,7 +183,9 @@ TEST(OptimizerTest, FtrlMatchesThePublishedRule) {
               const double quadratic = std::pow(r.accum, -lr_power) / 0.5 + 2 * l2;
               const double scale = (r.linear_magnitude + l1) / quadratic;
               EXPECT_NEAR(w[i], r.var, 1e-6 * scale) << at;
-              if (l1 > 0) EXPECT_EQ(w[i] == 0, r.var == 0) << at;  // the threshold
+              if (l1 > 0) {
+                EXPECT_EQ(w[i] == 0, r.var == 0) << at;  // the threshold
+              }
               EXPECT_NEAR(accum[i], r.accum, 1e-6 * r.accum) << at;
               EXPECT_NEAR(linear[i], r.linear, 1e-6 * r.linear_magnitude) << at;
               // Row-wise: the same rule, the same bits.
