@@ -7,22 +7,24 @@ nodes and pod lifecycles (tests/scale/kwok.yaml: Pending -> Running after
 N TrainingJobs of 1 PS + 4 workers are created at once and go through
 creation, running, success and deletion (the operator removes their
 objects). With --kill-operator the operator is SIGKILLed once half the pods
-exist and started again. Checks: every job Succeeded, every pod and Service
-created exactly once (the API server's own count of POSTs that succeeded),
-everything cleaned up. Prints the figures, last line:
+exist and started again. Checks: every job Succeeded, every object of every
+job (pod, Service, ConfigMap, Secret, NetworkPolicy) created exactly once (the
+API server's own count of POSTs that succeeded), everything cleaned up. Prints the figures, last line:
 
   jobs=… pods=… create_s=… finish_s=… cleanup_s=… op_rss_mib=… op_cpu_s=… operator_restarts=…
   ref_create_s=… create_ratio=… api_requests_per_object=…
 
 create_s: from the first job POST until the operator's cache holds every
-pod and Service; finish_s: until every job is Succeeded; op_rss_mib: the
+object of every job; finish_s: until every job is Succeeded; op_rss_mib: the
 operator's peak RSS (VmHWM); op_cpu_s: its user+system CPU; api_requests_per_object:
-the operator's requests (apiserver_request_total on pods, Services,
-ConfigMaps, Events and trainingjobs/status, plus its watches; less kwok's
-final DELETE of each pod, the kubelet's part of a graceful deletion) per
-object it created (pods, Services, ConfigMaps). ref_create_s: a plain client (16
-keep-alive connections, the same token bucket) creating the same objects
-in the same run, after the operator's run; create_ratio = create_s / ref_create_s.
+the operator's requests (testlib.operator_requests, the filter
+tests/operator/test_api_budget.py uses too: its requests on pods, Services,
+ConfigMaps, Secrets, NetworkPolicies, Events and trainingjobs/status, plus
+its watches; less kwok's final DELETE of each pod, the kubelet's part of a
+graceful deletion) per object it created (testlib.operator_objects: a pod
+and a Service per task, a ConfigMap, a Secret and a NetworkPolicy per job).
+ref_create_s: a plain client (16 keep-alive connections, the same token
+bucket) creating the same objects in the same run, after the operator's run; create_ratio = create_s / ref_create_s.
 
   tests/scale/run_scale.py [--jobs 1000] [--nodes 20] [--kill-operator] [-- operator flags]
 """
@@ -45,7 +47,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "operator"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
 from kube_api import KubeApi, delta, request_counts  # noqa: E402
 import testlib  # noqa: E402
-from testlib import free_port  # noqa: E402
+from testlib import (OPERATOR_KINDS, expected_creates, free_port,  # noqa: E402
+                     operator_objects, operator_requests)
 
 CACHE = os.environ.get("KUBETRAIN_CACHE", os.path.expanduser("~/.cache/kubetrain"))
 NS = "scale"
@@ -115,7 +118,7 @@ class Operator:
 def cache_counts(op):
     text = op.metrics()
     return {r: metric(text, "kubetrain_operator_cache_objects", f'resource="{r}"') or 0
-            for r in ("pods", "services", "configmaps")}
+            for r in OPERATOR_KINDS}
 
 
 def job(name, node):
@@ -126,22 +129,6 @@ def job(name, node):
                 "PS": {"replicas": 1, "restartPolicy": "OnFailure", "template": template},
                 "Worker": {"replicas": WORKERS, "restartPolicy": "Never", "template": template}},
                 "training": {"model": {"type": "softmax"}, "steps": 10}}}
-
-
-def operator_requests(counts):
-    """The operator's share of apiserver_request_total (the harness only
-    creates, lists and deletes TrainingJobs and creates Nodes)."""
-    out = {}
-    for (verb, resource, sub), n in counts.items():
-        if resource in ("pods", "services", "configmaps", "events"):
-            if resource == "pods" and sub in ("status", "binding"):
-                continue  # kwok
-            if resource == "pods" and verb in ("PATCH", "PUT", "GET"):
-                continue  # kwok
-            out[(verb, resource, sub)] = n
-        elif resource == "trainingjobs" and ((verb == "PUT" and sub == "status") or verb == "WATCH"):
-            out[(verb, resource, sub)] = n
-    return out
 
 
 class Bucket:
@@ -164,13 +151,17 @@ class Bucket:
 
 def reference_create_s(api, jobs, qps, burst, parallelism):
     """How long a plain client takes to create the same objects (a pod and a
-    Service per task, a ConfigMap per job) with the same QPS budget, on
+    Service per task, a ConfigMap, a Secret and a NetworkPolicy per job) with the same QPS budget, on
     `parallelism` keep-alive connections. Nothing watches these objects."""
     bucket = Bucket(qps, burst)
     host = api.server.split("//", 1)[1]
     work = []
     for j in range(jobs):
         work.append(("configmaps", {"metadata": {"name": f"r{j}-config"}, "data": {"a": "b"}}))
+        work.append(("secrets", {"metadata": {"name": f"r{j}-auth"}, "data": {"job.key": "YQ=="}}))
+        work.append(("networkpolicies", {"metadata": {"name": f"r{j}"}, "spec": {
+            "podSelector": {"matchLabels": {"r": f"r{j}"}}, "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"r": f"r{j}"}}}]}]}}))
         for t in ["ps-0"] + [f"worker-{w}" for w in range(WORKERS)]:
             work.append(("services", {"metadata": {"name": f"r{j}-{t}"}, "spec": {
                 "clusterIP": "None", "selector": {"r": f"r{j}-{t}"}, "ports": [{"port": 2222}]}}))
@@ -187,7 +178,8 @@ def reference_create_s(api, jobs, qps, burst, parallelism):
             if item is None:
                 return
             bucket.wait()
-            conn.request("POST", f"/api/v1/namespaces/{NS}/{item[0]}", json.dumps(item[1]),
+            api_path = "/apis/networking.k8s.io/v1" if item[0] == "networkpolicies" else "/api/v1"
+            conn.request("POST", f"{api_path}/namespaces/{NS}/{item[0]}", json.dumps(item[1]),
                          {"Authorization": f"Bearer {api.token}", "Content-Type": "application/json"})
             resp = conn.getresponse()
             resp.read()
@@ -299,7 +291,8 @@ def main():
         op.start()
         time.sleep(1)
         tasks = args.jobs * (1 + WORKERS)
-        objects = args.jobs * (2 * (1 + WORKERS) + 1)
+        objects = operator_objects(args.jobs, 1 + WORKERS)
+        want_created = expected_creates(args.jobs, 1 + WORKERS)
         text = api.metrics()
         before, before_codes = request_counts(text), request_counts(text, with_code=True)
         log(f"creating {args.jobs} jobs ({tasks} pods) on {args.nodes} kwok nodes")
@@ -321,9 +314,9 @@ def main():
                 op.start()
                 killed = True
                 continue
-            if create_s is None and c["pods"] >= tasks and c["services"] >= tasks:
+            if create_s is None and all(c[r] >= n for r, n in want_created.items()):
                 create_s = time.time() - t0
-                log(f"all pods and Services exist after {create_s:.1f} s")
+                log(f"all pods, Services, ConfigMaps, Secrets and NetworkPolicies exist after {create_s:.1f} s")
             if create_s is not None:
                 items = api.get(f"/apis/kubetrain.io/v1/namespaces/{NS}/trainingjobs")["items"]
                 states = [j.get("status", {}).get("state") for j in items]
@@ -371,7 +364,7 @@ def main():
         codes = delta(request_counts(text, with_code=True), before_codes)
         # No object was created twice (POSTs answered 201; a POST cut off by
         # the SIGKILL may be recorded with another code).
-        created = {r: int(codes.get(("POST", r, "", "201"), 0)) for r in ("pods", "services", "configmaps")}
+        created = {r: int(codes.get(("POST", r, "", "201"), 0)) for r in OPERATOR_KINDS}
         total = sum(used.values())
         by = {f"{v} {r}{'/' + s if s else ''}": int(n) for (v, r, s), n in sorted(used.items())}
         leftovers = api.get(f"/api/v1/namespaces/{NS}/pods")["items"]
@@ -380,7 +373,6 @@ def main():
             ref_s = reference_create_s(api, args.jobs, args.qps, args.burst, 16)
             ref = f" ref_create_s={ref_s:.1f} create_ratio={create_s / ref_s:.2f}"
         print(json.dumps({"requests": by, "posted_jobs_s": round(posted_s, 2)}), flush=True)
-        want_created = {"pods": tasks, "services": tasks, "configmaps": args.jobs}
         ok = not leftovers and all(created[r] <= want_created[r] for r in created) and (
             args.kill_operator or created == want_created)
         print(f"jobs={args.jobs} pods={tasks} create_s={create_s:.1f} finish_s={finish_s:.1f} "
