@@ -51,19 +51,35 @@ void Informer::Index(const std::string& key, const std::string& old_job,
   if (!new_job.empty()) by_job_[new_job].insert(key);
 }
 
-bool Informer::Apply(WatchEventType type, json* object) {
+void Informer::Delivered(const std::string& resource_version) {
+  int64_t v;
+  if (absl::SimpleAtoi(resource_version, &v) && v > delivered_) delivered_ = v;
+}
+
+bool Informer::Apply(WatchEventType type, json* object, bool own_write) {
+  const std::string rv = ResourceVersionOf(*object);
   if (options_.transform) options_.transform(object);
   const std::string key = KeyOf(*object);
   if (key.empty()) return false;
   Entry entry;
   if (type != WatchEventType::kDeleted) {
     if (options_.job_of) entry.job = options_.job_of(*object);
-    entry.resource_version = ResourceVersionOf(*object);
+    entry.resource_version = rv;
     const std::vector<std::uint8_t> packed = json::to_msgpack(*object);
     entry.packed.assign(packed.begin(), packed.end());
   }
   absl::MutexLock l(&mu_);
   auto it = store_.find(key);
+  if (own_write) {
+    // Checked under the lock the watch applies its events under: either the
+    // answer goes in first (and the watch's event for it changes nothing)
+    // or the watch got there first and the answer is dropped.
+    int64_t v;
+    if (!absl::SimpleAtoi(rv, &v) || v <= delivered_) return false;
+    if (it != store_.end() && !Older(it->second.resource_version, rv)) return false;
+  } else if (!rv.empty()) {
+    Delivered(rv);
+  }
   if (type == WatchEventType::kDeleted) {
     if (it == store_.end()) return false;
     Index(key, it->second.job, "");
@@ -81,14 +97,11 @@ bool Informer::Apply(WatchEventType type, json* object) {
   return true;
 }
 
-void Informer::Update(const json& object) {
+bool Informer::Update(const json& object) {
   json copy = object;
-  {
-    absl::MutexLock l(&mu_);
-    auto it = store_.find(KeyOf(object));
-    if (it != store_.end() && Older(ResourceVersionOf(object), it->second.resource_version)) return;
-  }
-  if (Apply(WatchEventType::kModified, &copy)) on_change_(WatchEventType::kModified, copy);
+  if (!Apply(WatchEventType::kModified, &copy, /*own_write=*/true)) return false;
+  on_change_(WatchEventType::kModified, copy);
+  return true;
 }
 
 absl::Status Informer::ListIntoStore(std::string* resource_version) {
@@ -109,12 +122,14 @@ absl::Status Informer::ListIntoStore(std::string* resource_version) {
     if (Apply(WatchEventType::kModified, &obj))
       changes.emplace_back(existed ? WatchEventType::kModified : WatchEventType::kAdded, obj);
   }
-  // What vanished while we were not watching is deleted now.
+  // What vanished while we were not watching is deleted now (not our own
+  // write answered after the list was taken: the watch brings it).
   std::vector<json> gone;
   {
     absl::MutexLock l(&mu_);
+    Delivered(*resource_version);
     for (auto it = store_.begin(); it != store_.end();) {
-      if (seen.count(it->first)) {
+      if (seen.count(it->first) || Older(*resource_version, it->second.resource_version)) {
         ++it;
         continue;
       }
@@ -152,9 +167,12 @@ void Informer::Run(const std::atomic<bool>* stop) {
         [&](const WatchEvent& e) {
           const std::string new_rv = ResourceVersionOf(e.object);
           if (!new_rv.empty()) rv = new_rv;
-          if (e.type == WatchEventType::kBookmark || e.type == WatchEventType::kError) {
+          if (e.type == WatchEventType::kBookmark) {
+            absl::MutexLock l(&mu_);
+            Delivered(new_rv);
             return !stop->load();
           }
+          if (e.type == WatchEventType::kError) return !stop->load();
           try {
             json obj = e.object;
             if (Apply(e.type, &obj)) on_change_(e.type, obj);

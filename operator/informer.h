@@ -76,11 +76,16 @@ class Informer {
     return options_.resource.empty() ? options_.collection.plural : options_.resource;
   }
 
-  // Stores the answer of this operator's own write (e.g. a status update)
-  // at once, so the next reconcile does not decide from the version before
-  // it; the watch event that follows brings the same object. Ignored when
-  // the store already holds a newer resourceVersion.
-  void Update(const nlohmann::json& object);
+  // Stores the answer of this operator's own write (e.g. a status update,
+  // or a create) at once, so the next reconcile does not decide from the
+  // version before it, nor wait a watch round trip for what the write's
+  // answer already shows; the watch event that follows brings the same
+  // object (and changes nothing). Ignored when the store already holds a
+  // newer resourceVersion, or when the watch has already delivered this
+  // resourceVersion or a later one (the store is then ahead of the answer:
+  // the object may even have been deleted since). True if stored (and
+  // on_change called, as for a watch event).
+  bool Update(const nlohmann::json& object);
 
   // The store key of an object: "namespace/name" (or "name").
   static std::string KeyOf(const nlohmann::json& object);
@@ -88,7 +93,11 @@ class Informer {
  private:
   absl::Status ListIntoStore(std::string* resource_version);
   // Stores (or removes, for kDeleted) one object; false if nothing changed.
-  bool Apply(WatchEventType type, nlohmann::json* object);
+  // own_write: our write's answer (Update), not a watch event: skipped if
+  // the store or the watch is already at its resourceVersion or later.
+  bool Apply(WatchEventType type, nlohmann::json* object, bool own_write = false);
+  // Records that the watch (or a list) has delivered `resource_version`.
+  void Delivered(const std::string& resource_version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves `key` from the index of job `old_job` to that of `new_job` ("" = none).
   void Index(const std::string& key, const std::string& old_job, const std::string& new_job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -112,6 +121,10 @@ class Informer {
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> store_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::set<std::string>> by_job_ ABSL_GUARDED_BY(mu_);
+  // The latest resourceVersion the list or the watch delivered (0: none, or
+  // not an integer): a write answered with one at or below it is already
+  // reflected in the store.
+  int64_t delivered_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kubetrain

@@ -146,5 +146,30 @@ TEST_F(InformerTest, OwnWritesAreStoredButNeverRegress) {
   EXPECT_EQ((*informer_->Get("ns", "a"))["status"]["phase"], "Running");
 }
 
+// A create's answer stored at once (no watch round trip), unless the watch
+// has already delivered it or something later: an object created and
+// deleted before its answer is stored must not come back.
+TEST_F(InformerTest, OwnCreatesAreStoredUnlessTheWatchIsAlreadyPastThem) {
+  Start();
+  kube_.HoldWatches("pods", true);
+  auto created = kube_.Create(ns_pods_, Pod("b", "j1"));
+  ASSERT_TRUE(created.ok());
+  EXPECT_TRUE(informer_->Update(*created));
+  EXPECT_TRUE(informer_->Get("ns", "b").has_value());
+  EXPECT_EQ(informer_->ByJob("ns/j1").size(), 1u);
+  kube_.HoldWatches("pods", false);
+  // The watch's ADDED for it changes nothing; its deletion removes it.
+  ASSERT_TRUE(kube_.Delete({"/api/v1", "pods", "ns", "b", ""}, "").ok());
+  ASSERT_TRUE(WaitFor([&] { return !informer_->Get("ns", "b").has_value(); }));
+  // Created and deleted before the answer is stored: the answer is stale.
+  auto c = kube_.Create(ns_pods_, Pod("c", "j1"));
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(kube_.Delete({"/api/v1", "pods", "ns", "c", ""}, "").ok());
+  ASSERT_TRUE(kube_.Create(ns_pods_, Pod("d", "j1")).ok());
+  ASSERT_TRUE(WaitFor([&] { return informer_->Get("ns", "d").has_value(); }));
+  EXPECT_FALSE(informer_->Update(*c));
+  EXPECT_FALSE(informer_->Get("ns", "c").has_value());
+}
+
 }  // namespace
 }  // namespace kubetrain

@@ -112,6 +112,17 @@ void JobCache::OnOwnedChange(const std::string& plural, WatchEventType type, con
   if (on_job_) on_job_(job);
 }
 
+void JobCache::Created(const std::string& plural, const json& object) {
+  if (OwningJob(object).empty()) return;  // not labelled: never listed or watched
+  Informer* informer = plural == "pods"              ? pods_.get()
+                       : plural == "services"        ? services_.get()
+                       : plural == "configmaps"      ? config_maps_.get()
+                       : plural == "secrets"         ? secrets_.get()
+                       : plural == "networkpolicies" ? network_policies_.get()
+                                                     : nullptr;
+  if (informer != nullptr) informer->Update(object);
+}
+
 void JobCache::WatchPodGroups(const std::string& api_version) {
   absl::MutexLock l(&mu_);
   if (pod_groups_.count(api_version)) return;

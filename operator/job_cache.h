@@ -92,6 +92,13 @@ class JobCache {
   std::vector<std::string> JobKeys() const { return jobs_->JobKeys(); }
   // Stores the answer of our own write to a TrainingJob (see Informer::Update).
   void UpdateJob(const nlohmann::json& job) { jobs_->Update(job); }
+  // Stores the answer of our own create of an owned object of `plural`
+  // (pods, services, configmaps, secrets, networkpolicies; see
+  // Informer::Update): as its watch event would, it meets its expectation
+  // and re-queues its job, so the next pass (e.g. the pods once the job's
+  // Secret exists) does not wait a watch round trip for what the create's
+  // answer already shows. Other kinds are left to their watch.
+  void Created(const std::string& plural, const nlohmann::json& object);
 
   // Every informer (for metrics); PodGroup informers join as they start.
   std::vector<Informer*> informers() const;

@@ -40,7 +40,8 @@ void OperatorOptions::Register(FlagParser* parser) {
               "requests that may go at once above --kube-api-qps");
   parser->Int(
       "create_parallelism", &create_parallelism_,
-      "creates/deletes in flight at once for one job (pods in slow-start batches up to it)");
+      "creates/deletes in flight at once for one job (after a failed pod create, pods go in "
+      "slow start: one per replica type, then the rest)");
   parser->Int("expectations_timeout_seconds", &expectations_timeout_seconds_,
               "how long a job waits for the cache to show its own creates and deletes");
   parser->Int("watch_timeout_seconds", &watch_timeout_seconds_,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -207,6 +208,7 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
     {
       absl::MutexLock l(&mu_);
       rejected_.erase(key);
+      create_failed_.erase(key);
       status_written_.erase(key);
     }
     events_.Forget(key);
@@ -223,72 +225,98 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& ns, const std::string&
     job.status = object->value("status", json());
     job.object = *object;
 
-    Observed observed;
-    observed.now = clock_->Now();
-    for (const auto& cm : cache_->ConfigMaps(key)) {
-      if (NameOf(cm) == ConfigMapName(name)) observed.config_map_exists = true;
-    }
-    for (const auto& np : cache_->NetworkPolicies(key)) {
-      if (NameOf(np) == NetworkPolicyName(name) && OwnedBy(np, job.uid)) {
-        observed.network_policy_exists = true;
+    // When the pods wait only for the job's Secret, the objects go first
+    // and the pass decides again at once: the cache shows them from the
+    // creates' answers, so the pods need neither a watch round trip nor a
+    // status write and a second pass.
+    std::optional<ObjectsApplied> objects_applied;
+    std::optional<absl::Duration> objects_requeue;
+    Actions actions;
+    for (int attempt = 0;; ++attempt) {
+      Observed observed;
+      observed.now = clock_->Now();
+      for (const auto& cm : cache_->ConfigMaps(key)) {
+        if (NameOf(cm) == ConfigMapName(name)) observed.config_map_exists = true;
       }
-    }
-    for (const auto& secret : cache_->Secrets(key)) {
-      // Only this job's: a previous job's of the same name (being collected)
-      // must not be mounted.
-      if (NameOf(secret) == AuthSecretName(name) && OwnedBy(secret, job.uid) &&
-          !secret["metadata"].contains("deletionTimestamp")) {
-        observed.auth_secret = ObserveAuthSecret(secret);
+      for (const auto& np : cache_->NetworkPolicies(key)) {
+        if (NameOf(np) == NetworkPolicyName(name) && OwnedBy(np, job.uid)) {
+          observed.network_policy_exists = true;
+        }
       }
-    }
-    {
-      absl::MutexLock l(&mu_);
-      auto it = rejected_.find(key);
-      if (it != rejected_.end()) observed.create_rejected = it->second;
-    }
-    // Live progress comes from whichever task is the chief (the Chief
-    // replica's, else worker 0).
-    auto spec = ParseTrainingJob(object->dump());
-    const std::string chief_type = spec.ok() ? spec->chief_task_type() : "worker";
-    // After a job that did not succeed, whether its PS tasks hold parameters
-    // they could not save shows in their metrics.
-    const bool read_ps = metrics_ && spec.ok() && IsFinished(job.status) &&
-                         PsTasksMayHoldParameters(*spec, job.status);
-    std::string chief_ip;
-    for (const auto& pod : cache_->Pods(key)) {
-      if (!OwnedBy(pod, job.uid)) continue;  // not ours (e.g. a previous job of the same name)
-      observed.pods.push_back(ObservePod(pod));
-      ObservedPod& p = observed.pods.back();
-      const std::string ip = pod.value("/status/podIP"_json_pointer, std::string());
-      if (p.type == chief_type && p.index == 0) chief_ip = ip;
-      if (read_ps && p.type == "ps" && p.phase == "Running" && !ip.empty()) {
-        const std::optional<std::string> text = metrics_(ip);
-        p.holds_unsaved_parameters =
-            text && MetricValue(*text, kHoldingUnsavedParametersMetric).value_or(0) == 1;
+      for (const auto& secret : cache_->Secrets(key)) {
+        // Only this job's: a previous job's of the same name (being collected)
+        // must not be mounted.
+        if (NameOf(secret) == AuthSecretName(name) && OwnedBy(secret, job.uid) &&
+            !secret["metadata"].contains("deletionTimestamp")) {
+          observed.auth_secret = ObserveAuthSecret(secret);
+        }
       }
-    }
-    for (const auto& svc : cache_->Services(key)) {
-      if (OwnedBy(svc, job.uid)) observed.services.push_back(NameOf(svc));
-    }
-    if (spec.ok() && spec->run_policy.scheduling_policy.has_value()) {
-      ObservePodGroup(ns, name, job.uid,
-                      PodGroupApiVersion(GangSchedulerOf(spec->scheduler_name())), &observed);
-    }
-    // A job of the user's own containers serves no kubetrain metrics to read.
-    if (metrics_ && !chief_ip.empty() && spec.ok() && spec->has_training &&
-        !IsFinished(job.status)) {
-      if (std::optional<std::string> text = metrics_(chief_ip)) {
-        observed.progress = ProgressFromMetrics(*text);
+      {
+        absl::MutexLock l(&mu_);
+        auto it = rejected_.find(key);
+        if (it != rejected_.end()) observed.create_rejected = it->second;
       }
-    }
+      // Live progress comes from whichever task is the chief (the Chief
+      // replica's, else worker 0).
+      auto spec = ParseTrainingJob(object->dump());
+      const std::string chief_type = spec.ok() ? spec->chief_task_type() : "worker";
+      // After a job that did not succeed, whether its PS tasks hold parameters
+      // they could not save shows in their metrics.
+      const bool read_ps = metrics_ && spec.ok() && IsFinished(job.status) &&
+                           PsTasksMayHoldParameters(*spec, job.status);
+      std::string chief_ip;
+      for (const auto& pod : cache_->Pods(key)) {
+        if (!OwnedBy(pod, job.uid)) continue;  // not ours (e.g. a previous job of the same name)
+        observed.pods.push_back(ObservePod(pod));
+        ObservedPod& p = observed.pods.back();
+        const std::string ip = pod.value("/status/podIP"_json_pointer, std::string());
+        if (p.type == chief_type && p.index == 0) chief_ip = ip;
+        if (read_ps && p.type == "ps" && p.phase == "Running" && !ip.empty()) {
+          const std::optional<std::string> text = metrics_(ip);
+          p.holds_unsaved_parameters =
+              text && MetricValue(*text, kHoldingUnsavedParametersMetric).value_or(0) == 1;
+        }
+      }
+      for (const auto& svc : cache_->Services(key)) {
+        if (OwnedBy(svc, job.uid)) observed.services.push_back(NameOf(svc));
+      }
+      if (spec.ok() && spec->run_policy.scheduling_policy.has_value()) {
+        ObservePodGroup(ns, name, job.uid,
+                        PodGroupApiVersion(GangSchedulerOf(spec->scheduler_name())), &observed);
+      }
+      // A job of the user's own containers serves no kubetrain metrics to read.
+      if (metrics_ && !chief_ip.empty() && spec.ok() && spec->has_training &&
+          !IsFinished(job.status)) {
+        if (std::optional<std::string> text = metrics_(chief_ip)) {
+          observed.progress = ProgressFromMetrics(*text);
+        }
+      }
 
-    Actions actions = Desired(job, observed, config_);
+      actions = Desired(job, observed, config_);
+      if (attempt == 0 && PodsWaitForTheSecret(actions)) {
+        ObjectsApplied o = ApplyObjects(job, actions, &objects_requeue);
+        bool secret_cached = false;
+        for (const auto& secret : cache_->Secrets(key)) {
+          secret_cached |= NameOf(secret) == AuthSecretName(name) && OwnedBy(secret, job.uid);
+        }
+        if (o.status.ok() && o.pods_may_go && secret_cached && expectations_->Satisfied(key)) {
+          continue;
+        }
+        objects_applied = o;  // this pass ends as it would have
+      }
+      break;
+    }
     out.requeue_after = actions.requeue_after;
-    out.status = Apply(job, actions, &out.requeue_after);
+    if (objects_requeue && (!out.requeue_after || *objects_requeue < *out.requeue_after)) {
+      out.requeue_after = objects_requeue;
+    }
+    out.status =
+        Apply(job, actions, &out.requeue_after, objects_applied ? &*objects_applied : nullptr);
     out.state = actions.status.value("state", "");
     if (IsFinished(actions.status)) {
       absl::MutexLock l(&mu_);
       rejected_.erase(key);
+      create_failed_.erase(key);
     }
     if (actions.delete_job && out.status.ok()) out.state.clear();
   } catch (const json::exception& e) {
@@ -405,6 +433,9 @@ absl::Status Reconciler::CreateAll(const JobObject& job, const std::string& plur
     expectations_->ExpectCreate(key, what);
     auto r = client_->Create(Owned(plural, ns), objects[i]);
     if (r.ok()) {
+      // The answer is the object as stored: into the cache at once, so the
+      // next pass need not wait for its watch event (meets the expectation).
+      cache_->Created(plural, *r);
       absl::MutexLock l(&mu);
       created.push_back(name);
       return absl::OkStatus();
@@ -414,6 +445,10 @@ absl::Status Reconciler::CreateAll(const JobObject& job, const std::string& plur
       absl::MutexLock l(&mu);
       if (already_exist) already_exist->push_back(name);
       return absl::OkStatus();
+    }
+    if (slow_start) {
+      absl::MutexLock l(&mu_);
+      create_failed_.insert(key);
     }
     if (absl::IsInvalidArgument(r.status())) {
       absl::MutexLock l(&mu_);
@@ -425,17 +460,30 @@ absl::Status Reconciler::CreateAll(const JobObject& job, const std::string& plur
     return r.status();
   };
   absl::Status status;
-  if (!slow_start) {
+  bool failed_before = false;
+  if (slow_start) {
+    absl::MutexLock l(&mu_);
+    failed_before = create_failed_.count(key) > 0;
+  }
+  if (!failed_before) {
     status = RunBounded(objects.size(), options_.create_parallelism, create);
   } else {
-    // Slow start (as the Job controller's): 1, 2, 4, ... at a time; stop at
-    // the first failure.
-    size_t done = 0;
-    for (int batch = 1; done < objects.size() && status.ok();
-         batch = std::min(batch * 2, std::max(1, options_.create_parallelism))) {
-      const size_t n = std::min<size_t>(batch, objects.size() - done);
-      status = RunBounded(n, batch, [&](size_t i) { return create(done + i); });
-      done += n;
+    // Slow start, once a create of this kind failed for the job (quota, a
+    // webhook: retried with backoff): the first of each template (replica
+    // type) alone, then the rest; stop at the first failure. A retry costs
+    // one request per template, not one per task.
+    std::vector<size_t> first, rest;
+    std::set<std::string> types;
+    for (size_t i = 0; i < objects.size(); ++i) {
+      const json labels = objects[i].value("/metadata/labels"_json_pointer, json::object());
+      const std::string type = labels.is_object() ? labels.value(kReplicaTypeLabel, "") : "";
+      (types.insert(type).second ? first : rest).push_back(i);
+    }
+    status = RunBounded(first.size(), options_.create_parallelism,
+                        [&](size_t i) { return create(first[i]); });
+    if (status.ok()) {
+      status = RunBounded(rest.size(), options_.create_parallelism,
+                          [&](size_t i) { return create(rest[i]); });
     }
   }
   if (!created.empty()) {
@@ -501,10 +549,13 @@ bool OnlyCountsDiffer(const json& a, const json& b) {
 }
 }  // namespace
 
-absl::Status Reconciler::Apply(const JobObject& job, const Actions& a,
-                               std::optional<absl::Duration>* requeue_after) {
-  const std::string& ns = job.namespace_;
-  const EventTarget target{ns, job.name, job.uid};
+bool Reconciler::PodsWaitForTheSecret(const Actions& a) {
+  return a.create_auth_secret && a.create_pods.empty() && a.delete_pods.empty() &&
+         !a.patch_auth_secret && !a.delete_job;
+}
+
+Reconciler::ObjectsApplied Reconciler::ApplyObjects(const JobObject& job, const Actions& a,
+                                                    std::optional<absl::Duration>* requeue_after) {
   // Gang scheduling: the PodGroup before any pod, or no pod.
   bool pods_may_go = true;
   absl::Status pod_group = absl::OkStatus();
@@ -537,7 +588,17 @@ absl::Status Reconciler::Apply(const JobObject& job, const Actions& a,
   });
   if (applied.ok()) applied = pod_group;
   if (applied.ok() && a.patch_pod_group) applied = PatchPodGroup(job, *a.patch_pod_group);
-  if (applied.ok() && pods_may_go) applied = CreateAll(job, "pods", a.create_pods, true);
+  return {applied, pods_may_go};
+}
+
+absl::Status Reconciler::Apply(const JobObject& job, const Actions& a,
+                               std::optional<absl::Duration>* requeue_after,
+                               const ObjectsApplied* objects) {
+  const std::string& ns = job.namespace_;
+  const EventTarget target{ns, job.name, job.uid};
+  const ObjectsApplied o = objects ? *objects : ApplyObjects(job, a, requeue_after);
+  absl::Status applied = o.status;
+  if (applied.ok() && o.pods_may_go) applied = CreateAll(job, "pods", a.create_pods, true);
   absl::Status deleted = DeleteAll(ns, job.name, "pods", a.delete_pods);
   if (applied.ok()) applied = deleted;
 

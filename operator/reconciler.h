@@ -41,6 +41,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -69,9 +70,12 @@ struct ReconcileOutcome {
 using TaskMetricsReader = std::function<std::optional<std::string>(const std::string& pod_ip)>;
 
 struct ReconcilerOptions {
-  // Writes in flight at once for one job. Pods go in slow-start batches
-  // (1, 2, 4, ... up to this), so a template the API server refuses costs
-  // one request, not one per task.
+  // Writes in flight at once for one job. A job's pods go at once (a
+  // template the API server refuses as invalid fails the job: one request
+  // per task, once); after a pod create of the job failed otherwise (quota,
+  // a webhook; retried with backoff), in two batches: the first of each
+  // template (replica type), then the rest, so a retry costs one request
+  // per template, not one per task.
   int create_parallelism = 16;
   // While a job's expectations are unmet, look again after this (the watch
   // event that meets them normally comes first).
@@ -96,9 +100,22 @@ class Reconciler {
   void FlushEvents() { events_.Flush(); }
 
  private:
+  // The objects before the pods: PodGroup, Services, ConfigMap, Secret,
+  // NetworkPolicy.
+  struct ObjectsApplied {
+    absl::Status status;
+    bool pods_may_go = true;  // false: the PodGroup does not exist
+  };
+  ObjectsApplied ApplyObjects(const JobObject& job, const Actions& actions,
+                              std::optional<absl::Duration>* requeue_after);
+  // Whether the pass creates the job's Secret and nothing but objects: its
+  // pods wait for the Secret (Desired() asks for them once the cache shows it).
+  static bool PodsWaitForTheSecret(const Actions& actions);
   // Sets *requeue_after when a status write was deferred (status_coalesce).
+  // `objects`: ApplyObjects() already ran for these actions.
   absl::Status Apply(const JobObject& job, const Actions& actions,
-                     std::optional<absl::Duration>* requeue_after);
+                     std::optional<absl::Duration>* requeue_after,
+                     const ObjectsApplied* objects = nullptr);
   absl::Status CleanUp(const std::string& ns, const std::string& name);
   // Creates `objects` of `plural` (expecting each first); remembers an
   // invalid-object refusal for the job. A name already taken counts as
@@ -136,6 +153,9 @@ class Reconciler {
   absl::Mutex mu_;
   // job key -> the API server's message for an object it refused (see above).
   std::map<std::string, std::string> rejected_ ABSL_GUARDED_BY(mu_);
+  // Jobs a pod create failed for (not AlreadyExists): their pods go in
+  // slow start until the job finishes or is deleted.
+  std::set<std::string> create_failed_ ABSL_GUARDED_BY(mu_);
   // job key -> when its status was last written.
   std::map<std::string, absl::Time> status_written_ ABSL_GUARDED_BY(mu_);
   // job key -> the PodGroup created (or found) for the job of that uid.

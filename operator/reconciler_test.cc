@@ -126,17 +126,20 @@ TEST_F(ReconcilerTest, CreatesEverythingOnceFromTheCacheAndIsIdempotent) {
   EXPECT_EQ(kube_.Count(kConfigMaps), 1u);
   EXPECT_EQ(kube_.Count(kSecrets), 1u);
   EXPECT_EQ(kube_.Count(kNetworkPolicies), 1u);
-  EXPECT_EQ(kube_.Count(kPods), 0u);  // they wait for the cache to show the Secret
+  // The pods wait for the cache to show the Secret, which it does from the
+  // create's answer: they go in the same pass, with one status write.
+  EXPECT_EQ(kube_.Count(kPods), 3u);
+  EXPECT_EQ(kube_.calls("create", "pods"), 3);
+  EXPECT_EQ(kube_.calls("create", "secrets"), 1);
   EXPECT_EQ(kube_.calls("update", "trainingjobs"), 1);
   auto job = kube_.Get(TrainingJobs("default", "mnist"));
   EXPECT_EQ((*job)["status"]["state"], "Created");
-  out = Pass();
-  ASSERT_TRUE(out.status.ok()) << out.status;
-  EXPECT_EQ(kube_.Count(kPods), 3u);
-  EXPECT_EQ(kube_.calls("create", "pods"), 3);
-  EXPECT_EQ(kube_.calls("create", "secrets"), 0);
   // Created + one aggregated SuccessfulCreatePod + one SuccessfulCreateService.
   EXPECT_EQ(kube_.Count("/api/v1/namespaces/default/events"), 3u);
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("create"), 0);
+  EXPECT_EQ(kube_.Count(kPods), 3u);
   // A third pass creates nothing and, with nothing changed, sends nothing.
   out = Pass();
   ASSERT_TRUE(out.status.ok()) << out.status;
@@ -146,18 +149,30 @@ TEST_F(ReconcilerTest, CreatesEverythingOnceFromTheCacheAndIsIdempotent) {
   EXPECT_EQ(kube_.Count(kPods), 3u);
 }
 
-TEST_F(ReconcilerTest, WaitsForItsOwnCreatesToBeObservedBeforeDecidingAgain) {
+// A create's answer goes into the cache at once (it meets its expectation):
+// the next pass does not wait for the watch event, and never creates twice.
+TEST_F(ReconcilerTest, OwnCreatesShowFromTheirAnswerWithoutAWatchRoundTripNeverTwice) {
   ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
   Start();
   ASSERT_TRUE(WaitFor([&] { return cache_->Job("default", "mnist").has_value(); }));
-  // The Secret's watch events are held back: the cache does not show it.
-  kube_.HoldWatches("secrets", true);
+  // No watch event of the Secret, Services or pods arrives.
+  for (const char* r : {"secrets", "services", "pods", "configmaps", "networkpolicies"}) {
+    kube_.HoldWatches(r, true);
+  }
+  // The pods wait for the Secret, which the cache shows from its answer.
+  ASSERT_TRUE(reconciler_->Reconcile("default", "mnist").status.ok());
+  EXPECT_EQ(expectations_.pending(), 0u);
+  EXPECT_EQ(kube_.calls("create", "pods"), 3);
   ASSERT_TRUE(reconciler_->Reconcile("default", "mnist").status.ok());
   ASSERT_TRUE(reconciler_->Reconcile("default", "mnist").status.ok());
   EXPECT_EQ(kube_.calls("create", "secrets"), 1);  // not generated twice
-  EXPECT_EQ(kube_.calls("create", "pods"), 0);
-  kube_.HoldWatches("secrets", false);
+  EXPECT_EQ(kube_.calls("create", "pods"), 3);
+  EXPECT_EQ(kube_.calls("create", "services"), 3);
+  for (const char* r : {"secrets", "services", "pods", "configmaps", "networkpolicies"}) {
+    kube_.HoldWatches(r, false);
+  }
   ASSERT_TRUE(Pass().status.ok());
+  EXPECT_EQ(kube_.calls("create"), 0);
   kube_.ResetCalls();
   ASSERT_TRUE(kube_.Delete({"/api/v1", "pods", "default", "mnist-worker-1", ""}, "").ok());
   ASSERT_TRUE(kube_.Delete({"/api/v1", "services", "default", "mnist-ps-0", ""}, "").ok());
@@ -165,30 +180,43 @@ TEST_F(ReconcilerTest, WaitsForItsOwnCreatesToBeObservedBeforeDecidingAgain) {
     return cache_->Pods("default/mnist").size() == 2 &&
            cache_->Services("default/mnist").size() == 2;
   }));
-  // The pods' watch events are held back: the cache does not show them.
+  // The pods' watch events are held back: only the answers show the new ones.
   kube_.HoldWatches("pods", true);
+  kube_.HoldWatches("services", true);
   ASSERT_TRUE(reconciler_->Reconcile("default", "mnist").status.ok());
   // Objects only: Events are sent by the recorder's own thread, maybe later.
   auto object_creates = [&] {
     return kube_.calls("create", "pods") + kube_.calls("create", "services") +
            kube_.calls("create", "configmaps") + kube_.calls("create", "secrets");
   };
-  const int creates = object_creates();
-  EXPECT_EQ(creates, 2);
-  EXPECT_GT(expectations_.pending(), 0u);
-  // Straight away again, from a cache that has no pods: nothing is created twice.
+  EXPECT_EQ(object_creates(), 2);
+  // Straight away again: nothing is created twice.
   auto out = reconciler_->Reconcile("default", "mnist");
   ASSERT_TRUE(out.status.ok()) << out.status;
-  EXPECT_EQ(object_creates(), creates);
-  ASSERT_TRUE(out.requeue_after.has_value());
-  // Past the expectations' timeout it decides from the cache again (and
-  // AlreadyExists keeps that harmless).
+  EXPECT_EQ(object_creates(), 2);
   kube_.HoldWatches("pods", false);
-  clock_.Advance(absl::Seconds(31));
+  kube_.HoldWatches("services", false);
   out = Pass();
   ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(object_creates(), 0);
   EXPECT_EQ(kube_.Count(kPods), 3u);
   EXPECT_EQ(kube_.Count(kServices), 3u);
+}
+
+// Expectations still hold a pass back while its deletes are not observed.
+TEST_F(ReconcilerTest, WaitsForItsOwnDeletesToBeObservedBeforeDecidingAgain) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  Start();
+  Launch();
+  expectations_.ExpectDelete("default/mnist", "pods/mnist-worker-0");
+  kube_.ResetCalls();
+  auto out = reconciler_->Reconcile("default", "mnist");
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("create"), 0);
+  EXPECT_EQ(kube_.calls("update"), 0);
+  ASSERT_TRUE(out.requeue_after.has_value());
+  expectations_.Observed("default/mnist", "pods/mnist-worker-0", false);
+  EXPECT_TRUE(expectations_.Satisfied("default/mnist"));
 }
 
 TEST_F(ReconcilerTest, ObservedPodStatusDrivesTheJobAndDeletedJobsLeaveNothing) {
@@ -297,6 +325,25 @@ TEST_F(ReconcilerTest, ADeletedServiceIsCreatedAgain) {
   EXPECT_EQ(kube_.calls("create", "pods"), 0);
 }
 
+// A pod create that fails otherwise (quota, a webhook) is retried in slow
+// start: one pod per template first, not one per task on every retry.
+TEST_F(ReconcilerTest, RetriedPodCreatesGoInSlowStartOnePerTemplateFirst) {
+  ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
+  kube_.FailCalls("create", "pods", absl::UnavailableError("POST pods: webhook down"));
+  Start();
+  auto out = Pass();
+  EXPECT_TRUE(absl::IsUnavailable(out.status)) << out.status;
+  EXPECT_EQ(kube_.calls("create", "pods"), 3);  // the first attempt: all at once
+  out = Pass();
+  EXPECT_TRUE(absl::IsUnavailable(out.status)) << out.status;
+  EXPECT_EQ(kube_.calls("create", "pods"), 2);  // a retry: mnist-ps-0, mnist-worker-0
+  kube_.FailCalls("create", "pods", absl::OkStatus());
+  out = Pass();
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(kube_.calls("create", "pods"), 3);
+  EXPECT_EQ(kube_.Count(kPods), 3u);
+}
+
 TEST_F(ReconcilerTest, APodTheApiServerRefusesFailsTheJobWithItsMessage) {
   ASSERT_TRUE(kube_.Create(TrainingJobs("default"), Job()).ok());
   kube_.FailCalls("create", "pods",
@@ -304,11 +351,11 @@ TEST_F(ReconcilerTest, APodTheApiServerRefusesFailsTheJobWithItsMessage) {
                       "POST pods: Pod \"mnist-ps-0\" is invalid: spec.containers[0].image: "
                       "Required value"));
   Start();
-  ASSERT_TRUE(Pass().status.ok());  // the job's Secret first
-  auto out = Pass();
+  auto out = Pass();  // the job's Secret first, then (same pass) its pods
   EXPECT_TRUE(absl::IsInvalidArgument(out.status)) << out.status;
-  // Slow start: one refused pod, not one per task.
-  EXPECT_EQ(kube_.calls("create", "pods"), 1);
+  EXPECT_EQ(kube_.calls("create", "secrets"), 1);
+  // All at once: an invalid template fails the job, so it costs one request per task, once.
+  EXPECT_EQ(kube_.calls("create", "pods"), 3);
   ASSERT_TRUE(out.requeue_after.has_value());
   out = Pass();
   ASSERT_TRUE(out.status.ok()) << out.status;

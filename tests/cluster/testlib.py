@@ -185,3 +185,44 @@ def running_cluster(prefix, fail, script="cluster-up.sh", down_args=("--purge",)
         yield state, env, ex
     finally:
         cluster_down(env, script, *down_args)
+
+
+# --- The operator's per-job work, as the API server counts it -------------------------------
+# One filter for every suite that counts the operator's requests and objects
+# (tests/operator/test_api_budget.py, tests/scale/run_scale.py): which kinds the
+# operator creates for a job, and which of the API server's requests
+# (apiserver_request_total, as kube_api.request_counts() reads it) are its work.
+
+# Created once per task (a pod and a headless Service) and once per job.
+PER_TASK_KINDS = ("pods", "services")
+PER_JOB_KINDS = ("configmaps", "secrets", "networkpolicies")
+OPERATOR_KINDS = PER_TASK_KINDS + PER_JOB_KINDS
+# Resources whose requests are the operator's (less the kubelet's share on pods below).
+OPERATOR_RESOURCES = frozenset(OPERATOR_KINDS + ("events", "podgroups"))
+
+
+def expected_creates(jobs, tasks_per_job):
+    """{kind: objects} the operator creates for `jobs` jobs of `tasks_per_job` tasks each."""
+    return {**{k: jobs * tasks_per_job for k in PER_TASK_KINDS}, **{k: jobs for k in PER_JOB_KINDS}}
+
+
+def operator_objects(jobs, tasks_per_job):
+    """How many objects the operator creates for those jobs (all kinds)."""
+    return sum(expected_creates(jobs, tasks_per_job).values())
+
+
+def operator_requests(counts):
+    """The operator's share of {(verb, resource, subresource): n} (kube_api.request_counts):
+    every request on the kinds it owns and on Events, its status writes and watches of
+    TrainingJobs. Left out: what a kubelet (kwok, or a test playing one) sends on pods
+    (status, binding, PATCH/PUT/GET: the operator only creates and deletes pods), and the
+    callers' own TrainingJob creates, lists and deletes."""
+    out = {}
+    for (verb, resource, sub), n in counts.items():
+        if resource in OPERATOR_RESOURCES:
+            if resource == "pods" and (sub in ("status", "binding") or verb in ("PATCH", "PUT", "GET")):
+                continue  # the kubelet's
+            out[(verb, resource, sub)] = n
+        elif resource == "trainingjobs" and ((verb == "PUT" and sub == "status") or verb == "WATCH"):
+            out[(verb, resource, sub)] = n
+    return out

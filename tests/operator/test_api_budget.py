@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from testlib import free_port
+from testlib import expected_creates, free_port, operator_objects, operator_requests, OPERATOR_KINDS
 from kube_api import KubeApi, delta, request_counts
 
 BIN = os.path.join(ROOT, "bin")
@@ -26,24 +26,6 @@ NS = "budget"
 JOBS = 20
 WORKERS = 4
 PER_OBJECT_BUDGET = 3.0
-
-# (verb, resource, subresource) the test itself sends; everything else on
-# these resources is the operator's.
-OPERATOR_RESOURCES = {"pods", "services", "configmaps", "secrets", "networkpolicies", "events", "trainingjobs"}
-
-
-def operator_requests(counts):
-    out = {}
-    for (verb, resource, sub), n in counts.items():
-        if resource not in OPERATOR_RESOURCES:
-            continue
-        if resource == "trainingjobs" and not (verb == "PUT" and sub == "status") and verb != "WATCH":
-            continue  # the test creates, lists (polls) and deletes jobs
-        if resource == "pods" and sub == "status":
-            continue  # the test is the kubelet
-        out[(verb, resource, sub)] = n
-    return out
-
 
 def job(name):
     return {"apiVersion": "kubetrain.io/v1", "kind": "TrainingJob",
@@ -119,8 +101,7 @@ def test_request_budget_per_object_over_a_20_job_lifecycle(setup):
     before = request_counts(api.metrics())
     for j in range(JOBS):
         api.request("POST", f"/apis/kubetrain.io/v1/namespaces/{NS}/trainingjobs", job(f"b{j}"))
-    tasks = JOBS * (1 + WORKERS)
-    wait_cache(port, {"pods": tasks, "services": tasks, "secrets": JOBS, "networkpolicies": JOBS})
+    wait_cache(port, expected_creates(JOBS, 1 + WORKERS))
     for name in pod_names():
         api.merge_patch(f"/api/v1/namespaces/{NS}/pods/{name}/status", {"status": {"phase": "Running"}})
     wait_states(api, "Running")
@@ -142,14 +123,13 @@ def test_request_budget_per_object_over_a_20_job_lifecycle(setup):
     wait_states(api, "Succeeded")
     for j in range(JOBS):
         api.request("DELETE", f"/apis/kubetrain.io/v1/namespaces/{NS}/trainingjobs/b{j}")
-    wait_cache(port, {r: 0 for r in ("pods", "services", "configmaps", "secrets", "networkpolicies")})
+    wait_cache(port, {r: 0 for r in OPERATOR_KINDS})
     time.sleep(1)
     used = operator_requests(delta(request_counts(api.metrics()), before))
 
-    objects = JOBS * (2 * (1 + WORKERS) + 3)  # pods, Services; a ConfigMap, Secret, NetworkPolicy per job
-    per_job = ("configmaps", "secrets", "networkpolicies")
-    creates = {r: used.get(("POST", r, ""), 0) for r in ("pods", "services") + per_job}
-    assert creates == {"pods": tasks, "services": tasks, **{r: JOBS for r in per_job}}, used  # each once
+    objects = operator_objects(JOBS, 1 + WORKERS)  # pods, Services; a ConfigMap, Secret, NetworkPolicy per job
+    creates = {r: used.get(("POST", r, ""), 0) for r in OPERATOR_KINDS}
+    assert creates == expected_creates(JOBS, 1 + WORKERS), used  # each once
     total = sum(used.values())
     per_object = total / objects
     by_verb = {}

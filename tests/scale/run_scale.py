@@ -7,22 +7,24 @@ nodes and pod lifecycles (tests/scale/kwok.yaml: Pending -> Running after
 N TrainingJobs of 1 PS + 4 workers are created at once and go through
 creation, running, success and deletion (the operator removes their
 objects). With --kill-operator the operator is SIGKILLed once half the pods
-exist and started again. Checks: every job Succeeded, every pod and Service
-created exactly once (the API server's own count of POSTs that succeeded),
-everything cleaned up. Prints the figures, last line:
+exist and started again. Checks: every job Succeeded, every object of every
+job (pod, Service, ConfigMap, Secret, NetworkPolicy) created exactly once (the
+API server's own count of POSTs that succeeded), everything cleaned up. Prints the figures, last line:
 
   jobs=… pods=… create_s=… finish_s=… cleanup_s=… op_rss_mib=… op_cpu_s=… operator_restarts=…
   ref_create_s=… create_ratio=… api_requests_per_object=…
 
 create_s: from the first job POST until the operator's cache holds every
-pod and Service; finish_s: until every job is Succeeded; op_rss_mib: the
+object of every job; finish_s: until every job is Succeeded; op_rss_mib: the
 operator's peak RSS (VmHWM); op_cpu_s: its user+system CPU; api_requests_per_object:
-the operator's requests (apiserver_request_total on pods, Services,
-ConfigMaps, Events and trainingjobs/status, plus its watches; less kwok's
-final DELETE of each pod, the kubelet's part of a graceful deletion) per
-object it created (pods, Services, ConfigMaps). ref_create_s: a plain client (16
-keep-alive connections, the same token bucket) creating the same objects
-in the same run, after the operator's run; create_ratio = create_s / ref_create_s.
+the operator's requests (testlib.operator_requests, the filter
+tests/operator/test_api_budget.py uses too: its requests on pods, Services,
+ConfigMaps, Secrets, NetworkPolicies, Events and trainingjobs/status, plus
+its watches; less kwok's DELETEs that end graceful deletions, the kubelet's
+part, counted in kwok's log) per object it created (testlib.operator_objects: a pod
+and a Service per task, a ConfigMap, a Secret and a NetworkPolicy per job).
+ref_create_s: a plain client (16 keep-alive connections, the same token
+bucket) creating the same objects in the same run, after the operator's run; create_ratio = create_s / ref_create_s.
 
   tests/scale/run_scale.py [--jobs 1000] [--nodes 20] [--kill-operator] [-- operator flags]
 """
@@ -45,7 +47,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "operator"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
 from kube_api import KubeApi, delta, request_counts  # noqa: E402
 import testlib  # noqa: E402
-from testlib import free_port  # noqa: E402
+from testlib import (OPERATOR_KINDS, expected_creates, free_port,  # noqa: E402
+                     operator_objects, operator_requests)
 
 CACHE = os.environ.get("KUBETRAIN_CACHE", os.path.expanduser("~/.cache/kubetrain"))
 NS = "scale"
@@ -115,33 +118,117 @@ class Operator:
 def cache_counts(op):
     text = op.metrics()
     return {r: metric(text, "kubetrain_operator_cache_objects", f'resource="{r}"') or 0
-            for r in ("pods", "services", "configmaps")}
+            for r in OPERATOR_KINDS}
 
 
-def job(name, node):
-    template = {"spec": {"nodeName": node}}
+# A pod labelled so ends Failed with this exit code (the pod-fail stage, fail_stage());
+# one labelled HOLD_LABEL keeps running (kwok.yaml's pod-complete skips both).
+EXIT_LABEL = "scale.kubetrain.io/exit-code"
+HOLD_LABEL = "scale.kubetrain.io/hold"
+# What a job of each kind ends as: (state, condition reason).
+OUTCOMES = {"plain": ("Succeeded", None), "failing": ("Failed", "TrainingJobFailed"),
+            "retrying": ("Failed", "BackoffLimitExceeded")}
+
+
+def job(name, node, kind="plain", backoff_limit=2):
+    """plain: succeeds. failing: its workers exit 1 under restartPolicy Never (the job
+    fails). retrying: its PS exits 137 under restartPolicy ExitCode (retried: the
+    operator recreates it, backoffLimit times, then the job fails) while its workers
+    keep running (so the job cannot succeed meanwhile: the count is exact)."""
+    def template(**labels):
+        return {"metadata": {"labels": labels}, "spec": {"nodeName": node}} if labels else \
+            {"spec": {"nodeName": node}}
+    ps, ps_policy, worker, worker_policy = template(), "OnFailure", template(), "Never"
+    if kind == "failing":
+        worker = template(**{EXIT_LABEL: "1"})
+    elif kind == "retrying":
+        ps, ps_policy, worker = template(**{EXIT_LABEL: "137"}), "ExitCode", template(**{HOLD_LABEL: "true"})
+    spec = {"replicaSpecs": {
+        "PS": {"replicas": 1, "restartPolicy": ps_policy, "template": ps},
+        "Worker": {"replicas": WORKERS, "restartPolicy": worker_policy, "template": worker}},
+        "training": {"model": {"type": "softmax"}, "steps": 10}}
+    if kind == "retrying":
+        spec["runPolicy"] = {"backoffLimit": backoff_limit}
     return {"apiVersion": "kubetrain.io/v1", "kind": "TrainingJob",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"replicaSpecs": {
-                "PS": {"replicas": 1, "restartPolicy": "OnFailure", "template": template},
-                "Worker": {"replicas": WORKERS, "restartPolicy": "Never", "template": template}},
-                "training": {"model": {"type": "softmax"}, "steps": 10}}}
+            "metadata": {"name": name, "namespace": NS}, "spec": spec}
 
 
-def operator_requests(counts):
-    """The operator's share of apiserver_request_total (the harness only
-    creates, lists and deletes TrainingJobs and creates Nodes)."""
-    out = {}
-    for (verb, resource, sub), n in counts.items():
-        if resource in ("pods", "services", "configmaps", "events"):
-            if resource == "pods" and sub in ("status", "binding"):
-                continue  # kwok
-            if resource == "pods" and verb in ("PATCH", "PUT", "GET"):
-                continue  # kwok
-            out[(verb, resource, sub)] = n
-        elif resource == "trainingjobs" and ((verb == "PUT" and sub == "status") or verb == "WATCH"):
-            out[(verb, resource, sub)] = n
-    return out
+def outcome(job):
+    """(state, reason of its Failed condition or None) of a finished job."""
+    status = job.get("status", {})
+    reason = next((c.get("reason") for c in status.get("conditions", [])
+                   if c.get("type") == "Failed" and c.get("status") == "True"), None)
+    return status.get("state"), reason
+
+
+def created_twice(state):
+    """{pod: times} for the pods the operator's logs (every start) say it created more than once."""
+    times = {}
+    for f in sorted(os.listdir(state)):
+        if f.startswith("operator.") and f.endswith(".log"):
+            for m in re.finditer(r"created pods \S+?/\{([^}]*)\}", open(os.path.join(state, f)).read()):
+                for name in m.group(1).split(","):
+                    times[name] = times.get(name, 0) + 1
+    return {n: k for n, k in times.items() if k > 1}
+
+
+def pods_created(api):
+    """Pod creates the API server answered 201 so far (since it started)."""
+    return request_counts(api.metrics(), with_code=True).get(("POST", "pods", "", "201"), 0)
+
+
+def job_kinds(jobs, failing, retrying):
+    """{job name: kind}: the first `failing` jobs fail, the next `retrying` retry."""
+    return {f"s{i}": "failing" if i < failing else "retrying" if i < failing + retrying else "plain"
+            for i in range(jobs)}
+
+
+def fail_stage(delay_ms, jitter_ms):
+    """A kwok Stage: a Running pod labelled EXIT_LABEL ends Failed, its container
+    terminated with that exit code, after delay_ms (+ up to jitter_ms)."""
+    return f"""---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-fail
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+    - key: '.metadata.labels["{EXIT_LABEL}"]'
+      operator: 'Exists'
+  delay:
+    durationMilliseconds: {int(delay_ms)}
+    jitterDurationMilliseconds: {int(jitter_ms)}
+  next:
+    statusTemplate: |
+      {{{{ $now := Now }}}}
+      {{{{ $code := index .metadata.labels "{EXIT_LABEL}" }}}}
+      conditions:
+      - {{lastTransitionTime: {{{{ $now | Quote }}}}, status: "False", type: Ready}}
+      containerStatuses:
+      {{{{ range .spec.containers }}}}
+      - image: {{{{ .image | Quote }}}}
+        name: {{{{ .name | Quote }}}}
+        ready: false
+        restartCount: 0
+        state:
+          terminated:
+            exitCode: {{{{ $code }}}}
+            reason: Error
+            message: "kwok: exit {{{{ $code }}}}"
+            startedAt: {{{{ $now | Quote }}}}
+            finishedAt: {{{{ $now | Quote }}}}
+      {{{{ end }}}}
+      phase: Failed
+"""
 
 
 class Bucket:
@@ -164,13 +251,17 @@ class Bucket:
 
 def reference_create_s(api, jobs, qps, burst, parallelism):
     """How long a plain client takes to create the same objects (a pod and a
-    Service per task, a ConfigMap per job) with the same QPS budget, on
+    Service per task, a ConfigMap, a Secret and a NetworkPolicy per job) with the same QPS budget, on
     `parallelism` keep-alive connections. Nothing watches these objects."""
     bucket = Bucket(qps, burst)
     host = api.server.split("//", 1)[1]
     work = []
     for j in range(jobs):
         work.append(("configmaps", {"metadata": {"name": f"r{j}-config"}, "data": {"a": "b"}}))
+        work.append(("secrets", {"metadata": {"name": f"r{j}-auth"}, "data": {"job.key": "YQ=="}}))
+        work.append(("networkpolicies", {"metadata": {"name": f"r{j}"}, "spec": {
+            "podSelector": {"matchLabels": {"r": f"r{j}"}}, "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"r": f"r{j}"}}}]}]}}))
         for t in ["ps-0"] + [f"worker-{w}" for w in range(WORKERS)]:
             work.append(("services", {"metadata": {"name": f"r{j}-{t}"}, "spec": {
                 "clusterIP": "None", "selector": {"r": f"r{j}-{t}"}, "ports": [{"port": 2222}]}}))
@@ -187,7 +278,8 @@ def reference_create_s(api, jobs, qps, burst, parallelism):
             if item is None:
                 return
             bucket.wait()
-            conn.request("POST", f"/api/v1/namespaces/{NS}/{item[0]}", json.dumps(item[1]),
+            api_path = "/apis/networking.k8s.io/v1" if item[0] == "networkpolicies" else "/api/v1"
+            conn.request("POST", f"{api_path}/namespaces/{NS}/{item[0]}", json.dumps(item[1]),
                          {"Authorization": f"Bearer {api.token}", "Content-Type": "application/json"})
             resp = conn.getresponse()
             resp.read()
@@ -271,8 +363,19 @@ def main():
     ap.add_argument("--burst", type=int, default=200)
     ap.add_argument("--idle-seconds", type=float, default=0,
                     help="after every job Succeeded, measure what the idle operator costs over this window")
+    ap.add_argument("--failing-jobs", type=int, default=0,
+                    help="this many jobs' workers exit 1 under restartPolicy Never: the jobs fail")
+    ap.add_argument("--retrying-jobs", type=int, default=0,
+                    help="this many jobs' PS exits 137 under restartPolicy ExitCode: recreated "
+                         "--backoff-limit times, then the jobs fail")
+    ap.add_argument("--backoff-limit", type=int, default=2, help="runPolicy.backoffLimit of the retrying jobs")
+    ap.add_argument("--fail-delay-ms", type=float, default=1000,
+                    help="how long a failing pod runs before it ends Failed (kwok stage delay)")
+    ap.add_argument("--fail-jitter-ms", type=float, default=1000, help="plus up to this much (kwok jitter)")
     ap.add_argument("operator_flags", nargs="*")
     args = ap.parse_args()
+    kinds = job_kinds(args.jobs, args.failing_jobs, args.retrying_jobs)
+    failures = args.failing_jobs + args.retrying_jobs > 0
 
     subprocess.run([os.path.join(HERE, "build_kwok.sh"), "--quiet"], check=True)
     state, env = start_cluster("kubetrain-scale.")
@@ -289,9 +392,12 @@ def main():
                              "labels": {"type": "kwok"}},
                 "spec": {"taints": []}})
         kwok_log = open(os.path.join(state, "kwok.log"), "w")
+        kwok_config = os.path.join(state, "kwok.yaml")
+        with open(os.path.join(HERE, "kwok.yaml")) as src, open(kwok_config, "w") as dst:
+            dst.write(src.read() + (fail_stage(args.fail_delay_ms, args.fail_jitter_ms) if failures else ""))
         procs.append(subprocess.Popen(
             [os.path.join(CACHE, "bin", "kwok"), "--kubeconfig", kubeconfig,
-             "--config", os.path.join(HERE, "kwok.yaml"),
+             "--config", kwok_config,
              "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
              "--cidr=127.20.0.1/16", "--node-ip=127.0.0.1",
              f"--server-address=127.0.0.1:{free_port()}"],
@@ -299,15 +405,18 @@ def main():
         op.start()
         time.sleep(1)
         tasks = args.jobs * (1 + WORKERS)
-        objects = args.jobs * (2 * (1 + WORKERS) + 1)
+        objects = operator_objects(args.jobs, 1 + WORKERS)
+        want_created = expected_creates(args.jobs, 1 + WORKERS)
         text = api.metrics()
         before, before_codes = request_counts(text), request_counts(text, with_code=True)
-        log(f"creating {args.jobs} jobs ({tasks} pods) on {args.nodes} kwok nodes")
+        log(f"creating {args.jobs} jobs ({tasks} pods) on {args.nodes} kwok nodes"
+            + (f"; {args.failing_jobs} failing, {args.retrying_jobs} retrying" if failures else ""))
         t0 = time.time()
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda i: api.request(
                 "POST", f"/apis/kubetrain.io/v1/namespaces/{NS}/trainingjobs",
-                job(f"s{i}", f"kwok-node-{i % args.nodes}")), range(args.jobs)))
+                job(f"s{i}", f"kwok-node-{i % args.nodes}", kinds[f"s{i}"], args.backoff_limit)),
+                range(args.jobs)))
         posted_s = time.time() - t0
         killed = False
         create_s = finish_s = None
@@ -321,32 +430,48 @@ def main():
                 op.start()
                 killed = True
                 continue
-            if create_s is None and c["pods"] >= tasks and c["services"] >= tasks:
+            if create_s is None and all(c[r] >= n for r, n in want_created.items() if r != "pods") and (
+                    c["pods"] >= tasks or (failures and pods_created(api) >= tasks)):
+                # (With failing jobs, some pods are gone or recreated before the last exists:
+                # every pod created once, as the API server counts its 201s, is the mark.)
                 create_s = time.time() - t0
-                log(f"all pods and Services exist after {create_s:.1f} s")
+                log(f"all pods, Services, ConfigMaps, Secrets and NetworkPolicies exist after {create_s:.1f} s")
             if create_s is not None:
                 items = api.get(f"/apis/kubetrain.io/v1/namespaces/{NS}/trainingjobs")["items"]
-                states = [j.get("status", {}).get("state") for j in items]
-                if states.count("Succeeded") == args.jobs:
-                    finish_s = time.time() - t0
-                    break
-                bad = [j["metadata"]["name"] for j in items if j.get("status", {}).get("state") == "Failed"]
+                ended = {j["metadata"]["name"]: j for j in items
+                         if j.get("status", {}).get("state") in ("Succeeded", "Failed")}
+                bad = [f"{n}: {outcome(j)} (want {OUTCOMES[kinds[n]]})" for n, j in ended.items()
+                       if outcome(j) != OUTCOMES[kinds[n]]]
                 if bad:
-                    sys.exit(f"jobs failed: {bad[:10]}")
+                    sys.exit(f"FAILED: jobs ended otherwise than their kind: {bad[:10]}")
+                if len(ended) == args.jobs:
+                    finish_s = time.time() - t0
+                    final_jobs = ended
+                    break
             time.sleep(1)
         if finish_s is None:
             sys.exit(f"timed out: create_s={create_s}")
-        log(f"all {args.jobs} jobs Succeeded after {finish_s:.1f} s")
+        log(f"all {args.jobs} jobs ended as their kind says after {finish_s:.1f} s")
+        # Recreated pods, as each retrying job's status counts them (and no other job has any).
+        recreated = {n: sum(r.get("recreated", 0) for r in j["status"].get("replicaStatuses", {}).values())
+                     for n, j in final_jobs.items()}
+        wrong = {n: k for n, k in recreated.items()
+                 if k != (args.backoff_limit if kinds[n] == "retrying" else 0)}
+        if wrong:
+            sys.exit(f"FAILED: recreated pods per job not backoffLimit (retrying) or not 0: {wrong}")
+        want_created["pods"] += sum(recreated.values())
         idle = ""
         if args.idle_seconds:
             idle = " " + idle_cost(api, op, args.jobs, args.idle_seconds)
         log("deleting the jobs")
         # Exactly the objects the jobs need, none twice under another name, none missing.
+        # (A failed job's pods may be gone: cleanPodPolicy Running.)
         want = {f"s{j}-{t}" for j in range(args.jobs) for t in ["ps-0"] + [f"worker-{w}" for w in range(WORKERS)]}
         names = {r: sorted(o["metadata"]["name"] for o in api.get(f"/api/v1/namespaces/{NS}/{r}")["items"])
                  for r in ("pods", "services")}
         for r, got in names.items():
-            if sorted(want) != got:
+            may_miss = {n for n in want if r == "pods" and kinds[n.split("-")[0]] != "plain"}
+            if not (want - may_miss <= set(got) <= want) or len(got) != len(set(got)):
                 sys.exit(f"FAILED: {r} are not exactly the jobs' tasks: {len(got)} vs {len(want)}, "
                          f"extra {sorted(set(got) - want)[:5]}, missing {sorted(want - set(got))[:5]}")
         t1 = time.time()
@@ -363,15 +488,17 @@ def main():
         text = api.metrics()
         op.stop()
         used = operator_requests(delta(request_counts(text), before))
-        # kwok finishes each graceful pod deletion with a DELETE of its own
-        # (the kubelet's part): one per pod, not the operator's.
-        used[("DELETE", "pods", "")] = used.get(("DELETE", "pods", ""), 0) - tasks
+        # kwok finishes each graceful pod deletion (of a pod still running) with a
+        # DELETE of its own (the kubelet's part), each in its log: not the operator's.
+        with open(os.path.join(state, "kwok.log")) as f:
+            kwok_deletes = f.read().count('"msg":"Delete pod"')
+        used[("DELETE", "pods", "")] = used.get(("DELETE", "pods", ""), 0) - kwok_deletes
         for r in ("pods", "services"):  # the harness's own check above
             used[("LIST", r, "")] = used.get(("LIST", r, ""), 0) - 1
         codes = delta(request_counts(text, with_code=True), before_codes)
         # No object was created twice (POSTs answered 201; a POST cut off by
         # the SIGKILL may be recorded with another code).
-        created = {r: int(codes.get(("POST", r, "", "201"), 0)) for r in ("pods", "services", "configmaps")}
+        created = {r: int(codes.get(("POST", r, "", "201"), 0)) for r in OPERATOR_KINDS}
         total = sum(used.values())
         by = {f"{v} {r}{'/' + s if s else ''}": int(n) for (v, r, s), n in sorted(used.items())}
         leftovers = api.get(f"/api/v1/namespaces/{NS}/pods")["items"]
@@ -380,15 +507,17 @@ def main():
             ref_s = reference_create_s(api, args.jobs, args.qps, args.burst, 16)
             ref = f" ref_create_s={ref_s:.1f} create_ratio={create_s / ref_s:.2f}"
         print(json.dumps({"requests": by, "posted_jobs_s": round(posted_s, 2)}), flush=True)
-        want_created = {"pods": tasks, "services": tasks, "configmaps": args.jobs}
         ok = not leftovers and all(created[r] <= want_created[r] for r in created) and (
             args.kill_operator or created == want_created)
-        print(f"jobs={args.jobs} pods={tasks} create_s={create_s:.1f} finish_s={finish_s:.1f} "
+        fails = (f" failing_jobs={args.failing_jobs} retrying_jobs={args.retrying_jobs} "
+                 f"recreated_pods={sum(recreated.values())}" if failures else "")
+        print(f"jobs={args.jobs} pods={tasks}{fails} create_s={create_s:.1f} finish_s={finish_s:.1f} "
               f"cleanup_s={cleanup_s:.1f} op_rss_mib={op.rss_peak_kib / 1024:.1f} op_cpu_s={op.cpu_s:.1f} "
               f"operator_restarts={op.starts - 1}{ref} api_requests_per_object={total / objects:.2f}{idle}",
               flush=True)
         if not ok:
-            sys.exit(f"FAILED: creates {created} (want {want_created}), {len(leftovers)} pods left")
+            sys.exit(f"FAILED: creates {created} (want {want_created}), {len(leftovers)} pods left; "
+                     f"pods the operator logged creating more than once: {created_twice(state)}")
     finally:
         if op.proc and op.proc.poll() is None:
             op.proc.kill()

@@ -15,9 +15,11 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run(*extra):
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "run_scale.py"), "--jobs", "60",
-                           "--nodes", "6", *extra], capture_output=True, text=True, timeout=1500)
+def run(*extra, sized=False):
+    """run_scale.py with `extra` (60 jobs on 6 nodes unless `sized`: extra names its own)."""
+    base = [] if sized else ["--jobs", "60", "--nodes", "6"]
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "run_scale.py"), *base, *extra],
+                          capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     last = proc.stdout.strip().splitlines()[-1]
     print(last)
@@ -31,3 +33,17 @@ def test_scale_short(kill):
     assert figures["operator_restarts"] == (1 if kill else 0)
     assert figures["api_requests_per_object"] <= 3.0, figures
     assert figures["op_rss_mib"] <= 100, figures
+
+
+def test_scale_pods_that_fail_are_handled_per_restart_policy_and_backoff_limit():
+    """kwok's pod-fail stage (run_scale.py --failing-jobs/--retrying-jobs): workers that
+    exit 1 under restartPolicy Never fail their job (reason TrainingJobFailed); a PS that
+    exits 137 under restartPolicy ExitCode is recreated backoffLimit times, then the job
+    fails (BackoffLimitExceeded); the other jobs succeed. run_scale.py checks each
+    job's outcome, the recreations each job's status counts, and that the API server
+    created exactly that many pods more (none twice)."""
+    figures = run("--jobs", "12", "--nodes", "3", "--failing-jobs", "3", "--retrying-jobs", "3",
+                  "--backoff-limit", "1", "--fail-delay-ms", "300", "--fail-jitter-ms", "700",
+                  "--no-reference", sized=True)
+    assert figures["failing_jobs"] == 3 and figures["retrying_jobs"] == 3, figures
+    assert figures["recreated_pods"] == 3, figures  # backoffLimit 1: once per retrying job
