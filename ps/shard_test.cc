@@ -1053,7 +1053,9 @@ std::vector<int64_t> ListAll(Shard* shard, int64_t page_rows, int64_t* pages = n
     if (!page.ok()) return ids;
     EXPECT_LE(static_cast<int64_t>(page->ids.size()), page_rows);
     EXPECT_EQ(page->values.size(), page->ids.size() * 16);
-    if (generation >= 0) EXPECT_EQ(page->generation, generation);
+    if (generation >= 0) {
+      EXPECT_EQ(page->generation, generation);
+    }
     generation = page->generation;
     ids.insert(ids.end(), page->ids.begin(), page->ids.end());
     if (page->done) {
