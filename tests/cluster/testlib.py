@@ -96,6 +96,21 @@ def wait_for(fn, timeout, what, interval=0.5):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
+def wait_established(k, crd, timeout=60):
+    """Waits until CRD `crd` is Established and its kind is in kubectl's discovery. Polls
+    the condition itself: `kubectl wait --for=condition=Established` fails at once, rather
+    than waiting, when it reads the CRD before the API server has written any condition."""
+    def established():
+        proc = k.run("get", f"crd/{crd}", "-o",
+                     "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+                     check=False)
+        return proc.returncode == 0 and proc.stdout.strip() == "True"
+    wait_for(established, timeout, f"crd/{crd} Established")
+    kind = crd.split(".", 1)[0]
+    wait_for(lambda: k.run("get", kind, "-A", check=False).returncode == 0, 30,
+             f"{kind} in discovery")
+
+
 def e2e_images():
     """Image mode (KUBETRAIN_E2E_IMAGES=1, the default of `make test`): pods run from the images
     `make images` built, never silently from host binaries. KUBETRAIN_E2E_IMAGES=0 (or

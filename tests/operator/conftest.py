@@ -3,7 +3,6 @@
 private state dir, and a kubectl wrapper bound to its kubeconfig."""
 import os
 import sys
-import time
 
 import pytest
 
@@ -42,12 +41,7 @@ def crd_installed(kube_cluster):
     """The TrainingJob CRD, applied and Established."""
     k = kube_cluster
     k.run("apply", "--server-side", "--field-manager=kubetrain-tests", "-f", CRD_FILE)
-    k.run("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
-    # kubectl's discovery cache can lag a just-Established CRD for a moment.
-    for _ in range(30):
-        if k.run("get", "trainingjobs", "-A", check=False).returncode == 0:
-            break
-        time.sleep(1)
+    testlib.wait_established(k, CRD_NAME)
     return k
 
 

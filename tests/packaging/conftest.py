@@ -133,9 +133,7 @@ def ensure_namespace(k, ns):
 
 def apply_crd(k):
     k.run("apply", "--server-side", "--field-manager=kubetrain-tests", "-f", CRD_FILE)
-    k.run("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
-    wait_for(lambda: k.run("get", "trainingjobs", "-A", check=False).returncode == 0, 30,
-             "TrainingJobs in discovery")
+    _operator_conftest.testlib.wait_established(k, CRD_NAME)
 
 
 def can_i(k, verb, resource, sa, ns=None, subresource=None, name=None):
