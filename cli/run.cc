@@ -166,9 +166,7 @@ int RunCommand(int argc, char** argv, const std::string& bin_dir) {
   RunOptions options;
   options.bin_dir = bin_dir;
   FlagParser parser("kubetrain run FILE.yaml");
-  parser.String("memory_limit", &options.memory_limit,
-                "the memory each task may use (8Gi, 512Mi, ...; default: the cgroup's limit, "
-                "else the machine's memory): a model that cannot fit is refused");
+  AddMemoryLimitFlag(parser, &options.memory_limit);
   parser.String("summary_json", &options.summary_json,
                 "also write the job summary as JSON to this file");
   parser.String("bin_dir", &options.bin_dir, "directory holding kubetrain-ps and kubetrain-worker");
@@ -181,14 +179,7 @@ int RunCommand(int argc, char** argv, const std::string& bin_dir) {
   parser.String("restart_policy", &restart_policy,
                 "restart failed tasks per this policy instead of the spec's: Never, OnFailure, "
                 "Always, ExitCode");
-  std::vector<std::string> files;
-  if (auto exit_code = parser.ParseMain(argc, argv, 2, &files)) return *exit_code;
-  if (files.size() != 1) {
-    std::fprintf(stderr, "error: expected exactly one TrainingJob file\n\n%s",
-                 parser.Usage().c_str());
-    return 2;
-  }
-  options.job_file = files[0];
+  if (auto exit_code = ParseJobCommand(parser, argc, argv, &options.job_file)) return *exit_code;
   if (!restart_policy.empty()) {
     options.restart_policy = RestartPolicyFromName(restart_policy);
     if (!options.restart_policy) {

@@ -74,24 +74,34 @@ int ValidateCommand(const std::string& file, const std::string& memory_limit, bo
   return 0;
 }
 
-int ValidateMain(int argc, char** argv) {
-  FlagParser parser("kubetrain validate FILE.yaml");
-  std::string memory_limit;
-  parser.String("memory_limit", &memory_limit,
+void AddMemoryLimitFlag(FlagParser& parser, std::string* memory_limit) {
+  parser.String("memory_limit", memory_limit,
                 "the memory each task may use (8Gi, 512Mi, ...; default: the cgroup's limit, "
                 "else the machine's memory): a model that cannot fit is refused");
-  bool skip_data = false;
-  parser.Bool("skip_data", &skip_data,
-              "do not read the data files (they exist only where the tasks run, e.g. in the "
-              "pods' image or volume); epochs still need the training set");
+}
+
+std::optional<int> ParseJobCommand(FlagParser& parser, int argc, char** argv, std::string* file) {
   std::vector<std::string> files;
-  if (auto exit_code = parser.ParseMain(argc, argv, 2, &files)) return *exit_code;
+  if (auto exit_code = parser.ParseMain(argc, argv, 2, &files)) return exit_code;
   if (files.size() != 1) {
     std::fprintf(stderr, "error: expected exactly one TrainingJob file\n\n%s",
                  parser.Usage().c_str());
     return 2;
   }
-  return ValidateCommand(files[0], memory_limit, !skip_data);
+  *file = files[0];
+  return std::nullopt;
+}
+
+int ValidateMain(int argc, char** argv) {
+  FlagParser parser("kubetrain validate FILE.yaml");
+  std::string memory_limit, file;
+  AddMemoryLimitFlag(parser, &memory_limit);
+  bool skip_data = false;
+  parser.Bool("skip_data", &skip_data,
+              "do not read the data files (they exist only where the tasks run, e.g. in the "
+              "pods' image or volume); epochs still need the training set");
+  if (auto exit_code = ParseJobCommand(parser, argc, argv, &file)) return *exit_code;
+  return ValidateCommand(file, memory_limit, !skip_data);
 }
 
 }  // namespace kubetrain

@@ -7,9 +7,11 @@
 #define KUBETRAIN_CLI_VALIDATE_H_
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "core/flags.h"
 #include "core/memory_budget.h"
 
 namespace kubetrain {
@@ -24,6 +26,13 @@ absl::StatusOr<MemoryLimit> MemoryLimitFromFlag(const std::string& flag);
 // skips the data check; epochs still need the training set.
 int ValidateCommand(const std::string& file, const std::string& memory_limit = "",
                     bool check_data = true, std::FILE* out = stdout, std::FILE* err = stderr);
+
+// What `kubetrain run` and `validate` share: --memory_limit on `parser`, and
+// one TrainingJob file as the only argument. ParseJobCommand returns an exit
+// code when the command should stop there (--help, bad flags, not exactly one
+// file), else nullopt with *file set.
+void AddMemoryLimitFlag(FlagParser& parser, std::string* memory_limit);
+std::optional<int> ParseJobCommand(FlagParser& parser, int argc, char** argv, std::string* file);
 
 // `kubetrain validate FILE.yaml [--memory_limit Q] [--skip_data]` (argv[1] is
 // "validate"): ValidateCommand's exit code, 2 on bad flags.

@@ -16,22 +16,16 @@ import gzip
 import os
 import sys
 
+import to_libsvm  # the same directory: its column list and its reader of the UCI files
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-NAMES = ["age", "workclass", "fnlwgt", "education", "education-num", "marital-status",
-         "occupation", "relationship", "race", "sex", "capital-gain", "capital-loss",
-         "hours-per-week", "native-country"]
-NUMERIC = ["age", "education-num", "capital-gain", "capital-loss", "hours-per-week"]
-CATEGORICAL = ["workclass", "education", "marital-status", "occupation", "relationship", "race",
-               "sex", "native-country"]
+NAMES = [name for name, _ in to_libsvm.COLUMNS]
+NUMERIC = [name for name, vocab in to_libsvm.COLUMNS if vocab is None]
+CATEGORICAL = [name for name, vocab in to_libsvm.COLUMNS if isinstance(vocab, list)]
 
 
 def records(name):
-    for line in gzip.open(os.path.join(HERE, name + ".gz"), "rt"):
-        line = line.strip()
-        if not line or line.startswith("|"):
-            continue
-        fields = [f.strip() for f in line.split(",")]
-        assert len(fields) == len(NAMES) + 1, line
+    for fields in to_libsvm.records(name):
         yield dict(zip(NAMES + ["income"], fields))
 
 

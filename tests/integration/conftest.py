@@ -119,6 +119,13 @@ def assert_eval_reproduces(model, summary, examples):
         assert abs(result[key] - summary[key]) < 1e-9, (key, result, summary)
 
 
+def assert_validate_refuses(tmp_path, text, message):
+    """`kubetrain validate` of the job `text` fails, its output holding `message`."""
+    proc = run_cli("validate", write(tmp_path, text))
+    assert proc.returncode != 0, text
+    assert message in proc.stdout + proc.stderr, (message, proc.stdout + proc.stderr)
+
+
 def run_job(tmp_path, text, *args, timeout=300):
     """Runs `kubetrain run` to the end; returns (CompletedProcess, summary dict or None)."""
     job = write(tmp_path, text)

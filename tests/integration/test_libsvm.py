@@ -10,8 +10,8 @@ import os
 import subprocess
 import sys
 
-from conftest import (CENSUS_DATA as DATA, assert_eval_reproduces, census_bad_copy, census_example,
-                      run_cli, run_job, write)
+from conftest import (CENSUS_DATA as DATA, assert_eval_reproduces, assert_validate_refuses,
+                      census_bad_copy, census_example, run_cli, run_job, write)
 
 
 def example_text(**replace):
@@ -136,9 +136,7 @@ BAD_WEIGHTED = [
 
 def test_bad_weighted_column_specs_are_refused_naming_the_field(tmp_path):
     for replace, message in BAD_WEIGHTED:
-        proc = run_cli("validate", write(tmp_path, sparse_example_text(**replace)))
-        assert proc.returncode != 0, replace
-        assert message in proc.stdout + proc.stderr, (message, proc.stdout + proc.stderr)
+        assert_validate_refuses(tmp_path, sparse_example_text(**replace), message)
 
 
 def test_a_record_with_more_features_than_maxvalues_names_the_file_and_line(tmp_path):
@@ -146,7 +144,5 @@ def test_a_record_with_more_features_than_maxvalues_names_the_file_and_line(tmp_
     path = bad_copy(tmp_path, {3: "1 " + " ".join(f"{i}:1" for i in range(1, 14))})
     text = sparse_example_text(**{"maxValues: 16": "maxValues: 12"}).replace(
         os.path.join(DATA, "adult.test.libsvm.gz"), path)
-    proc = run_cli("validate", write(tmp_path, text))
-    assert proc.returncode != 0
-    assert f"{path}:3: 13 features, more than weightedColumn.maxValues (12)" in proc.stdout + proc.stderr, \
-        proc.stdout + proc.stderr
+    assert_validate_refuses(tmp_path, text,
+                            f"{path}:3: 13 features, more than weightedColumn.maxValues (12)")

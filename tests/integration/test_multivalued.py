@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from conftest import CENSUS_DATA as DATA, census_example, run_cli, run_job, write
+from conftest import CENSUS_DATA as DATA, assert_validate_refuses, census_example, run_job
 
 
 def example_text(**replace):
@@ -63,9 +63,7 @@ BAD_SPECS = [
 
 def test_bad_multivalued_specs_are_refused_naming_the_field(tmp_path):
     for replace, message in BAD_SPECS:
-        proc = run_cli("validate", write(tmp_path, example_text(**replace)))
-        assert proc.returncode != 0, replace
-        assert message in proc.stdout + proc.stderr, (message, proc.stdout + proc.stderr)
+        assert_validate_refuses(tmp_path, example_text(**replace), message)
 
 
 def test_a_field_with_more_values_than_maxvalues_names_the_file_and_line(tmp_path):
@@ -75,7 +73,5 @@ def test_a_field_with_more_values_than_maxvalues_names_the_file_and_line(tmp_pat
                     "50,13,0,0,13,a|b|c,>50K\n")
     text = example_text(**{"maxValues: 8": "maxValues: 2"}).replace(
         os.path.join(DATA, "adult.data.profile.csv.gz"), str(data))
-    proc = run_cli("validate", write(tmp_path, text))
-    assert proc.returncode != 0
-    assert (f"{data}:3: column 'profile': more than maxValues (2) values in \"a|b|c\""
-            in proc.stdout + proc.stderr), proc.stdout + proc.stderr
+    assert_validate_refuses(
+        tmp_path, text, f"{data}:3: column 'profile': more than maxValues (2) values in \"a|b|c\"")

@@ -37,6 +37,17 @@ def _read(path):
         return f.read()
 
 
+def _prose_lines(path):
+    """(line number, line) of a Markdown file, each line of a ``` code fence (its fence
+    lines included) given as "": code is neither a heading, a table nor a link."""
+    in_fence = False
+    for n, line in enumerate(_read(path).split("\n"), 1):
+        fence = line.startswith("```")
+        yield n, "" if fence or in_fence else line
+        if fence:
+            in_fence = not in_fence
+
+
 # ---------------------------------------------------------------- the CRD
 
 
@@ -86,13 +97,9 @@ def documented_fields(path=REFERENCE):
     span; "Top level" is the root)."""
     fields, errors = {}, []
     section = None
-    in_fence = in_table = False
+    in_table = False
     is_field_table = False
-    for n, line in enumerate(_read(path).split("\n"), 1):
-        if line.startswith("```"):
-            in_fence = not in_fence
-        if in_fence:
-            continue
+    for n, line in _prose_lines(path):
         m = re.match(r"^#{1,6} (.*)", line)
         if m:
             spans = re.findall(r"`([^`]+)`", m.group(1))
@@ -251,11 +258,9 @@ def code_metrics():
 def documented_metrics(path=MONITORING):
     """{metric: line} from the first cells of the tables whose header starts with "metric"."""
     found = {}
-    in_table = is_metric_table = in_fence = False
-    for n, line in enumerate(_read(path).split("\n"), 1):
-        if line.startswith("```"):
-            in_fence = not in_fence
-        if in_fence or not line.startswith("|"):
+    in_table = is_metric_table = False
+    for n, line in _prose_lines(path):
+        if not line.startswith("|"):
             in_table = False
             continue
         if not in_table:
@@ -290,11 +295,9 @@ def _slug(heading):
 
 
 def anchors(path):
-    seen, out, in_fence = {}, set(), False
-    for line in _read(path).split("\n"):
-        if line.startswith("```"):
-            in_fence = not in_fence
-        m = None if in_fence else re.match(r"^#{1,6} (.*)", line)
+    seen, out = {}, set()
+    for _, line in _prose_lines(path):
+        m = re.match(r"^#{1,6} (.*)", line)
         if m:
             s = _slug(m.group(1))
             out.add(s if s not in seen else f"{s}-{seen[s]}")
@@ -307,12 +310,7 @@ def test_relative_links_resolve():
         glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
     broken = []
     for f in files:
-        in_fence = False
-        for n, line in enumerate(_read(f).split("\n"), 1):
-            if line.startswith("```"):
-                in_fence = not in_fence
-            if in_fence:
-                continue
+        for n, line in _prose_lines(f):
             for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"`[^`]*`", "", line)):
                 if re.match(r"[a-z]+:", target):
                     continue
