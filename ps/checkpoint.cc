@@ -89,20 +89,46 @@ absl::StatusOr<DirListing> ListShardDir(const std::string& dir, FileEnv* env) {
 // (u32 count, strings); values (u32 count, floats each); slots (u32 count,
 // then per part a u32 count and floats each); worker clocks (u32 count, then
 // worker i32 and clock i64 each).
-void EncodePayload(const ShardCheckpoint& c, BinaryWriter& w) {
+//
+// Floats are read from the source about 1 MiB at a time, in whole granules.
+constexpr int64_t kChunkFloats = (1 << 20) / sizeof(float);
+
+void PutFloatsOf(CheckpointSource& source, size_t part, int slot, std::vector<float>& buffer,
+                 BinaryWriter& w) {
+  const int64_t n = source.NumFloats(part, slot);
+  w.PutU64(static_cast<uint64_t>(n));
+  if (w.counting()) {
+    w.CountBytes(static_cast<uint64_t>(n) * sizeof(float));
+    return;
+  }
+  const int64_t granule = std::max<int64_t>(1, source.Granule(part));
+  const int64_t chunk = std::max<int64_t>(1, kChunkFloats / granule) * granule;
+  for (int64_t begin = 0; begin < n; begin += chunk) {
+    const int64_t count = std::min(chunk, n - begin);
+    buffer.resize(static_cast<size_t>(count));
+    source.Read(part, slot, begin, count, buffer.data());
+    w.PutRawFloats(buffer.data(), buffer.size());
+  }
+}
+
+void EncodePayload(CheckpointSource& source, BinaryWriter& w) {
+  const ShardCheckpoint& c = source.fields();
+  const size_t parts = c.part_names.size();
   w.PutString(c.job_name);
   w.PutString(c.model_fingerprint);
   w.PutI32(c.shard_index);
   w.PutString(c.optimizer_type);
   w.PutI64(c.version);
-  w.PutU32(static_cast<uint32_t>(c.part_names.size()));
+  w.PutU32(static_cast<uint32_t>(parts));
   for (const auto& name : c.part_names) w.PutString(name);
-  w.PutU32(static_cast<uint32_t>(c.values.size()));
-  for (const auto& v : c.values) w.PutFloats(v);
-  w.PutU32(static_cast<uint32_t>(c.slots.size()));
-  for (const auto& part_slots : c.slots) {
-    w.PutU32(static_cast<uint32_t>(part_slots.size()));
-    for (const auto& s : part_slots) w.PutFloats(s);
+  std::vector<float> buffer;
+  w.PutU32(static_cast<uint32_t>(parts));
+  for (size_t p = 0; p < parts; ++p) PutFloatsOf(source, p, -1, buffer, w);
+  w.PutU32(static_cast<uint32_t>(parts));
+  for (size_t p = 0; p < parts; ++p) {
+    const int slots = source.NumSlots(p);
+    w.PutU32(static_cast<uint32_t>(slots));
+    for (int k = 0; k < slots; ++k) PutFloatsOf(source, p, k, buffer, w);
   }
   w.PutU32(static_cast<uint32_t>(c.worker_clocks.size()));
   for (const auto& [worker, clock] : c.worker_clocks) {
@@ -149,6 +175,38 @@ absl::Status DecodePayload(std::string_view payload, ShardCheckpoint* c) {
 
 }  // namespace
 
+int64_t InMemoryCheckpointSource::NumFloats(size_t part, int slot) const {
+  const std::vector<float>& v = slot < 0 ? ckpt_.values[part] : ckpt_.slots[part][slot];
+  return static_cast<int64_t>(v.size());
+}
+
+int InMemoryCheckpointSource::NumSlots(size_t part) const {
+  return static_cast<int>(ckpt_.slots[part].size());
+}
+
+void InMemoryCheckpointSource::Read(size_t part, int slot, int64_t begin, int64_t n, float* out) {
+  const std::vector<float>& v = slot < 0 ? ckpt_.values[part] : ckpt_.slots[part][slot];
+  std::copy_n(v.data() + begin, n, out);
+}
+
+ShardCheckpoint ReadAllOf(CheckpointSource& source) {
+  ShardCheckpoint c = source.fields();
+  const size_t parts = c.part_names.size();
+  c.values.assign(parts, {});
+  c.slots.assign(parts, {});
+  for (size_t p = 0; p < parts; ++p) {
+    c.values[p].resize(static_cast<size_t>(source.NumFloats(p, -1)));
+    source.Read(p, -1, 0, static_cast<int64_t>(c.values[p].size()), c.values[p].data());
+    c.slots[p].resize(static_cast<size_t>(source.NumSlots(p)));
+    for (size_t k = 0; k < c.slots[p].size(); ++k) {
+      c.slots[p][k].resize(static_cast<size_t>(source.NumFloats(p, static_cast<int>(k))));
+      source.Read(p, static_cast<int>(k), 0, static_cast<int64_t>(c.slots[p][k].size()),
+                  c.slots[p][k].data());
+    }
+  }
+  return c;
+}
+
 std::string ShardCheckpointDir(const std::string& dir, int shard_index) {
   return absl::StrCat(dir, "/ps-", shard_index);
 }
@@ -186,19 +244,29 @@ std::string FreeOneFile(const std::string& shard_dir, FileEnv* env) {
 absl::Status WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint& ckpt, int keep,
                                   FileEnv* env,
                                   const std::function<void(const std::string&)>& note) {
-  const std::string shard_dir = ShardCheckpointDir(dir, ckpt.shard_index);
-  const std::string path = absl::StrCat(shard_dir, "/", CheckpointFileName(ckpt.version));
   if (ckpt.values.size() != ckpt.part_names.size() || ckpt.slots.size() != ckpt.part_names.size()) {
+    const std::string path = absl::StrCat(ShardCheckpointDir(dir, ckpt.shard_index), "/",
+                                          CheckpointFileName(ckpt.version));
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot write ", path, ": inconsistent checkpoint: ", ckpt.part_names.size(),
         " part names, ", ckpt.values.size(), " value tensors, ", ckpt.slots.size(), " slot lists"));
   }
+  InMemoryCheckpointSource source(ckpt);
+  return WriteShardCheckpoint(dir, source, keep, env, note);
+}
+
+absl::Status WriteShardCheckpoint(const std::string& dir, CheckpointSource& source, int keep,
+                                  FileEnv* env,
+                                  const std::function<void(const std::string&)>& note) {
+  const ShardCheckpoint& ckpt = source.fields();
+  const std::string shard_dir = ShardCheckpointDir(dir, ckpt.shard_index);
+  const std::string path = absl::StrCat(shard_dir, "/", CheckpointFileName(ckpt.version));
   if (ckpt.version < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot write ", path, ": negative version ", ckpt.version));
   }
-  // Streamed from `ckpt` to the file: no second copy of the values in memory.
-  const auto encode = [&ckpt](BinaryWriter& w) { EncodePayload(ckpt, w); };
+  // Streamed from `source` to the file: no second copy of the values in memory.
+  const auto encode = [&source](BinaryWriter& w) { EncodePayload(source, w); };
   absl::Status written = WriteFramedFile(path, kMagic, kFormatVersion, encode, env);
   // Out of space: make room from older checkpoints, one file at a time, and
   // try again; the newest valid checkpoint is kept whatever happens.

@@ -76,6 +76,7 @@ int64_t DynamicTable::NewRow(int64_t touched_in_call) {
   if (!free_.empty()) {
     r = free_.back();
     free_.pop_back();
+    if (before_reuse_) before_reuse_(r);
     opt_->ResetRow(r);
   } else {
     r = static_cast<int64_t>(ids_.size());
@@ -115,6 +116,11 @@ void DynamicTable::Read(const std::vector<int64_t>& ids, float* out) const {
       init_(ids[i], out + i * dim_);
     }
   }
+}
+
+void DynamicTable::CopyRecency(std::vector<int32_t>* prev, int32_t* tail) const {
+  *prev = prev_;
+  *tail = tail_;
 }
 
 DynamicTable::Rows DynamicTable::Export() const {

@@ -85,6 +85,17 @@ class DynamicTable {
   // table keeps its ids sorted: 8 bytes per row, counted in Bytes().
   int64_t List(int64_t cursor, int64_t max_rows, std::vector<int64_t>* ids,
                std::vector<float>* values);
+  // Checkpoints read the held rows in place (Shard::StartCheckpoint):
+  // slab rows [0, slab_rows()) are indexable (held or free); id_of gives a
+  // held row's id; walked from `*tail` through `prev`, the copy CopyRecency
+  // makes lists the held rows least recently used first (Export's order).
+  int64_t slab_rows() const { return static_cast<int64_t>(ids_.size()); }
+  int64_t id_of(int64_t slab_row) const { return ids_[slab_row]; }
+  void CopyRecency(std::vector<int32_t>* prev, int32_t* tail) const;
+  // Called, under the caller's lock, with a free slab row about to be given
+  // to a new id, before its id, value or slots change (copy-on-write).
+  void set_before_reuse(std::function<void(int64_t slab_row)> f) { before_reuse_ = std::move(f); }
+
   // Replaces the contents with `rows` (validated first: distinct ids, sizes,
   // slot count; nothing changes otherwise), recency as Export gave it (so
   // an exported and imported table evicts as the original would). Counters
@@ -114,6 +125,7 @@ class DynamicTable {
   // `sorted_generation_`; empty otherwise.
   std::vector<int64_t> sorted_ids_;
   int64_t sorted_generation_ = -1;
+  std::function<void(int64_t)> before_reuse_;
 };
 
 }  // namespace kubetrain

@@ -388,13 +388,16 @@ void PsTask::EndHolding(const std::string& why) {
   Log("ps:", index_, " stops serving the parameters: ", why);
 }
 
-bool PsTask::SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snapshot) {
+bool PsTask::SaveCheckpoint(const char* why, std::unique_ptr<CheckpointSource> image) {
   const std::string& dir = config_.job.training.checkpoint_dir;
   if (dir.empty()) return true;
-  ShardCheckpoint state = snapshot.has_value() ? std::move(*snapshot) : shard_->Checkpoint();
+  // This thread closes every checkpoint it takes before the next, so one opens.
+  if (!image) image = shard_->StartCheckpoint();
+  const ShardCheckpoint& state = image->fields();
   const absl::Time t0 = absl::Now();
   auto note = [this](const std::string& what) { Log("ps:", index_, " ", what); };
-  if (absl::Status s = WriteShardCheckpoint(dir, state, 3, options_.env, note); !s.ok()) {
+  absl::Status s = WriteShardCheckpoint(dir, *image, 3, options_.env, note);
+  if (!s.ok()) {
     metrics_.checkpoint_failures->Increment();
     shard_->RecordCheckpointWrite(absl::Status(
         s.code(), absl::StrCat("ps:", index_, " at version ", state.version, ": ", s.message())));

@@ -149,7 +149,7 @@ class PsTask {
          std::shared_ptr<prometheus::Registry> registry, Metrics metrics);
   absl::Status Restore();
   // True if written (or there is no checkpoint directory).
-  bool SaveCheckpoint(const char* why, std::optional<ShardCheckpoint> snapshot = std::nullopt);
+  bool SaveCheckpoint(const char* why, std::unique_ptr<CheckpointSource> image = nullptr);
   void Finish();
   // kubetrain_table_rows / _bytes / _rows_created_total / _rows_evicted_total
   // from the shard now (start-up and every round: dynamic tables change).

@@ -149,6 +149,13 @@ Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique
   optimizer_ = std::move(opt);
   row_opts_ = std::move(row_opts);
   dynamic_ = std::move(dynamic);
+  for (size_t t = 0; t < dynamic_.size(); ++t) {
+    if (!dynamic_[t]) continue;
+    // Touch runs under mu_: a slab row given to a new id is kept for an open checkpoint first.
+    dynamic_[t]->set_before_reuse([this, t](int64_t row) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      SaveRowLocked(static_cast<int>(t), row);
+    });
+  }
   table_values_.resize(tables_.size());
   values_.resize(parts_.size());
   staged_values_.resize(parts_.size());
@@ -499,6 +506,7 @@ bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
     const int64_t dim = tables_[t].dim;
     DynamicTable* d = dynamic_[t].get();
     float* values = d ? d->mutable_values() : table_values_[t].data();
+    SaveRowsLocked(t, local[j]);  // an open checkpoint keeps these rows as they were
     for (size_t i = 0; i < local[j].size(); ++i) {
       std::copy_n(staged_rows[j].data() + i * dim, dim, values + local[j][i] * dim);
     }
@@ -510,7 +518,11 @@ bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
 void Shard::StepLocked() {
   SetVersionLocked(version_ + 1);
   if (options_.checkpoint_every_steps > 0 && version_ % options_.checkpoint_every_steps == 0) {
-    pending_checkpoint_ = CheckpointLocked();
+    if (open_checkpoint_ && open_checkpoint_->handed_out) {
+      boundary_while_open_ = true;  // taken when the open one closes
+    } else {
+      OpenCheckpointLocked();
+    }
   }
 }
 

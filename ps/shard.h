@@ -79,8 +79,14 @@
 // names that are missing (evicted since the pull: the gradient applies to the initial value); rows
 // created by a push whose update is refused as non-finite stay (untrained). Checkpoints hold the
 // held rows only, least recently used first: parts "<table>@ids" (3 floats per id, EncodeTableId)
-// and
-// "<table>@rows" (values, optimizer slots), restored with the recency order.
+// and "<table>@rows" (values, optimizer slots), restored with the recency order.
+//
+// Checkpoints are taken in place (StartCheckpoint): the dense parts are copied
+// when it is taken, and table rows are read from the live tables while
+// training goes on; an update about to change a row the open checkpoint still
+// holds copies that row first. So a checkpoint of a large table costs the rows
+// changed while it is written, not a second copy of the table, and serving
+// pauses for one chunk of rows at a time, not for the whole copy.
 //
 // Thread safety: all methods are thread-safe. Pull callbacks run without the
 // shard's lock held, exactly once per Pull.
@@ -96,6 +102,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -144,8 +151,9 @@ struct ShardOptions {
   uint64_t seed = 1;
   absl::Duration barrier_timeout = absl::ZeroDuration();  // 0: wait forever
   int64_t incarnation = 1;                                // unique per start of the PS task
-  // > 0: snapshot the state for a checkpoint at every multiple of this version,
-  // exactly (see TakePendingCheckpoint), so a restart loses at most this many steps.
+  // > 0: take a checkpoint at every multiple of this version, exactly (see
+  // TakePendingCheckpoint), so a restart loses at most this many steps (plus
+  // the steps done while the previous one was still being written).
   int64_t checkpoint_every_steps = 0;
   std::string job_name;
   std::string fingerprint;
@@ -351,12 +359,21 @@ class Shard {
   // INVALID_ARGUMENT naming the task if the job has no such task.
   absl::Status CheckTask(const TaskId& task) const;
 
-  // A consistent copy of the shard's state for a checkpoint file.
-  ShardCheckpoint Checkpoint() const;
-  // The newest snapshot taken at a checkpoint_every_steps boundary and not yet
-  // taken by the caller (who writes it outside the shard's lock). Waits up to
-  // `wait` for one, so the writer wakes the moment a boundary is crossed.
-  std::optional<ShardCheckpoint> TakePendingCheckpoint(absl::Duration wait = absl::ZeroDuration());
+  // A checkpoint of the shard as it is now, read in place while the shard
+  // goes on serving and training (see the top of this file): its fields and
+  // dense parts are copied now; table rows are read under the lock one chunk
+  // at a time by the source's Read. At most one is open: nullptr while
+  // another is. The shard must outlive it; destroying it closes it.
+  std::unique_ptr<CheckpointSource> StartCheckpoint();
+  // A whole copy of the state in memory (tests, in-process restarts): waits
+  // for an open checkpoint to close first.
+  ShardCheckpoint Checkpoint();
+  // The checkpoint taken at the last checkpoint_every_steps boundary and not
+  // yet handed out, if any. Waits up to `wait` for one, so the writer wakes
+  // the moment a boundary is crossed. A boundary crossed while the previous
+  // checkpoint is still open is taken as soon as that one closes.
+  std::unique_ptr<CheckpointSource> TakePendingCheckpoint(
+      absl::Duration wait = absl::ZeroDuration());
   // Loads a checkpoint's state; parts and sizes must match exactly (nothing
   // is changed otherwise).
   absl::Status Restore(const ShardCheckpoint& ckpt);
@@ -401,7 +418,40 @@ class Shard {
   // The version advances by one optimizer step (applied or skipped).
   void StepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetVersionLocked(int64_t v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  ShardCheckpoint CheckpointLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  friend class ShardImage;  // reads an open checkpoint (shard_checkpoint.cc)
+  // What an open checkpoint needs beyond the live state: the copied fields
+  // and dense parts, and per table the rows changed since it was taken, as
+  // they were then.
+  struct OpenCheckpoint {
+    std::shared_ptr<const ShardCheckpoint> fixed;  // tables' values and slots empty
+    struct Table {
+      int64_t rows = 0;        // rows it holds: local rows, or a dynamic table's slab rows
+      int64_t row_floats = 0;  // a saved row: value, each slot, (dynamic) the id's 2 floats
+      absl::flat_hash_map<int64_t, int64_t> saved;  // row -> offset in `copies`
+      std::vector<float> copies;
+      // Dynamic tables: the held rows and their recency then (moved to the
+      // image when it is handed out).
+      int64_t held = 0;
+      std::vector<int32_t> prev;
+      int32_t tail = -1;
+    };
+    std::vector<Table> tables;
+    bool handed_out = false;
+  };
+  // Takes a checkpoint of the current state (replacing one not handed out).
+  void OpenCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The image of the open checkpoint, which is marked handed out.
+  std::unique_ptr<CheckpointSource> HandOutCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copy-on-write: rows of table `t` about to change are saved first if the
+  // open checkpoint holds them and has not saved them yet.
+  void SaveRowLocked(int t, int64_t row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SaveRowsLocked(int t, const std::vector<int64_t>& rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The open checkpoint's `rows` of table `t` (local or slab rows): their
+  // value (slot < 0), optimizer slot `slot`, or encoded id (slot == kIdSlot).
+  static constexpr int kIdSlot = -2;
+  void ReadCheckpointRows(int t, int slot, const int64_t* rows, int64_t n, float* out);
+  // Called by the image's destructor.
+  void CloseCheckpoint();
   absl::Status ValidatePush(const PushHeader& h, const std::vector<std::vector<float>>& grads) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunReady(std::vector<std::pair<Waiter, Snapshot>> ready);
@@ -464,7 +514,10 @@ class Shard {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::string read_only_reason_ ABSL_GUARDED_BY(mu_);  // "" = not read-only
   ShardStatsSnapshot stats_ ABSL_GUARDED_BY(mu_);
-  std::optional<ShardCheckpoint> pending_checkpoint_ ABSL_GUARDED_BY(mu_);
+  // The checkpoint taken and not yet closed, if any (see OpenCheckpoint).
+  std::unique_ptr<OpenCheckpoint> open_checkpoint_ ABSL_GUARDED_BY(mu_);
+  // A boundary was crossed while the open checkpoint was handed out.
+  bool boundary_while_open_ ABSL_GUARDED_BY(mu_) = false;
   // The snapshot of `snapshot_version_`, shared by every pull of that version;
   // its buffer is reused for a later version once no pull still reads it
   // (snapshot_pool_).

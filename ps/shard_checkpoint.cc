@@ -1,6 +1,9 @@
-// Shard's checkpoint image: taking a consistent copy of the parameters,
-// tables and optimizer slots, and restoring one. ps/checkpoint.h writes it.
+// Shard's checkpoints: opening one (a copy of the fields and dense parts),
+// keeping the table rows it holds as they were (copy-on-write), reading it
+// for ps/checkpoint.h's writer, and restoring one.
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,61 +20,256 @@ void Shard::RecordCheckpointWrite(const absl::Status& result) {
   }
 }
 
-ShardCheckpoint Shard::Checkpoint() const {
-  absl::MutexLock l(&mu_);
-  return CheckpointLocked();
-}
+// The image of an open checkpoint, read by the writer: fields and dense parts
+// from the copy taken when it was opened, table rows from the shard
+// (Shard::ReadCheckpointRows) in the order the file holds them.
+class ShardImage : public CheckpointSource {
+ public:
+  struct Table {
+    int64_t dim = 0;
+    int slots = 0;
+    bool dynamic = false;
+    int64_t rows = 0;  // rows the file lists: local rows, or the held rows
+    // Dynamic tables: the recency list when it was opened, and the slab rows
+    // least recently used first (walked from it on the first read).
+    std::vector<int32_t> prev;
+    int32_t tail = -1;
+    std::vector<int64_t> order;
+  };
+  // Per part after the dense ones: its table, and whether it is "@ids".
+  struct TablePart {
+    int table = 0;
+    bool ids = false;
+  };
 
-std::optional<ShardCheckpoint> Shard::TakePendingCheckpoint(absl::Duration wait) {
-  absl::MutexLock l(&mu_);
-  if (wait > absl::ZeroDuration()) {
-    mu_.AwaitWithTimeout(absl::Condition(
-                             +[](std::optional<ShardCheckpoint>* p) { return p->has_value(); },
-                             &pending_checkpoint_),
-                         wait);
+  ShardImage(Shard* shard, std::shared_ptr<const ShardCheckpoint> fixed, std::vector<Table> tables,
+             std::vector<TablePart> table_parts)
+      : shard_(shard),
+        fixed_(std::move(fixed)),
+        dense_parts_(fixed_->values.size()),
+        tables_(std::move(tables)),
+        table_parts_(std::move(table_parts)) {}
+  ~ShardImage() override { shard_->CloseCheckpoint(); }
+
+  const ShardCheckpoint& fields() const override { return *fixed_; }
+  int NumSlots(size_t part) const override {
+    if (part < dense_parts_) return static_cast<int>(fixed_->slots[part].size());
+    const TablePart& tp = table_parts_[part - dense_parts_];
+    return tp.ids ? 0 : tables_[tp.table].slots;
   }
-  std::optional<ShardCheckpoint> c = std::move(pending_checkpoint_);
-  pending_checkpoint_.reset();
-  return c;
+  int64_t Granule(size_t part) const override {
+    if (part < dense_parts_) return 1;
+    const TablePart& tp = table_parts_[part - dense_parts_];
+    return tp.ids ? kTableIdFloats : tables_[tp.table].dim;
+  }
+  int64_t NumFloats(size_t part, int slot) const override {
+    if (part < dense_parts_) {
+      const auto& v = slot < 0 ? fixed_->values[part] : fixed_->slots[part][slot];
+      return static_cast<int64_t>(v.size());
+    }
+    const TablePart& tp = table_parts_[part - dense_parts_];
+    return tables_[tp.table].rows * Granule(part);
+  }
+  void Read(size_t part, int slot, int64_t begin, int64_t n, float* out) override {
+    if (part < dense_parts_) {
+      const auto& v = slot < 0 ? fixed_->values[part] : fixed_->slots[part][slot];
+      std::copy_n(v.data() + begin, n, out);
+      return;
+    }
+    const TablePart& tp = table_parts_[part - dense_parts_];
+    Table& t = tables_[tp.table];
+    const int64_t granule = Granule(part);
+    const int64_t first = begin / granule, count = n / granule;
+    if (t.dynamic) {
+      if (static_cast<int64_t>(t.order.size()) != t.rows) WalkRecency(t);
+      shard_->ReadCheckpointRows(tp.table, tp.ids ? Shard::kIdSlot : slot, t.order.data() + first,
+                                 count, out);
+      return;
+    }
+    rows_.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) rows_[i] = first + i;
+    shard_->ReadCheckpointRows(tp.table, slot, rows_.data(), count, out);
+  }
+
+ private:
+  // Outside the shard's lock: the list was copied when the checkpoint opened.
+  static void WalkRecency(Table& t) {
+    t.order.clear();
+    t.order.reserve(static_cast<size_t>(t.rows));
+    for (int32_t r = t.tail; r >= 0; r = t.prev[r]) t.order.push_back(r);
+    std::vector<int32_t>().swap(t.prev);
+  }
+
+  Shard* const shard_;
+  const std::shared_ptr<const ShardCheckpoint> fixed_;
+  const size_t dense_parts_;
+  std::vector<Table> tables_;
+  const std::vector<TablePart> table_parts_;
+  std::vector<int64_t> rows_;  // scratch: the rows of one read of a fixed table
+};
+
+std::unique_ptr<CheckpointSource> Shard::StartCheckpoint() {
+  absl::MutexLock l(&mu_);
+  if (open_checkpoint_ && open_checkpoint_->handed_out) return nullptr;
+  OpenCheckpointLocked();  // the current state, not an older pending one
+  return HandOutCheckpointLocked();
 }
 
-ShardCheckpoint Shard::CheckpointLocked() const {
-  ShardCheckpoint c;
+ShardCheckpoint Shard::Checkpoint() {
+  std::unique_ptr<CheckpointSource> image;
+  {
+    absl::MutexLock l(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::unique_ptr<OpenCheckpoint>* open) { return !*open || !(*open)->handed_out; },
+        &open_checkpoint_));
+    // A boundary's checkpoint not handed out yet is taken again when this closes.
+    if (open_checkpoint_) boundary_while_open_ = true;
+    OpenCheckpointLocked();
+    image = HandOutCheckpointLocked();
+  }
+  return ReadAllOf(*image);
+}
+
+std::unique_ptr<CheckpointSource> Shard::TakePendingCheckpoint(absl::Duration wait) {
+  absl::MutexLock l(&mu_);
+  const auto pending =
+      +[](std::unique_ptr<OpenCheckpoint>* open) { return *open && !(*open)->handed_out; };
+  if (wait > absl::ZeroDuration()) {
+    mu_.AwaitWithTimeout(absl::Condition(pending, &open_checkpoint_), wait);
+  }
+  if (!pending(&open_checkpoint_)) return nullptr;
+  return HandOutCheckpointLocked();
+}
+
+void Shard::OpenCheckpointLocked() {
+  auto fixed = std::make_shared<ShardCheckpoint>();
+  ShardCheckpoint& c = *fixed;
   c.job_name = options_.job_name;
   c.model_fingerprint = options_.fingerprint;
   c.shard_index = options_.shard_index;
   c.optimizer_type = options_.optimizer_type;
-  for (const auto& p : parts_) c.part_names.push_back(p.name);
   c.version = version_;
-  c.values = values_;
   for (size_t i = 0; i < parts_.size(); ++i) {
+    c.part_names.push_back(parts_[i].name);
+    c.values.push_back(values_[i]);
     std::vector<std::vector<float>> slots;
     for (auto* s : optimizer_->Slots(static_cast<int>(i))) slots.push_back(*s);
     c.slots.push_back(std::move(slots));
   }
+  auto open = std::make_unique<OpenCheckpoint>();
+  open->tables.resize(tables_.size());
   for (size_t t = 0; t < tables_.size(); ++t) {
-    if (dynamic_[t]) {
-      DynamicTable::Rows held = dynamic_[t]->Export();  // least recently used first
-      std::vector<float> ids(held.ids.size() * kTableIdFloats);
-      for (size_t i = 0; i < held.ids.size(); ++i) {
-        EncodeTableId(held.ids[i], ids.data() + i * kTableIdFloats);
-      }
+    OpenCheckpoint::Table& table = open->tables[t];
+    const int64_t dim = tables_[t].dim;
+    if (DynamicTable* d = dynamic_[t].get()) {
       c.part_names.push_back(tables_[t].name + "@ids");
-      c.values.push_back(std::move(ids));
-      c.slots.emplace_back();
-      c.part_names.push_back(tables_[t].name + "@rows");
-      c.values.push_back(std::move(held.values));
-      c.slots.push_back(std::move(held.slots));
-      continue;
+      table.rows = d->slab_rows();
+      table.row_floats = dim * (1 + d->optimizer()->num_slots()) + 2;
+      table.held = d->size();
+      d->CopyRecency(&table.prev, &table.tail);
+    } else {
+      table.rows = table_local_rows_[t];
+      table.row_floats = dim * (1 + row_opts_[t]->num_slots());
     }
     c.part_names.push_back(tables_[t].name + "@rows");
-    c.values.push_back(table_values_[t]);
-    std::vector<std::vector<float>> slots;
-    for (auto* s : row_opts_[t]->Slots()) slots.push_back(*s);
-    c.slots.push_back(std::move(slots));
   }
   c.worker_clocks = worker_clock_;
-  return c;
+  open->fixed = std::move(fixed);
+  open_checkpoint_ = std::move(open);
+}
+
+std::unique_ptr<CheckpointSource> Shard::HandOutCheckpointLocked() {
+  OpenCheckpoint& open = *open_checkpoint_;
+  open.handed_out = true;
+  std::vector<ShardImage::Table> tables(tables_.size());
+  std::vector<ShardImage::TablePart> table_parts;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    ShardImage::Table& image = tables[t];
+    OpenCheckpoint::Table& table = open.tables[t];
+    image.dim = tables_[t].dim;
+    image.dynamic = dynamic_[t] != nullptr;
+    if (image.dynamic) {
+      image.slots = dynamic_[t]->optimizer()->num_slots();
+      image.rows = table.held;
+      image.prev = std::move(table.prev);
+      image.tail = table.tail;
+      table_parts.push_back({static_cast<int>(t), true});
+    } else {
+      image.slots = row_opts_[t]->num_slots();
+      image.rows = table.rows;
+    }
+    table_parts.push_back({static_cast<int>(t), false});
+  }
+  return std::make_unique<ShardImage>(this, open.fixed, std::move(tables), std::move(table_parts));
+}
+
+void Shard::SaveRowLocked(int t, int64_t row) { SaveRowsLocked(t, {row}); }
+
+void Shard::SaveRowsLocked(int t, const std::vector<int64_t>& rows) {
+  if (!open_checkpoint_) return;
+  OpenCheckpoint::Table& table = open_checkpoint_->tables[t];
+  const int64_t dim = tables_[t].dim;
+  DynamicTable* d = dynamic_[t].get();
+  const float* values = d ? d->values() : table_values_[t].data();
+  std::vector<std::vector<float>*> slots;
+  for (int64_t row : rows) {
+    if (row >= table.rows || table.saved.contains(row)) continue;
+    if (slots.empty()) slots = (d ? d->optimizer() : row_opts_[t].get())->Slots();
+    const int64_t at = static_cast<int64_t>(table.copies.size());
+    table.saved.emplace(row, at);
+    table.copies.resize(static_cast<size_t>(at + table.row_floats));
+    float* out = table.copies.data() + at;
+    out = std::copy_n(values + row * dim, dim, out);
+    for (const std::vector<float>* slot : slots)
+      out = std::copy_n(slot->data() + row * dim, dim, out);
+    if (d) {
+      const int64_t id = d->id_of(row);
+      std::memcpy(out, &id, sizeof(id));
+    }
+  }
+}
+
+void Shard::ReadCheckpointRows(int t, int slot, const int64_t* rows, int64_t n, float* out) {
+  absl::MutexLock l(&mu_);
+  const OpenCheckpoint::Table& table = open_checkpoint_->tables[t];
+  const int64_t dim = tables_[t].dim;
+  DynamicTable* d = dynamic_[t].get();
+  const float* live = nullptr;
+  if (slot >= 0) {
+    live = (d ? d->optimizer() : row_opts_[t].get())->Slots()[slot]->data();
+  } else if (slot != kIdSlot) {
+    live = d ? d->values() : table_values_[t].data();
+  }
+  // Where a row's piece sits in a saved copy (value, slots..., id).
+  const int64_t offset = slot == kIdSlot ? table.row_floats - 2 : dim * (slot < 0 ? 0 : 1 + slot);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = rows[i];
+    const float* saved = nullptr;
+    if (!table.saved.empty()) {
+      auto it = table.saved.find(row);
+      if (it != table.saved.end()) saved = table.copies.data() + it->second + offset;
+    }
+    if (slot == kIdSlot) {
+      int64_t id = 0;
+      if (saved) {
+        std::memcpy(&id, saved, sizeof(id));
+      } else {
+        id = d->id_of(row);
+      }
+      EncodeTableId(id, out + i * kTableIdFloats);
+      continue;
+    }
+    std::copy_n(saved ? saved : live + row * dim, dim, out + i * dim);
+  }
+}
+
+void Shard::CloseCheckpoint() {
+  absl::MutexLock l(&mu_);
+  open_checkpoint_.reset();
+  if (boundary_while_open_) {
+    boundary_while_open_ = false;
+    OpenCheckpointLocked();  // handed out by the next TakePendingCheckpoint
+  }
 }
 
 absl::Status Shard::Restore(const ShardCheckpoint& c) {

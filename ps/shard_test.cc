@@ -418,13 +418,13 @@ TEST(ShardCheckpointTest, SnapshotsExactlyAtEveryNSteps) {
   std::vector<int64_t> taken;
   for (int i = 0; i < 7; ++i) {
     ASSERT_TRUE(shard->Push({0, shard->version(), i + 1}, g).ok());
-    if (auto c = shard->TakePendingCheckpoint()) taken.push_back(c->version);
+    if (auto c = shard->TakePendingCheckpoint()) taken.push_back(c->fields().version);
   }
   EXPECT_EQ(taken, (std::vector<int64_t>{3, 6}));
 }
 
 // Values and optimizer slots, bit for bit.
-std::string StateBytes(const Shard& shard) {
+std::string StateBytes(Shard& shard) {
   ShardCheckpoint c = shard.Checkpoint();
   std::string out;
   auto add = [&](const std::vector<float>& v) {
