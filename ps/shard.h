@@ -199,6 +199,9 @@ struct ShardStatsSnapshot {
   // since it started; whether the latest failed; the latest failure's message
   // (kept after a later success).
   int64_t checkpoint_failures = 0;
+  // Table rows an update changed while a checkpoint holding them was open,
+  // so copied first (the extra memory of checkpoints: see StartCheckpoint).
+  int64_t checkpoint_rows_copied = 0;
   bool checkpoint_failing = false;
   std::string checkpoint_error;
   // Dynamic tables, all of them: rows held now, rows evicted (maxRows).

@@ -217,6 +217,7 @@ void Shard::SaveRowsLocked(int t, const std::vector<int64_t>& rows) {
     if (slots.empty()) slots = (d ? d->optimizer() : row_opts_[t].get())->Slots();
     const int64_t at = static_cast<int64_t>(table.copies.size());
     table.saved.emplace(row, at);
+    ++stats_.checkpoint_rows_copied;
     table.copies.resize(static_cast<size_t>(at + table.row_floats));
     float* out = table.copies.data() + at;
     out = std::copy_n(values + row * dim, dim, out);
