@@ -2,8 +2,16 @@
 
 #include <zlib.h>
 
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <utility>
+
+#include "absl/base/config.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,11 +21,6 @@ namespace {
 
 constexpr size_t kVersionAndLengthBytes = 4 + 8;
 constexpr size_t kTrailerBytes = 4;
-
-uint32_t Crc32(std::string_view data) {
-  return static_cast<uint32_t>(
-      ::crc32_z(0L, reinterpret_cast<const Bytef*>(data.data()), data.size()));
-}
 
 }  // namespace
 
@@ -57,27 +60,67 @@ absl::Status WriteFramedFile(const std::string& path, std::string_view magic, ui
   });
 }
 
-absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_view magic,
-                                           uint32_t version, std::string_view what) {
-  absl::StatusOr<std::string> file = ReadWholeFile(path);
-  if (!file.ok()) return file.status();
-  const std::string_view data = *file;
+namespace {
+
+// Reads exactly n bytes at the file offset; DataLoss if the file ends first
+// (it shrank while it was read).
+absl::Status ReadFully(int fd, const std::string& path, char* out, size_t n) {
+  size_t off = 0;
+  while (off < n) {
+    ssize_t got = ::read(fd, out + off, n - off);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      return absl::InternalError(absl::StrCat(path, ": cannot read: ", std::strerror(errno)));
+    }
+    if (got == 0) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": truncated: the file shrank while it was read"));
+    }
+    off += static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
+
+}  // namespace
+
+absl::Status ReadFramedFile(const std::string& path, std::string_view magic, uint32_t version,
+                            std::string_view what,
+                            const std::function<absl::Status(BinaryReader&)>& decode) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));
+    return err == ENOENT ? absl::NotFoundError(msg) : absl::InternalError(msg);
+  }
+  FdCloser closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
   const size_t header_bytes = magic.size() + kVersionAndLengthBytes;
   const size_t min_bytes = header_bytes + kTrailerBytes;
   auto data_loss = [&path](const auto&... parts) {
     return absl::DataLossError(absl::StrCat(path, ": ", parts...));
   };
 
-  if (data.substr(0, magic.size()) != magic) {
-    if (data.size() < magic.size() && magic.substr(0, data.size()) == data) {
-      return data_loss("truncated: expected at least ", min_bytes, " bytes, found ", data.size());
+  std::string head(static_cast<size_t>(std::min<uint64_t>(size, header_bytes)), '\0');
+  if (absl::Status read = ReadFully(fd, path, head.data(), head.size()); !read.ok()) return read;
+  if (std::string_view(head).substr(0, magic.size()) != magic) {
+    if (size < magic.size() && magic.substr(0, head.size()) == head) {
+      return data_loss("truncated: expected at least ", min_bytes, " bytes, found ", size);
     }
     return data_loss("not a kubetrain ", std::string(what), " (bad magic)");
   }
-  if (data.size() < min_bytes) {
-    return data_loss("truncated: expected at least ", min_bytes, " bytes, found ", data.size());
+  if (size < min_bytes) {
+    return data_loss("truncated: expected at least ", min_bytes, " bytes, found ", size);
   }
-  BinaryReader header(data.substr(magic.size(), kVersionAndLengthBytes));
+  BinaryReader header(std::string_view(head).substr(magic.size()));
   uint32_t format = 0;
   uint64_t payload_len = 0;
   header.GetU32(&format).IgnoreError();  // cannot fail: the size is checked above
@@ -86,30 +129,57 @@ absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_
     return data_loss("unsupported ", std::string(what), " format version ", format,
                      " (this build reads version ", version, ")");
   }
-  if (payload_len > data.size()) {  // also keeps the sum below from overflowing
+  if (payload_len > size) {  // also keeps the sum below from overflowing
     return data_loss("truncated (or a damaged header): the header promises a payload of ",
-                     payload_len, " bytes, the file has ", data.size(), " bytes in all");
+                     payload_len, " bytes, the file has ", size, " bytes in all");
   }
   const uint64_t expected = header_bytes + payload_len + kTrailerBytes;
-  if (data.size() < expected) {
-    return data_loss("truncated: expected ", expected, " bytes, found ", data.size());
+  if (size < expected) {
+    return data_loss("truncated: expected ", expected, " bytes, found ", size);
   }
-  if (data.size() > expected) {
-    return data_loss("corrupt: expected ", expected, " bytes, found ", data.size(),
+  if (size > expected) {
+    return data_loss("corrupt: expected ", expected, " bytes, found ", size,
                      " (trailing data or a damaged header)");
   }
-  const std::string_view payload = data.substr(header_bytes, payload_len);
-  BinaryReader trailer(data.substr(header_bytes + payload_len));
-  uint32_t stored_crc = 0;
-  trailer.GetU32(&stored_crc).IgnoreError();  // cannot fail: the size is checked above
-  const uint32_t crc = Crc32(payload);
-  if (crc != stored_crc) {
-    return absl::DataLossError(absl::StrFormat("%s: checksum mismatch (stored %08x, computed %08x)",
-                                               path, stored_crc, crc));
+
+  uLong crc = ::crc32_z(0L, Z_NULL, 0);
+  BinaryReader payload(
+      [&](char* out, size_t n) {
+        absl::Status read = ReadFully(fd, path, out, n);
+        if (read.ok()) crc = ::crc32_z(crc, reinterpret_cast<const Bytef*>(out), n);
+        return read;
+      },
+      payload_len);
+  const absl::Status decoded = decode(payload);
+  // The checksum covers the whole payload, whatever `decode` read of it.
+  std::string rest(static_cast<size_t>(std::min<uint64_t>(payload.remaining(), 1 << 20)), '\0');
+  while (payload.remaining() > 0) {
+    const uint64_t n = std::min<uint64_t>(payload.remaining(), rest.size());
+    if (absl::Status read = payload.GetRaw(rest.data(), n, "the payload"); !read.ok()) return read;
   }
-  file->erase(0, header_bytes);
-  file->resize(payload_len);
-  return file;
+  char trailer_bytes[kTrailerBytes];
+  if (absl::Status read = ReadFully(fd, path, trailer_bytes, kTrailerBytes); !read.ok()) {
+    return read;
+  }
+  BinaryReader trailer(std::string_view(trailer_bytes, kTrailerBytes));
+  uint32_t stored_crc = 0;
+  trailer.GetU32(&stored_crc).IgnoreError();  // cannot fail: 4 bytes
+  if (static_cast<uint32_t>(crc) != stored_crc) {
+    return absl::DataLossError(absl::StrFormat("%s: checksum mismatch (stored %08x, computed %08x)",
+                                               path, stored_crc, static_cast<uint32_t>(crc)));
+  }
+  return decoded;
+}
+
+absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_view magic,
+                                           uint32_t version, std::string_view what) {
+  std::string out;
+  absl::Status read = ReadFramedFile(path, magic, version, what, [&out](BinaryReader& r) {
+    out.resize(static_cast<size_t>(r.remaining()));
+    return r.GetRaw(out.data(), out.size(), "the payload");
+  });
+  if (!read.ok()) return read;
+  return out;
 }
 
 // ---------------------------------------------------------------------------
@@ -192,12 +262,30 @@ void BinaryWriter::PutRawFloats(const float* v, size_t count) {
 // BinaryReader.
 
 absl::Status BinaryReader::EndsEarly(std::string_view what) const {
-  return absl::DataLossError(
-      absl::StrCat("payload ends early at byte ", pos_, " (reading ", std::string(what), ")"));
+  return absl::DataLossError(absl::StrCat("payload ends early at byte ", position(), " (reading ",
+                                          std::string(what), ")"));
+}
+
+bool BinaryReader::Ensure(size_t n) {
+  if (in_.size() - pos_ >= n) return true;
+  if (!more_ || !read_status_.ok()) return false;
+  // Keep the bytes not used yet, then read at least n in all (about 1 MiB).
+  std::string next(in_.substr(pos_));
+  consumed_ += pos_;
+  const uint64_t want =
+      std::min<uint64_t>(total_ - consumed_, std::max<uint64_t>(n, uint64_t{1} << 20));
+  const size_t have = next.size();
+  next.resize(static_cast<size_t>(want));
+  read_status_ = more_(next.data() + have, next.size() - have);
+  window_ = std::move(next);
+  in_ = std::string_view(window_.data(), read_status_.ok() ? window_.size() : have);
+  pos_ = 0;
+  return read_status_.ok() && in_.size() >= n;
 }
 
 absl::Status BinaryReader::GetU32(uint32_t* v) {
   if (remaining() < 4) return EndsEarly("4-byte integer");
+  if (!Ensure(4)) return read_status_;
   *v = 0;
   for (int i = 0; i < 4; ++i)
     *v |= static_cast<uint32_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
@@ -207,6 +295,7 @@ absl::Status BinaryReader::GetU32(uint32_t* v) {
 
 absl::Status BinaryReader::GetU64(uint64_t* v) {
   if (remaining() < 8) return EndsEarly("8-byte integer");
+  if (!Ensure(8)) return read_status_;
   *v = 0;
   for (int i = 0; i < 8; ++i)
     *v |= static_cast<uint64_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
@@ -232,9 +321,8 @@ absl::Status BinaryReader::GetString(std::string* s) {
   uint32_t n = 0;
   if (absl::Status st = GetU32(&n); !st.ok()) return st;
   if (n > remaining()) return EndsEarly(absl::StrCat("string of ", n, " bytes"));
-  s->assign(in_.data() + pos_, n);
-  pos_ += n;
-  return absl::OkStatus();
+  s->resize(n);
+  return GetRaw(s->data(), n, "a string");
 }
 
 absl::Status BinaryReader::GetFloats(std::vector<float>* v) {
@@ -242,18 +330,45 @@ absl::Status BinaryReader::GetFloats(std::vector<float>* v) {
   if (absl::Status st = GetU64(&n); !st.ok()) return st;
   if (n > remaining() / 4) return EndsEarly(absl::StrCat("tensor of ", n, " floats"));
   v->resize(n);
-  for (uint64_t i = 0; i < n; ++i) {
-    uint32_t bits = 0;
-    GetU32(&bits).IgnoreError();  // cannot fail: checked above
-    std::memcpy(&(*v)[i], &bits, 4);
+  // The file holds little-endian IEEE-754 bits: read as they are, then put
+  // in host order (nothing to do on a little-endian host).
+  if (absl::Status st = GetRaw(reinterpret_cast<char*>(v->data()), 4 * n, "floats"); !st.ok()) {
+    return st;
   }
+#ifdef ABSL_IS_BIG_ENDIAN
+  for (float& f : *v) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &f, 4);
+    bits = __builtin_bswap32(bits);
+    std::memcpy(&f, &bits, 4);
+  }
+#endif
   return absl::OkStatus();
 }
 
 absl::Status BinaryReader::GetBytes(uint64_t n, std::string_view* bytes, std::string_view what) {
   if (n > remaining()) return EndsEarly(absl::StrCat(n, " bytes of ", std::string(what)));
+  if (!Ensure(static_cast<size_t>(n))) return read_status_;
   *bytes = in_.substr(pos_, n);
   pos_ += n;
+  return absl::OkStatus();
+}
+
+absl::Status BinaryReader::GetRaw(char* out, uint64_t n, std::string_view what) {
+  if (n > remaining()) return EndsEarly(absl::StrCat(n, " bytes of ", std::string(what)));
+  const size_t from_window = static_cast<size_t>(std::min<uint64_t>(n, in_.size() - pos_));
+  std::memcpy(out, in_.data() + pos_, from_window);
+  pos_ += from_window;
+  if (from_window == n) return absl::OkStatus();
+  // A streaming reader's window is used up: the rest straight from the source.
+  if (!more_ || !read_status_.ok()) return read_status_.ok() ? EndsEarly(what) : read_status_;
+  consumed_ += pos_;
+  window_.clear();
+  in_ = std::string_view();
+  pos_ = 0;
+  read_status_ = more_(out + from_window, static_cast<size_t>(n - from_window));
+  if (!read_status_.ok()) return read_status_;
+  consumed_ += n - from_window;
   return absl::OkStatus();
 }
 

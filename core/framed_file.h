@@ -68,6 +68,19 @@ inline constexpr const char* kFramedFileTempInfix = kTempFileInfix;
 absl::StatusOr<std::string> ReadFramedFile(const std::string& path, std::string_view magic,
                                            uint32_t version, std::string_view what);
 
+class BinaryReader;
+// The same checks, with the payload given to `decode` through a reader that
+// reads the file about 1 MiB at a time, so a large payload never exists in
+// memory as a whole: `decode` reads its fields straight into where they go.
+// The checksum is computed as the bytes go by and checked after `decode`
+// returns (over the whole payload, whatever `decode` read), so `decode` must
+// not act on what it read until this returns OK. A checksum mismatch is
+// reported before any error of `decode` (a damaged file reads as one); then
+// `decode`'s error, returned as it is.
+absl::Status ReadFramedFile(const std::string& path, std::string_view magic, uint32_t version,
+                            std::string_view what,
+                            const std::function<absl::Status(BinaryReader&)>& decode);
+
 // Appends little-endian fields to a payload: in memory (data()), or passed
 // on to a sink in pieces of about 1 MiB, or only counted (size()).
 class BinaryWriter {
@@ -122,14 +135,18 @@ class BinaryWriter {
 };
 
 // Reads the fields BinaryWriter writes, in order, from a payload it does not
-// own. Every Get* checks the bytes left before it reads or allocates (a count
-// can never make it allocate more than the payload could hold) and on
-// failure returns DataLossError("payload ends early at byte P (reading X)")
-// and leaves the output unspecified; callers typically stop at the first
-// error and prefix it with "<path>: corrupt: ".
+// own, or from one read a piece at a time (a streaming reader, made by
+// ReadFramedFile for its `decode`). Every Get* checks the bytes left before it reads or allocates
+// (a count can never make it allocate more than the payload could hold) and on failure returns
+// DataLossError("payload ends early at byte P (reading X)") and leaves the output unspecified;
+// callers typically stop at the first error and prefix it with "<path>: corrupt: ".
 class BinaryReader {
  public:
-  explicit BinaryReader(std::string_view in) : in_(in) {}
+  explicit BinaryReader(std::string_view in) : in_(in), total_(in.size()) {}
+  // A streaming reader of a payload of `total` bytes: `more(out, n)` reads
+  // the next n bytes of it (its error is returned by the Get* that needed them).
+  BinaryReader(std::function<absl::Status(char* out, size_t n)> more, uint64_t total)
+      : more_(std::move(more)), total_(total) {}
 
   absl::Status GetU32(uint32_t* v);
   absl::Status GetU64(uint64_t* v);
@@ -137,8 +154,11 @@ class BinaryReader {
   absl::Status GetI64(int64_t* v);
   absl::Status GetString(std::string* s);
   absl::Status GetFloats(std::vector<float>* v);
-  // The next n bytes, as a view into the payload.
+  // The next n bytes, as a view into the payload (a streaming reader's view
+  // is valid until its next call).
   absl::Status GetBytes(uint64_t n, std::string_view* bytes, std::string_view what);
+  // The next n bytes copied to `out`.
+  absl::Status GetRaw(char* out, uint64_t n, std::string_view what);
   // A u32 count of items that each take at least `min_item_bytes` (> 0) of
   // the payload; fails if the rest of the payload cannot hold that many.
   // `what` names the items in the error ("7 part names").
@@ -147,14 +167,23 @@ class BinaryReader {
   // byte has been read.
   absl::Status ExpectEnd() const;
 
-  size_t position() const { return pos_; }
-  size_t remaining() const { return in_.size() - pos_; }
+  uint64_t position() const { return consumed_ + pos_; }
+  uint64_t remaining() const { return total_ - position(); }
 
  private:
   absl::Status EndsEarly(std::string_view what) const;
+  // Makes the next n (<= remaining()) bytes readable in in_; false (and
+  // read_status_ says why) if the source failed.
+  bool Ensure(size_t n);
 
-  std::string_view in_;
-  size_t pos_ = 0;
+  std::string_view in_;  // payload bytes [consumed_, consumed_ + in_.size())
+  size_t pos_ = 0;       // into in_
+  // Streaming readers: the source, and the bytes read from it not yet used.
+  std::function<absl::Status(char*, size_t)> more_;
+  std::string window_;
+  absl::Status read_status_;
+  uint64_t total_ = 0;
+  uint64_t consumed_ = 0;  // bytes before in_
 };
 
 }  // namespace kubetrain

@@ -84,6 +84,75 @@ TEST(FramedFileTest, StreamedPayloadIsTheSameFile) {
   EXPECT_TRUE(absl::IsNotFound(Read(dir + "/c").status()));
 }
 
+// ReadFramedFile with a decode callback reads the file a piece at a time:
+// fields across the pieces' edges decode as from memory, the checksum still
+// covers every byte, and a damaged file reads as one before decode's error.
+TEST(FramedFileTest, StreamedDecodeReadsFieldsAcrossPiecesAndChecksEveryByte) {
+  const std::string path = NewTestDir("framed") + "/f.bin";
+  std::vector<float> big(600000), small(3);  // 2.4 MB: past two 1 MiB pieces
+  for (size_t i = 0; i < big.size(); ++i) big[i] = 0.25f * static_cast<float>(i) - 3;
+  small = {-0.0f, std::numeric_limits<float>::infinity(), 1.5f};
+  auto encode = [&](BinaryWriter& w) {
+    w.PutString("head");
+    for (int i = 0; i < 300000; ++i) w.PutU32(static_cast<uint32_t>(i * 7));  // 1.2 MB of u32s
+    w.PutFloats(big);
+    w.PutString(std::string(70000, 'x'));
+    w.PutFloats(small);
+    w.PutI64(-9);
+  };
+  ASSERT_TRUE(WriteFramedFile(path, kMagic, kVersion, encode).ok());
+  std::string head, xs;
+  std::vector<float> big_read, small_read;
+  int64_t last = 0;
+  bool u32s_ok = true;
+  auto decode = [&](BinaryReader& r) -> absl::Status {
+    if (absl::Status st = r.GetString(&head); !st.ok()) return st;
+    for (int i = 0; i < 300000; ++i) {
+      uint32_t v = 0;
+      if (absl::Status st = r.GetU32(&v); !st.ok()) return st;
+      u32s_ok = u32s_ok && v == static_cast<uint32_t>(i * 7);
+    }
+    if (absl::Status st = r.GetFloats(&big_read); !st.ok()) return st;
+    if (absl::Status st = r.GetString(&xs); !st.ok()) return st;
+    if (absl::Status st = r.GetFloats(&small_read); !st.ok()) return st;
+    if (absl::Status st = r.GetI64(&last); !st.ok()) return st;
+    return r.ExpectEnd();
+  };
+  ASSERT_TRUE(ReadFramedFile(path, kMagic, kVersion, "test file", decode).ok());
+  EXPECT_EQ(head, "head");
+  EXPECT_TRUE(u32s_ok);
+  EXPECT_EQ(big_read, big);
+  EXPECT_EQ(xs, std::string(70000, 'x'));
+  ASSERT_EQ(small_read.size(), 3u);
+  EXPECT_TRUE(std::signbit(small_read[0]));
+  EXPECT_EQ(small_read[1], small[1]);
+  EXPECT_EQ(last, -9);
+  // And the whole payload as one string, through the same reader.
+  auto whole = Read(path);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->size(), ReadFile(path).size() - kFrameBytes);
+
+  // A byte flipped where decode never reads (it stops early) is still found.
+  const std::string good = ReadFile(path);
+  FlipByte(path, good.size() - 100, 0x01);
+  auto stop_early = [](BinaryReader& r) {
+    std::string s;
+    return r.GetString(&s);
+  };
+  absl::Status st = ReadFramedFile(path, kMagic, kVersion, "test file", stop_early);
+  EXPECT_CONTAINS(std::string(st.message()), path + ": checksum mismatch (stored ");
+  // A flipped count makes decode fail; the checksum mismatch is what is reported.
+  WriteFile(path, good);
+  FlipByte(path, kFrameBytes - 4 + 8 + 1200000 + 7, 0x40);  // the top byte of big's count
+  st = ReadFramedFile(path, kMagic, kVersion, "test file", decode);
+  EXPECT_CONTAINS(std::string(st.message()), path + ": checksum mismatch (stored ");
+  // An intact file whose decode fails returns decode's error as it is.
+  WriteFile(path, good);
+  st = ReadFramedFile(path, kMagic, kVersion, "test file",
+                      [](BinaryReader&) { return absl::FailedPreconditionError("no thanks"); });
+  EXPECT_EQ(st, absl::FailedPreconditionError("no thanks"));
+}
+
 TEST(FramedFileTest, EmptyPayloadAndOverwrite) {
   const std::string path = NewTestDir("framed") + "/f.bin";
   ASSERT_TRUE(WriteFramedFile(path, kMagic, kVersion, "first").ok());

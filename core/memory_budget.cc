@@ -173,8 +173,10 @@ PsMemory EstimatePsMemory(const TrainingJob& job, const Placement& placement, in
     m.dynamic_rows += rows;
     m.bookkeeping_bytes += DynamicTableBookkeepingBytes(rows);
   }
-  // A snapshot copies the rows and slots, and a dynamic table's ids (three floats each).
-  const int64_t snapshot = checkpoints ? m.table_bytes + m.dynamic_rows * 3 * 4 : 0;
+  // A checkpoint reads table rows in place (ps/shard.h); of a dynamic table
+  // it copies the recency list (4 bytes a slab row) and walks it into the
+  // rows' order (8 bytes a row).
+  const int64_t snapshot = checkpoints ? m.dynamic_rows * (4 + 8) : 0;
   m.total_bytes = m.dense_bytes * PsCopies(job) + m.table_bytes + m.bookkeeping_bytes + snapshot;
   return m;
 }
@@ -265,13 +267,14 @@ std::string PsBreakdown(const TrainingJob& job, const PsMemory& m) {
                                  checkpoints ? ", and a checkpoint snapshot" : ""));
   }
   if (m.table_bytes > 0) {
-    parts.push_back(absl::StrCat(FormatBytes(m.table_bytes),
-                                 " of table rows with their optimizer slots",
-                                 checkpoints ? " (twice: and a checkpoint snapshot)" : ""));
+    parts.push_back(
+        absl::StrCat(FormatBytes(m.table_bytes), " of table rows with their optimizer slots"));
   }
   if (m.dynamic_rows > 0) {
-    parts.push_back(absl::StrCat(FormatBytes(m.bookkeeping_bytes), " to index ", m.dynamic_rows,
-                                 " dynamic table rows (ids, LRU links, hash map)"));
+    parts.push_back(
+        absl::StrCat(FormatBytes(m.bookkeeping_bytes), " to index ", m.dynamic_rows,
+                     " dynamic table rows (ids, LRU links, hash map)",
+                     checkpoints ? ", 12 bytes a row more while a checkpoint is written" : ""));
   }
   return absl::StrJoin(parts, "; ");
 }

@@ -12,10 +12,12 @@
 //               more for the checkpoint snapshot when checkpoints are on;
 //               its rows of every table (a bounded dynamic table: its maxRows
 //               share; an unbounded one cannot be counted ahead) x (1 + the
-//               table optimizer's slots), twice with checkpoints (sparse
-//               gradients and their sync sums are only the touched rows);
-//               and a dynamic table's bookkeeping per row
-//               (DynamicTableBookkeepingBytes), plus its ids in a snapshot;
+//               table optimizer's slots), once even with checkpoints (they
+//               read the rows in place: ps/shard.h; sparse gradients and
+//               their sync sums are only the touched rows); and a dynamic
+//               table's bookkeeping per row (DynamicTableBookkeepingBytes),
+//               plus 12 bytes a row while a checkpoint is written (its
+//               recency list and row order);
 //   worker / chief / evaluator: the whole model x 2 (parameters + gradients),
 //               plus one training step's activations at batchSize: every
 //               layer's output, conv2d's im2col patches (and the same again

@@ -138,8 +138,7 @@ void EncodePayload(CheckpointSource& source, BinaryWriter& w) {
 }
 
 // Decodes the fields only; the caller checks their consistency.
-absl::Status DecodePayload(std::string_view payload, ShardCheckpoint* c) {
-  BinaryReader r(payload);
+absl::Status DecodePayload(BinaryReader& r, ShardCheckpoint* c) {
   int32_t shard = 0;
   KT_RETURN_IF_ERROR(r.GetString(&c->job_name));
   KT_RETURN_IF_ERROR(r.GetString(&c->model_fingerprint));
@@ -302,12 +301,17 @@ absl::Status WriteShardCheckpoint(const std::string& dir, CheckpointSource& sour
 }
 
 absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path) {
-  auto payload = ReadFramedFile(path, kMagic, kFormatVersion, "checkpoint");
-  if (!payload.ok()) return payload.status();
+  // Decoded straight from the file into the vectors: no copy of the file in memory.
   ShardCheckpoint c;
-  if (absl::Status st = DecodePayload(*payload, &c); !st.ok()) {
-    return absl::DataLossError(absl::StrCat(path, ": corrupt: ", st.message()));
-  }
+  absl::Status read = ReadFramedFile(
+      path, kMagic, kFormatVersion, "checkpoint", [&c, &path](BinaryReader& r) -> absl::Status {
+        absl::Status st = DecodePayload(r, &c);
+        if (st.ok() || !absl::IsDataLoss(st) || absl::StartsWith(st.message(), path)) {
+          return st;
+        }
+        return absl::DataLossError(absl::StrCat(path, ": corrupt: ", st.message()));
+      });
+  if (!read.ok()) return read;
   if (c.values.size() != c.part_names.size() || c.slots.size() != c.part_names.size()) {
     return absl::DataLossError(absl::StrCat(path, ": inconsistent: ", c.part_names.size(),
                                             " part names, ", c.values.size(), " value tensors, ",

@@ -142,7 +142,7 @@ DynamicTable::Rows DynamicTable::Export() const {
   return out;
 }
 
-absl::Status DynamicTable::Import(const Rows& rows) {
+absl::Status DynamicTable::Import(Rows rows) {
   const size_t n = rows.ids.size();
   if (rows.values.size() != n * dim_) {
     return absl::FailedPreconditionError(absl::StrCat(rows.values.size(), " values for ", n,
@@ -165,20 +165,18 @@ absl::Status DynamicTable::Import(const Rows& rows) {
       return absl::FailedPreconditionError(absl::StrCat("id ", rows.ids[i], " appears twice"));
     }
   }
+  // Slab row i is the i-th row of `rows`; the vectors are taken over, so a
+  // restore holds the table once, not twice.
   index_ = std::move(index);
-  ids_.clear();
-  values_.clear();
-  prev_.clear();
-  next_.clear();
+  ids_ = std::move(rows.ids);
+  values_ = std::move(rows.values);
+  auto slots = opt_->Slots();
+  for (size_t k = 0; k < slots.size(); ++k) *slots[k] = std::move(rows.slots[k]);
+  opt_->Resize(static_cast<int64_t>(n), static_cast<int64_t>(n));
+  prev_.assign(n, kNone);
+  next_.assign(n, kNone);
   free_.clear();
   head_ = tail_ = kNone;
-  Grow(static_cast<int64_t>(n));
-  std::copy(rows.ids.begin(), rows.ids.end(), ids_.begin());
-  std::copy(rows.values.begin(), rows.values.end(), values_.begin());
-  auto slots = opt_->Slots();
-  for (size_t k = 0; k < slots.size(); ++k) {
-    std::copy(rows.slots[k].begin(), rows.slots[k].end(), slots[k]->begin());
-  }
   for (size_t i = 0; i < n; ++i) PushFront(static_cast<int32_t>(i));  // the last: most recent
   ++generation_;
   return absl::OkStatus();

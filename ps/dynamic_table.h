@@ -100,7 +100,8 @@ class DynamicTable {
   // slot count; nothing changes otherwise), recency as Export gave it (so
   // an exported and imported table evicts as the original would). Counters
   // are not changed.
-  absl::Status Import(const Rows& rows);
+  // Takes the vectors of `rows` over (no copy).
+  absl::Status Import(Rows rows);
 
  private:
   static constexpr int32_t kNone = -1;

@@ -198,7 +198,7 @@ absl::Status InProcessPs::Restart(std::optional<ShardCheckpoint> from) {
                              config_.job.training.optimizer, clock_, ShardMetrics{});
   if (!fresh.ok()) return fresh.status();
   if (from.has_value()) {
-    if (absl::Status s = (*fresh)->Restore(*from); !s.ok()) return s;
+    if (absl::Status s = (*fresh)->Restore(std::move(*from)); !s.ok()) return s;
   }
   std::shared_ptr<Shard> old;
   std::map<uint64_t, TaskRole> held;

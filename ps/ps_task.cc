@@ -210,14 +210,14 @@ absl::Status PsTask::Restore() {
     return absl::OkStatus();
   }
   if (!ckpt.ok()) return ckpt.status();
-  if (absl::Status s = shard_->Restore(*ckpt); !s.ok()) {
+  const int64_t version = ckpt->version;
+  if (absl::Status s = shard_->Restore(std::move(*ckpt)); !s.ok()) {
     return absl::Status(
         s.code(), absl::StrCat("cannot restore checkpoint of ps:", index_, ": ", s.message()));
   }
   metrics_.checkpoint_restores->Increment();
-  metrics_.restored_version->Set(static_cast<double>(ckpt->version));
-  Log("ps:", index_, " restored version ", ckpt->version, " from ",
-      ShardCheckpointDir(dir, index_));
+  metrics_.restored_version->Set(static_cast<double>(version));
+  Log("ps:", index_, " restored version ", version, " from ", ShardCheckpointDir(dir, index_));
   return absl::OkStatus();
 }
 

@@ -378,8 +378,9 @@ class Shard {
   std::unique_ptr<CheckpointSource> TakePendingCheckpoint(
       absl::Duration wait = absl::ZeroDuration());
   // Loads a checkpoint's state; parts and sizes must match exactly (nothing
-  // is changed otherwise).
-  absl::Status Restore(const ShardCheckpoint& ckpt);
+  // is changed otherwise). Takes its vectors over: pass it with std::move
+  // (a restarting PS then holds its tables once, not twice).
+  absl::Status Restore(ShardCheckpoint ckpt);
 
  private:
   struct Waiter {

@@ -273,7 +273,7 @@ void Shard::CloseCheckpoint() {
   }
 }
 
-absl::Status Shard::Restore(const ShardCheckpoint& c) {
+absl::Status Shard::Restore(ShardCheckpoint c) {
   size_t all = parts_.size() + tables_.size();      // the tables' parts come last
   for (const auto& d : dynamic_) all += d ? 1 : 0;  // "@ids" and "@rows"
   if (c.part_names.size() != all || c.values.size() != all || c.slots.size() != all) {
@@ -306,6 +306,7 @@ absl::Status Shard::Restore(const ShardCheckpoint& c) {
                 enc.size() % kTableIdFloats == 0 &&
                 c.part_names[i + 1] == tables_[t].name + "@rows";
       DynamicTable::Rows rows;
+      rows.ids.reserve(enc.size() / kTableIdFloats);
       for (size_t k = 0; ok && k < enc.size(); k += kTableIdFloats) {
         const int64_t id = DecodeTableId(enc.data() + k);
         ok = TableShardOfRow(id, options_.num_shards) == options_.shard_index;
@@ -317,8 +318,8 @@ absl::Status Shard::Restore(const ShardCheckpoint& c) {
                          " do not match the ids and rows of the dynamic table ", tables_[t].name));
       }
       ++i;
-      rows.values = c.values[i];
-      rows.slots = c.slots[i];
+      rows.values = std::move(c.values[i]);  // c is ours: taken over, not copied
+      rows.slots = std::move(c.slots[i]);
       if (static_cast<int>(rows.slots.size()) != dynamic_[t]->optimizer()->num_slots() ||
           rows.values.size() != rows.ids.size() * tables_[t].dim) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -349,20 +350,20 @@ absl::Status Shard::Restore(const ShardCheckpoint& c) {
   }
   // Everything matches: now load.
   for (size_t i = 0; i < parts_.size(); ++i) {
-    values_[i] = c.values[i];
+    values_[i] = std::move(c.values[i]);
     auto slots = optimizer_->Slots(static_cast<int>(i));
-    for (size_t k = 0; k < slots.size(); ++k) *slots[k] = c.slots[i][k];
+    for (size_t k = 0; k < slots.size(); ++k) *slots[k] = std::move(c.slots[i][k]);
   }
   for (size_t t = 0, i = parts_.size(); t < tables_.size(); ++t, ++i) {
     if (dynamic_[t]) {
-      ++i;                                                            // "@ids", then "@rows"
-      absl::Status imported = dynamic_[t]->Import(*dynamic_rows[t]);  // validated above
+      ++i;  // "@ids", then "@rows"
+      absl::Status imported = dynamic_[t]->Import(std::move(*dynamic_rows[t]));  // validated above
       if (!imported.ok()) return imported;
       continue;
     }
-    table_values_[t] = c.values[i];
+    table_values_[t] = std::move(c.values[i]);
     auto slots = row_opts_[t]->Slots();
-    for (size_t k = 0; k < slots.size(); ++k) *slots[k] = c.slots[i][k];
+    for (size_t k = 0; k < slots.size(); ++k) *slots[k] = std::move(c.slots[i][k]);
   }
   for (const auto& [worker, clock] : c.worker_clocks) {
     if (worker_clock_.count(worker)) worker_clock_[worker] = clock;

@@ -35,9 +35,19 @@
 // values are almost all distinct (an embedding only, not in the planted
 // model), 16.5M training examples: a U table of ~16M rows x 16 dims, sharded
 // over the 4 PS tasks with its Adagrad state (> 2 GiB in all).
+//
+// --checkpoint_every_steps=N: the PS tasks write checkpoints every N steps
+// while training goes on; printed: each PS task's peak resident memory
+// (VmHWM) against its memory at the end, and the worker's step times (the
+// median and the longest: a checkpoint that stopped serving shows there).
+// --kill_ps_at_step=S (with checkpoints): ps-0 is killed (SIGKILL) after step
+// S and started again; it restores its newest checkpoint, the worker goes on
+// (the steps ps-0 lost are done again) and the job finishes; printed: the
+// restart's time to serve and its peak memory, and the steps lost.
 #include <signal.h>
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -47,6 +57,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -89,6 +100,8 @@ struct Flags {
   bool big = false;
   bool scale = false;
   bool keep_temp = false;
+  int64_t checkpoint_every_steps = 0;
+  int64_t kill_ps_at_step = -1;
 };
 
 uint64_t Mix(uint64_t x) {  // splitmix64's finaliser
@@ -182,25 +195,26 @@ std::string JobYaml(const Flags& f, const Generator& g, const std::string& dir, 
     absl::StrAppend(&columns, "        - {name: U, type: categorical, dynamic: true}\n");
     absl::StrAppend(&embeddings, "        - {column: U, dim: ", f.dim, "}\n");
   }
-  return absl::StrCat(R"(apiVersion: kubetrain.io/v1
+  return absl::StrCat(
+      R"(apiVersion: kubetrain.io/v1
 kind: TrainingJob
 metadata:
   name: bench-sparse
 spec:
   replicaSpecs:
     PS: {replicas: )",
-                      f.ps, R"(}
+      f.ps, R"(}
     Worker: {replicas: 1}
   training:
     mode: sync
     model:
       embeddings:
 )",
-                      embeddings, R"(      wide:
+      embeddings, R"(      wide:
         columns: [)",
-                      wide, R"(]
+      wide, R"(]
         optimizer: {type: ftrl, learningRate: )",
-                      f.wide_lr, R"(, l2: 0.001}
+      f.wide_lr, R"(, l2: 0.001}
       layers:
         - {type: dense, units: 32, activation: relu}
         - {type: dense, units: 1}
@@ -208,23 +222,27 @@ spec:
     dataset:
       format: csv
       trainFiles: [)",
-                      dir, R"(/train.csv]
+      dir, R"(/train.csv]
       testFiles: [)",
-                      dir, R"(/test.csv]
+      dir, R"(/test.csv]
       onBadRecord: fail
       columns:
 )",
-                      columns, R"(        - {name: label, type: label, classes: {"0": 0, "1": 1}}
+      columns, R"(        - {name: label, type: label, classes: {"0": 0, "1": 1}}
     optimizer: {type: adagrad, learningRate: )",
-                      f.lr, R"(}
+      f.lr, R"(}
     batchSize: )",
-                      f.batch, R"(
+      f.batch, R"(
     steps: )",
-                      steps, R"(
+      steps, R"(
     seed: )",
-                      f.seed, R"(
+      f.seed, R"(
     startupTimeoutSeconds: 60
-)");
+)",
+      f.checkpoint_every_steps > 0 && !tiny_tables
+          ? absl::StrCat("    checkpoint: {directory: ", dir,
+                         "/checkpoints, everySteps: ", f.checkpoint_every_steps, "}\n")
+          : std::string());
 }
 
 int Fail(const std::string& what, const absl::Status& s) {
@@ -233,10 +251,12 @@ int Fail(const std::string& what, const absl::Status& s) {
 }
 
 // Resident memory of a process, bytes (VmRSS in /proc/<pid>/status).
-int64_t RssBytes(pid_t pid) {
+// A memory figure of a process, bytes: "VmRSS" (resident now) or "VmHWM"
+// (the peak resident) from /proc/<pid>/status.
+int64_t StatusBytes(pid_t pid, absl::string_view field) {
   const std::string status = ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/status"));
   for (absl::string_view line : absl::StrSplit(status, '\n')) {
-    if (!absl::ConsumePrefix(&line, "VmRSS:")) continue;
+    if (!absl::ConsumePrefix(&line, field) || !absl::ConsumePrefix(&line, ":")) continue;
     int64_t kib = 0;
     if (absl::SimpleAtoi(
             absl::StripAsciiWhitespace(absl::StripSuffix(absl::StripAsciiWhitespace(line), "kB")),
@@ -246,6 +266,9 @@ int64_t RssBytes(pid_t pid) {
   }
   return -1;
 }
+
+int64_t RssBytes(pid_t pid) { return StatusBytes(pid, "VmRSS"); }
+int64_t PeakRssBytes(pid_t pid) { return StatusBytes(pid, "VmHWM"); }
 
 // TCP payload bytes sent + received on the established loopback connections
 // to any of `ports` (`ss -ti`: bytes_sent/bytes_received per socket).
@@ -276,8 +299,25 @@ int64_t WireBytes(const std::vector<int>& ports) {
 // dynamic tables hold (GetStats, over a channel of the bench's own).
 struct PsFigures {
   int64_t rss = 0;
+  int64_t peak_rss = 0;  // VmHWM
   int64_t rows = 0;
 };
+
+// The q-quantile (0..1) of `v` (sorted in place), 0 if empty.
+double Quantile(std::vector<double>& v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+}
+
+// Lines of `path` that contain `what`.
+int CountLines(const std::string& path, absl::string_view what) {
+  int n = 0;
+  for (absl::string_view line : absl::StrSplit(ReadFileOrEmpty(path), '\n')) {
+    n += absl::StrContains(line, what) ? 1 : 0;
+  }
+  return n;
+}
 
 int Run(Flags f) {
   if (f.big) {
@@ -453,9 +493,19 @@ int Run(Flags f) {
   int64_t rows_moved = 0, ideal_bytes = 0;
   const int64_t wire_start = WireBytes(ps_ports);
   const double t0 = NowSeconds();
-  for (int64_t step = 0; step < steps; ++step) {
-    auto pulled = client.Pull(/*next_version=*/step > 0, step, model.variables(), &params);
+  // As worker/trainer.cc: the worker's clock counts its steps; the job is
+  // done when every shard reached `steps` (a restarted shard redoes the
+  // steps it lost).
+  std::vector<double> step_seconds;
+  int64_t local_steps = 0, steps_lost = 0;
+  double restart_ready_seconds = -1;
+  int64_t restart_peak_rss = -1;
+  for (bool pushed = false;; pushed = true) {
+    const double step_start = NowSeconds();
+    auto pulled = client.Pull(/*next_version=*/pushed, local_steps, model.variables(), &params);
     if (!pulled.ok()) return Fail("pull: ", pulled.status());
+    steps_lost += pulled->steps_lost;
+    if (pulled->done || pulled->version >= steps) break;
     if (auto s = batcher->Next(spec.batch_size, &x, &y, nullptr, &lookup_ids); !s.ok()) {
       return Fail("data: ", s);
     }
@@ -472,12 +522,31 @@ int Run(Flags f) {
     b.labels = y.data();
     b.size = spec.batch_size;
     b.sparse = &lookups;
-    model.LossAndGradients(params, b, spec.seed ^ static_cast<uint64_t>(step), &grads);
-    auto pushed = client.Push(grads, step + 1, ids);
-    if (!pushed.ok()) return Fail("push: ", pushed.status());
-    if (f.scale && (step + 1) % 500 == 0) {
-      std::fprintf(stderr, "step %lld/%lld, %.0f examples/s\n", static_cast<long long>(step + 1),
-                   static_cast<long long>(steps), (step + 1) * f.batch / (NowSeconds() - t0));
+    model.LossAndGradients(params, b, spec.seed ^ static_cast<uint64_t>(local_steps), &grads);
+    auto pushed_result = client.Push(grads, local_steps + 1, ids);
+    if (!pushed_result.ok()) return Fail("push: ", pushed_result.status());
+    ++local_steps;
+    step_seconds.push_back(NowSeconds() - step_start);
+    if (f.scale && local_steps % 500 == 0) {
+      std::fprintf(stderr, "step %lld/%lld, %.0f examples/s\n", static_cast<long long>(local_steps),
+                   static_cast<long long>(steps), local_steps * f.batch / (NowSeconds() - t0));
+    }
+    if (local_steps == f.kill_ps_at_step) {
+      // ps-0 dies as a node would take it; its restart restores the newest
+      // checkpoint. The worker's next calls retry until it serves again.
+      std::fprintf(stderr, "killing ps-0 after step %lld\n", static_cast<long long>(local_steps));
+      ::kill(ps[0].pid(), SIGKILL);
+      ps[0].WaitOrKill(30);
+      const double restart = NowSeconds();
+      if (auto s = ps[0].Start(f.ps_binary, job_file, TfConfigJson(ps_ports, *worker_port, "ps", 0),
+                               absl::StrCat(*dir, "/ps-0-restarted.log"), {"--insecure"});
+          !s.ok()) {
+        return Fail("restart ps-0: ", s);
+      }
+      if (auto s = ps[0].WaitReady(ps_ports[0], 600); !s.ok()) return Fail("restart ps-0: ", s);
+      restart_ready_seconds = NowSeconds() - restart;
+      restart_peak_rss = PeakRssBytes(ps[0].pid());
+      std::fprintf(stderr, "ps-0 serves again after %.1f s\n", restart_ready_seconds);
     }
   }
   const double train_seconds = NowSeconds() - t0;
@@ -485,7 +554,7 @@ int Run(Flags f) {
 
   // The trained model on the test set (the rows it looks up, as the chief
   // reads them), against the planted one.
-  auto final_pull = client.PullAtLeast(steps, steps, model.variables(), &params);
+  auto final_pull = client.PullAtLeast(steps, local_steps, model.variables(), &params);
   if (!final_pull.ok()) return Fail("final pull: ", final_pull.status());
   const EvalData test_eval(model, *test);
   auto evaluated = test_eval.Evaluate(&client, &params);
@@ -531,6 +600,12 @@ int Run(Flags f) {
     const int64_t base_rows = static_cast<int64_t>(placement.tables.size()) * 16;
     bytes_per_row =
         static_cast<double>(rss - base_rss) / static_cast<double>(table_rows - base_rows);
+  }
+
+  // Every PS task's memory now and at its peak (a checkpoint's copies show there).
+  for (int i = 0; i < num_ps; ++i) {
+    figures[i].rss = RssBytes(ps[i].pid());
+    figures[i].peak_rss = PeakRssBytes(ps[i].pid());
   }
 
   absl::Status left = client.Leave();
@@ -585,6 +660,43 @@ int Run(Flags f) {
       "tables vs %.0f (rows x dim x 4 x 2 + 16 per id): %.3fx\n",
       wire_per_step, static_cast<long long>(dense_bytes), sparse_wire_per_step, ideal_per_step,
       sparse_wire_per_step / ideal_per_step);
+  if (f.checkpoint_every_steps > 0) {
+    int written = 0;
+    double peak_over_end = 0;
+    int64_t peak_max = 0;
+    for (int i = 0; i < num_ps; ++i) {
+      written += CountLines(ps[i].log_path(), "checkpoint at version");
+      std::printf("  ps-%d: peak %.1f MiB resident, %.1f MiB at the end (%.3fx)\n", i,
+                  figures[i].peak_rss / 1048576.0, figures[i].rss / 1048576.0,
+                  static_cast<double>(figures[i].peak_rss) / figures[i].rss);
+      peak_over_end = std::max(peak_over_end, static_cast<double>(figures[i].peak_rss) /
+                                                  static_cast<double>(figures[i].rss));
+      peak_max = std::max(peak_max, figures[i].peak_rss);
+    }
+    if (f.kill_ps_at_step > 0) {
+      written += CountLines(absl::StrCat(*dir, "/ps-0.log"), "checkpoint at version");
+    }
+    const double p50 = Quantile(step_seconds, 0.5) * 1e3, p99 = Quantile(step_seconds, 0.99) * 1e3;
+    const double longest = step_seconds.empty() ? 0 : step_seconds.back() * 1e3;
+    std::printf(
+        "checkpoints: every %lld steps, %d written while training; worker steps: median %.1f "
+        "ms, p99 %.1f ms, longest %.1f ms\n",
+        static_cast<long long>(f.checkpoint_every_steps), written, p50, p99, longest);
+    if (f.kill_ps_at_step > 0) {
+      std::printf(
+          "ps-0 killed after step %lld: served again %.1f s after its restart (peak %.1f MiB "
+          "resident while restoring); %lld steps lost and done again; %lld steps in all\n",
+          static_cast<long long>(f.kill_ps_at_step), restart_ready_seconds,
+          restart_peak_rss / 1048576.0, static_cast<long long>(steps_lost),
+          static_cast<long long>(local_steps));
+    }
+    std::printf(
+        "checkpoints_written=%d ps_peak_rss_max_mib=%.1f ps_peak_over_end_max=%.3f "
+        "step_ms_p50=%.1f step_ms_p99=%.1f step_ms_max=%.1f restart_ready_s=%.1f "
+        "restart_peak_rss_mib=%.1f steps_lost=%lld\n",
+        written, peak_max / 1048576.0, peak_over_end, p50, p99, longest, restart_ready_seconds,
+        restart_peak_rss / 1048576.0, static_cast<long long>(steps_lost));
+  }
   std::printf("test AUC: trained %.4f, planted %.4f (%.4f of it); accuracy %.4f, log loss %.4f\n",
               trained_auc, planted_auc, trained_auc / planted_auc, m.accuracy.value_or(0),
               m.log_loss.value_or(0));
@@ -638,6 +750,10 @@ int main(int argc, char** argv) {
               "the scale run: --dynamic --uid, 4 PS, dim 16, 8 categorical columns (spaces up to "
               "1e6), 16.5M training examples, batch 2048: ~16M rows x 16 dims of U");
   parser.Bool("keep_temp", &flags.keep_temp, "keep the temp dir (data, job files, PS logs)");
+  parser.Int("checkpoint_every_steps", &flags.checkpoint_every_steps,
+             "PS checkpoints every this many steps while training (0: none)");
+  parser.Int("kill_ps_at_step", &flags.kill_ps_at_step,
+             "with checkpoints: SIGKILL ps-0 after this step and start it again (-1: never)");
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
   kubetrain::InitProcess(kubetrain::ProcessProfile::kDefault);
   return kubetrain::bench::Run(flags);
