@@ -518,11 +518,9 @@ bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
 void Shard::StepLocked() {
   SetVersionLocked(version_ + 1);
   if (options_.checkpoint_every_steps > 0 && version_ % options_.checkpoint_every_steps == 0) {
-    if (open_checkpoint_ && open_checkpoint_->handed_out) {
-      boundary_while_open_ = true;  // taken when the open one closes
-    } else {
-      OpenCheckpointLocked();
-    }
+    // Exactly at the boundary, even while the previous one is being written
+    // (a newer boundary replaces one not handed out yet).
+    pending_checkpoint_ = OpenCheckpointLocked();
   }
 }
 

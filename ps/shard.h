@@ -152,8 +152,7 @@ struct ShardOptions {
   absl::Duration barrier_timeout = absl::ZeroDuration();  // 0: wait forever
   int64_t incarnation = 1;                                // unique per start of the PS task
   // > 0: take a checkpoint at every multiple of this version, exactly (see
-  // TakePendingCheckpoint), so a restart loses at most this many steps (plus
-  // the steps done while the previous one was still being written).
+  // TakePendingCheckpoint), so a restart loses at most this many steps.
   int64_t checkpoint_every_steps = 0;
   std::string job_name;
   std::string fingerprint;
@@ -365,16 +364,18 @@ class Shard {
   // A checkpoint of the shard as it is now, read in place while the shard
   // goes on serving and training (see the top of this file): its fields and
   // dense parts are copied now; table rows are read under the lock one chunk
-  // at a time by the source's Read. At most one is open: nullptr while
-  // another is. The shard must outlive it; destroying it closes it.
+  // at a time by the source's Read. One is handed out at a time: nullptr
+  // while another is. It supersedes a boundary's checkpoint not handed out
+  // yet. The shard must outlive it; destroying it closes it.
   std::unique_ptr<CheckpointSource> StartCheckpoint();
   // A whole copy of the state in memory (tests, in-process restarts): waits
   // for an open checkpoint to close first.
   ShardCheckpoint Checkpoint();
   // The checkpoint taken at the last checkpoint_every_steps boundary and not
-  // yet handed out, if any. Waits up to `wait` for one, so the writer wakes
-  // the moment a boundary is crossed. A boundary crossed while the previous
-  // checkpoint is still open is taken as soon as that one closes.
+  // yet handed out, if any (none while another is handed out). Waits up to
+  // `wait` for one, so the writer wakes the moment a boundary is crossed. A
+  // boundary crossed while the previous checkpoint is still being written is
+  // taken at that version all the same (both keep the rows they hold).
   std::unique_ptr<CheckpointSource> TakePendingCheckpoint(
       absl::Duration wait = absl::ZeroDuration());
   // Loads a checkpoint's state; parts and sizes must match exactly (nothing
@@ -440,17 +441,19 @@ class Shard {
       int32_t tail = -1;
     };
     std::vector<Table> tables;
-    bool handed_out = false;
   };
-  // Takes a checkpoint of the current state (replacing one not handed out).
-  void OpenCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The image of the open checkpoint, which is marked handed out.
-  std::unique_ptr<CheckpointSource> HandOutCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Copy-on-write: rows of table `t` about to change are saved first if the
-  // open checkpoint holds them and has not saved them yet.
+  // A checkpoint of the current state.
+  std::unique_ptr<OpenCheckpoint> OpenCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `open` the checkpoint handed out (written_checkpoint_): its image.
+  std::unique_ptr<CheckpointSource> HandOutLocked(std::unique_ptr<OpenCheckpoint> open)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copy-on-write: rows of table `t` about to change are saved first by each
+  // open checkpoint that holds them and has not saved them yet.
   void SaveRowLocked(int t, int64_t row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SaveRowsLocked(int t, const std::vector<int64_t>& rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The open checkpoint's `rows` of table `t` (local or slab rows): their
+  void SaveRowsLocked(int t, const std::vector<int64_t>& rows, OpenCheckpoint::Table& table)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The handed-out checkpoint's `rows` of table `t` (local or slab rows): their
   // value (slot < 0), optimizer slot `slot`, or encoded id (slot == kIdSlot).
   static constexpr int kIdSlot = -2;
   void ReadCheckpointRows(int t, int slot, const int64_t* rows, int64_t n, float* out);
@@ -518,10 +521,10 @@ class Shard {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::string read_only_reason_ ABSL_GUARDED_BY(mu_);  // "" = not read-only
   ShardStatsSnapshot stats_ ABSL_GUARDED_BY(mu_);
-  // The checkpoint taken and not yet closed, if any (see OpenCheckpoint).
-  std::unique_ptr<OpenCheckpoint> open_checkpoint_ ABSL_GUARDED_BY(mu_);
-  // A boundary was crossed while the open checkpoint was handed out.
-  bool boundary_while_open_ ABSL_GUARDED_BY(mu_) = false;
+  // Open checkpoints (see OpenCheckpoint): the one handed out (being
+  // written), and the last boundary's not handed out yet.
+  std::unique_ptr<OpenCheckpoint> written_checkpoint_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<OpenCheckpoint> pending_checkpoint_ ABSL_GUARDED_BY(mu_);
   // The snapshot of `snapshot_version_`, shared by every pull of that version;
   // its buffer is reused for a later version once no pull still reads it
   // (snapshot_pool_).

@@ -110,9 +110,9 @@ class ShardImage : public CheckpointSource {
 
 std::unique_ptr<CheckpointSource> Shard::StartCheckpoint() {
   absl::MutexLock l(&mu_);
-  if (open_checkpoint_ && open_checkpoint_->handed_out) return nullptr;
-  OpenCheckpointLocked();  // the current state, not an older pending one
-  return HandOutCheckpointLocked();
+  if (written_checkpoint_) return nullptr;
+  pending_checkpoint_.reset();  // superseded by the current state
+  return HandOutLocked(OpenCheckpointLocked());
 }
 
 ShardCheckpoint Shard::Checkpoint() {
@@ -120,28 +120,26 @@ ShardCheckpoint Shard::Checkpoint() {
   {
     absl::MutexLock l(&mu_);
     mu_.Await(absl::Condition(
-        +[](std::unique_ptr<OpenCheckpoint>* open) { return !*open || !(*open)->handed_out; },
-        &open_checkpoint_));
-    // A boundary's checkpoint not handed out yet is taken again when this closes.
-    if (open_checkpoint_) boundary_while_open_ = true;
-    OpenCheckpointLocked();
-    image = HandOutCheckpointLocked();
+        +[](std::unique_ptr<OpenCheckpoint>* written) { return *written == nullptr; },
+        &written_checkpoint_));
+    image = HandOutLocked(OpenCheckpointLocked());  // a boundary's pending one stays pending
   }
   return ReadAllOf(*image);
 }
 
 std::unique_ptr<CheckpointSource> Shard::TakePendingCheckpoint(absl::Duration wait) {
   absl::MutexLock l(&mu_);
-  const auto pending =
-      +[](std::unique_ptr<OpenCheckpoint>* open) { return *open && !(*open)->handed_out; };
-  if (wait > absl::ZeroDuration()) {
-    mu_.AwaitWithTimeout(absl::Condition(pending, &open_checkpoint_), wait);
-  }
-  if (!pending(&open_checkpoint_)) return nullptr;
-  return HandOutCheckpointLocked();
+  struct Open {
+    std::unique_ptr<OpenCheckpoint>* written;
+    std::unique_ptr<OpenCheckpoint>* pending;
+  } open{&written_checkpoint_, &pending_checkpoint_};
+  const auto ready = +[](Open* o) { return *o->pending != nullptr && *o->written == nullptr; };
+  if (wait > absl::ZeroDuration()) mu_.AwaitWithTimeout(absl::Condition(ready, &open), wait);
+  if (!ready(&open)) return nullptr;
+  return HandOutLocked(std::move(pending_checkpoint_));
 }
 
-void Shard::OpenCheckpointLocked() {
+std::unique_ptr<Shard::OpenCheckpoint> Shard::OpenCheckpointLocked() {
   auto fixed = std::make_shared<ShardCheckpoint>();
   ShardCheckpoint& c = *fixed;
   c.job_name = options_.job_name;
@@ -175,12 +173,12 @@ void Shard::OpenCheckpointLocked() {
   }
   c.worker_clocks = worker_clock_;
   open->fixed = std::move(fixed);
-  open_checkpoint_ = std::move(open);
+  return open;
 }
 
-std::unique_ptr<CheckpointSource> Shard::HandOutCheckpointLocked() {
-  OpenCheckpoint& open = *open_checkpoint_;
-  open.handed_out = true;
+std::unique_ptr<CheckpointSource> Shard::HandOutLocked(std::unique_ptr<OpenCheckpoint> handed) {
+  written_checkpoint_ = std::move(handed);
+  OpenCheckpoint& open = *written_checkpoint_;
   std::vector<ShardImage::Table> tables(tables_.size());
   std::vector<ShardImage::TablePart> table_parts;
   for (size_t t = 0; t < tables_.size(); ++t) {
@@ -206,8 +204,12 @@ std::unique_ptr<CheckpointSource> Shard::HandOutCheckpointLocked() {
 void Shard::SaveRowLocked(int t, int64_t row) { SaveRowsLocked(t, {row}); }
 
 void Shard::SaveRowsLocked(int t, const std::vector<int64_t>& rows) {
-  if (!open_checkpoint_) return;
-  OpenCheckpoint::Table& table = open_checkpoint_->tables[t];
+  for (OpenCheckpoint* open : {written_checkpoint_.get(), pending_checkpoint_.get()}) {
+    if (open) SaveRowsLocked(t, rows, open->tables[t]);
+  }
+}
+
+void Shard::SaveRowsLocked(int t, const std::vector<int64_t>& rows, OpenCheckpoint::Table& table) {
   const int64_t dim = tables_[t].dim;
   DynamicTable* d = dynamic_[t].get();
   const float* values = d ? d->values() : table_values_[t].data();
@@ -232,7 +234,7 @@ void Shard::SaveRowsLocked(int t, const std::vector<int64_t>& rows) {
 
 void Shard::ReadCheckpointRows(int t, int slot, const int64_t* rows, int64_t n, float* out) {
   absl::MutexLock l(&mu_);
-  const OpenCheckpoint::Table& table = open_checkpoint_->tables[t];
+  const OpenCheckpoint::Table& table = written_checkpoint_->tables[t];
   const int64_t dim = tables_[t].dim;
   DynamicTable* d = dynamic_[t].get();
   const float* live = nullptr;
@@ -266,11 +268,7 @@ void Shard::ReadCheckpointRows(int t, int slot, const int64_t* rows, int64_t n, 
 
 void Shard::CloseCheckpoint() {
   absl::MutexLock l(&mu_);
-  open_checkpoint_.reset();
-  if (boundary_while_open_) {
-    boundary_while_open_ = false;
-    OpenCheckpointLocked();  // handed out by the next TakePendingCheckpoint
-  }
+  written_checkpoint_.reset();
 }
 
 absl::Status Shard::Restore(ShardCheckpoint c) {

@@ -111,35 +111,40 @@ TEST(ShardCheckpointInPlaceTest, ADynamicTablesCheckpointKeepsItsRowsIdsAndRecen
   EXPECT_NE(f.Read({4}, restarted.get()), f.Init(4));
 }
 
-TEST(ShardCheckpointInPlaceTest, OneOpensAtATimeAndABoundaryMetMeanwhileIsTakenWhenItCloses) {
-  TableFixture f("sgd", 1, TrainingMode::kAsync);
+TEST(ShardCheckpointInPlaceTest, OneIsHandedOutAtATimeAndABoundaryMetMeanwhileKeepsItsVersion) {
+  TableFixture f("adagrad", 1, TrainingMode::kAsync);
+  TableFixture twin("adagrad", 1, TrainingMode::kAsync);  // the same pushes, no checkpoints
   f.options.checkpoint_every_steps = 2;
   f.shard = f.Make();
-  auto push = [&] {
-    const int64_t v = f.shard->version();
-    ASSERT_TRUE(
-        f.shard->Push({0, v, static_cast<uint64_t>(v + 1)}, f.DenseGrads(), {Grad({2}, 1.0f)})
-            .ok());
+  auto push = [](TableFixture& x, const std::vector<int64_t>& ids) {
+    const int64_t v = x.shard->version();
+    ASSERT_TRUE(x.shard
+                    ->Push({0, v, static_cast<uint64_t>(v + 1)}, x.DenseGrads(),
+                           {Grad(ids, 1.0f + static_cast<float>(v))})
+                    .ok());
   };
-  push();
+  const std::vector<std::vector<int64_t>> ids = {{2}, {4}, {2, 6}, {0, 4}, {4, 8}};
+  push(f, ids[0]);
   EXPECT_EQ(f.shard->TakePendingCheckpoint(), nullptr);
-  push();
+  push(f, ids[1]);
   std::unique_ptr<CheckpointSource> at_2 = f.shard->TakePendingCheckpoint();
   ASSERT_NE(at_2, nullptr);
   EXPECT_EQ(at_2->fields().version, 2);
-  EXPECT_EQ(f.shard->StartCheckpoint(), nullptr);  // one is open
-  push();
-  push();  // boundary 4, while 2 is open
-  push();
+  EXPECT_EQ(f.shard->StartCheckpoint(), nullptr);  // one is handed out
+  push(f, ids[2]);
+  push(f, ids[3]);  // boundary 4, while 2 is being written
+  push(f, ids[4]);  // changes rows 4 and 8 after it
   EXPECT_EQ(f.shard->TakePendingCheckpoint(), nullptr);
   at_2.reset();
-  std::unique_ptr<CheckpointSource> next = f.shard->TakePendingCheckpoint();
-  ASSERT_NE(next, nullptr);
-  EXPECT_EQ(next->fields().version, 5);  // taken when 2 closed
-  next.reset();
+  std::unique_ptr<CheckpointSource> at_4 = f.shard->TakePendingCheckpoint();
+  ASSERT_NE(at_4, nullptr);
+  EXPECT_EQ(at_4->fields().version, 4);
+  for (int i = 0; i < 4; ++i) push(twin, ids[i]);
+  ExpectSameState(ReadAllOf(*at_4), twin.shard->Checkpoint());
+  at_4.reset();
+  push(f, ids[0]);  // 6: a boundary
 
   // A whole copy taken while a boundary's checkpoint waits leaves one waiting.
-  push();  // 6: a boundary
   const ShardCheckpoint copy = f.shard->Checkpoint();
   EXPECT_EQ(copy.version, 6);
   std::unique_ptr<CheckpointSource> at_6 = f.shard->TakePendingCheckpoint();
