@@ -29,7 +29,8 @@ EXAMPLES = {
     "sync": "examples/fashion-mnist-sync.yaml",
     "async": "examples/fashion-mnist-async.yaml",
 }
-TF_PROGRAMS = {"compat_v1": "tf_peer_compat_v1.py"}
+# Per TensorFlow API: its program, and whether a coordinator task ("chief") drives the workers.
+TF_PROGRAMS = {"compat_v1": ("tf_peer_compat_v1.py", False), "ps_strategy": ("tf_peer_ps_strategy.py", True)}
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 # kubetrain's defaults for what the examples leave out (core/job_spec.h).
 ADAM_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-7}
@@ -156,30 +157,32 @@ def stop(processes):
 def run_tensorflow(plan, tf_python, tf_api, work_dir):
     """One TensorFlow run: PS and worker processes on loopback ports; returns the chief's figures
     and the CPU of all the task processes (each waited for, so RUSAGE_CHILDREN holds them all)."""
-    ports = free_loopback_ports(plan["ps"] + plan["workers"])
-    cluster = {"ps": [f"127.0.0.1:{p}" for p in ports[:plan["ps"]]],
-               "worker": [f"127.0.0.1:{p}" for p in ports[plan["ps"]:]]}
+    program, with_coordinator = TF_PROGRAMS[tf_api]
+    counts = {"ps": plan["ps"], "worker": plan["workers"], **({"chief": 1} if with_coordinator else {})}
+    ports = iter(free_loopback_ports(sum(counts.values())))
+    cluster = {job: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for job, n in counts.items()}
     run_dir = tempfile.mkdtemp(prefix="tf-", dir=work_dir)
     plan_path = os.path.join(run_dir, "plan.json")
     with open(plan_path, "w") as f:
         json.dump({**plan, "cluster": cluster, "run_dir": run_dir}, f)
-    program = os.path.join(HERE, TF_PROGRAMS[tf_api])
+    program = os.path.join(HERE, program)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     cpu0, wall0 = children_cpu_seconds(), time.monotonic()
     tasks = []
-    for job in ("ps", "worker"):
+    for job in cluster:
         for i in range(len(cluster[job])):
             out = open(os.path.join(run_dir, f"{job}{i}.log"), "w")
             tasks.append((f"{job}{i}", subprocess.Popen(
                 [tf_python, program, "--plan", plan_path, "--job", job, "--task", str(i)],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=run_dir)))
-    chief = dict(tasks)["worker0"]
+    reporter = "chief0" if with_coordinator else "worker0"
+    chief = dict(tasks)[reporter]
     try:
         deadline = time.monotonic() + 3600
         while chief.poll() is None:
             failed = [name for name, p in tasks if p.poll() not in (None, 0)]
             if failed or time.monotonic() > deadline:
-                raise RuntimeError(f"TensorFlow task(s) {failed or ['worker0 (timeout)']} failed:\n"
+                raise RuntimeError(f"TensorFlow task(s) {failed or [reporter + ' (timeout)']} failed:\n"
                                    + tail_logs(run_dir))
             time.sleep(0.05)
         wall = time.monotonic() - wall0
@@ -188,7 +191,7 @@ def run_tensorflow(plan, tf_python, tf_api, work_dir):
     cpu = children_cpu_seconds() - cpu0
     if chief.returncode != 0:
         raise RuntimeError(f"the TensorFlow chief exited {chief.returncode}:\n" + tail_logs(run_dir))
-    r = parse_tf_result(open(os.path.join(run_dir, "worker0.log")).read())
+    r = parse_tf_result(open(os.path.join(run_dir, reporter + ".log")).read())
     return {"eps": r["examples"] / r["seconds"], "acc": r["test_accuracy"], "cpu_s": cpu,
             "train_s": r["seconds"], "wall_s": wall, "global_step": r["global_step"]}
 
@@ -243,6 +246,9 @@ def main():
     validate = subprocess.run([os.path.join(ROOT, "bin", "kubetrain"), "validate", job_path], cwd=ROOT,
                               capture_output=True, text=True, check=True)
     plan = plan_from_job(yaml.safe_load(open(job_path)), target_steps_from_validate(validate.stdout))
+    if args.tf_api == "ps_strategy" and plan["mode"] != "async":
+        parser.error("ParameterServerStrategy trains asynchronously only: use --tf-api compat_v1 "
+                     "(SyncReplicasOptimizer) for a sync job")
     print(f"tf_peer: {EXAMPLES[args.example]} ({plan['mode']}, {plan['ps']} PS, {plan['workers']} workers, "
           f"{plan['target_steps']} global steps, batch {plan['batch_size']}) vs TensorFlow {args.tf_api}; "
           f"{args.runs} runs each, alternating", flush=True)

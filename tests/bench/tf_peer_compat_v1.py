@@ -88,16 +88,18 @@ def run_worker(plan, task, server, cluster):
 
     # Variables go whole to the least-loaded PS by bytes, largest first: kubetrain's placement
     # for variables under splitThresholdBytes (core/placement.h); here in creation order, which
-    # for this MLP gives the same split (dense0/kernel alone on ps0, the rest on ps1).
+    # for this MLP gives the same split (dense0/kernel alone on ps0, the rest with the global step
+    # and Adam's beta powers on ps1; slots sit with their variables).
     setter = v1.train.replica_device_setter(
         cluster=cluster, worker_device=f"/job:worker/task:{task}",
         ps_strategy=LeastLoadedPs(len(plan["cluster"]["ps"])))
     with tf.Graph().as_default():
         with v1.device(setter):
+            layers = dense_variables(plan["model"], plan["seed"])  # first: the placement is by bytes
             global_step = v1.train.get_or_create_global_step()
             x = v1.placeholder(tf.float32, [None, plan["model"]["input_dim"]])
             y = v1.placeholder(tf.int32, [None])
-            logits = logits_of(dense_variables(plan["model"], plan["seed"]), x)
+            logits = logits_of(layers, x)
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
             correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), y), tf.int32))
             optimizer = optimizer_of(plan["optimizer"])
@@ -105,6 +107,8 @@ def run_worker(plan, task, server, cluster):
                 optimizer = v1.train.SyncReplicasOptimizer(
                     optimizer, replicas_to_aggregate=plan["replicas_to_aggregate"], total_num_replicas=workers)
             train_op = optimizer.minimize(loss, global_step=global_step)
+        if chief:
+            print("tf_peer: placement " + json.dumps({v.op.name: v.device for v in v1.global_variables()}), flush=True)
         # No StopAtStepHook: a stopped MonitoredSession refuses the final evaluation, so the
         # loop below stops itself, the way that hook decides (see reached_target).
         # num_tokens=0: no worker may start step k+1 before step k's aggregate is applied, i.e.
