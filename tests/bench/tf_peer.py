@@ -1,7 +1,7 @@
 """kubetrain against TensorFlow's own parameter-server training on the same job (tests/bench/tf_peer).
 
 One example TrainingJob is trained, alternately, by `bin/kubetrain run` and by TensorFlow (one
-process per PS and worker task on loopback ports; tf_peer_compat_v1.py), with the job's model,
+process per task on loopback ports: tf_peer_compat_v1.py or tf_peer_ps_strategy.py), with the job's model,
 initial weights, per-worker batch order, optimizer, batch size, steps, evaluation schedule and
 cluster shape mapped to TensorFlow by plan_from_job below. Per run: examples/s of the training
 phase, test accuracy of the final model on the whole test set, and CPU seconds of every process of
