@@ -329,8 +329,11 @@ absl::Status Shard::Restore(ShardCheckpoint c) {
               "checkpoint optimizer slot of ", c.part_names[i], " has the wrong size"));
         }
       }
-      std::set<int64_t> distinct(rows.ids.begin(), rows.ids.end());
-      if (distinct.size() != rows.ids.size()) {
+      // Sorted copy, not a std::set: 8 bytes an id instead of a tree node
+      // (a restore of millions of rows spent seconds building the set).
+      std::vector<int64_t> sorted = rows.ids;
+      std::sort(sorted.begin(), sorted.end());
+      if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
         return absl::FailedPreconditionError(
             absl::StrCat("checkpoint part ", c.part_names[i - 1], " repeats an id"));
       }

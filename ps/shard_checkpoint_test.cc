@@ -3,6 +3,7 @@
 // however the tables change meanwhile, at the cost of the rows changed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -109,6 +110,22 @@ TEST(ShardCheckpointInPlaceTest, ADynamicTablesCheckpointKeepsItsRowsIdsAndRecen
   EXPECT_EQ(restarted->TableRowCounts()[0].evicted, 1);
   EXPECT_EQ(f.Read({6}, restarted.get()), f.Init(6));  // evicted: reads as initial
   EXPECT_NE(f.Read({4}, restarted.get()), f.Init(4));
+}
+
+TEST(ShardCheckpointInPlaceTest, ARestoreRefusesADynamicTableThatRepeatsAnIdAndLoadsNothing) {
+  DynamicFixture f("adagrad", 100);
+  f.Rows({2, 4});
+  ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.DenseGrads(), {Grad({2, 4}, 0.5f)}).ok());
+  ShardCheckpoint bad = f.shard->Checkpoint();
+  std::vector<float>& ids = bad.values[bad.values.size() - 2];
+  ASSERT_EQ(ids.size(), 2u * kTableIdFloats);
+  std::copy_n(ids.begin(), kTableIdFloats, ids.begin() + kTableIdFloats);  // 2 rows, one id
+  std::unique_ptr<Shard> restarted = f.Make();
+  absl::Status s = restarted->Restore(bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("embedding.c@ids repeats an id"), absl::string_view::npos) << s;
+  EXPECT_EQ(restarted->version(), 0);
+  EXPECT_EQ(restarted->TableRowCounts()[0].rows, 0);
 }
 
 TEST(ShardCheckpointInPlaceTest, OneIsHandedOutAtATimeAndABoundaryMetMeanwhileKeepsItsVersion) {
