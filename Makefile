@@ -33,8 +33,9 @@ export KUBETRAIN_E2E_IMAGES := $(E2E_IMAGES)
 export KUBETRAIN_HOST_BINARIES := $(if $(filter 0,$(E2E_IMAGES)),1,0)
 E2E_DEPS := build $(if $(filter 0,$(E2E_IMAGES)),,images)
 # The first python3 on PATH that has pytest and yaml (Debian's python3-pytest and
-# python3-yaml otherwise).
-PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest, yaml" 2>/dev/null && { echo $$p; break; }; done)
+# python3-yaml otherwise); never empty: an empty $(PYTHON) would turn a recipe line
+# `$(PYTHON) -m pytest ...` into `-m pytest ...`, whose failure make ignores.
+PYTHON ?= $(or $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest, yaml" 2>/dev/null && { echo $$p; break; }; done),python3)
 
 .PHONY: all deps build-deps images lint format build demo demo-async demo-softmax test unit-test integration-test operator-test scale-test tf-compat-test packaging-test \
   cluster-up cluster-down asan tsan fuzz clean
@@ -74,7 +75,7 @@ unit-test: deps
 	$(BAZEL) test $(BAZEL_FLAGS) //...
 
 integration-test: build
-	@test -n "$(PYTHON)" || { echo "no python3 with pytest and yaml: run make deps"; exit 1; }
+	@$(PYTHON) -c "import pytest, yaml" 2>/dev/null || { echo "no python3 with pytest and yaml: run make deps"; exit 1; }
 	$(PYTHON) -m pytest -q tests/integration
 
 # The operator against a real kube-apiserver + etcd (built from Go modules on
