@@ -16,9 +16,10 @@ DEB_PACKAGES := bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-g
 # Only for the tests and `make images` (`make deps`, not `make build-deps`), and
 # only in a clone (the Dockerfiles' builder stage runs `make deps` with the
 # Makefile alone): buildah and debootstrap build the images, ca-certificates
-# for the Go module proxy, iproute2 for the node agent's pod network, nftables for its NetworkPolicy enforcement; Go >= 1.21 comes from bookworm-backports when
+# for the Go module proxy, iproute2 for the node agent's pod network, nftables for its NetworkPolicy enforcement,
+# python3-yaml for the operator, packaging and docs tests; Go >= 1.21 comes from bookworm-backports when
 # missing (tests/cluster/install-go.sh).
-TEST_DEB_PACKAGES := buildah debootstrap ca-certificates iproute2 nftables
+TEST_DEB_PACKAGES := buildah debootstrap ca-certificates iproute2 nftables python3-yaml
 BINARIES := cli/kubetrain ps/kubetrain-ps worker/kubetrain-worker operator/kubetrain-operator
 # $(call apt_install,PACKAGES): a shell snippet installing them as root.
 apt_install = echo "installing:" $(1); \
@@ -31,8 +32,10 @@ E2E_IMAGES ?= 1
 export KUBETRAIN_E2E_IMAGES := $(E2E_IMAGES)
 export KUBETRAIN_HOST_BINARIES := $(if $(filter 0,$(E2E_IMAGES)),1,0)
 E2E_DEPS := build $(if $(filter 0,$(E2E_IMAGES)),,images)
-# The first python3 on PATH that has pytest (Debian's python3-pytest otherwise).
-PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest" 2>/dev/null && { echo $$p; break; }; done)
+# The first python3 on PATH that has pytest and yaml (Debian's python3-pytest and
+# python3-yaml otherwise); never empty: an empty $(PYTHON) would turn a recipe line
+# `$(PYTHON) -m pytest ...` into `-m pytest ...`, whose failure make ignores.
+PYTHON ?= $(or $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest, yaml" 2>/dev/null && { echo $$p; break; }; done),python3)
 
 .PHONY: all deps build-deps images lint format build demo demo-async demo-softmax test unit-test integration-test operator-test scale-test tf-compat-test packaging-test \
   cluster-up cluster-down asan tsan fuzz clean
@@ -72,7 +75,7 @@ unit-test: deps
 	$(BAZEL) test $(BAZEL_FLAGS) //...
 
 integration-test: build
-	@test -n "$(PYTHON)" || { echo "no python3 with pytest: run make deps"; exit 1; }
+	@$(PYTHON) -c "import pytest, yaml" 2>/dev/null || { echo "no python3 with pytest and yaml: run make deps"; exit 1; }
 	$(PYTHON) -m pytest -q tests/integration
 
 # The operator against a real kube-apiserver + etcd (built from Go modules on
