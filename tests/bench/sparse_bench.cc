@@ -38,8 +38,12 @@
 //
 // --checkpoint_every_steps=N: the PS tasks write checkpoints every N steps
 // while training goes on; printed: each PS task's peak resident memory
-// (VmHWM) against its memory at the end, and the worker's step times (the
-// median and the longest: a checkpoint that stopped serving shows there).
+// (VmHWM) against its memory at the end, the worker's step times (median,
+// p99, longest), and how long each PS task took to answer a probe: a thread
+// of the bench asks every PS task for its stats (GetStats, which takes the
+// shard's lock as Pull and Push do) every 10 ms while training goes on, so a
+// checkpoint that holds the lock shows as a slow answer, apart from the
+// worker's own steps (median, p99, longest answer).
 // --kill_ps_at_step=S (with checkpoints): ps-0 is killed (SIGKILL) after step
 // S and started again; it restores its newest checkpoint, the worker goes on
 // (the steps ps-0 lost are done again) and the job finishes; printed: the
@@ -48,6 +52,8 @@
 #include <sys/types.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -55,6 +61,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -319,6 +326,56 @@ int CountLines(const std::string& path, absl::string_view what) {
   return n;
 }
 
+// Times every PS task's GetStats answers while training goes on (see the
+// header comment): how long a PS stopped serving. Answers that fail (a PS
+// killed, restarting) are not times; the first answer after a task was
+// resumed is dropped (it includes the channel's reconnect).
+class ServingProbe {
+ public:
+  explicit ServingProbe(std::vector<ShardChannel*> channels)
+      : channels_(std::move(channels)), paused_(channels_.size()), reconnecting_(channels_.size()) {
+    for (auto& p : paused_) p = false;
+    for (auto& r : reconnecting_) r = false;
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~ServingProbe() { Stop(); }
+
+  void Pause(size_t task) { paused_[task] = true; }
+  void Resume(size_t task) {
+    reconnecting_[task] = true;
+    paused_[task] = false;
+  }
+  // Joins the thread; the times are then final.
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  std::vector<double>& millis() { return millis_; }
+
+ private:
+  void Loop() {
+    v1::InfoRequest req;
+    req.set_task_type(v1::TASK_TYPE_EXPORTER);
+    while (!stop_) {
+      for (size_t i = 0; i < channels_.size() && !stop_; ++i) {
+        if (paused_[i]) continue;
+        const double start = NowSeconds();
+        auto stats = channels_[i]->GetStats(req);
+        if (!stats.ok() || paused_[i]) continue;
+        if (reconnecting_[i].exchange(false)) continue;
+        millis_.push_back((NowSeconds() - start) * 1e3);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  const std::vector<ShardChannel*> channels_;
+  std::vector<std::atomic<bool>> paused_, reconnecting_;
+  std::atomic<bool> stop_{false};
+  std::vector<double> millis_;  // the probe thread's until Stop()
+  std::thread thread_;
+};
+
 int Run(Flags f) {
   if (f.big) {
     f.train_examples = std::max<int64_t>(f.train_examples, 4000000);
@@ -497,6 +554,12 @@ int Run(Flags f) {
   // done when every shard reached `steps` (a restarted shard redoes the
   // steps it lost).
   std::vector<double> step_seconds;
+  std::unique_ptr<ServingProbe> probe;
+  if (f.checkpoint_every_steps > 0) {
+    std::vector<ShardChannel*> probed;
+    for (auto& c : stats_channels) probed.push_back(c.get());
+    probe = std::make_unique<ServingProbe>(std::move(probed));
+  }
   int64_t local_steps = 0, steps_lost = 0;
   double restart_ready_seconds = -1;
   int64_t restart_peak_rss = -1;
@@ -535,6 +598,7 @@ int Run(Flags f) {
       // ps-0 dies as a node would take it; its restart restores the newest
       // checkpoint. The worker's next calls retry until it serves again.
       std::fprintf(stderr, "killing ps-0 after step %lld\n", static_cast<long long>(local_steps));
+      if (probe) probe->Pause(0);
       ::kill(ps[0].pid(), SIGKILL);
       ps[0].WaitOrKill(30);
       const double restart = NowSeconds();
@@ -545,11 +609,13 @@ int Run(Flags f) {
       }
       if (auto s = ps[0].WaitReady(ps_ports[0], 600); !s.ok()) return Fail("restart ps-0: ", s);
       restart_ready_seconds = NowSeconds() - restart;
+      if (probe) probe->Resume(0);
       restart_peak_rss = PeakRssBytes(ps[0].pid());
       std::fprintf(stderr, "ps-0 serves again after %.1f s\n", restart_ready_seconds);
     }
   }
   const double train_seconds = NowSeconds() - t0;
+  if (probe) probe->Stop();
   const int64_t wire_end = WireBytes(ps_ports);
 
   // The trained model on the test set (the rows it looks up, as the chief
@@ -678,10 +744,15 @@ int Run(Flags f) {
     }
     const double p50 = Quantile(step_seconds, 0.5) * 1e3, p99 = Quantile(step_seconds, 0.99) * 1e3;
     const double longest = step_seconds.empty() ? 0 : step_seconds.back() * 1e3;
+    std::vector<double>& served = probe->millis();
+    const double served_p50 = Quantile(served, 0.5), served_p99 = Quantile(served, 0.99);
+    const double served_max = served.empty() ? 0 : served.back();
     std::printf(
         "checkpoints: every %lld steps, %d written while training; worker steps: median %.1f "
-        "ms, p99 %.1f ms, longest %.1f ms\n",
-        static_cast<long long>(f.checkpoint_every_steps), written, p50, p99, longest);
+        "ms, p99 %.1f ms, longest %.1f ms; %zu GetStats answers of the PS tasks while training: "
+        "median %.2f ms, p99 %.2f ms, longest %.1f ms\n",
+        static_cast<long long>(f.checkpoint_every_steps), written, p50, p99, longest,
+        served.size(), served_p50, served_p99, served_max);
     if (f.kill_ps_at_step > 0) {
       std::printf(
           "ps-0 killed after step %lld: served again %.1f s after its restart (peak %.1f MiB "
@@ -692,9 +763,10 @@ int Run(Flags f) {
     }
     std::printf(
         "checkpoints_written=%d ps_peak_rss_max_mib=%.1f ps_peak_over_end_max=%.3f "
-        "step_ms_p50=%.1f step_ms_p99=%.1f step_ms_max=%.1f restart_ready_s=%.1f "
-        "restart_peak_rss_mib=%.1f steps_lost=%lld\n",
-        written, peak_max / 1048576.0, peak_over_end, p50, p99, longest, restart_ready_seconds,
+        "step_ms_p50=%.1f step_ms_p99=%.1f step_ms_max=%.1f serve_ms_p50=%.2f serve_ms_p99=%.2f "
+        "serve_ms_max=%.1f restart_ready_s=%.1f restart_peak_rss_mib=%.1f steps_lost=%lld\n",
+        written, peak_max / 1048576.0, peak_over_end, p50, p99, longest, served_p50, served_p99,
+        served_max, restart_ready_seconds,
         restart_peak_rss / 1048576.0, static_cast<long long>(steps_lost));
   }
   std::printf("test AUC: trained %.4f, planted %.4f (%.4f of it); accuracy %.4f, log loss %.4f\n",
