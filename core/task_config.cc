@@ -154,11 +154,38 @@ std::vector<std::pair<std::string, std::string>> FingerprintFields(const std::st
   return fields;
 }
 
+// The fields of optimizer `o` that every task must agree on, each named
+// `prefix` + its spec key (only those of its type: a job's fingerprint does
+// not change with fields its optimizer ignores).
+void AppendOptimizerFields(const std::string& prefix, const OptimizerSpec& o,
+                           std::vector<std::string>* fields) {
+  auto add = [&](const char* key, const std::string& value) {
+    fields->push_back(absl::StrCat(prefix, key, "=", value));
+  };
+  add("type", o.type);
+  add("learningRate", Num(o.learning_rate));
+  if (o.type == "momentum") {
+    add("momentum", Num(o.momentum));
+    add("nesterov", o.nesterov ? "true" : "false");
+  }
+  if (o.type == "adam") {
+    add("beta1", Num(o.beta1));
+    add("beta2", Num(o.beta2));
+  }
+  if (o.type == "adam" || o.type == "adagrad") add("epsilon", Num(o.epsilon));
+  if (o.type == "adagrad" || o.type == "ftrl")
+    add("initialAccumulator", Num(o.initial_accumulator));
+  if (o.type == "ftrl") {
+    add("l1", Num(o.l1));
+    add("l2", Num(o.l2));
+    add("learningRatePower", Num(o.learning_rate_power));
+  }
+}
+
 }  // namespace
 
 std::string JobFingerprint(const TaskConfig& c) {
   const TrainingSpec& t = c.job.training;
-  const OptimizerSpec& o = t.optimizer;
   std::vector<std::string> fields = {
       absl::StrCat("placement=", c.placement.Fingerprint()),
       absl::StrCat("model=", t.model.type, "[", absl::StrJoin(t.model.hidden_units, ","), "]"),
@@ -174,22 +201,10 @@ std::string JobFingerprint(const TaskConfig& c) {
       absl::StrCat("chief=", c.job.has_chief_replica() ? 1 : 0),
       absl::StrCat("chunkBytes=", t.chunk_bytes),
       absl::StrCat("barrierTimeoutSeconds=", Num(t.barrier_timeout_seconds)),
-      absl::StrCat("optimizer.type=", o.type),
-      absl::StrCat("optimizer.learningRate=", Num(o.learning_rate)),
   };
-  if (o.type == "momentum") {
-    fields.push_back(absl::StrCat("optimizer.momentum=", Num(o.momentum)));
-    fields.push_back(absl::StrCat("optimizer.nesterov=", o.nesterov ? "true" : "false"));
-  }
-  if (o.type == "adam") {
-    fields.push_back(absl::StrCat("optimizer.beta1=", Num(o.beta1)));
-    fields.push_back(absl::StrCat("optimizer.beta2=", Num(o.beta2)));
-  }
-  if (o.type == "adam" || o.type == "adagrad") {
-    fields.push_back(absl::StrCat("optimizer.epsilon=", Num(o.epsilon)));
-  }
-  if (o.type == "adagrad") {
-    fields.push_back(absl::StrCat("optimizer.initialAccumulator=", Num(o.initial_accumulator)));
+  AppendOptimizerFields("optimizer.", t.optimizer, &fields);
+  if (t.wide_optimizer.has_value()) {
+    AppendOptimizerFields("model.wide.optimizer.", *t.wide_optimizer, &fields);
   }
   return absl::StrCat(kFingerprintPrefix, absl::StrJoin(fields, ";"));
 }

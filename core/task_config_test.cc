@@ -150,6 +150,40 @@ TEST(TaskConfigTest, TheFingerprintCoversWhatEveryTaskMustAgreeOn) {
     EXPECT_NE(a->fingerprint, b->fingerprint) << extra;
     EXPECT_CONTAINS(DescribeFingerprintDifference(a->fingerprint, b->fingerprint), expected);
   }
+  // FTRL's hyper-parameters, the wide part's optimizer's too: a PS restoring
+  // a checkpoint of other ones would apply another rule to the same state.
+  const std::string ftrl = "    optimizer: {type: ftrl, learningRate: 0.5, l1: 0.1, l2: 0.2}\n";
+  WriteFile(dir + "/ftrl.yaml", ReadFile(base) + ftrl);
+  auto f = LoadTaskConfig(dir + "/ftrl.yaml", kTfConfig);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const std::vector<std::pair<std::string, std::string>> ftrl_changes = {
+      {"l1: 0.1", "optimizer.l1: 0.1 there, 0.3 here"},
+      {"l2: 0.2", "optimizer.l2: 0.2 there, 0.3 here"},
+      {"l2: 0.2", "optimizer.learningRatePower: -0.5 there, -0.25 here"},
+      {"l2: 0.2", "optimizer.initialAccumulator: 0.1 there, 1 here"},
+  };
+  const std::vector<std::string> replacements = {
+      "l1: 0.3", "l2: 0.3", "l2: 0.2, learningRatePower: -0.25", "l2: 0.2, initialAccumulator: 1"};
+  for (size_t i = 0; i < ftrl_changes.size(); ++i) {
+    std::string text = ReadFile(base) + ftrl;
+    text.replace(text.find(ftrl_changes[i].first), ftrl_changes[i].first.size(), replacements[i]);
+    WriteFile(dir + "/other.yaml", text);
+    auto b = LoadTaskConfig(dir + "/other.yaml", kTfConfig);
+    ASSERT_TRUE(b.ok()) << text << b.status();
+    EXPECT_EQ(DescribeFingerprintDifference(f->fingerprint, b->fingerprint),
+              ftrl_changes[i].second);
+  }
+  const std::string plain_ftrl = f->fingerprint;
+  OptimizerSpec wide_ftrl;
+  wide_ftrl.type = "ftrl";
+  wide_ftrl.l1 = 0.5;
+  f->job.training.wide_optimizer = wide_ftrl;
+  const std::string wide = JobFingerprint(*f);
+  f->job.training.wide_optimizer->l1 = 0.25;
+  EXPECT_EQ(DescribeFingerprintDifference(wide, JobFingerprint(*f)),
+            "model.wide.optimizer.l1: 0.5 there, 0.25 here");
+  EXPECT_CONTAINS(DescribeFingerprintDifference(plain_ftrl, wide),
+                  "model.wide.optimizer.type: unset there, ftrl here");
   // Steps and batch size: in the same file line.
   WriteFile(dir + "/other.yaml",
             ReadFile(base).replace(ReadFile(base).find("steps: 10"), 9, "steps: 11"));

@@ -751,8 +751,8 @@ int Run(Flags f) {
         "checkpoints: every %lld steps, %d written while training; worker steps: median %.1f "
         "ms, p99 %.1f ms, longest %.1f ms; %zu GetStats answers of the PS tasks while training: "
         "median %.2f ms, p99 %.2f ms, longest %.1f ms\n",
-        static_cast<long long>(f.checkpoint_every_steps), written, p50, p99, longest,
-        served.size(), served_p50, served_p99, served_max);
+        static_cast<long long>(f.checkpoint_every_steps), written, p50, p99, longest, served.size(),
+        served_p50, served_p99, served_max);
     if (f.kill_ps_at_step > 0) {
       std::printf(
           "ps-0 killed after step %lld: served again %.1f s after its restart (peak %.1f MiB "
@@ -766,8 +766,8 @@ int Run(Flags f) {
         "step_ms_p50=%.1f step_ms_p99=%.1f step_ms_max=%.1f serve_ms_p50=%.2f serve_ms_p99=%.2f "
         "serve_ms_max=%.1f restart_ready_s=%.1f restart_peak_rss_mib=%.1f steps_lost=%lld\n",
         written, peak_max / 1048576.0, peak_over_end, p50, p99, longest, served_p50, served_p99,
-        served_max, restart_ready_seconds,
-        restart_peak_rss / 1048576.0, static_cast<long long>(steps_lost));
+        served_max, restart_ready_seconds, restart_peak_rss / 1048576.0,
+        static_cast<long long>(steps_lost));
   }
   std::printf("test AUC: trained %.4f, planted %.4f (%.4f of it); accuracy %.4f, log loss %.4f\n",
               trained_auc, planted_auc, trained_auc / planted_auc, m.accuracy.value_or(0),
