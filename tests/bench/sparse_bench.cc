@@ -69,6 +69,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/clock.h"
 #include "core/dataset.h"
 #include "core/flags.h"
@@ -363,7 +365,15 @@ class ServingProbe {
         auto stats = channels_[i]->GetStats(req);
         if (!stats.ok() || paused_[i]) continue;
         if (reconnecting_[i].exchange(false)) continue;
-        millis_.push_back((NowSeconds() - start) * 1e3);
+        const double ms = (NowSeconds() - start) * 1e3;
+        millis_.push_back(ms);
+        // Slow answers with the time, to match against the PS logs'
+        // checkpoint lines.
+        if (ms >= 100) {
+          std::fprintf(stderr, "%s GetStats of ps-%zu took %.1f ms\n",
+                       absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::LocalTimeZone()).c_str(),
+                       i, ms);
+        }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
