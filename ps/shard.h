@@ -94,6 +94,7 @@
 #define KUBETRAIN_PS_SHARD_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -102,7 +103,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -432,8 +432,29 @@ class Shard {
     struct Table {
       int64_t rows = 0;        // rows it holds: local rows, or a dynamic table's slab rows
       int64_t row_floats = 0;  // a saved row: value, each slot, (dynamic) the id's 2 floats
-      absl::flat_hash_map<int64_t, int64_t> saved;  // row -> offset in `copies`
-      std::vector<float> copies;
+      // Copy-on-write storage. Rows are saved under the shard's lock, so
+      // saving one never moves the others (a growing vector would copy every
+      // saved row when it reallocates) and never rehashes: `index` maps a
+      // row to 1 + its place among the saved rows (0: not saved); it is
+      // allocated zeroed (calloc: its pages appear as rows are saved, 4 bytes
+      // a row at most) on the first save. Block b holds the saved rows
+      // 2^b - 1 .. 2^(b+1) - 2 (1, 2, 4, ... rows): a few dozen blocks at
+      // most, never moved, and a block's pages are resident only once used.
+      struct FreeDeleter {
+        void operator()(uint32_t* p) const { std::free(p); }
+      };
+      std::unique_ptr<uint32_t[], FreeDeleter> index;
+      int64_t saved = 0;
+      std::vector<std::unique_ptr<float[]>> blocks;
+      static int BlockOf(int64_t at) { return 63 - __builtin_clzll(static_cast<uint64_t>(at) + 1); }
+      float* SavedAt(int64_t at) const {
+        const int b = BlockOf(at);
+        return blocks[b].get() + (at + 1 - (int64_t{1} << b)) * row_floats;
+      }
+      // The saved copy of `row` (value, each slot, the id's 2 floats), or null.
+      const float* Saved(int64_t row) const {
+        return index == nullptr || index[row] == 0 ? nullptr : SavedAt(index[row] - 1);
+      }
       // Dynamic tables: the held rows and their recency then (moved to the
       // image when it is handed out).
       int64_t held = 0;

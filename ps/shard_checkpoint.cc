@@ -2,8 +2,10 @@
 // keeping the table rows it holds as they were (copy-on-write), reading it
 // for ps/checkpoint.h's writer, and restoring one.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -215,13 +217,21 @@ void Shard::SaveRowsLocked(int t, const std::vector<int64_t>& rows, OpenCheckpoi
   const float* values = d ? d->values() : table_values_[t].data();
   std::vector<std::vector<float>*> slots;
   for (int64_t row : rows) {
-    if (row >= table.rows || table.saved.contains(row)) continue;
+    if (row >= table.rows || table.Saved(row) != nullptr) continue;
     if (slots.empty()) slots = (d ? d->optimizer() : row_opts_[t].get())->Slots();
-    const int64_t at = static_cast<int64_t>(table.copies.size());
-    table.saved.emplace(row, at);
+    if (table.index == nullptr) {
+      // Row counts stay far below 2^32 - 1: a shard's slab rows are int32.
+      table.index.reset(static_cast<uint32_t*>(std::calloc(table.rows, sizeof(uint32_t))));
+      if (table.index == nullptr) throw std::bad_alloc();
+    }
+    const int64_t at = table.saved++;
+    const int block = OpenCheckpoint::Table::BlockOf(at);
+    if (block == static_cast<int>(table.blocks.size())) {
+      table.blocks.emplace_back(new float[(int64_t{1} << block) * table.row_floats]);
+    }
+    table.index[row] = static_cast<uint32_t>(at + 1);
     ++stats_.checkpoint_rows_copied;
-    table.copies.resize(static_cast<size_t>(at + table.row_floats));
-    float* out = table.copies.data() + at;
+    float* out = table.SavedAt(at);
     out = std::copy_n(values + row * dim, dim, out);
     for (const std::vector<float>* slot : slots)
       out = std::copy_n(slot->data() + row * dim, dim, out);
@@ -247,11 +257,8 @@ void Shard::ReadCheckpointRows(int t, int slot, const int64_t* rows, int64_t n, 
   const int64_t offset = slot == kIdSlot ? table.row_floats - 2 : dim * (slot < 0 ? 0 : 1 + slot);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = rows[i];
-    const float* saved = nullptr;
-    if (!table.saved.empty()) {
-      auto it = table.saved.find(row);
-      if (it != table.saved.end()) saved = table.copies.data() + it->second + offset;
-    }
+    const float* saved = table.Saved(row);
+    if (saved) saved += offset;
     if (slot == kIdSlot) {
       int64_t id = 0;
       if (saved) {
