@@ -56,8 +56,11 @@ build-deps:
 	if [ -n "$$missing" ]; then $(call apt_install,$$missing); \
 	else echo "deps: all $(words $(DEB_PACKAGES)) packages present"; fi
 
+# `make build BINARIES="cli/kubetrain ..."` builds (and copies into bin/) only
+# those: docker/Dockerfile.runtime builds its three once per x86-64 level, not
+# the operator with them.
 build: build-deps
-	$(BAZEL) build $(BAZEL_FLAGS) //:binaries
+	$(BAZEL) build $(BAZEL_FLAGS) $(foreach b,$(BINARIES),//$(patsubst %/,%,$(dir $(b))):$(notdir $(b)))
 	@mkdir -p bin
 	@for b in $(BINARIES); do install -m 0755 bazel-bin/$$b bin/; done
 	@echo "built: $$(ls bin | tr '\n' ' ')"
