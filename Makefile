@@ -37,7 +37,7 @@ E2E_DEPS := build $(if $(filter 0,$(E2E_IMAGES)),,images)
 # `$(PYTHON) -m pytest ...` into `-m pytest ...`, whose failure make ignores.
 PYTHON ?= $(or $(shell for p in python3 /usr/bin/python3; do $$p -c "import pytest, yaml" 2>/dev/null && { echo $$p; break; }; done),python3)
 
-.PHONY: all deps build-deps images lint format build demo demo-async demo-softmax test unit-test integration-test operator-test scale-test tf-compat-test packaging-test \
+.PHONY: all deps build-deps images lint format build demo demo-async demo-softmax test cluster-prefetch unit-test integration-test operator-test scale-test tf-compat-test packaging-test \
   cluster-up cluster-down asan tsan fuzz clean
 
 all: build
@@ -131,7 +131,12 @@ lint: deps
 format: deps
 	tests/lint/format.sh --fix
 
-test: lint unit-test operator-test packaging-test integration-test
+# cluster-prefetch first: the Go builds of the e2e stages start in the
+# background at nice 19 and use what the Bazel and image builds leave idle.
+test: cluster-prefetch lint unit-test operator-test packaging-test integration-test
+
+cluster-prefetch: deps
+	tests/cluster/prefetch.sh
 
 asan: deps
 	$(BAZEL) test --config=asan //...
