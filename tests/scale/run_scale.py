@@ -172,6 +172,26 @@ def created_twice(state):
     return {n: k for n, k in times.items() if k > 1}
 
 
+def describe_leftovers(pods, state):
+    """What a run that leaves pods behind needs to be understood: each pod's state as the API
+    server holds it, and every line of the operator's logs (every start) that names it."""
+    logs = [(f, open(os.path.join(state, f)).read().splitlines())
+            for f in sorted(os.listdir(state)) if f.startswith("operator.") and f.endswith(".log")]
+    for pod in pods[:20]:
+        md = pod["metadata"]
+        name = md["name"]
+        print(f"left: pod {name} phase={pod.get('status', {}).get('phase')} "
+              f"created={md.get('creationTimestamp')} deleting={md.get('deletionTimestamp')} "
+              f"rv={md.get('resourceVersion')} finalizers={md.get('finalizers')} "
+              f"owner={[o.get('name') for o in md.get('ownerReferences', [])]}", flush=True)
+        word = re.compile(r"\b" + re.escape(name) + r"\b")
+        job = name.split("-")[0]
+        for f, lines in logs:
+            for line in lines:
+                if word.search(line) or re.search(r"\b" + re.escape(job) + r"\b", line):
+                    print(f"  {f}: {line[:300]}", flush=True)
+
+
 def pods_created(api):
     """Pod creates the API server answered 201 so far (since it started)."""
     return request_counts(api.metrics(), with_code=True).get(("POST", "pods", "", "201"), 0)
@@ -515,6 +535,8 @@ def main():
               f"cleanup_s={cleanup_s:.1f} op_rss_mib={op.rss_peak_kib / 1024:.1f} op_cpu_s={op.cpu_s:.1f} "
               f"operator_restarts={op.starts - 1}{ref} api_requests_per_object={total / objects:.2f}{idle}",
               flush=True)
+        if leftovers:
+            describe_leftovers(leftovers, state)
         if not ok:
             sys.exit(f"FAILED: creates {created} (want {want_created}), {len(leftovers)} pods left; "
                      f"pods the operator logged creating more than once: {created_twice(state)}")
