@@ -498,12 +498,18 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda i: api.request(
                 "DELETE", f"/apis/kubetrain.io/v1/namespaces/{NS}/trainingjobs/s{i}"), range(args.jobs)))
+        held = None
         while time.time() < deadline:
             op.sample()
-            if all(v == 0 for v in cache_counts(op).values()):
+            held = cache_counts(op)
+            if all(v == 0 for v in held.values()):
+                held = None
                 break
             time.sleep(1)
         cleanup_s = time.time() - t1
+        if held:  # the run's --timeout ended the wait, not the operator
+            log(f"cleanup cut short by --timeout {args.timeout:.0f} s: the operator's cache still "
+                f"held {held}")
         time.sleep(2)
         text = api.metrics()
         op.stop()
