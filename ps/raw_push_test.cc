@@ -1,5 +1,6 @@
 #include "ps/raw_push.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
