@@ -14,49 +14,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/push_wire.h"
+#include "ps/raw_push.h"
 #include "ps/shard_wire.h"
 
 namespace kubetrain {
 namespace {
-
-void AppendVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
-// The wire encoding of PullResponse{chunk: TensorChunk{part, offset, data}}
-// up to (not including) the data bytes.
-std::string ChunkPrefix(const std::string& part, uint64_t offset, uint64_t data_bytes) {
-  constexpr uint8_t kResponseChunk = (2 << 3) | 2;  // PullResponse.chunk, length-delimited
-  constexpr uint8_t kPart = (1 << 3) | 2;           // TensorChunk.part
-  constexpr uint8_t kOffset = (2 << 3) | 0;         // TensorChunk.offset, varint
-  constexpr uint8_t kData = (3 << 3) | 2;           // TensorChunk.data
-  uint64_t chunk_len = 1 + VarintSize(part.size()) + part.size() + 1 + VarintSize(offset) + 1 +
-                       VarintSize(data_bytes) + data_bytes;
-  std::string out;
-  out.push_back(static_cast<char>(kResponseChunk));
-  AppendVarint(chunk_len, &out);
-  out.push_back(static_cast<char>(kPart));
-  AppendVarint(part.size(), &out);
-  out.append(part);
-  out.push_back(static_cast<char>(kOffset));
-  AppendVarint(offset, &out);
-  out.push_back(static_cast<char>(kData));
-  AppendVarint(data_bytes, &out);
-  return out;
-}
 
 // gRPC releases a slice through a C callback; the slice keeps the snapshot alive.
 void ReleaseSnapshot(void* holder) {
@@ -156,7 +119,8 @@ class PsService::PullReactor final : public grpc::ServerWriteReactor<grpc::ByteB
       if (part_offset_ < part_bytes) {
         uint64_t n = std::min<uint64_t>(chunk_bytes_, part_bytes - part_offset_);
         n -= n % 4;
-        std::string prefix = ChunkPrefix(parts[part_].name, part_offset_ / 4, n);
+        std::string prefix;
+        AppendChunkPrefix(parts[part_].name, part_offset_ / 4, n, &prefix);
         const char* data = snapshot_.bytes->data() + base_ + part_offset_;
         grpc::Slice slices[2] = {
             grpc::Slice(prefix.data(), prefix.size()),
@@ -247,36 +211,24 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
     }
     last_active_ = service_->clock_->Now();
     ++messages_;
-    v1::PushRequest msg;
-    absl::Status s = Parse("Push", &in_, &msg);
-    if (!s.ok()) service_->shard_->RecordRejectedPush();  // the assembler counts its own
-    if (s.ok() && msg.has_header()) {
-      s = service_->Authorize(PsMethod::kPush, caller_,
-                              {TaskRole::kWorker, msg.header().worker_index()});
+    absl::Status s;
+    uint64_t data_bytes = 0;  // gradient bytes in the message
+    bool sparse = false;
+    if (!AddRawChunk(&in_, &assembler_, &s, &data_bytes)) {
+      s = AddParsedLocked(&data_bytes, &sparse);
     }
-    if (s.ok()) s = assembler_.Add(msg);
-    if (s.ok() && msg.has_header()) {
-      if (!service_->AdmitWorker(msg.header().worker_index())) {
-        s = absl::ResourceExhaustedError(absl::StrCat(
-            "push: worker ", msg.header().worker_index(), " already has ",
-            service_->options_.max_push_streams_per_worker, " push streams open on this PS"));
-      } else {
-        worker_ = msg.header().worker_index();
-      }
-    }
+    in_.Clear();  // the slices go back before the next read
     if (!s.ok()) {
       EndLocked(service_->Refuse(
           "Push", ctx_,
           absl::Status(s.code(), absl::StrCat(s.message(), " (message ", messages_, ")"))));
       return;
     }
-    if (service_->metrics_.push_bytes && (msg.has_chunk() || msg.has_sparse())) {
-      service_->metrics_.push_bytes->Increment(static_cast<double>(
-          msg.has_chunk() ? msg.chunk().data().size() : msg.sparse().data().size()));
+    if (service_->metrics_.push_bytes) {
+      service_->metrics_.push_bytes->Increment(static_cast<double>(data_bytes));
     }
-    if (service_->metrics_.sparse_push_bytes && msg.has_sparse()) {
-      service_->metrics_.sparse_push_bytes->Increment(
-          static_cast<double>(msg.sparse().data().size()));
+    if (service_->metrics_.sparse_push_bytes && sparse) {
+      service_->metrics_.sparse_push_bytes->Increment(static_cast<double>(data_bytes));
     }
     StartRead(&in_);
   }
@@ -315,6 +267,34 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
       service_->metrics_.push_streams_refused->Increment();
     }
     Finish(status);
+  }
+
+  // A message that is not a plain chunk (the header, sparse rows, anything
+  // malformed), through protobuf. Sets the gradient bytes it carried.
+  absl::Status AddParsedLocked(uint64_t* data_bytes, bool* sparse)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    v1::PushRequest msg;
+    absl::Status s = Parse("Push", &in_, &msg);
+    if (!s.ok()) service_->shard_->RecordRejectedPush();  // the assembler counts its own
+    if (s.ok() && msg.has_header()) {
+      s = service_->Authorize(PsMethod::kPush, caller_,
+                              {TaskRole::kWorker, msg.header().worker_index()});
+    }
+    if (s.ok()) s = assembler_.Add(msg);
+    if (s.ok() && msg.has_header()) {
+      if (!service_->AdmitWorker(msg.header().worker_index())) {
+        s = absl::ResourceExhaustedError(absl::StrCat(
+            "push: worker ", msg.header().worker_index(), " already has ",
+            service_->options_.max_push_streams_per_worker, " push streams open on this PS"));
+      } else {
+        worker_ = msg.header().worker_index();
+      }
+    }
+    *sparse = msg.has_sparse();
+    *data_bytes = msg.has_chunk()    ? msg.chunk().data().size()
+                  : msg.has_sparse() ? msg.sparse().data().size()
+                                     : 0;
+    return s;
   }
 
   void CompleteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

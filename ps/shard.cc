@@ -188,7 +188,7 @@ bool Shard::Alive(int worker, absl::Time now) const {
   return it != last_seen_.end() && now - it->second <= options_.barrier_timeout;
 }
 
-int Shard::PartIndex(const std::string& name) const {
+int Shard::PartIndex(absl::string_view name) const {
   for (size_t i = 0; i < parts_.size(); ++i) {
     if (parts_[i].name == name) return static_cast<int>(i);
   }
@@ -300,15 +300,19 @@ void Shard::RecordRejectedPush() {
 }
 
 void Shard::ReleaseGradientBuffers(std::vector<std::vector<float>> buffers) {
-  if (buffers.size() != parts_.size()) return;
+  PoolGradientBuffers(&buffers);
+}
+
+bool Shard::PoolGradientBuffers(std::vector<std::vector<float>>* buffers) {
+  if (buffers->size() != parts_.size()) return false;
   for (size_t i = 0; i < parts_.size(); ++i) {
-    if (static_cast<int64_t>(buffers[i].size()) != parts_[i].num_elements()) return;
+    if (static_cast<int64_t>((*buffers)[i].size()) != parts_[i].num_elements()) return false;
   }
   absl::MutexLock l(&pool_mu_);
   // One set per worker in flight is enough; more would only hold memory.
-  if (static_cast<int>(gradient_pool_.size()) < options_.num_workers + 1) {
-    gradient_pool_.push_back(std::move(buffers));
-  }
+  if (static_cast<int>(gradient_pool_.size()) >= options_.num_workers + 1) return false;
+  gradient_pool_.push_back(std::move(*buffers));
+  return true;
 }
 
 absl::Status Shard::CheckTask(const TaskId& task) const {
@@ -532,24 +536,31 @@ void Shard::ApplyPendingLocked(std::vector<std::vector<std::vector<float>>>* fre
   // gradient is its own mean (float -> double -> / 1 -> float is exact).
   std::vector<std::vector<float>>& mean = pending_.begin()->second;
   if (n > 1) {
-    std::vector<const float*> grads(static_cast<size_t>(n));
+    mean_inputs_.resize(static_cast<size_t>(n));
     for (size_t i = 0; i < parts_.size(); ++i) {
       size_t w = 0;
-      for (const auto& [worker, g] : pending_) grads[w++] = g[i].data();
-      MeanInDouble(grads, parts_[i].num_elements(), mean[i].data());
+      for (const auto& [worker, g] : pending_) mean_inputs_[w++] = g[i].data();
+      MeanInDouble(mean_inputs_, parts_[i].num_elements(), mean[i].data());
     }
   }
-  std::vector<const std::vector<SparseGrad>*> pushes;
-  for (const auto& [worker, g] : pending_sparse_) pushes.push_back(&g);  // worker order
-  const std::vector<SparseGrad> sparse_mean = AggregateSparse(pushes, static_cast<double>(n));
-  pending_sparse_.clear();
+  std::vector<SparseGrad> sparse_mean;
+  if (!pending_sparse_.empty()) {
+    std::vector<const std::vector<SparseGrad>*> pushes;
+    for (const auto& [worker, g] : pending_sparse_) pushes.push_back(&g);  // worker order
+    sparse_mean = AggregateSparse(pushes, static_cast<double>(n));
+    pending_sparse_.clear();
+  }
   if (ApplyLocked(mean, sparse_mean)) {
     stats_.gradients_applied += n;
     if (metrics_.applied) metrics_.applied->Increment(static_cast<double>(n));
   }
   StepLocked();
-  for (auto& [worker, g] : pending_) freed->push_back(std::move(g));
-  pending_.clear();
+  while (!pending_.empty()) {
+    PendingMap::node_type node = pending_.extract(pending_.begin());
+    if (!PoolGradientBuffers(&node.mapped())) freed->push_back(std::move(node.mapped()));
+    node.mapped().clear();
+    spare_pending_.push_back(std::move(node));
+  }
 }
 
 void Shard::SetVersionLocked(int64_t v) {
@@ -626,9 +637,18 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
         if (metrics_.stale_dropped) metrics_.stale_dropped->Increment();
       } else {
         if (pending_.empty()) accum_started_ = now;
-        pending_[header.worker] = std::move(*grads_in);  // kept until the step is applied
+        // Kept until the step is applied, in a map node of an earlier step.
+        if (spare_pending_.empty()) {
+          pending_[header.worker] = std::move(*grads_in);
+        } else {
+          PendingMap::node_type node = std::move(spare_pending_.back());
+          spare_pending_.pop_back();
+          node.key() = header.worker;
+          node.mapped() = std::move(*grads_in);
+          pending_.insert(std::move(node));
+        }
         grads_in->clear();
-        pending_sparse_[header.worker] = std::move(*sparse);
+        if (!sparse->empty()) pending_sparse_[header.worker] = std::move(*sparse);
         if (static_cast<int>(pending_.size()) >= NeededLocked()) {
           const int64_t refused = stats_.nonfinite_updates;
           ApplyPendingLocked(freed);
@@ -640,7 +660,8 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
       if (metrics_.staleness) metrics_.staleness->Observe(static_cast<double>(result.staleness));
       stats_.staleness_sum += result.staleness;
       stats_.staleness_max = std::max(stats_.staleness_max, result.staleness);
-      if (ApplyLocked(grads, AggregateSparse({sparse}, 1.0))) {
+      if (ApplyLocked(grads, sparse->empty() ? std::vector<SparseGrad>()
+                                             : AggregateSparse({sparse}, 1.0))) {
         StepLocked();
         ++stats_.gradients_applied;
         if (metrics_.applied) metrics_.applied->Increment();

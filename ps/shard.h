@@ -104,6 +104,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/clock.h"
@@ -300,7 +301,7 @@ class Shard {
   absl::StatusOr<RowsPage> ListRows(const TaskId& task, int table, int64_t cursor,
                                     int64_t max_rows);
   // Index into parts() of the part with this name, or -1.
-  int PartIndex(const std::string& name) const;
+  int PartIndex(absl::string_view name) const;
   const ShardOptions& options() const { return options_; }
 
   // Calls `done` once: at once if the shard can serve the pull, else when it
@@ -337,6 +338,9 @@ class Shard {
   // takes them back; so does ReleaseGradientBuffers (wrong sizes are freed).
   std::vector<std::vector<float>> TakePooledGradientBuffers();
   void ReleaseGradientBuffers(std::vector<std::vector<float>> buffers);
+  // ReleaseGradientBuffers that says whether the pool took them: false (and
+  // *buffers left as they were) for wrong sizes or a full pool.
+  bool PoolGradientBuffers(std::vector<std::vector<float>>* buffers);
   // Bytes of one whole gradient (every part).
   uint64_t gradient_bytes() const { return gradient_bytes_; }
 
@@ -402,7 +406,8 @@ class Shard {
   std::vector<std::pair<Waiter, Snapshot>> TakeReadyWaiters(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Averages and applies the pending sync gradients (at least one) and
-  // advances the version; their buffers go to *freed.
+  // advances the version; their buffers go back to the pool, or to *freed
+  // (freed outside mu_) when it is full.
   void ApplyPendingLocked(std::vector<std::vector<std::vector<float>>>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Alive(int worker, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -525,8 +530,14 @@ class Shard {
   std::vector<std::vector<float>> staged_values_ ABSL_GUARDED_BY(mu_);
   // Sync aggregation for the current version: each contributing worker's
   // gradient, by worker index (the order they are summed in).
-  std::map<int, std::vector<std::vector<float>>> pending_ ABSL_GUARDED_BY(mu_);
-  std::map<int, std::vector<SparseGrad>> pending_sparse_ ABSL_GUARDED_BY(mu_);  // same keys
+  using PendingMap = std::map<int, std::vector<std::vector<float>>>;
+  PendingMap pending_ ABSL_GUARDED_BY(mu_);
+  // The map nodes of earlier steps' pending_, reused: a step of dense
+  // gradients allocates nothing (ps/push_alloc_test.cc).
+  std::vector<PendingMap::node_type> spare_pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<const float*> mean_inputs_ ABSL_GUARDED_BY(mu_);  // ApplyPendingLocked's, reused
+  // The rows of the workers in pending_ whose push had any.
+  std::map<int, std::vector<SparseGrad>> pending_sparse_ ABSL_GUARDED_BY(mu_);
   absl::Time accum_started_ ABSL_GUARDED_BY(mu_);  // first gradient of the current step
   std::map<int, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
   // Steps completed per worker (bounded staleness); left workers are removed.
@@ -552,6 +563,8 @@ class Shard {
   std::shared_ptr<std::string> snapshot_ ABSL_GUARDED_BY(mu_);
   int64_t snapshot_version_ ABSL_GUARDED_BY(mu_) = -1;
 
+  // Taken inside mu_ (ApplyPendingLocked gives buffers back), never the
+  // other way round.
   absl::Mutex pool_mu_;
   std::vector<std::vector<std::vector<float>>> gradient_pool_ ABSL_GUARDED_BY(pool_mu_);
 

@@ -154,7 +154,7 @@ absl::Status ServeListRows(Shard* shard, const v1::ListRowsRequest& request,
 
 PushAssembler::PushAssembler(Shard* shard) : shard_(shard), filled_(shard->parts().size(), 0) {}
 
-absl::Status PushAssembler::Refuse(const std::string& message) {
+absl::Status PushAssembler::Refuse(absl::string_view message) {
   shard_->RecordRejectedPush();
   return absl::InvalidArgumentError(message);
 }
@@ -194,19 +194,27 @@ absl::Status PushAssembler::SetHeader(const v1::PushRequest::Header& h) {
   return absl::OkStatus();
 }
 
-absl::Status PushAssembler::AddChunk(const std::string& part_name, uint64_t offset,
+absl::Status PushAssembler::AddChunk(absl::string_view part, uint64_t offset,
                                      absl::string_view data) {
+  absl::StatusOr<char*> to = ReserveChunk(part, offset, data.size());
+  if (!to.ok()) return to.status();
+  std::memcpy(*to, data.data(), data.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> PushAssembler::ReserveChunk(absl::string_view part_name, uint64_t offset,
+                                                  uint64_t bytes) {
   if (!have_header_) return Refuse("push: malformed: a chunk before the header");
   const int part = shard_->PartIndex(part_name);
   if (part < 0) {
     return Refuse(absl::StrCat("push: malformed chunk: unknown variable part \"", part_name,
                                "\" on this PS shard"));
   }
-  if (data.size() % 4 != 0) {
-    return Refuse(absl::StrCat("push: malformed chunk of ", part_name, ": ", data.size(),
+  if (bytes % 4 != 0) {
+    return Refuse(absl::StrCat("push: malformed chunk of ", part_name, ": ", bytes,
                                " bytes, not a whole number of float32"));
   }
-  const uint64_t n = data.size() / 4;
+  const uint64_t n = bytes / 4;
   const uint64_t size = static_cast<uint64_t>(shard_->parts()[part].num_elements());
   // Chunks of a part arrive in order, so "filled" both checks offsets and
   // proves the part is covered exactly once.
@@ -228,10 +236,9 @@ absl::Status PushAssembler::AddChunk(const std::string& part_name, uint64_t offs
       g.reserve(std::min<uint64_t>(size, std::max<uint64_t>(need, 2 * g.capacity())));
     g.resize(need);
   }
-  std::memcpy(g.data() + offset, data.data(), data.size());
   filled_[part] += n;
-  received_bytes_ += data.size();
-  return absl::OkStatus();
+  received_bytes_ += bytes;
+  return reinterpret_cast<char*>(g.data() + offset);
 }
 
 absl::Status PushAssembler::AddSparse(const std::string& table, const uint64_t* ids, size_t count,

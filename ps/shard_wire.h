@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "proto/ps.pb.h"
@@ -62,7 +63,13 @@ class PushAssembler {
 
   absl::Status Add(const v1::PushRequest& message);
   absl::Status SetHeader(const v1::PushRequest::Header& header);
-  absl::Status AddChunk(const std::string& part, uint64_t offset, absl::string_view data);
+  absl::Status AddChunk(absl::string_view part, uint64_t offset, absl::string_view data);
+  // AddChunk without the data: checks a chunk of `bytes` bytes of `part` from
+  // element `offset` as AddChunk does and returns where its bytes go, in the
+  // push's own buffer. The caller must write all `bytes` there before the
+  // next call on the assembler (the chunk counts as received): a transport
+  // whose message arrives in pieces copies each straight in.
+  absl::StatusOr<char*> ReserveChunk(absl::string_view part, uint64_t offset, uint64_t bytes);
   // Gradient rows of a table: known table, data of ids x dim float32
   // (ids and values are checked by the shard at Finish).
   absl::Status AddSparse(const std::string& table, const uint64_t* ids, size_t count,
@@ -76,14 +83,16 @@ class PushAssembler {
 
  private:
   // INVALID_ARGUMENT, counted with the shard's rejected pushes.
-  absl::Status Refuse(const std::string& message);
+  absl::Status Refuse(absl::string_view message);
 
   Shard* const shard_;
   bool have_header_ = false;
   Shard::PushHeader header_;
   std::vector<std::vector<float>> grads_;  // empty until the first chunk
   bool pooled_ = false;                    // grads_ are full-size buffers from the pool
-  std::vector<uint64_t> filled_;           // elements received per part
+  // Elements received per part; inline for the parts a shard usually holds,
+  // so a push of dense gradients allocates nothing (ps/push_alloc_test.cc).
+  absl::InlinedVector<uint64_t, 64> filled_;
   std::vector<Shard::SparseGrad> sparse_;
   uint64_t received_bytes_ = 0;
 };

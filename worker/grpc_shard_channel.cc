@@ -3,9 +3,14 @@
 #include <chrono>
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/push_wire.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace kubetrain {
@@ -24,6 +29,11 @@ absl::Status FromGrpc(const grpc::Status& s) {
                      " and no message (from the transport, not the PS's service)"));
   }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+grpc::ByteBuffer Serialize(const google::protobuf::Message& msg) {
+  grpc::Slice slice(msg.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
 }
 
 class GrpcShardChannel final : public ShardChannel {
@@ -57,7 +67,8 @@ class GrpcShardChannel final : public ShardChannel {
       // One certificate serves every task wherever it runs: its name is not the address.
       args.SetSslTargetNameOverride(kTaskTlsName);
     }
-    stub_ = v1::ParameterServer::NewStub(grpc::CreateCustomChannel(address, credentials, args));
+    channel_ = grpc::CreateCustomChannel(address, credentials, args);
+    stub_ = v1::ParameterServer::NewStub(channel_);
   }
 
   absl::StatusOr<v1::ShardInfo> GetInfo(const v1::InfoRequest& request,
@@ -113,24 +124,34 @@ class GrpcShardChannel final : public ShardChannel {
     return header;
   }
 
+  // Raw messages, so a chunk's floats go out as a slice of their own
+  // (core/push_wire.h) rather than copied into a protobuf string and again
+  // into a slice; the header and sparse rows stay protobuf.
   absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
                                         const std::vector<ChunkRef>& chunks,
                                         const std::vector<SparseRef>& sparse) override {
+    static const grpc::internal::RpcMethod kPush("/kubetrain.v1.ParameterServer/Push",
+                                                 grpc::internal::RpcMethod::CLIENT_STREAMING);
     grpc::ClientContext ctx;
     Identify(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    v1::PushResponse resp;
-    auto writer = stub_->Push(&ctx, &resp);
+    grpc::ByteBuffer answer;
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), kPush, &ctx,
+                                                                      &answer));
     v1::PushRequest msg;
     *msg.mutable_header() = header;
-    bool ok = writer->Write(msg);
+    bool ok = writer->Write(Serialize(msg));
+    std::string prefix;
     for (size_t i = 0; ok && i < chunks.size(); ++i) {
-      msg.Clear();
-      auto* c = msg.mutable_chunk();
-      c->set_part(*chunks[i].part);
-      c->set_offset(chunks[i].offset);
-      c->set_data(reinterpret_cast<const char*>(chunks[i].data), chunks[i].count * sizeof(float));
-      ok = writer->Write(msg);
+      const uint64_t bytes = chunks[i].count * sizeof(float);
+      prefix.clear();
+      AppendChunkPrefix(*chunks[i].part, chunks[i].offset, bytes, &prefix);
+      // The floats are the caller's and outlive the call (this returns after
+      // Finish): a static slice refers to them with nothing to release.
+      grpc::Slice slices[2] = {grpc::Slice(prefix.data(), prefix.size()),
+                               grpc::Slice(chunks[i].data, bytes, grpc::Slice::STATIC_SLICE)};
+      ok = writer->Write(grpc::ByteBuffer(slices, bytes > 0 ? 2 : 1));
     }
     for (size_t i = 0; ok && i < sparse.size(); ++i) {
       msg.Clear();
@@ -139,11 +160,16 @@ class GrpcShardChannel final : public ShardChannel {
       r->mutable_ids()->Add(sparse[i].ids, sparse[i].ids + sparse[i].count);
       r->set_data(reinterpret_cast<const char*>(sparse[i].data),
                   sparse[i].count * sparse[i].dim * sizeof(float));
-      ok = writer->Write(msg);
+      ok = writer->Write(Serialize(msg));
     }
     if (ok) writer->WritesDone();
     auto s = writer->Finish();
     if (!s.ok()) return Annotate(s);
+    v1::PushResponse resp;
+    if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::PushResponse>(&answer, &resp).ok()) {
+      return Annotate(
+          grpc::Status(grpc::StatusCode::INTERNAL, "push answer is not a PushResponse"));
+    }
     return resp;
   }
 
@@ -211,6 +237,7 @@ class GrpcShardChannel final : public ShardChannel {
   const std::string task_;  // empty: no metadata
   const std::string authorization_;
   const bool tls_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ParameterServer::Stub> stub_;
 };
 
