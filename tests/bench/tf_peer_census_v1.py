@@ -15,6 +15,8 @@ the model, its placement and optimizers as kubetrain runs examples/census-income
 - The tables' gradients go to the PS as dense tensors: SyncReplicasOptimizer would aggregate
   IndexedSlices in a SparseConditionalAccumulator, which averages each row over the gradients
   that hold it, where kubetrain averages every row over the workers (sum / 2)."""
+import re
+
 import numpy as np
 import tensorflow as tf
 
@@ -122,12 +124,11 @@ class CensusJob:
 
     def ps_strategy(self):
         """replica_device_setter's ps_strategy: tables by the "/shard<k>" of their name, dense
-        variables by kubetrain's placement, the rest (global step, Adam's beta powers) on PS 0."""
+        variables by kubetrain's placement, slots ("<variable>/Adam") with their variables, the
+        rest (global step, Adam's beta powers) on PS 0."""
         def task_of(op):
-            name = op.name
-            if "/shard" in name:
-                return int(name.rsplit("/shard", 1)[1])
-            return self.placement.get(name, 0)
+            shard = re.search(r"/shard(\d+)(/|$)", op.name)
+            return int(shard.group(1)) if shard else self.placement.get(op.name.split("/")[0], 0)
         return task_of
 
     def _table(self, name, rows, dim, initial):
