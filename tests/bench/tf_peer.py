@@ -3,11 +3,12 @@
 One example TrainingJob is trained, alternately, by `bin/kubetrain run` and by TensorFlow (one
 process per task on loopback ports: tf_peer_compat_v1.py or tf_peer_ps_strategy.py), with the job's model,
 initial weights, per-worker batch order, optimizer, batch size, steps, evaluation schedule and
-cluster shape mapped to TensorFlow by plan_from_job below. Per run: examples/s of the training
-phase, test accuracy of the final model on the whole test set, and CPU seconds of every process of
-the job; then the medians. Prints figures only, never fails on a time. The last line:
+cluster shape mapped to TensorFlow by plan_from_job below (the Census wide & deep job by
+tf_peer_census.py). Per run: examples/s of the training phase, test accuracy (and for a binary
+head AUC) of the final model on the whole test set, and CPU seconds of every process of the job;
+then the medians. Prints figures only, never fails on a time. The last line:
 `example=… tf_api=… runs=N load=… kubetrain_eps=… tf_eps=… ratio=… kubetrain_acc=… tf_acc=…
-kubetrain_cpu_s=… tf_cpu_s=…`."""
+kubetrain_cpu_s=… tf_cpu_s=…` (then `kubetrain_auc=… tf_auc=…` for census-wide-deep)."""
 import argparse
 import json
 import os
@@ -23,11 +24,14 @@ import time
 
 import yaml
 
+import tf_peer_census
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = {
     "sync": "examples/fashion-mnist-sync.yaml",
     "async": "examples/fashion-mnist-async.yaml",
+    "census-wide-deep": "examples/census-income-wide-deep.yaml",
 }
 # Per TensorFlow API: its program, and whether a coordinator task ("chief") drives the workers.
 TF_PROGRAMS = {"compat_v1": ("tf_peer_compat_v1.py", False), "ps_strategy": ("tf_peer_ps_strategy.py", True)}
@@ -54,8 +58,10 @@ def plan_from_job(job, target_steps):
         raise ValueError(f"replica types other than PS and Worker: {sorted(set(replicas) - {'PS', 'Worker'})}")
     workers = replicas["Worker"].get("replicas", 1)
     model = training["model"]
+    if model.get("head") == "wideAndDeep":
+        return tf_peer_census.plan_from_census_job(job, target_steps, ROOT)
     if model.get("type") != "mlp":
-        raise ValueError(f"model type {model.get('type')!r}: only the mlp shorthand is mapped")
+        raise ValueError(f"model type {model.get('type')!r}: only the mlp shorthand and wideAndDeep are mapped")
     dataset = training.get("dataset", {})
     if dataset.get("name", "fashion-mnist") != "fashion-mnist" or dataset.get("format"):
         raise ValueError("only the Fashion-MNIST IDX files are mapped")
@@ -137,7 +143,7 @@ def run_kubetrain(job_path, work_dir):
     if p.returncode != 0:
         raise RuntimeError(f"kubetrain run failed ({p.returncode}):\n" + open(log).read()[-3000:])
     s = json.load(open(summary))
-    return {"eps": s["examples_per_second"], "acc": s["test_accuracy"], "cpu_s": cpu,
+    return {"eps": s["examples_per_second"], "acc": s["test_accuracy"], "auc": s.get("test_auc"), "cpu_s": cpu,
             "train_s": s["training_seconds"], "wall_s": wall, "global_step": s["global_step"]}
 
 
@@ -192,7 +198,7 @@ def run_tensorflow(plan, tf_python, tf_api, work_dir):
     if chief.returncode != 0:
         raise RuntimeError(f"the TensorFlow chief exited {chief.returncode}:\n" + tail_logs(run_dir))
     r = parse_tf_result(open(os.path.join(run_dir, reporter + ".log")).read())
-    return {"eps": r["examples"] / r["seconds"], "acc": r["test_accuracy"], "cpu_s": cpu,
+    return {"eps": r["examples"] / r["seconds"], "acc": r["test_accuracy"], "auc": r.get("test_auc"), "cpu_s": cpu,
             "train_s": r["seconds"], "wall_s": wall, "global_step": r["global_step"]}
 
 
@@ -205,7 +211,8 @@ def tail_logs(run_dir):
 
 
 def describe(who, i, runs, r, load):
-    return (f"{who} {i}/{runs}: eps={r['eps']:.0f} acc={r['acc']:.4f} cpu_s={r['cpu_s']:.1f} "
+    auc = f" auc={r['auc']:.4f}" if r["auc"] is not None else ""
+    return (f"{who} {i}/{runs}: eps={r['eps']:.0f} acc={r['acc']:.4f}{auc} cpu_s={r['cpu_s']:.1f} "
             f"train_s={r['train_s']:.1f} wall_s={r['wall_s']:.1f} global_step={r['global_step']} ({load})")
 
 
@@ -214,17 +221,20 @@ def summary_line(example, tf_api, runs, loads, kubetrain, tensorflow):
     def med(results, key):
         return statistics.median(r[key] for r in results)
     k_eps, t_eps = med(kubetrain, "eps"), med(tensorflow, "eps")
+    with_auc = all(r["auc"] is not None for r in kubetrain + tensorflow)
+    auc = f" kubetrain_auc={med(kubetrain, 'auc'):.4f} tf_auc={med(tensorflow, 'auc'):.4f}" if with_auc else ""
     return (f"example={example} tf_api={tf_api} runs={runs} load={statistics.median(loads):.2f} "
             f"kubetrain_wall_s={med(kubetrain, 'wall_s'):.1f} tf_wall_s={med(tensorflow, 'wall_s'):.1f} "
             f"kubetrain_eps={k_eps:.0f} tf_eps={t_eps:.0f} ratio={k_eps / t_eps:.2f} "
             f"kubetrain_acc={med(kubetrain, 'acc'):.4f} tf_acc={med(tensorflow, 'acc'):.4f} "
-            f"kubetrain_cpu_s={med(kubetrain, 'cpu_s'):.1f} tf_cpu_s={med(tensorflow, 'cpu_s'):.1f}")
+            f"kubetrain_cpu_s={med(kubetrain, 'cpu_s'):.1f} tf_cpu_s={med(tensorflow, 'cpu_s'):.1f}{auc}")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--example", choices=sorted(EXAMPLES), default="sync",
-                        help="which example job (sync: fashion-mnist-sync.yaml, async: fashion-mnist-async.yaml)")
+                        help="which example job (sync: fashion-mnist-sync.yaml, async: fashion-mnist-async.yaml, "
+                        "census-wide-deep: census-income-wide-deep.yaml)")
     parser.add_argument("--tf-api", choices=sorted(TF_PROGRAMS), default="compat_v1")
     parser.add_argument("--runs", type=int, default=3, help="runs of each side, alternating")
     parser.add_argument("--tf-python", required=True, help="the python of the TensorFlow virtualenv")

@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tf_peer_census_v1  # noqa: E402
 import tf_peer_data  # noqa: E402
 import tf_peer_replica  # noqa: E402
 
@@ -73,36 +74,60 @@ def run_ps(server):
     server.join()
 
 
+class MlpJob:
+    """The Fashion-MNIST MLP: what run_worker needs of an example (data, placement, graph, feeds,
+    evaluation); tf_peer_census_v1.CensusJob is the other."""
+
+    def __init__(self, plan, task, chief):
+        self.plan = plan
+        self.train_x, self.train_y = tf_peer_data.load_idx(plan["data"], "train")
+        self.train_size = len(self.train_y)
+        if chief:
+            test_images, self.test_y = tf_peer_data.load_idx(plan["data"], "t10k")
+            self.test_x = tf_peer_data.pixels(test_images)
+
+    def ps_strategy(self):
+        # Variables go whole to the least-loaded PS by bytes, largest first: kubetrain's placement
+        # for variables under splitThresholdBytes (core/placement.h); here in creation order, which
+        # for this MLP gives the same split (dense0/kernel alone on ps0, the rest with the global
+        # step and Adam's beta powers on ps1; slots sit with their variables).
+        return LeastLoadedPs(len(self.plan["cluster"]["ps"]))
+
+    def build(self):
+        """The variables (first: the placement is by bytes), placeholders and loss; returns
+        (loss, optimizer)."""
+        model = self.plan["model"]
+        layers = dense_variables(model, self.plan["seed"])
+        self.x = v1.placeholder(tf.float32, [None, model["input_dim"]])
+        self.y = v1.placeholder(tf.int32, [None])
+        logits = logits_of(layers, self.x)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=self.y, logits=logits))
+        self.correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), self.y), tf.int32))
+        return loss, optimizer_of(self.plan["optimizer"])
+
+    def feed(self, rows):
+        return {self.x: tf_peer_data.pixels(self.train_x, rows), self.y: self.train_y[rows]}
+
+    def evaluate(self, sess):
+        return {"test_accuracy": sess.run(self.correct, {self.x: self.test_x, self.y: self.test_y}) / len(self.test_y)}
+
+
 def run_worker(plan, task, server, cluster):
     workers = len(plan["cluster"]["worker"])
     chief = task == 0
     sync = plan["mode"] == "sync"
     batch = plan["batch_size"]
     target = plan["target_steps"]
-    train_x, train_y = tf_peer_data.load_idx(plan["data"], "train")
-    if chief:
-        test_images, test_y = tf_peer_data.load_idx(plan["data"], "t10k")
-        test_x = tf_peer_data.pixels(test_images)
+    job = (tf_peer_census_v1.CensusJob if plan.get("example") == "census" else MlpJob)(plan, task, chief)
     # Sync: every worker runs exactly `target` steps; async: at most all of them.
-    order = tf_peer_replica.batch_order(len(train_y), task, workers, plan["seed"], target * batch)
+    order = tf_peer_replica.batch_order(job.train_size, task, workers, plan["seed"], target * batch)
 
-    # Variables go whole to the least-loaded PS by bytes, largest first: kubetrain's placement
-    # for variables under splitThresholdBytes (core/placement.h); here in creation order, which
-    # for this MLP gives the same split (dense0/kernel alone on ps0, the rest with the global step
-    # and Adam's beta powers on ps1; slots sit with their variables).
     setter = v1.train.replica_device_setter(
-        cluster=cluster, worker_device=f"/job:worker/task:{task}",
-        ps_strategy=LeastLoadedPs(len(plan["cluster"]["ps"])))
+        cluster=cluster, worker_device=f"/job:worker/task:{task}", ps_strategy=job.ps_strategy())
     with tf.Graph().as_default():
         with v1.device(setter):
-            layers = dense_variables(plan["model"], plan["seed"])  # first: the placement is by bytes
+            loss, optimizer = job.build()
             global_step = v1.train.get_or_create_global_step()
-            x = v1.placeholder(tf.float32, [None, plan["model"]["input_dim"]])
-            y = v1.placeholder(tf.int32, [None])
-            logits = logits_of(layers, x)
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), y), tf.int32))
-            optimizer = optimizer_of(plan["optimizer"])
             if sync:
                 optimizer = v1.train.SyncReplicasOptimizer(
                     optimizer, replicas_to_aggregate=plan["replicas_to_aggregate"], total_num_replicas=workers)
@@ -133,9 +158,6 @@ def run_worker(plan, task, server, cluster):
                 open(ready, "w").close()
             start = time.monotonic()
 
-            def accuracy():
-                return sess.run(correct, {x: test_x, y: test_y}) / len(test_y)
-
             def reached_target(step_before):
                 # The global step fetched with the train op may be read before this step's update
                 # (StopAtStepHook's reasoning): read it again only when it may have reached the end.
@@ -148,22 +170,21 @@ def run_worker(plan, task, server, cluster):
                 # (wraps only if dropped stale gradients made a worker run past its share)
                 rows = np.take(order, np.arange(used, used + batch), mode="wrap")
                 used += batch
-                _, step_before, batch_loss = sess.run(
-                    [train_op, global_step, loss], {x: tf_peer_data.pixels(train_x, rows), y: train_y[rows]})
+                _, step_before, batch_loss = sess.run([train_op, global_step, loss], job.feed(rows))
                 losses = (losses + [batch_loss])[-50:]
                 if reached_target(step_before):
                     break
                 if chief and step_before + 1 >= next_eval:
-                    accuracy()
+                    job.evaluate(sess)
                     next_eval = ((step_before + 1) // every + 1) * every
             if not chief:
                 return
             final_step = int(sess.run(global_step))
-            test_accuracy = accuracy()
+            metrics = job.evaluate(sess)
             seconds = time.monotonic() - start
             examples_per_step = batch * (plan["replicas_to_aggregate"] if sync else 1)
             result = {"examples": final_step * examples_per_step, "seconds": seconds,
-                      "global_step": final_step, "test_accuracy": test_accuracy,
+                      "global_step": final_step, **metrics,
                       "final_loss": float(np.mean(losses)) if losses else 0.0}
             print("tf_peer_result " + json.dumps(result), flush=True)
             # Closing the session would join the sync queue runners, which can wait on the other
