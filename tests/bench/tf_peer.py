@@ -211,7 +211,7 @@ def tail_logs(run_dir):
 
 
 def describe(who, i, runs, r, load):
-    auc = f" auc={r['auc']:.4f}" if r["auc"] is not None else ""
+    auc = f" auc={r['auc']:.4f}" if r.get("auc") is not None else ""
     return (f"{who} {i}/{runs}: eps={r['eps']:.0f} acc={r['acc']:.4f}{auc} cpu_s={r['cpu_s']:.1f} "
             f"train_s={r['train_s']:.1f} wall_s={r['wall_s']:.1f} global_step={r['global_step']} ({load})")
 
@@ -221,7 +221,8 @@ def summary_line(example, tf_api, runs, loads, kubetrain, tensorflow):
     def med(results, key):
         return statistics.median(r[key] for r in results)
     k_eps, t_eps = med(kubetrain, "eps"), med(tensorflow, "eps")
-    with_auc = all(r["auc"] is not None for r in kubetrain + tensorflow)
+    # AUC only where the job's head reports one (the Census jobs), on both sides.
+    with_auc = all(r.get("auc") is not None for r in kubetrain + tensorflow)
     auc = f" kubetrain_auc={med(kubetrain, 'auc'):.4f} tf_auc={med(tensorflow, 'auc'):.4f}" if with_auc else ""
     return (f"example={example} tf_api={tf_api} runs={runs} load={statistics.median(loads):.2f} "
             f"kubetrain_wall_s={med(kubetrain, 'wall_s'):.1f} tf_wall_s={med(tensorflow, 'wall_s'):.1f} "

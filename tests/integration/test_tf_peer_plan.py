@@ -57,3 +57,9 @@ def test_lines_read_and_printed():
     keys = list(tf_peer.parse_key_values(line))
     assert keys[-7:] == ["kubetrain_eps", "tf_eps", "ratio", "kubetrain_acc", "tf_acc", "kubetrain_cpu_s", "tf_cpu_s"]
     assert tf_peer.parse_key_values(line)["ratio"] == "2.00"
+    # A head that reports AUC (the Census wide & deep job) adds both sides' AUC last.
+    line = tf_peer.summary_line("census-wide-deep", "compat_v1", 1, [2.5], [dict(run, auc=0.9274)],
+                                [dict(run, eps=50.0, auc=0.9275)])
+    values = tf_peer.parse_key_values(line)
+    assert list(values)[-2:] == ["kubetrain_auc", "tf_auc"]
+    assert (values["kubetrain_auc"], values["tf_auc"], values["ratio"]) == ("0.9274", "0.9275", "2.00")
