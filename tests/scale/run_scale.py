@@ -174,22 +174,20 @@ def created_twice(state):
 
 def describe_leftovers(pods, state):
     """What a run that leaves pods behind needs to be understood: each pod's state as the API
-    server holds it, and every line of the operator's logs (every start) that names it."""
-    logs = [(f, open(os.path.join(state, f)).read().splitlines())
-            for f in sorted(os.listdir(state)) if f.startswith("operator.") and f.endswith(".log")]
+    server holds it, then every line of the operator's logs (every start) naming its job."""
     for pod in pods[:20]:
         md = pod["metadata"]
-        name = md["name"]
-        print(f"left: pod {name} phase={pod.get('status', {}).get('phase')} "
+        print(f"left: pod {md['name']} phase={pod.get('status', {}).get('phase')} "
               f"created={md.get('creationTimestamp')} deleting={md.get('deletionTimestamp')} "
               f"rv={md.get('resourceVersion')} finalizers={md.get('finalizers')} "
               f"owner={[o.get('name') for o in md.get('ownerReferences', [])]}", flush=True)
-        word = re.compile(r"\b" + re.escape(name) + r"\b")
-        job = name.split("-")[0]
-        for f, lines in logs:
-            for line in lines:
-                if word.search(line) or re.search(r"\b" + re.escape(job) + r"\b", line):
-                    print(f"  {f}: {line[:300]}", flush=True)
+    jobs = sorted({pod["metadata"]["name"].split("-")[0] for pod in pods[:20]})
+    named = re.compile(r"\b(" + "|".join(map(re.escape, jobs)) + r")\b")
+    for f in sorted(os.listdir(state)):
+        if f.startswith("operator.") and f.endswith(".log"):
+            for line in open(os.path.join(state, f)):
+                if named.search(line):
+                    print(f"  {f}: {line.rstrip()[:300]}", flush=True)
 
 
 def pods_created(api):
