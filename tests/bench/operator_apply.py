@@ -15,14 +15,25 @@ next. Prints the median, min and max per shape; last line:
 
 ratio = median operator time / median plain-client time.
 
-  tests/bench/operator_apply [--rounds 15] [--shapes 1x4,2x8] [-- operator flags]
+With --timeline the API server writes an audit log (level Metadata), and for
+each shape the benchmark prints every request of its median operator round
+and of its median plain-client round: when the API server received it and
+when it answered, in ms from the round's first request, with the client
+(user agent; this benchmark's own requests send none), verb and object. That
+shows where a round's time goes (which requests wait for which) without
+instrumenting the operator. The audit log costs the API server some CPU, so
+compare ratios from runs without it.
+
+  tests/bench/operator_apply [--rounds 15] [--shapes 1x4,2x8] [--timeline] [-- operator flags]
 """
 import argparse
+import datetime
 import http.client
 import json
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 
@@ -175,14 +186,80 @@ def reference_round(api, client, pods, services, name, ps, workers):
     return (done - t0) * 1000
 
 
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+"""
+
+
+def enable_audit_log():
+    """Makes the API server that start_cluster() starts write an audit log of
+    every request (tests/cluster/up.sh passes KUBETRAIN_APISERVER_EXTRA_ARGS
+    on). Returns the log's path."""
+    d = tempfile.mkdtemp(prefix="kubetrain-bench-audit.")
+    with open(os.path.join(d, "policy.yaml"), "w") as f:
+        f.write(AUDIT_POLICY)
+    log = os.path.join(d, "audit.log")
+    os.environ["KUBETRAIN_APISERVER_EXTRA_ARGS"] = " ".join([
+        os.environ.get("KUBETRAIN_APISERVER_EXTRA_ARGS", ""),
+        f"--audit-policy-file={d}/policy.yaml", f"--audit-log-path={log}",
+        "--audit-log-mode=blocking"]).strip()
+    return log
+
+
+def _audit_time(stamp):
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def round_timeline(audit_events, prefix):
+    """The requests of the round whose objects are named `prefix…` (the job,
+    its pods, Services, ConfigMap, Secret, NetworkPolicy), with those any
+    client made in between (Events, status writes, other watches' lists), up
+    to the last create of the round: [(received_ms, answered_ms, agent, verb,
+    object, code)], ms from the round's first request."""
+    mine = [e for e in audit_events if e.get("verb") == "create"
+            and e.get("objectRef", {}).get("name", "").startswith(prefix)]
+    if not mine:
+        return []
+    start = min(_audit_time(e["requestReceivedTimestamp"]) for e in mine)
+    end = max(_audit_time(e["stageTimestamp"]) for e in mine)
+    rows = []
+    for e in audit_events:
+        got = _audit_time(e["requestReceivedTimestamp"])
+        if not start <= got <= end or e.get("verb") == "watch":
+            continue
+        o = e.get("objectRef", {})
+        what = o.get("resource", "") + "/" + o.get("name", "") + (
+            "/" + o["subresource"] if o.get("subresource") else "")
+        rows.append(((got - start) * 1000, (_audit_time(e["stageTimestamp"]) - start) * 1000,
+                     e.get("userAgent", "").split("/")[0][:20] or "(no user agent)", e.get("verb", ""), what,
+                     e.get("responseStatus", {}).get("code")))
+    return sorted(rows)
+
+
+def print_timelines(audit_log, rounds):
+    """rounds: [(label, name prefix)]."""
+    with open(audit_log) as f:
+        events = [json.loads(line) for line in f if line.strip()]
+    for label, prefix in rounds:
+        print(f"timeline of {label} ({prefix}): received ms, answered ms, client, verb, object, code")
+        for got, done, agent, verb, what, code in round_timeline(events, prefix):
+            print(f"  {got:7.1f} {done:7.1f}  {agent:20} {verb:7} {what} {code}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--shapes", default="1x4,2x8", help="PSxWorkers, comma-separated")
     ap.add_argument("--qps", type=float, default=100, help="the operator's --kube-api-qps")
     ap.add_argument("--burst", type=int, default=200)
+    ap.add_argument("--timeline", action="store_true",
+                    help="audit-log the API server and print the median rounds' requests")
     ap.add_argument("operator_flags", nargs="*")
     args = ap.parse_args()
+    audit_log = enable_audit_log() if args.timeline else None
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
 
     state, env = start_cluster("kubetrain-bench-operator.")
@@ -194,6 +271,7 @@ def main():
         pods, services = Watcher(api, "pods"), Watcher(api, "services")
         client = PlainClient(api, max(2 * (ps + w) + 1 for ps, w in shapes))
         fields = []
+        timelines = []
         for ps, workers in shapes:
             key = f"ps{ps}_w{workers}"
             tag = key.replace("_", "-")
@@ -205,10 +283,17 @@ def main():
                 op_ms.append(operator_round(api, client, pods, services, f"b{r}-{tag}", ps, workers))
                 ref_ms.append(reference_round(api, client, pods, services, f"r{r}-{tag}", ps, workers))
             op_med, ref_med = statistics.median(op_ms), statistics.median(ref_ms)
+            # The round nearest each median (median_low: an actual round).
+            op_r = op_ms.index(statistics.median_low(op_ms))
+            ref_r = ref_ms.index(statistics.median_low(ref_ms))
+            timelines += [(f"the median operator round, {key}", f"b{op_r}-{tag}"),
+                          (f"the median plain-client round, {key}", f"r{ref_r}-{tag}")]
             print(f"{ps} PS + {workers} workers ({2 * (ps + workers)} pods+Services): operator "
                   f"median {op_med:.0f} ms (min {min(op_ms):.0f}, max {max(op_ms):.0f}); plain client "
                   f"median {ref_med:.0f} ms (min {min(ref_ms):.0f}, max {max(ref_ms):.0f})", flush=True)
             fields += [f"{key}_ms={op_med:.0f}", f"{key}_ref_ms={ref_med:.0f}", f"{key}_ratio={op_med / ref_med:.2f}"]
+        if audit_log:
+            print_timelines(audit_log, timelines)
         print(" ".join(fields + [f"rounds={args.rounds}"]), flush=True)
     finally:
         if op.proc and op.proc.poll() is None:
