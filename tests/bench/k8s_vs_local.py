@@ -8,6 +8,10 @@ then per round trains the job locally (`bin/kubetrain run --summary-json`) and o
 examples/s over its training (the same counter in both: the operator copies the chief's
 termination message into .status.result). Last line:
   k8s_eps=... local_eps=... ratio=... k8s_acc=... local_acc=... k8s_min=... k8s_max=... local_min=... local_max=... rounds=N job=NAME images=0|1 local_tls=0|1
+With --split-tls each round also trains the job with `kubetrain run --tls`, and the line ends with
+  local_tls_eps=... local_tls_ratio=... k8s_vs_local_tls=...
+(local_tls_ratio = local with TLS / local: what TLS alone costs; k8s_vs_local_tls = cluster / local
+with TLS: what the rest of the cluster costs).
 """
 import argparse
 import json
@@ -95,10 +99,16 @@ def main():
                     help="pods as host processes from bin/ instead of the runtime image")
     ap.add_argument("--local-tls", action="store_true",
                     help="kubetrain run --tls (mutual TLS between the local tasks too, as on the cluster)")
+    ap.add_argument("--split-tls", action="store_true",
+                    help="per round also kubetrain run --tls, and print what TLS alone costs locally "
+                         "(local_tls_eps, local_tls_ratio = local --tls / local) and the cluster against "
+                         "it (k8s_vs_local_tls): the rest of the cluster's cost")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per job on the cluster")
     args = ap.parse_args()
     if args.rounds < 1:
         die("--rounds must be >= 1")
+    if args.split_tls and args.local_tls:
+        die("--split-tls already trains locally with and without --tls; leave out --local-tls")
     if os.geteuid() != 0:
         die("needs root (the test node agent runs pods in namespaces and chroots)")
     if not args.host_binaries:  # images=1 must mean the pods ran from the images
@@ -107,20 +117,23 @@ def main():
         job = yaml.safe_load(f)
     name = job["metadata"]["name"]
     cluster = Cluster(args.host_binaries)
-    k8s, local = [], []
+    k8s, local, local_tls = [], [], []
+    runs = {"local": local, "k8s": k8s, "local-tls": local_tls}
+    kinds = ["local", "k8s"] + (["local-tls"] if args.split_tls else [])
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(args.rounds):
-                order = ("local", "k8s") if r % 2 == 0 else ("k8s", "local")
+                # Each kind goes first in turn, so load drift hits all alike.
+                order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
                 for where in order:
-                    if where == "local":
-                        s = train_locally(args.job, tmp, args.local_tls)
-                        local.append((s["examples_per_second"], s["test_accuracy"]))
-                    else:
+                    if where == "k8s":
                         res = cluster.train(job, f"{name}-{r}", args.timeout)
                         k8s.append((result_value(res, "examples_per_second"), result_value(res, "test_accuracy")))
-                    eps, acc = (local if where == "local" else k8s)[-1]
-                    print(f"round {r + 1} {where:5s}: {eps:9.0f} examples/s, test accuracy {acc:.4f}",
+                    else:
+                        s = train_locally(args.job, tmp, args.local_tls or where == "local-tls")
+                        runs[where].append((s["examples_per_second"], s["test_accuracy"]))
+                    eps, acc = runs[where][-1]
+                    print(f"round {r + 1} {where:9s}: {eps:9.0f} examples/s, test accuracy {acc:.4f}",
                           flush=True)
     finally:
         cluster.down()
@@ -128,12 +141,19 @@ def main():
     k_med, l_med = statistics.median(k_eps), statistics.median(l_eps)
     print(f"cluster      examples/s: min {min(k_eps):.0f}  median {k_med:.0f}  max {max(k_eps):.0f}")
     print(f"kubetrain run examples/s: min {min(l_eps):.0f}  median {l_med:.0f}  max {max(l_eps):.0f}")
+    split = ""
+    if args.split_tls:
+        t_eps = [e for e, _ in local_tls]
+        t_med = statistics.median(t_eps)
+        print(f"kubetrain run --tls examples/s: min {min(t_eps):.0f}  median {t_med:.0f}  max {max(t_eps):.0f}")
+        split = (f" local_tls_eps={t_med:.0f} local_tls_ratio={t_med / l_med:.3f} "
+                 f"k8s_vs_local_tls={k_med / t_med:.3f}")
     print(f"k8s_eps={k_med:.0f} local_eps={l_med:.0f} ratio={k_med / l_med:.3f} "
           f"k8s_acc={statistics.median(a for _, a in k8s):.4f} "
           f"local_acc={statistics.median(a for _, a in local):.4f} "
           f"k8s_min={min(k_eps):.0f} k8s_max={max(k_eps):.0f} local_min={min(l_eps):.0f} "
           f"local_max={max(l_eps):.0f} rounds={args.rounds} job={name} "
-          f"images={0 if args.host_binaries else 1} local_tls={int(args.local_tls)}")
+          f"images={0 if args.host_binaries else 1} local_tls={int(args.local_tls)}{split}")
 
 
 if __name__ == "__main__":
