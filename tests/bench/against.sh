@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# --against REV for the benchmark wrappers (tests/bench/step, tests/bench/transport):
+# --against REV for the benchmark wrappers (tests/bench/step, tests/bench/transport;
+# tests/bench/example uses bench_against_prepare alone):
 # the same benchmark built from REV, side by side, run alternately with this
 # tree's, then the medians compared. Sourced by a wrapper, which calls
 #   bench_against TARGET HEADLINE_KEYS "$@"
@@ -55,27 +56,22 @@ bench_against_build() {
   fi
 }
 
-bench_against_run() {
-  set -euo pipefail
-  local target="$1" headline="$2" rev="$3" rounds="$4"
-  shift 4
-  local -a pass=("$@")
+# bench_against_prepare TARGET REV TMP: REV's worktree (created or reused) and
+# both trees built (make build, and //tests/bench:TARGET unless TARGET is
+# empty); copies of each build's bin/kubetrain* (and TARGET) in TMP/current
+# and TMP/against, so a rebuild of either tree during the runs cannot swap a
+# binary under the comparison; REV's short sha in TMP/short.
+bench_against_prepare() {
+  local target="$1" rev="$2" tmp="$3"
   [[ -n "$rev" ]] || bench_against_fail "--against needs a git revision (e.g. --against HEAD~1)"
-  [[ "$rounds" =~ ^[1-9][0-9]*$ ]] ||
-    bench_against_fail "--rounds-against needs a positive integer, got '$rounds'"
-
   local sha short
   sha="$(git -C "$root" rev-parse --verify --quiet "${rev}^{commit}")" ||
     bench_against_fail "'$rev' is not a commit of $root"
   short="$(git -C "$root" rev-parse --short "$sha")"
+  printf '%s\n' "$short" >"$tmp/short"
   local cache="${KUBETRAIN_BENCH_AGAINST_DIR:-$HOME/.cache/kubetrain/bench-against}"
   local dir="$cache/$sha"
   mkdir -p "$cache"
-
-  local tmp
-  tmp="$(mktemp -d -t kubetrain-bench-against.XXXXXX)"
-  # shellcheck disable=SC2064  # $tmp is fixed now; expand it now
-  trap "rm -rf '$tmp'" EXIT
 
   # One builder per revision at a time: two benches against the same REV
   # would otherwise race on its worktree and its bazel output base.
@@ -103,32 +99,57 @@ bench_against_run() {
     }
   fi
   # Old revisions may predate the benchmark: say so rather than let bazel fail.
-  grep -q "name = \"$target\"" "$dir/tests/bench/BUILD" 2>/dev/null ||
-    bench_against_fail "$short has no //tests/bench:$target (it came later); pick a newer revision"
+  if [[ -n "$target" ]]; then
+    grep -q "name = \"$target\"" "$dir/tests/bench/BUILD" 2>/dev/null ||
+      bench_against_fail "$short has no //tests/bench:$target (it came later); pick a newer revision"
+  fi
 
-  echo "bench --against: building this tree (make build, $BAZEL build //tests/bench:$target)..." >&2
+  echo "bench --against: building this tree (make build${target:+, $BAZEL build //tests/bench:$target})..." >&2
   bench_against_build "$root" "$tmp/build.log" make build BAZEL="$BAZEL"
-  bench_against_build "$root" "$tmp/build.log" "$BAZEL" build "//tests/bench:$target"
+  if [[ -n "$target" ]]; then
+    bench_against_build "$root" "$tmp/build.log" "$BAZEL" build "//tests/bench:$target"
+  fi
   echo "bench --against: building $short in $dir (the first time takes minutes: a new bazel" \
     "output base, the disk cache helps)..." >&2
   bench_against_build "$dir" "$tmp/build.log" make build BAZEL="$BAZEL" ||
     bench_against_fail "$short does not build (its own code or deps, see above)"
-  bench_against_build "$dir" "$tmp/build.log" "$BAZEL" build "//tests/bench:$target" ||
-    bench_against_fail "$short's //tests/bench:$target does not build (see above)"
+  if [[ -n "$target" ]]; then
+    bench_against_build "$dir" "$tmp/build.log" "$BAZEL" build "//tests/bench:$target" ||
+      bench_against_fail "$short's //tests/bench:$target does not build (see above)"
+  fi
 
   # Copies of both builds' binaries: a rebuild of either tree while the rounds
   # run (someone editing) cannot swap a binary under the comparison.
   local side bin_dir src
   for side in current against; do
     if [[ "$side" == current ]]; then src="$root"; else src="$dir"; fi
-    bin_dir="$(cd "$src" && "$BAZEL" info bazel-bin 2>/dev/null 9>&-)"
     mkdir -p "$tmp/$side"
-    cp "$bin_dir/tests/bench/$target" "$src/bin/kubetrain-ps" "$tmp/$side/"
+    cp -L "$src"/bin/kubetrain* "$tmp/$side/"
+    if [[ -n "$target" ]]; then
+      bin_dir="$(cd "$src" && "$BAZEL" info bazel-bin 2>/dev/null 9>&-)"
+      cp "$bin_dir/tests/bench/$target" "$tmp/$side/"
+    fi
   done
   # REV's bazel server is not needed any more: end it so its memory does not
   # sit idle for hours next to the runs (bazel's default idle timeout is 3 h).
   (cd "$dir" && "$BAZEL" shutdown 9>&-) >/dev/null 2>&1 || true
   exec 9>&-
+}
+
+bench_against_run() {
+  set -euo pipefail
+  local target="$1" headline="$2" rev="$3" rounds="$4"
+  shift 4
+  local -a pass=("$@")
+  [[ "$rounds" =~ ^[1-9][0-9]*$ ]] ||
+    bench_against_fail "--rounds-against needs a positive integer, got '$rounds'"
+
+  local tmp short
+  tmp="$(mktemp -d -t kubetrain-bench-against.XXXXXX)"
+  # shellcheck disable=SC2064  # $tmp is fixed now; expand it now
+  trap "rm -rf '$tmp'" EXIT
+  bench_against_prepare "$target" "$rev" "$tmp"
+  short="$(cat "$tmp/short")"
 
   # Alternate the builds so load drifts on the (shared) machine hit both alike.
   local i out
