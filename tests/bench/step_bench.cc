@@ -76,11 +76,11 @@ std::vector<int64_t> HiddenUnits(const Flags& f) {
 }
 
 // Unless given: 300 timed steps and 20 warm-up ones; with --model_mib=N
-// (compute and traffic grow with N) 300 / N timed steps, at least 5, and 2
+// (compute and traffic grow with N) 300 / N timed steps, at least 10, and 2
 // warm-up ones.
 int64_t StepsFor(const Flags& f) {
   if (f.steps >= 0) return f.steps;
-  return f.model_mib > 0 ? std::max<int64_t>(5, 300 / f.model_mib) : 300;
+  return f.model_mib > 0 ? std::max<int64_t>(10, 300 / f.model_mib) : 300;
 }
 int64_t WarmupFor(const Flags& f) {
   if (f.warmup >= 0) return f.warmup;
@@ -366,7 +366,7 @@ int main(int argc, char** argv) {
   parser.String("ps_binary", &flags.ps_binary, "the kubetrain-ps binary to start");
   parser.String("dataset", &flags.dataset, "Fashion-MNIST directory (IDX .gz files)");
   parser.Int("steps", &flags.steps,
-             "timed steps of each loop (-1: 300; with --model_mib=N, 300 / N, at least 5)");
+             "timed steps of each loop (-1: 300; with --model_mib=N, 300 / N, at least 10)");
   parser.Int("warmup", &flags.warmup, "untimed steps before them (-1: 20; with --model_mib, 2)");
   parser.Int("model_mib", &flags.model_mib,
              "dense model size: an mlp 784-h-h-10 with h chosen for ~N MiB of parameters (0: the "
