@@ -16,14 +16,17 @@ Loopback is one machine's memory and CPU: every worker and PS shares the same tw
 bound, so it does not grow with workers or PS tasks as separate links would.
 
 Prints a line per run and a table; the last line is key=value pairs:
-  w1_ps1_eps=... w1_ps1_tcp_eps=... w1_ps1_vs_tcp=... ... steps=N runs=N load=... model_bytes=...
-(medians over --runs; `load` = the median 1-minute load average at the start of the runs). Never
-fails on a time.
+  w1_ps1_eps=... w1_ps1_tcp_eps=... w1_ps1_vs_tcp=... w1_ps1_cores=... ... steps=N runs=N load=...
+  model_bytes=...
+(medians over --runs; `cores` = CPU seconds of the launcher and all its tasks / the run's wall
+seconds, start-up included; `load` = the median 1-minute load average at the start of the runs).
+Never fails on a time.
 """
 import argparse
 import copy
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -100,19 +103,26 @@ def measure_tcp(transport_bench, nbytes, rounds):
     return float(parse_key_values(last_line(p.stdout))["tcp_gbps"])
 
 
+def children_cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_kubetrain(job_path, work_dir):
+    """One `kubetrain run`: the chief's examples/s, and the CPU seconds of the launcher and all its
+    tasks over the whole run (cores busy = cpu_s / wall_s; start-up included)."""
     summary = os.path.join(work_dir, "summary.json")
     log = os.path.join(work_dir, "kubetrain.log")
-    wall0 = time.monotonic()
+    cpu0, wall0 = children_cpu_seconds(), time.monotonic()
     with open(log, "w") as out:
         p = subprocess.run([os.path.join(ROOT, "bin", "kubetrain"), "run", "--quiet", "--summary_json", summary,
                             job_path], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, timeout=3600)
-    wall = time.monotonic() - wall0
+    wall, cpu = time.monotonic() - wall0, children_cpu_seconds() - cpu0
     if p.returncode != 0:
         die(f"kubetrain run {job_path} failed ({p.returncode}):\n" + open(log).read()[-3000:])
     s = json.load(open(summary))
     return {"eps": s["examples_per_second"], "acc": s["test_accuracy"], "train_s": s["training_seconds"],
-            "wall_s": wall, "global_step": s["global_step"]}
+            "wall_s": wall, "cpu_s": cpu, "global_step": s["global_step"]}
 
 
 def key(workers, ps):
@@ -128,6 +138,8 @@ def summary_line(configs, results, steps, runs, loads, model_bytes):
         bound = statistics.median(r["tcp_eps"] for r in rs)
         k = key(workers, ps)
         parts += [f"{k}_eps={eps:.0f}", f"{k}_tcp_eps={bound:.0f}", f"{k}_vs_tcp={eps / bound:.3f}"]
+        if all("cpu_s" in r for r in rs):
+            parts.append(f"{k}_cores={statistics.median(r['cpu_s'] / r['wall_s'] for r in rs):.2f}")
     parts += [f"steps={steps}", f"runs={runs}", f"load={statistics.median(loads):.2f}", f"model_bytes={model_bytes}"]
     return " ".join(parts)
 
@@ -180,7 +192,9 @@ def main():
                 r["tcp_eps"] = tcp_bound_eps(batch, workers, model_bytes, gbps)
                 results[(workers, ps)].append(r)
                 print(f"run {run + 1}/{args.runs} {workers} worker(s), {ps} PS: {r['eps']:.0f} examples/s "
-                      f"(train {r['train_s']:.1f} s, global step {r['global_step']}, accuracy {r['acc']:.4f}); "
+                      f"(train {r['train_s']:.1f} s, wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} s = "
+                      f"{r['cpu_s'] / r['wall_s']:.2f} cores, global step {r['global_step']}, "
+                      f"accuracy {r['acc']:.4f}); "
                       f"raw TCP {gbps:.2f} GB/s for {nbytes} bytes a step = {r['tcp_eps']:.0f} examples/s, "
                       f"ratio {r['eps'] / r['tcp_eps']:.3f} (load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})",
                       flush=True)
@@ -190,8 +204,9 @@ def main():
         else:
             subprocess.run(["rm", "-rf", tmp])
 
-    print("| workers | PS | examples/s | vs 1 worker | raw-TCP bound examples/s (GB/s) | examples/s / bound |")
-    print("|---|---|---|---|---|---|")
+    print("| workers | PS | examples/s | vs 1 worker | cores busy | raw-TCP bound examples/s (GB/s) | "
+          "examples/s / bound |")
+    print("|---|---|---|---|---|---|---|")
     for workers, ps in configs:
         rs = results[(workers, ps)]
         eps = statistics.median(r["eps"] for r in rs)
@@ -199,7 +214,8 @@ def main():
         base = statistics.median(r["eps"] for r in one) if one else None
         bound = statistics.median(r["tcp_eps"] for r in rs)
         gbps = statistics.median(r["tcp_gbps"] for r in rs)
-        print(f"| {workers} | {ps} | {eps:.0f} | {f'{eps / base:.2f}x' if base else '-'} | "
+        cores = statistics.median(r["cpu_s"] / r["wall_s"] for r in rs)
+        print(f"| {workers} | {ps} | {eps:.0f} | {f'{eps / base:.2f}x' if base else '-'} | {cores:.2f} | "
               f"{bound:.0f} ({gbps:.2f}) | {eps / bound:.3f} |")
     print(summary_line(configs, results, args.steps, args.runs, loads, model_bytes), flush=True)
 
