@@ -16,11 +16,11 @@ Loopback is one machine's memory and CPU: every worker and PS shares the same tw
 bound, so it does not grow with workers or PS tasks as separate links would.
 
 Prints a line per run and a table; the last line is key=value pairs:
-  w1_ps1_eps=... w1_ps1_tcp_eps=... w1_ps1_vs_tcp=... w1_ps1_cores=... ... steps=N runs=N load=...
-  model_bytes=...
-(medians over --runs; `cores` = CPU seconds of the launcher and all its tasks / the run's wall
-seconds, start-up included; `load` = the median 1-minute load average at the start of the runs).
-Never fails on a time.
+  w1_ps1_eps=... w1_ps1_tcp_eps=... w1_ps1_vs_tcp=... w1_ps1_step_ms=... w1_ps1_cores=... ...
+  steps=N runs=N load=... model_bytes=...
+(medians over --runs; `step_ms` = ms per global step = examples per step / examples/s; `cores` =
+CPU seconds of the launcher and all its tasks / the run's wall seconds, start-up included; `load` =
+the median 1-minute load average at the start of the runs). Never fails on a time.
 """
 import argparse
 import copy
@@ -129,7 +129,7 @@ def key(workers, ps):
     return f"w{workers}_ps{ps}"
 
 
-def summary_line(configs, results, steps, runs, loads, model_bytes):
+def summary_line(configs, results, steps, runs, loads, model_bytes, batch=None):
     """The last line: per configuration the median examples/s, the raw-TCP bound and their ratio."""
     parts = []
     for workers, ps in configs:
@@ -138,6 +138,8 @@ def summary_line(configs, results, steps, runs, loads, model_bytes):
         bound = statistics.median(r["tcp_eps"] for r in rs)
         k = key(workers, ps)
         parts += [f"{k}_eps={eps:.0f}", f"{k}_tcp_eps={bound:.0f}", f"{k}_vs_tcp={eps / bound:.3f}"]
+        if batch:
+            parts.append(f"{k}_step_ms={batch * workers / eps * 1e3:.3f}")
         if all("cpu_s" in r for r in rs):
             parts.append(f"{k}_cores={statistics.median(r['cpu_s'] / r['wall_s'] for r in rs):.2f}")
     parts += [f"steps={steps}", f"runs={runs}", f"load={statistics.median(loads):.2f}", f"model_bytes={model_bytes}"]
@@ -204,9 +206,9 @@ def main():
         else:
             subprocess.run(["rm", "-rf", tmp])
 
-    print("| workers | PS | examples/s | vs 1 worker | cores busy | raw-TCP bound examples/s (GB/s) | "
-          "examples/s / bound |")
-    print("|---|---|---|---|---|---|---|")
+    print("| workers | PS | examples/s | vs 1 worker | cores busy | ms per global step | MB per global step | "
+          "raw TCP ms for them (GB/s) | raw-TCP bound examples/s | examples/s / bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for workers, ps in configs:
         rs = results[(workers, ps)]
         eps = statistics.median(r["eps"] for r in rs)
@@ -215,9 +217,11 @@ def main():
         bound = statistics.median(r["tcp_eps"] for r in rs)
         gbps = statistics.median(r["tcp_gbps"] for r in rs)
         cores = statistics.median(r["cpu_s"] / r["wall_s"] for r in rs)
+        nbytes = bytes_per_global_step(model_bytes, workers)
         print(f"| {workers} | {ps} | {eps:.0f} | {f'{eps / base:.2f}x' if base else '-'} | {cores:.2f} | "
-              f"{bound:.0f} ({gbps:.2f}) | {eps / bound:.3f} |")
-    print(summary_line(configs, results, args.steps, args.runs, loads, model_bytes), flush=True)
+              f"{batch * workers / eps * 1e3:.2f} | {nbytes / 1e6:.2f} | {nbytes / (gbps * 1e9) * 1e3:.2f} ({gbps:.2f}) | "
+              f"{bound:.0f} | {eps / bound:.3f} |")
+    print(summary_line(configs, results, args.steps, args.runs, loads, model_bytes, batch), flush=True)
 
 
 if __name__ == "__main__":

@@ -53,3 +53,6 @@ def test_last_line():
     kv = scaling.parse_key_values(line)
     assert list(kv)[:3] == ["w1_ps1_eps", "w1_ps1_tcp_eps", "w1_ps1_vs_tcp"]
     assert (kv["w1_ps1_vs_tcp"], kv["w2_ps1_eps"], kv["steps"], kv["load"]) == ("0.250", "1500", "2000", "2.50")
+    # with the batch: ms per global step (2 workers x 64 examples at 1500 examples/s)
+    line = scaling.summary_line([(1, 1), (2, 1)], results, 2000, 1, [2.5], 940584, 64)
+    assert scaling.parse_key_values(line)["w2_ps1_step_ms"] == "85.333"
