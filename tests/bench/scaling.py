@@ -158,7 +158,7 @@ def main():
     ap.add_argument("--ps", type=int_list, default=[1, 2], help="comma-separated PS task counts")
     ap.add_argument("--steps", type=int, default=2000, help="global steps of every run")
     ap.add_argument("--runs", type=int, default=1, help="sweeps (medians per configuration)")
-    ap.add_argument("--tcp-rounds", type=int, default=20, help="raw TCP transfers timed before each run")
+    ap.add_argument("--tcp-rounds", type=int, default=100, help="raw TCP transfers timed before each run")
     ap.add_argument("--keep-temp", action="store_true", help="keep the jobs, logs and summaries")
     args = ap.parse_args()
 

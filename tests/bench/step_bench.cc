@@ -14,6 +14,7 @@
 // moving the bytes of one step (push + pull = 2 x model bytes; TcpRound,
 // shared with transport_bench) the bound any transport has for them. The
 // last line is key=value pairs. Never fails on a time.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -39,10 +40,10 @@ namespace {
 struct Flags {
   std::string ps_binary = DefaultPsBinary();
   std::string dataset = "/usr/share/datasets/fashion-mnist";
-  int64_t steps = -1;     // 300; with --model_mib, fewer (StepsFor)
-  int64_t warmup = -1;    // 20; with --model_mib, fewer (WarmupFor)
-  int64_t model_mib = 0;  // 0: the default mlp 784-256-128-10
-  int64_t tcp_rounds = 10;
+  int64_t steps = -1;       // 300; with --model_mib, fewer (StepsFor)
+  int64_t warmup = -1;      // 20; with --model_mib, fewer (WarmupFor)
+  int64_t model_mib = 0;    // 0: the default mlp 784-256-128-10
+  int64_t tcp_rounds = -1;  // TcpRoundsFor
   int64_t batch = 128;
   int64_t rtt_calls = 200;
   int64_t ps = 1;
@@ -85,6 +86,15 @@ int64_t StepsFor(const Flags& f) {
 int64_t WarmupFor(const Flags& f) {
   if (f.warmup >= 0) return f.warmup;
   return f.model_mib > 0 ? 2 : 20;
+}
+
+// Unless given: enough rounds to move 256 MiB in all (a small transfer is
+// noisy: one late wake-up of the receiver doubles it), at least 10, at most
+// 200.
+int TcpRoundsFor(const Flags& f, uint64_t bytes) {
+  if (f.tcp_rounds > 0) return static_cast<int>(f.tcp_rounds);
+  const uint64_t rounds = (uint64_t{256} << 20) / std::max<uint64_t>(1, bytes);
+  return static_cast<int>(std::clamp<uint64_t>(rounds, 10, 200));
 }
 
 std::string JobYaml(const Flags& f) {
@@ -284,7 +294,7 @@ int Run(const Flags& f) {
 
   // Raw TCP over loopback moving one step's bytes (push + pull), the PS idle.
   const uint64_t step_bytes = 2 * static_cast<uint64_t>(model_bytes);
-  auto tcp = MeasureTcpBound(step_bytes, static_cast<int>(std::max<int64_t>(1, f.tcp_rounds)));
+  auto tcp = MeasureTcpBound(step_bytes, TcpRoundsFor(f, step_bytes));
   if (!tcp.ok()) return Fail("raw tcp: ", tcp.status());
 
   absl::Status left = client.Leave();
@@ -371,8 +381,10 @@ int main(int argc, char** argv) {
   parser.Int("model_mib", &flags.model_mib,
              "dense model size: an mlp 784-h-h-10 with h chosen for ~N MiB of parameters (0: the "
              "default mlp 784-256-128-10)");
-  parser.Int("tcp_rounds", &flags.tcp_rounds,
-             "raw TCP transfers of one step's bytes (2 x model bytes) timed for the bound");
+  parser.Int(
+      "tcp_rounds", &flags.tcp_rounds,
+      "raw TCP transfers of one step's bytes (2 x model bytes) timed for the bound (-1: 256 MiB "
+      "in all, 10..200)");
   parser.Int("batch", &flags.batch, "batch size");
   parser.Int("rtt_calls", &flags.rtt_calls, "GetInfo round trips timed");
   parser.Int("ps", &flags.ps,
