@@ -103,6 +103,94 @@ std::string DefaultPsBinary() {
   return absl::StrCat(ws && *ws ? ws : ".", "/bin/kubetrain-ps");
 }
 
+absl::StatusOr<double> TcpRound(uint64_t total, size_t write_size) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (lfd < 0 || bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(lfd, 1) != 0 || getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    int e = errno;
+    if (lfd >= 0) close(lfd);
+    return absl::InternalError(absl::StrCat("listen on 127.0.0.1: ", std::strerror(e)));
+  }
+  uint64_t received = 0;
+  double end_time = 0;
+  std::string recv_error;
+  std::thread receiver([&] {
+    int fd = accept(lfd, nullptr, nullptr);
+    if (fd < 0) {
+      recv_error = std::strerror(errno);
+      return;
+    }
+    std::vector<char> buf(write_size);
+    while (received < total) {
+      ssize_t n = read(fd, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        recv_error = n == 0 ? "early EOF" : std::strerror(errno);
+        break;
+      }
+      received += static_cast<uint64_t>(n);
+    }
+    end_time = NowSeconds();
+    close(fd);
+  });
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int e = errno;
+    close(fd);
+    shutdown(lfd, SHUT_RDWR);
+    close(lfd);
+    receiver.join();
+    return absl::InternalError(absl::StrCat("connect: ", std::strerror(e)));
+  }
+  std::vector<char> data(write_size, 'k');
+  const double start = NowSeconds();
+  uint64_t sent = 0;
+  std::string send_error;
+  while (sent < total) {
+    size_t want = static_cast<size_t>(std::min<uint64_t>(write_size, total - sent));
+    size_t off = 0;
+    while (off < want) {
+      ssize_t n = write(fd, data.data() + off, want - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        send_error = std::strerror(errno);
+        break;
+      }
+      off += static_cast<size_t>(n);
+    }
+    if (!send_error.empty()) break;
+    sent += want;
+  }
+  close(fd);
+  receiver.join();
+  close(lfd);
+  if (!send_error.empty()) return absl::InternalError("tcp send: " + send_error);
+  if (!recv_error.empty()) return absl::InternalError("tcp receive: " + recv_error);
+  return end_time - start;
+}
+
+std::vector<double> TcpBound::Seconds() const {
+  std::vector<double> out;
+  for (double gbps : gbps) out.push_back(gbps > 0 ? bytes / (gbps * 1e9) : 0.0);
+  return out;
+}
+
+absl::StatusOr<TcpBound> MeasureTcpBound(uint64_t bytes, int rounds, size_t write_size) {
+  TcpBound out;
+  out.bytes = bytes;
+  out.write_size = write_size;
+  for (int r = 0; r < std::max(1, rounds); ++r) {
+    auto secs = TcpRound(bytes, write_size);
+    if (!secs.ok()) return secs.status();
+    out.gbps.push_back(*secs > 0 ? bytes / *secs / 1e9 : 0.0);
+  }
+  return out;
+}
+
 PsProcess::~PsProcess() {
   if (pid_ > 0) {
     kill(pid_, SIGKILL);

@@ -9,6 +9,8 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,24 @@ std::string TfConfigJson(int ps_port, int worker_port, const std::string& task_t
 // `task_type`:`index`.
 std::string TfConfigJson(const std::vector<int>& ps_ports, int worker_port,
                          const std::string& task_type, int index);
+
+// One raw TCP transfer of `total` bytes over 127.0.0.1 in `write_size`
+// writes (a sender and a receiver thread, a fresh connection). Returns the
+// seconds from the first write to the receiver having read the last byte (the
+// connection set-up is not counted). The bound every benchmark here compares
+// kubetrain's transport with.
+absl::StatusOr<double> TcpRound(uint64_t total, size_t write_size);
+
+// `rounds` TcpRound(bytes, write_size): GB/s (1e9 bytes/s) of each round.
+struct TcpBound {
+  uint64_t bytes = 0;
+  size_t write_size = 0;
+  std::vector<double> gbps;  // one per round
+  // The seconds of each round.
+  std::vector<double> Seconds() const;
+};
+absl::StatusOr<TcpBound> MeasureTcpBound(uint64_t bytes, int rounds,
+                                         size_t write_size = size_t{1} << 20);
 
 // Default location of kubetrain-ps: $BUILD_WORKSPACE_DIRECTORY/bin (bazel run),
 // else bin/ under the current directory.

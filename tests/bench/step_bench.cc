@@ -6,11 +6,16 @@
 //   distributed: a real kubetrain-ps child (sync, 1 PS, 1 worker) and a
 //                PsClient over gRPC, the worker's loop: Pull(min_version = v)
 //                -> batch -> LossAndGradients -> Push(grad, v).
-// Same model (mlp 784-256-128-10), optimizer (adam), batch (128), real
-// Fashion-MNIST, same initial values. Medians over --steps steps after
+// Same model (mlp 784-256-128-10, or with --model_mib=N an mlp 784-h-h-10
+// whose h makes the dense parameters ~N MiB), optimizer (adam), batch (128),
+// real Fashion-MNIST, same initial values. Medians over --steps steps after
 // --warmup steps. A tiny gRPC round trip (ShardChannel::GetInfo) measured in
-// the same run shows the fixed cost of one RPC. The last line is key=value
-// pairs. Never fails on a time.
+// the same run shows the fixed cost of one RPC, and raw TCP over loopback
+// moving the bytes of one step (push + pull = 2 x model bytes; TcpRound,
+// shared with transport_bench) the bound any transport has for them. The
+// last line is key=value pairs. Never fails on a time.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <numeric>
@@ -18,6 +23,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/clock.h"
 #include "core/dataset.h"
 #include "core/flags.h"
@@ -34,15 +40,65 @@ namespace {
 struct Flags {
   std::string ps_binary = DefaultPsBinary();
   std::string dataset = "/usr/share/datasets/fashion-mnist";
-  int64_t steps = 300;
-  int64_t warmup = 20;
+  int64_t steps = -1;       // 300; with --model_mib, fewer (StepsFor)
+  int64_t warmup = -1;      // 20; with --model_mib, fewer (WarmupFor)
+  int64_t model_mib = 0;    // 0: the default mlp 784-256-128-10
+  int64_t tcp_rounds = -1;  // TcpRoundsFor
   int64_t batch = 128;
   int64_t rtt_calls = 200;
   int64_t ps = 1;
   bool keep_temp = false;
 };
 
+// Floats of an mlp 784-h-h-10: 784h + h + h*h + h + 10h + 10.
+int64_t MlpFloats(int64_t h) { return h * h + 796 * h + 10; }
+
+// The hidden width h of an mlp 784-h-h-10 whose parameters are closest to
+// `mib` MiB of float32 (two equal hidden layers: the largest a single
+// `hiddenUnits` entry may be, 65536, is 199 MiB in one layer).
+int64_t HiddenForMib(int64_t mib) {
+  const double floats = mib * 1048576.0 / 4;
+  int64_t h = static_cast<int64_t>(std::llround((-796 + std::sqrt(796.0 * 796 + 4 * floats)) / 2));
+  h = std::max<int64_t>(1, h);
+  // The nearest of h and its neighbours (the root is rounded).
+  for (int64_t c : {h - 1, h + 1}) {
+    if (c >= 1 && std::llabs(MlpFloats(c) * 4 - mib * 1048576) <
+                      std::llabs(MlpFloats(h) * 4 - mib * 1048576)) {
+      h = c;
+    }
+  }
+  return h;
+}
+
+std::vector<int64_t> HiddenUnits(const Flags& f) {
+  if (f.model_mib <= 0) return {256, 128};
+  const int64_t h = HiddenForMib(f.model_mib);
+  return {h, h};
+}
+
+// Unless given: 300 timed steps and 20 warm-up ones; with --model_mib=N
+// (compute and traffic grow with N) 300 / N timed steps, at least 10, and 2
+// warm-up ones.
+int64_t StepsFor(const Flags& f) {
+  if (f.steps >= 0) return f.steps;
+  return f.model_mib > 0 ? std::max<int64_t>(10, 300 / f.model_mib) : 300;
+}
+int64_t WarmupFor(const Flags& f) {
+  if (f.warmup >= 0) return f.warmup;
+  return f.model_mib > 0 ? 2 : 20;
+}
+
+// Unless given: enough rounds to move 256 MiB in all (a small transfer is
+// noisy: one late wake-up of the receiver doubles it), at least 10, at most
+// 200.
+int TcpRoundsFor(const Flags& f, uint64_t bytes) {
+  if (f.tcp_rounds > 0) return static_cast<int>(f.tcp_rounds);
+  const uint64_t rounds = (uint64_t{256} << 20) / std::max<uint64_t>(1, bytes);
+  return static_cast<int>(std::clamp<uint64_t>(rounds, 10, 200));
+}
+
 std::string JobYaml(const Flags& f) {
+  const std::vector<int64_t> hidden = HiddenUnits(f);
   return absl::StrCat(R"(apiVersion: kubetrain.io/v1
 kind: TrainingJob
 metadata:
@@ -56,7 +112,8 @@ spec:
     mode: sync
     model:
       type: mlp
-      hiddenUnits: [256, 128]
+      hiddenUnits: [)",
+                      absl::StrJoin(hidden, ", "), R"(]
     dataset:
       name: fashion-mnist
       path: )",
@@ -92,8 +149,8 @@ int Fail(const std::string& what, const absl::Status& s) {
 }
 
 int Run(const Flags& f) {
-  const int steps = static_cast<int>(std::max<int64_t>(1, f.steps));
-  const int warmup = static_cast<int>(std::max<int64_t>(0, f.warmup));
+  const int steps = static_cast<int>(std::max<int64_t>(1, StepsFor(f)));
+  const int warmup = static_cast<int>(std::max<int64_t>(0, WarmupFor(f)));
   const int total = warmup + steps;
 
   auto dir = MakeTempDir("kubetrain-bench-step-");
@@ -135,10 +192,12 @@ int Run(const Flags& f) {
   if (!train.ok()) return Fail("", train.status());
   int64_t model_bytes = 0;
   for (const auto& v : model.variables()) model_bytes += v.num_bytes();
+  const std::string shape = absl::StrCat("784-", absl::StrJoin(HiddenUnits(f), "-"), "-10");
   std::printf(
-      "step benchmark: mlp 784-256-128-10 (%lld bytes), adam, batch %d, sync, %d PS + 1 "
+      "step benchmark: mlp %s (%lld bytes = %.3f MiB), adam, batch %d, sync, %d PS + 1 "
       "worker; %d steps after %d warm-up\n",
-      static_cast<long long>(model_bytes), batch, num_ps, steps, warmup);
+      shape.c_str(), static_cast<long long>(model_bytes), model_bytes / 1048576.0, batch, num_ps,
+      steps, warmup);
   std::fflush(stdout);
 
   // Local: one process, no RPC.
@@ -233,6 +292,11 @@ int Run(const Flags& f) {
     }
   }
 
+  // Raw TCP over loopback moving one step's bytes (push + pull), the PS idle.
+  const uint64_t step_bytes = 2 * static_cast<uint64_t>(model_bytes);
+  auto tcp = MeasureTcpBound(step_bytes, TcpRoundsFor(f, step_bytes));
+  if (!tcp.ok()) return Fail("raw tcp: ", tcp.status());
+
   absl::Status left = client.Leave();
   auto stats = client.Shutdown();
   int exit_code = 0;
@@ -262,6 +326,9 @@ int Run(const Flags& f) {
   PrintRow("push (transfer + apply)", dist_push);
   std::printf("tiny gRPC round trip (GetInfo):\n");
   PrintRow("rtt", rtt);
+  std::printf("raw TCP over 127.0.0.1, one step's bytes (push + pull: %llu bytes), %zu rounds:\n",
+              static_cast<unsigned long long>(step_bytes), tcp->gbps.size());
+  PrintRow("tcp bound", tcp->Seconds());
   std::printf("mean loss over the last 50 steps: local %.4f, distributed %.4f\n",
               MeanTail(local_loss, 50), MeanTail(dist_loss, 50));
   if (stats.ok()) {
@@ -273,15 +340,27 @@ int Run(const Flags& f) {
 
   const double local_ms = Ms(Summarize(local_step).median);
   const double dist_ms = Ms(Summarize(dist_step).median);
+  const double pull_ms = Ms(Summarize(dist_pull).median);
+  const double push_ms = Ms(Summarize(dist_push).median);
+  const double tcp_ms = Ms(Summarize(tcp->Seconds()).median);
+  const double tcp_gbps = Summarize(tcp->gbps).median;
+  std::printf(
+      "step vs raw TCP for its %.1f MB: step %.3f ms = %.1fx, pull + push %.3f ms = %.1fx the "
+      "%.3f ms raw TCP needs (%.2f GB/s)\n",
+      step_bytes / 1e6, dist_ms, tcp_ms > 0 ? dist_ms / tcp_ms : 0.0, pull_ms + push_ms,
+      tcp_ms > 0 ? (pull_ms + push_ms) / tcp_ms : 0.0, tcp_ms, tcp_gbps);
   std::printf(
       "local_ms=%.3f distributed_ms=%.3f ratio=%.2f pull_ms=%.3f push_ms=%.3f rtt_us=%.0f "
       "steps=%d compute_ms=%.3f local_compute_ms=%.3f local_apply_ms=%.3f hold_ms=%.3f "
-      "model_bytes=%lld ps=%d\n",
-      local_ms, dist_ms, local_ms > 0 ? dist_ms / local_ms : 0.0, Ms(Summarize(dist_pull).median),
-      Ms(Summarize(dist_push).median), Summarize(rtt).median * 1e6, steps,
-      Ms(Summarize(dist_compute).median), Ms(Summarize(local_compute).median),
-      Ms(Summarize(local_apply).median), Ms(Summarize(dist_wait).median),
-      static_cast<long long>(model_bytes), num_ps);
+      "model_bytes=%lld ps=%d tcp_ms=%.3f tcp_gbps=%.2f step_vs_tcp=%.2f comm_vs_tcp=%.2f "
+      "hidden=%lld\n",
+      local_ms, dist_ms, local_ms > 0 ? dist_ms / local_ms : 0.0, pull_ms, push_ms,
+      Summarize(rtt).median * 1e6, steps, Ms(Summarize(dist_compute).median),
+      Ms(Summarize(local_compute).median), Ms(Summarize(local_apply).median),
+      Ms(Summarize(dist_wait).median), static_cast<long long>(model_bytes), num_ps, tcp_ms,
+      tcp_gbps, tcp_ms > 0 ? dist_ms / tcp_ms : 0.0,
+      tcp_ms > 0 ? (pull_ms + push_ms) / tcp_ms : 0.0,
+      static_cast<long long>(HiddenUnits(f).front()));
   std::fflush(stdout);
   return 0;
 }
@@ -296,8 +375,16 @@ int main(int argc, char** argv) {
       "step_bench [--ps_binary=bin/kubetrain-ps] [--steps=300]: sync step time, PS vs one process");
   parser.String("ps_binary", &flags.ps_binary, "the kubetrain-ps binary to start");
   parser.String("dataset", &flags.dataset, "Fashion-MNIST directory (IDX .gz files)");
-  parser.Int("steps", &flags.steps, "timed steps of each loop");
-  parser.Int("warmup", &flags.warmup, "untimed steps before them");
+  parser.Int("steps", &flags.steps,
+             "timed steps of each loop (-1: 300; with --model_mib=N, 300 / N, at least 10)");
+  parser.Int("warmup", &flags.warmup, "untimed steps before them (-1: 20; with --model_mib, 2)");
+  parser.Int("model_mib", &flags.model_mib,
+             "dense model size: an mlp 784-h-h-10 with h chosen for ~N MiB of parameters (0: the "
+             "default mlp 784-256-128-10)");
+  parser.Int(
+      "tcp_rounds", &flags.tcp_rounds,
+      "raw TCP transfers of one step's bytes (2 x model bytes) timed for the bound (-1: 256 MiB "
+      "in all, 10..200)");
   parser.Int("batch", &flags.batch, "batch size");
   parser.Int("rtt_calls", &flags.rtt_calls, "GetInfo round trips timed");
   parser.Int("ps", &flags.ps,

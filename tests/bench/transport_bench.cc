@@ -1,7 +1,9 @@
 // Transport benchmark: how close does a PS push+pull get to a raw TCP stream?
 //
 //   (a) raw TCP over 127.0.0.1: a sender thread writes --tcp_mib MiB in 1 MiB
-//       writes, a receiver thread reads them into a buffer;
+//       writes, a receiver thread reads them into a buffer (TcpRound in
+//       bench_util.h, shared with step_bench; --tcp_only runs (a) alone, for
+//       tests/bench/scaling);
 //   (b) a real kubetrain-ps child process (async, sgd, one unsplit ~64 MiB
 //       MLP) and a PsClient over gRPC: Push(full gradient) then Pull(full
 //       model); bytes per round = 2 x model bytes;
@@ -10,17 +12,11 @@
 //       token and the job's certificate.
 // Each is repeated --rounds times; the figures are min/median/max GB/s
 // (1e9 bytes/s). The last line is key=value pairs. Never fails on a time.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,82 +39,12 @@ struct Flags {
   int64_t rounds = 5;
   int64_t tcp_mib = 1024;
   int64_t tcp_write_kib = 1024;
+  int64_t tcp_bytes = 0;  // > 0: overrides tcp_mib
+  bool tcp_only = false;
   int64_t hidden_units = 20000;  // 784*h + h + 10*h + 10 floats: 20000 -> 60.7 MiB
   int64_t chunk_bytes = 4 << 20;
   bool keep_temp = false;
 };
-
-// One raw TCP transfer of `total` bytes in `write_size` writes. Returns seconds
-// from the first write to the receiver having read the last byte.
-absl::StatusOr<double> TcpRound(uint64_t total, size_t write_size) {
-  int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (lfd < 0 || bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(lfd, 1) != 0 || getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    int e = errno;
-    if (lfd >= 0) close(lfd);
-    return absl::InternalError(absl::StrCat("listen on 127.0.0.1: ", std::strerror(e)));
-  }
-  uint64_t received = 0;
-  double end_time = 0;
-  std::string recv_error;
-  std::thread receiver([&] {
-    int fd = accept(lfd, nullptr, nullptr);
-    if (fd < 0) {
-      recv_error = std::strerror(errno);
-      return;
-    }
-    std::vector<char> buf(write_size);
-    while (received < total) {
-      ssize_t n = read(fd, buf.data(), buf.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        recv_error = n == 0 ? "early EOF" : std::strerror(errno);
-        break;
-      }
-      received += static_cast<uint64_t>(n);
-    }
-    end_time = NowSeconds();
-    close(fd);
-  });
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    int e = errno;
-    close(fd);
-    shutdown(lfd, SHUT_RDWR);
-    close(lfd);
-    receiver.join();
-    return absl::InternalError(absl::StrCat("connect: ", std::strerror(e)));
-  }
-  std::vector<char> data(write_size, 'k');
-  const double start = NowSeconds();
-  uint64_t sent = 0;
-  std::string send_error;
-  while (sent < total) {
-    size_t want = static_cast<size_t>(std::min<uint64_t>(write_size, total - sent));
-    size_t off = 0;
-    while (off < want) {
-      ssize_t n = write(fd, data.data() + off, want - off);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        send_error = std::strerror(errno);
-        break;
-      }
-      off += static_cast<size_t>(n);
-    }
-    if (!send_error.empty()) break;
-    sent += want;
-  }
-  close(fd);
-  receiver.join();
-  close(lfd);
-  if (!send_error.empty()) return absl::InternalError("tcp send: " + send_error);
-  if (!recv_error.empty()) return absl::InternalError("tcp receive: " + recv_error);
-  return end_time - start;
-}
 
 std::string JobYaml(const Flags& f) {
   return absl::StrCat(R"(apiVersion: kubetrain.io/v1
@@ -233,7 +159,47 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+uint64_t TcpBytes(const Flags& f) {
+  return f.tcp_bytes > 0 ? static_cast<uint64_t>(f.tcp_bytes)
+                         : static_cast<uint64_t>(f.tcp_mib) << 20;
+}
+
+// (a): --rounds raw TCP transfers of TcpBytes(f), each printed; GB/s of each.
+absl::StatusOr<std::vector<double>> MeasureTcp(const Flags& f) {
+  const uint64_t tcp_bytes = TcpBytes(f);
+  const size_t write_size = static_cast<size_t>(f.tcp_write_kib) << 10;
+  auto bound =
+      MeasureTcpBound(tcp_bytes, static_cast<int>(std::max<int64_t>(1, f.rounds)), write_size);
+  if (!bound.ok()) return bound.status();
+  const std::vector<double> seconds = bound->Seconds();
+  for (size_t r = 0; r < seconds.size(); ++r) {
+    std::printf("  tcp round %zu: %.3f MiB in %.6f s = %.2f GB/s\n", r + 1, tcp_bytes / 1048576.0,
+                seconds[r], bound->gbps[r]);
+  }
+  std::fflush(stdout);
+  return bound->gbps;
+}
+
+// --tcp_only: (a) alone, no PS. Last line: tcp_gbps=… tcp_min=… tcp_max=…
+// tcp_bytes=… tcp_ms=… (the median round's time) rounds=N.
+int RunTcpOnly(const Flags& f) {
+  const uint64_t tcp_bytes = TcpBytes(f);
+  std::printf("raw tcp over 127.0.0.1: %d rounds of %llu bytes in %lld KiB writes\n",
+              static_cast<int>(std::max<int64_t>(1, f.rounds)),
+              static_cast<unsigned long long>(tcp_bytes), static_cast<long long>(f.tcp_write_kib));
+  std::fflush(stdout);
+  auto gbps = MeasureTcp(f);
+  if (!gbps.ok()) return Fail(gbps.status());
+  Summary tcp = Summarize(*gbps);
+  std::printf("tcp_gbps=%.3f tcp_min=%.3f tcp_max=%.3f tcp_bytes=%llu tcp_ms=%.4f rounds=%zu\n",
+              tcp.median, tcp.min, tcp.max, static_cast<unsigned long long>(tcp_bytes),
+              tcp.median > 0 ? tcp_bytes / (tcp.median * 1e9) * 1e3 : 0.0, gbps->size());
+  std::fflush(stdout);
+  return 0;
+}
+
 int Run(const Flags& f) {
+  if (f.tcp_only) return RunTcpOnly(f);
   const int rounds = static_cast<int>(std::max<int64_t>(1, f.rounds));
 
   // Start both PS tasks first: fork before any thread (gRPC, the TCP threads) exists.
@@ -289,19 +255,10 @@ int Run(const Flags& f) {
   }
 
   // (a) raw TCP.
-  const uint64_t tcp_bytes = static_cast<uint64_t>(f.tcp_mib) << 20;
-  const size_t write_size = static_cast<size_t>(f.tcp_write_kib) << 10;
   std::printf("transport benchmark: %d rounds; kubetrain-ps %s\n", rounds, f.ps_binary.c_str());
   std::fflush(stdout);
-  std::vector<double> tcp_gbps;
-  for (int r = 0; r < rounds; ++r) {
-    auto secs = TcpRound(tcp_bytes, write_size);
-    if (!secs.ok()) return Fail(secs.status());
-    tcp_gbps.push_back(tcp_bytes / *secs / 1e9);
-    std::printf("  tcp round %d: %.0f MiB in %.3f s = %.2f GB/s\n", r + 1, tcp_bytes / 1048576.0,
-                *secs, tcp_gbps.back());
-    std::fflush(stdout);
-  }
+  auto tcp_gbps = MeasureTcp(f);
+  if (!tcp_gbps.ok()) return Fail(tcp_gbps.status());
 
   // (b) push + pull through the plain PS, (c) through the TLS one.
   auto plain = MeasurePs(f, *config, *ps_port, CallerCredentials(), &ps, "ps");
@@ -311,7 +268,7 @@ int Run(const Flags& f) {
 
   int64_t model_bytes = 0;
   for (const auto& v : config->model->variables()) model_bytes += v.num_bytes();
-  Summary tcp = Summarize(tcp_gbps), psum = Summarize(plain->both_gbps),
+  Summary tcp = Summarize(*tcp_gbps), psum = Summarize(plain->both_gbps),
           push = Summarize(plain->push_gbps), pull = Summarize(plain->pull_gbps),
           tsum = Summarize(tls->both_gbps), tpush = Summarize(tls->push_gbps),
           tpull = Summarize(tls->pull_gbps);
@@ -322,7 +279,7 @@ int Run(const Flags& f) {
       "tcp %lld MiB per round in %lld KiB writes\n",
       static_cast<long long>(f.hidden_units), static_cast<long long>(model_bytes), model_mib,
       config->placement.parts.size(), static_cast<long long>(f.chunk_bytes),
-      static_cast<long long>(f.tcp_mib), static_cast<long long>(f.tcp_write_kib));
+      static_cast<long long>(TcpBytes(f) >> 20), static_cast<long long>(f.tcp_write_kib));
   std::printf("raw tcp           GB/s: min %.2f  median %.2f  max %.2f\n", tcp.min, tcp.median,
               tcp.max);
   std::printf("ps push           GB/s: min %.2f  median %.2f  max %.2f\n", push.min, push.median,
@@ -361,6 +318,11 @@ int main(int argc, char** argv) {
   parser.String("ps_binary", &flags.ps_binary, "the kubetrain-ps binary to start");
   parser.Int("rounds", &flags.rounds, "repetitions of each measurement");
   parser.Int("tcp_mib", &flags.tcp_mib, "MiB sent per raw TCP round");
+  parser.Int("tcp_bytes", &flags.tcp_bytes,
+             "bytes sent per raw TCP round (> 0: instead of tcp_mib)");
+  parser.Bool(
+      "tcp_only", &flags.tcp_only,
+      "measure raw TCP only (no PS); last line tcp_gbps=... tcp_ms=... (tests/bench/scaling)");
   parser.Int("tcp_write_kib", &flags.tcp_write_kib, "size of each raw TCP write/read, KiB");
   parser.Int("hidden_units", &flags.hidden_units,
              "hidden layer width of the MLP (sets the model size)");
