@@ -104,9 +104,8 @@ class InProcessPs::Channel final : public ShardChannel {
   }
 
   PushPullAnswer PushPull(const v1::PushRequest::Header& header,
-                          const std::vector<ChunkRef>& chunks,
-                          const std::vector<SparseRef>& sparse, const v1::PullRequest& pull,
-                          const ChunkSink& sink) override {
+                          const std::vector<ChunkRef>& chunks, const std::vector<SparseRef>& sparse,
+                          const v1::PullRequest& pull, const ChunkSink& sink) override {
     PushPullAnswer answer{Push(header, chunks, sparse), absl::UnknownError("")};
     if (!answer.push.ok()) {
       answer.pull = answer.push.status();

@@ -137,9 +137,8 @@ class FaultyShardChannel : public ShardChannelWrapper {
   // A fault on kPushPull fails the whole call before the PS sees it (push
   // and pull with the same status).
   PushPullAnswer PushPull(const v1::PushRequest::Header& header,
-                          const std::vector<ChunkRef>& chunks,
-                          const std::vector<SparseRef>& sparse, const v1::PullRequest& pull,
-                          const ChunkSink& sink) override;
+                          const std::vector<ChunkRef>& chunks, const std::vector<SparseRef>& sparse,
+                          const v1::PullRequest& pull, const ChunkSink& sink) override;
   absl::StatusOr<v1::SparsePullResponse> SparsePull(const v1::SparsePullRequest& request) override;
   absl::StatusOr<v1::ListRowsResponse> ListRows(const v1::ListRowsRequest& request) override;
   absl::Status Leave(const v1::LeaveRequest& request) override;

@@ -81,7 +81,8 @@ class PsService::SnapshotWriter {
     while (part_ < parts.size()) {
       uint64_t part_bytes = parts[part_].num_bytes();
       if (part_offset_ < part_bytes) {
-        uint64_t n = std::min<uint64_t>(service_->options_.max_chunk_bytes, part_bytes - part_offset_);
+        uint64_t n =
+            std::min<uint64_t>(service_->options_.max_chunk_bytes, part_bytes - part_offset_);
         n -= n % 4;
         std::string prefix;
         AppendChunkPrefix(parts[part_].name, part_offset_ / 4, n, &prefix);
@@ -195,8 +196,7 @@ class PsService::PullReactor final : public grpc::ServerWriteReactor<grpc::ByteB
 template <bool kFused>
 class PsService::PushReactor final
     : public PsService::PushStream,
-      public std::conditional_t<kFused,
-                                grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+      public std::conditional_t<kFused, grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                                 grpc::ServerReadReactor<grpc::ByteBuffer>> {
  public:
   // `resp`: the answer of a plain Push (null for kFused).
@@ -405,7 +405,8 @@ class PsService::PushReactor final
                                     : service_->options_.default_pull_wait;
     const uint64_t ticket = service_->shard_->Pull(
         {pusher, pull_.min_version(), pull_.worker_clock(), pull_.incarnation(), TaskRole::kWorker},
-        pull_start_ + wait, [this](absl::StatusOr<Shard::Snapshot> s) { OnSnapshot(std::move(s)); });
+        pull_start_ + wait,
+        [this](absl::StatusOr<Shard::Snapshot> s) { OnSnapshot(std::move(s)); });
     absl::MutexLock l(&mu_);
     ticket_ = ticket;
   }

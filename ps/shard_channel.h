@@ -80,8 +80,8 @@ class ShardChannel {
   // sink). pull.worker_index and task_type are the pusher's, whatever they say.
   virtual PushPullAnswer PushPull(const v1::PushRequest::Header& header,
                                   const std::vector<ChunkRef>& chunks,
-                                  const std::vector<SparseRef>& sparse,
-                                  const v1::PullRequest& pull, const ChunkSink& sink) = 0;
+                                  const std::vector<SparseRef>& sparse, const v1::PullRequest& pull,
+                                  const ChunkSink& sink) = 0;
   // Rows of embedding tables by id (no hold).
   virtual absl::StatusOr<v1::SparsePullResponse> SparsePull(
       const v1::SparsePullRequest& request) = 0;
@@ -115,9 +115,8 @@ class ShardChannelWrapper : public ShardChannel {
     return target_->Push(header, chunks, sparse);
   }
   PushPullAnswer PushPull(const v1::PushRequest::Header& header,
-                          const std::vector<ChunkRef>& chunks,
-                          const std::vector<SparseRef>& sparse, const v1::PullRequest& pull,
-                          const ChunkSink& sink) override {
+                          const std::vector<ChunkRef>& chunks, const std::vector<SparseRef>& sparse,
+                          const v1::PullRequest& pull, const ChunkSink& sink) override {
     return target_->PushPull(header, chunks, sparse, pull, sink);
   }
   absl::StatusOr<v1::SparsePullResponse> SparsePull(const v1::SparsePullRequest& request) override {

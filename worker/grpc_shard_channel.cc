@@ -153,9 +153,8 @@ class GrpcShardChannel final : public ShardChannel {
   // The push half as Push sends it (raw chunk messages), then the answers
   // as Pull reads them, on one bidirectional stream.
   PushPullAnswer PushPull(const v1::PushRequest::Header& header,
-                          const std::vector<ChunkRef>& chunks,
-                          const std::vector<SparseRef>& sparse, const v1::PullRequest& pull,
-                          const ChunkSink& sink) override {
+                          const std::vector<ChunkRef>& chunks, const std::vector<SparseRef>& sparse,
+                          const v1::PullRequest& pull, const ChunkSink& sink) override {
     static const grpc::internal::RpcMethod kPushPull("/kubetrain.v1.ParameterServer/PushPull",
                                                      grpc::internal::RpcMethod::BIDI_STREAMING);
     grpc::ClientContext ctx;
@@ -198,10 +197,11 @@ class GrpcShardChannel final : public ShardChannel {
     if (!have_push) {
       // No answer to the push: whether it was applied is unknown (a retry
       // with the same push id settles it).
-      answer.push = !parse_status.ok() ? parse_status
-                    : !s.ok()          ? Annotate(s)
-                                       : absl::DataLossError(absl::StrCat(
-                                             "push-pull with ", address_, ": no push answer"));
+      answer.push =
+          !parse_status.ok() ? parse_status
+          : !s.ok()
+              ? Annotate(s)
+              : absl::DataLossError(absl::StrCat("push-pull with ", address_, ": no push answer"));
       answer.pull = answer.push.status();
       return answer;
     }
@@ -272,8 +272,7 @@ class GrpcShardChannel final : public ShardChannel {
   // slice of their own, not copied into a protobuf string; core/push_wire.h),
   // the sparse rows as protobuf. False once the stream is broken.
   template <typename Writer>
-  static bool WritePush(const v1::PushRequest::Header& header,
-                        const std::vector<ChunkRef>& chunks,
+  static bool WritePush(const v1::PushRequest::Header& header, const std::vector<ChunkRef>& chunks,
                         const std::vector<SparseRef>& sparse, Writer* writer) {
     v1::PushRequest msg;
     *msg.mutable_header() = header;

@@ -241,8 +241,7 @@ ShardChannel::ChunkSink PsClient::PullSink(int s, Params* params) const {
         c.offset() + n > static_cast<uint64_t>(it->second->num_elements())) {
       return absl::DataLossError(absl::StrCat("ps:", s, " sent a bad chunk of \"", c.part(), "\""));
     }
-    float* dst =
-        (*params)[it->second->variable].data() + it->second->element_offset() + c.offset();
+    float* dst = (*params)[it->second->variable].data() + it->second->element_offset() + c.offset();
     std::memcpy(dst, c.data().data(), c.data().size());
     if (metrics_.pull_bytes) metrics_.pull_bytes->Increment(static_cast<double>(c.data().size()));
     return absl::OkStatus();
@@ -548,8 +547,7 @@ absl::Status PsClient::SplitSparse(const Params& grads, const TableIds& ids,
     for (size_t i = 0; i < ids[t].size(); ++i) {
       const int s = TableShardOfRow(ids[t][i], shards);
       out->ids[s][t].push_back(static_cast<uint64_t>(ids[t][i]));
-      out->rows[s][t].insert(out->rows[s][t].end(), g.begin() + i * dim,
-                             g.begin() + (i + 1) * dim);
+      out->rows[s][t].insert(out->rows[s][t].end(), g.begin() + i * dim, g.begin() + (i + 1) * dim);
     }
   }
   out->refs.assign(shards, {});
@@ -560,8 +558,8 @@ absl::Status PsClient::SplitSparse(const Params& grads, const TableIds& ids,
       const uint64_t per = std::max<uint64_t>(1, options_.chunk_bytes / (dim * 4 + 10));
       for (uint64_t i = 0; i < out->ids[s][t].size(); i += per) {
         const uint64_t n = std::min<uint64_t>(per, out->ids[s][t].size() - i);
-        out->refs[s].push_back({&tables[t].name, out->ids[s][t].data() + i, n,
-                                out->rows[s][t].data() + i * dim, dim});
+        out->refs[s].push_back(
+            {&tables[t].name, out->ids[s][t].data() + i, n, out->rows[s][t].data() + i * dim, dim});
       }
     }
   }
@@ -671,9 +669,8 @@ absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
         NewPushHeader(s, grads, worker_clock, push_id, &chunks, &bytes);
     // Both halves are tagged with what the last pull saw, as Push then
     // Pull(next_version) would be.
-    const v1::PullRequest req =
-        NewPullRequest(s, next_version ? shards_[s].version + 1 : 0, worker_clock,
-                       options_.hold_timeout);
+    const v1::PullRequest req = NewPullRequest(s, next_version ? shards_[s].version + 1 : 0,
+                                               worker_clock, options_.hold_timeout);
     const ShardChannel::ChunkSink sink = PullSink(s, params);
     PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
     // Until the push is answered, the whole call is retried with the same
@@ -688,8 +685,8 @@ absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
     CountPushBytes(bytes, sparse.refs[s]);
     if (answer.pull.ok()) {
       headers[s] = *answer.pull;
-      restarts[s] = Observe(s, answer.pull->incarnation(), answer.pull->version(),
-                            answer.pull->done());
+      restarts[s] =
+          Observe(s, answer.pull->incarnation(), answer.pull->version(), answer.pull->done());
       return absl::OkStatus();
     }
     // The push is done; only the pull is left, asked again alone (a PS that

@@ -315,9 +315,8 @@ class LosesPushPullAnswers : public ShardChannelWrapper {
       : ShardChannelWrapper(std::move(target)), left_(n) {}
   using ShardChannelWrapper::Push;
   PushPullAnswer PushPull(const v1::PushRequest::Header& header,
-                          const std::vector<ChunkRef>& chunks,
-                          const std::vector<SparseRef>& sparse, const v1::PullRequest& pull,
-                          const ChunkSink& sink) override {
+                          const std::vector<ChunkRef>& chunks, const std::vector<SparseRef>& sparse,
+                          const v1::PullRequest& pull, const ChunkSink& sink) override {
     PushPullAnswer answer = ShardChannelWrapper::PushPull(header, chunks, sparse, pull, sink);
     if (left_.fetch_sub(1) <= 0) return answer;
     const absl::Status lost = absl::UnavailableError("the answer was lost");

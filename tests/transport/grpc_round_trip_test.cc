@@ -476,8 +476,9 @@ TEST_F(ServiceTest, APushPullPushesThenHoldsThePullAtTheBarrierAndARetryAppliesO
     return absl::OkStatus();
   };
   PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
-  std::thread step(
-      [&] { answer = channel_->PushPull(Header(0, 0, /*push_id=*/7), ChunksOf(grads), {}, pull, sink); });
+  std::thread step([&] {
+    answer = channel_->PushPull(Header(0, 0, /*push_id=*/7), ChunksOf(grads), {}, pull, sink);
+  });
   AwaitPushBytes(static_cast<double>(GradientBytes()));  // pushed; its pull is held
   ASSERT_TRUE(PushFrom(1, 0, grads).ok());
   step.join();
@@ -510,12 +511,13 @@ TEST_F(ServiceTest, APushPullThatIsRefusedNeverPulls) {
   grads[0].pop_back();  // one element short
   v1::PullRequest pull;
   bool pulled = false;
-  PushPullAnswer answer = channel_->PushPull(Header(0, 0), ChunksOf(grads), {}, pull,
-                                             [&](const v1::TensorChunk&) {
-                                               pulled = true;
-                                               return absl::OkStatus();
-                                             });
-  EXPECT_EQ(answer.push.status().code(), absl::StatusCode::kInvalidArgument) << answer.push.status();
+  PushPullAnswer answer =
+      channel_->PushPull(Header(0, 0), ChunksOf(grads), {}, pull, [&](const v1::TensorChunk&) {
+        pulled = true;
+        return absl::OkStatus();
+      });
+  EXPECT_EQ(answer.push.status().code(), absl::StatusCode::kInvalidArgument)
+      << answer.push.status();
   EXPECT_EQ(answer.pull.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(pulled);
   EXPECT_EQ(shard_->stats().gradients_applied, 0);
