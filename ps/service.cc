@@ -395,16 +395,18 @@ class PsService::PushReactor final
   // held, as the shard may answer at once, from this call).
   void StartPull() {
     int pusher;
+    v1::PullRequest pull;
     {
       absl::MutexLock l(&mu_);
       pusher = pusher_;
+      pull = pull_;
     }
     pull_start_ = service_->clock_->Now();
-    const absl::Duration wait = pull_.wait_timeout_ms() > 0
-                                    ? absl::Milliseconds(pull_.wait_timeout_ms())
+    const absl::Duration wait = pull.wait_timeout_ms() > 0
+                                    ? absl::Milliseconds(pull.wait_timeout_ms())
                                     : service_->options_.default_pull_wait;
     const uint64_t ticket = service_->shard_->Pull(
-        {pusher, pull_.min_version(), pull_.worker_clock(), pull_.incarnation(), TaskRole::kWorker},
+        {pusher, pull.min_version(), pull.worker_clock(), pull.incarnation(), TaskRole::kWorker},
         pull_start_ + wait,
         [this](absl::StatusOr<Shard::Snapshot> s) { OnSnapshot(std::move(s)); });
     absl::MutexLock l(&mu_);
@@ -448,10 +450,9 @@ class PsService::PushReactor final
   int pusher_ ABSL_GUARDED_BY(mu_) = -1;        // the header's worker
   TaskId caller_ ABSL_GUARDED_BY(mu_);          // as authenticated (with a job key)
   PushAssembler assembler_ ABSL_GUARDED_BY(mu_);
-  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;  // kFused: the held pull
-  // kFused: set by the reads before the push completes, then read by the
-  // write sequence only (which the completion starts).
-  v1::PullRequest pull_;
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;   // kFused: the held pull
+  v1::PullRequest pull_ ABSL_GUARDED_BY(mu_);  // kFused: the header's
+  // kFused: touched only by the write sequence, which gRPC serialises.
   absl::Time pull_start_;
   std::optional<SnapshotWriter> writer_;
   grpc::ByteBuffer out_;

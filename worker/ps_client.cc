@@ -698,13 +698,13 @@ absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
       return failed;
     }
     if (cancelled_) return absl::CancelledError(absl::StrCat("pull from ps:", s, " cancelled"));
-    Log(TaskName(), " pull from ps:", s, " after the push failed (", failed.message(),
-        "); asking again");
+    Log(TaskName(), " pull from ps:", s, " failed after its push was answered (", failed.message(),
+        "); asking for it again");
     return PullShard(s, req, sink, /*reask=*/true, &headers[s], &restarts[s]);
   });
   if (!st.ok()) return st;
-  if (metrics_.pull_seconds)
-    metrics_.pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
+  if (metrics_.push_pull_seconds)
+    metrics_.push_pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
   return PushPullResult{SumPushes(responses), SumPulls(headers, restarts)};
 }
 

@@ -50,8 +50,9 @@ struct PsClientMetrics {  // any pointer may be null
   prometheus::Histogram* push_seconds = nullptr;
   prometheus::Counter* pull_bytes = nullptr;
   prometheus::Counter* push_bytes = nullptr;
-  prometheus::Counter* sparse_pull_bytes = nullptr;  // table rows received
-  prometheus::Counter* sparse_push_bytes = nullptr;  // table gradient rows sent
+  prometheus::Counter* sparse_pull_bytes = nullptr;    // table rows received
+  prometheus::Counter* sparse_push_bytes = nullptr;    // table gradient rows sent
+  prometheus::Histogram* push_pull_seconds = nullptr;  // a fused step (PushPull), both halves
 };
 
 // The stats of a job's shards as one: counts (dynamic rows too) summed; version the lowest;
@@ -149,7 +150,7 @@ class PsClient {
   // the call is retried with the push's id (applied at most once); a pull
   // that fails after the answer (the PS restarted during the hold, a hold
   // timed out) is asked again alone, never the push. The whole round trip
-  // is one pull_seconds observation (no push_seconds). Workers only.
+  // is one push_pull_seconds observation. Workers only.
   absl::StatusOr<PushPullResult> PushPull(const Params& grads, int64_t worker_clock,
                                           const TableIds& ids, bool next_version,
                                           const std::vector<VariableSpec>& variables,
