@@ -676,11 +676,17 @@ absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
     // Until the push is answered, the whole call is retried with the same
     // push id: a shard that applied it answers the repeat without applying
     // it again; one that restarted meanwhile drops it (another incarnation).
+    bool unfused = false;  // a PS from before PushPull: its Push, then its Pull
     absl::Status rs = WithRetry("push-pull", s, [&] {
       answer = channels_[s]->PushPull(h, chunks, sparse.refs[s], req, sink);
+      if (absl::IsUnimplemented(answer.push.status())) {
+        unfused = true;
+        answer.push = channels_[s]->Push(h, chunks, sparse.refs[s]);
+      }
       return answer.push.status();
     });
     if (!rs.ok()) return rs;
+    if (unfused) return PullShard(s, req, sink, /*reask=*/true, &headers[s], &restarts[s]);
     responses[s] = *answer.push;
     CountPushBytes(bytes, sparse.refs[s]);
     if (answer.pull.ok()) {

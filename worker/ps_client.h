@@ -150,7 +150,8 @@ class PsClient {
   // the call is retried with the push's id (applied at most once); a pull
   // that fails after the answer (the PS restarted during the hold, a hold
   // timed out) is asked again alone, never the push. The whole round trip
-  // is one push_pull_seconds observation. Workers only.
+  // is one push_pull_seconds observation. A PS that predates PushPull
+  // (UNIMPLEMENTED) gets the Push then the Pull. Workers only.
   absl::StatusOr<PushPullResult> PushPull(const Params& grads, int64_t worker_clock,
                                           const TableIds& ids, bool next_version,
                                           const std::vector<VariableSpec>& variables,

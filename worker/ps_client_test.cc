@@ -425,6 +425,26 @@ TEST_F(PsClientTest, APushPullKeepsTheAsyncStalenessAccountingOfAPushThenAPull) 
   EXPECT_EQ(cluster_->ps(0)->shard()->WorkerClock(1), (*other)->ps(0)->shard()->WorkerClock(1));
 }
 
+TEST_F(PsClientTest, APsWithoutPushPullGetsAPushThenAPull) {
+  Make({.ps = 2, .workers = 1, .mode = "async"});
+  std::vector<FaultyShardChannel*> faulty;
+  auto client = Client(0, &faulty);
+  ASSERT_TRUE(client->Connect().ok());
+  Params params;
+  ASSERT_TRUE(client->Pull(false, 0, config_->model->variables(), &params).ok());
+  faulty[1]->FailNext(ShardRpc::kPushPull, -1, absl::UnimplementedError("unknown method"));
+  for (int step = 1; step <= 2; ++step) {
+    auto both = client->PushPull(Grads(0.1f), step, TableIds(config_->placement.tables.size()),
+                                 false, config_->model->variables(), &params);
+    ASSERT_TRUE(both.ok()) << both.status();
+    EXPECT_EQ(both->pull.version, step);
+  }
+  EXPECT_EQ(faulty[0]->calls(ShardRpc::kPush), 0);
+  EXPECT_EQ(faulty[1]->calls(ShardRpc::kPush), 2);
+  EXPECT_EQ(faulty[1]->calls(ShardRpc::kPull), 3);
+  EXPECT_EQ(cluster_->ps(1)->shard()->stats().gradients_applied, 2);
+}
+
 TEST_F(PsClientTest, APushPullWhoseAnswerIsLostIsRetriedAndAppliedOnce) {
   Make({.ps = 1, .workers = 1, .mode = "async"});
   PsClient::Options o;
