@@ -15,6 +15,12 @@
 // gradient), changes nothing. Refused requests are logged at most once per
 // 10 s (with the number not logged).
 //
+// PushPull (a worker's step): a push stream as above until the push is
+// handled, then its answer and the pull its header asked for, served as a
+// Pull (held, then zero-copy chunks). Once handled, the push's stream slots
+// and buffers are freed: a held fused pull is no push stream (neither
+// counted in the limits nor closed as idle).
+//
 // Resources: push streams are limited per PS and per worker (the worker is
 // known from the header; an extra stream is RESOURCE_EXHAUSTED); a push
 // stream that receives no message for push_idle_timeout is closed
