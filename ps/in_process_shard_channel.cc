@@ -103,6 +103,21 @@ class InProcessPs::Channel final : public ShardChannel {
     return response;
   }
 
+  PushPullAnswer PushPull(const v1::PushRequest::Header& header,
+                          const std::vector<ChunkRef>& chunks, const std::vector<SparseRef>& sparse,
+                          const v1::PullRequest& pull, const ChunkSink& sink) override {
+    PushPullAnswer answer{Push(header, chunks, sparse), absl::UnknownError("")};
+    if (!answer.push.ok()) {
+      answer.pull = answer.push.status();
+      return answer;
+    }
+    v1::PullRequest request = pull;
+    request.set_worker_index(header.worker_index());
+    request.set_task_type(v1::TASK_TYPE_WORKER);
+    answer.pull = Pull(request, sink);
+    return answer;
+  }
+
   absl::StatusOr<v1::SparsePullResponse> SparsePull(const v1::SparsePullRequest& request) override {
     v1::SparsePullResponse response;
     if (absl::Status s = ServeSparsePull(ps_->shard().get(), request, &response); !s.ok()) {
@@ -313,6 +328,14 @@ absl::StatusOr<v1::PushResponse> FaultyShardChannel::Push(const v1::PushRequest:
                                                           const std::vector<SparseRef>& sparse) {
   if (absl::Status s = Intercept(ShardRpc::kPush); !s.ok()) return s;
   return ShardChannelWrapper::Push(header, chunks, sparse);
+}
+
+PushPullAnswer FaultyShardChannel::PushPull(const v1::PushRequest::Header& header,
+                                            const std::vector<ChunkRef>& chunks,
+                                            const std::vector<SparseRef>& sparse,
+                                            const v1::PullRequest& pull, const ChunkSink& sink) {
+  if (absl::Status s = Intercept(ShardRpc::kPushPull); !s.ok()) return {s, s};
+  return ShardChannelWrapper::PushPull(header, chunks, sparse, pull, sink);
 }
 
 absl::StatusOr<v1::SparsePullResponse> FaultyShardChannel::SparsePull(

@@ -9,6 +9,7 @@
 //   InProcessPs::NewChannel  a ShardChannel to it: requests go through the
 //                         same wire-level code as the gRPC service
 //                         (ps/shard_wire.h), pulls arrive chunk by chunk;
+//                         a PushPull is its Push, then its Pull;
 //   FaultyShardChannel    a ShardChannelWrapper with ready-made faults: drop,
 //                         delay, fail with a status, restart the PS.
 //
@@ -97,7 +98,8 @@ enum class ShardRpc {
   kShutdown,
   kSparsePull,
   kGetStats,
-  kListRows
+  kListRows,
+  kPushPull
 };
 
 // A ShardChannelWrapper with faults a test switches on per RPC. Faults run
@@ -132,6 +134,11 @@ class FaultyShardChannel : public ShardChannelWrapper {
   absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
                                         const std::vector<ChunkRef>& chunks,
                                         const std::vector<SparseRef>& sparse) override;
+  // A fault on kPushPull fails the whole call before the PS sees it (push
+  // and pull with the same status).
+  PushPullAnswer PushPull(const v1::PushRequest::Header& header,
+                          const std::vector<ChunkRef>& chunks, const std::vector<SparseRef>& sparse,
+                          const v1::PullRequest& pull, const ChunkSink& sink) override;
   absl::StatusOr<v1::SparsePullResponse> SparsePull(const v1::SparsePullRequest& request) override;
   absl::StatusOr<v1::ListRowsResponse> ListRows(const v1::ListRowsRequest& request) override;
   absl::Status Leave(const v1::LeaveRequest& request) override;

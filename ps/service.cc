@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <type_traits>
 
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/proto_buffer_reader.h>
@@ -52,17 +54,72 @@ class RejectReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
-// Holds a pull in the shard, then streams the header and the chunks. Chunk
-// payloads are slices into the snapshot (zero copy).
+// The messages of a pull's answer, one at a time: the header, then the
+// chunks of every part, as slices into the snapshot (zero copy).
+class PsService::SnapshotWriter {
+ public:
+  SnapshotWriter(const PsService* service, Shard::Snapshot snapshot)
+      : service_(service), snapshot_(std::move(snapshot)) {}
+
+  // The next message; false once every one is out.
+  bool Next(grpc::ByteBuffer* out) {
+    if (!header_sent_) {
+      header_sent_ = true;
+      v1::PullResponse msg;
+      auto* h = msg.mutable_header();
+      h->set_version(snapshot_.version);
+      h->set_done(snapshot_.done);
+      h->set_waited_seconds(snapshot_.waited_seconds);
+      h->set_total_bytes(snapshot_.bytes->size());
+      h->set_incarnation(snapshot_.incarnation);
+      h->set_absent_workers(snapshot_.absent_workers);
+      *out = Serialize(msg);
+      return true;
+    }
+    // Next chunk of the current part, or of the next non-empty part.
+    const auto& parts = service_->shard_->parts();
+    while (part_ < parts.size()) {
+      uint64_t part_bytes = parts[part_].num_bytes();
+      if (part_offset_ < part_bytes) {
+        uint64_t n =
+            std::min<uint64_t>(service_->options_.max_chunk_bytes, part_bytes - part_offset_);
+        n -= n % 4;
+        std::string prefix;
+        AppendChunkPrefix(parts[part_].name, part_offset_ / 4, n, &prefix);
+        const char* data = snapshot_.bytes->data() + base_ + part_offset_;
+        grpc::Slice slices[2] = {
+            grpc::Slice(prefix.data(), prefix.size()),
+            grpc::Slice(const_cast<char*>(data), n, ReleaseSnapshot,
+                        new std::shared_ptr<const std::string>(snapshot_.bytes))};
+        *out = grpc::ByteBuffer(slices, 2);
+        part_offset_ += n;
+        if (service_->metrics_.pull_bytes) {
+          service_->metrics_.pull_bytes->Increment(static_cast<double>(n));
+        }
+        return true;
+      }
+      base_ += part_bytes;
+      part_offset_ = 0;
+      ++part_;
+    }
+    return false;
+  }
+
+ private:
+  const PsService* const service_;
+  const Shard::Snapshot snapshot_;
+  bool header_sent_ = false;
+  size_t part_ = 0;
+  uint64_t part_offset_ = 0;  // bytes into the current part
+  uint64_t base_ = 0;         // bytes before the current part in the snapshot
+};
+
+// Holds a pull in the shard, then streams the header and the chunks.
 class PsService::PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(PsService* service, grpc::CallbackServerContext* ctx, const v1::PullRequest& req,
               const TaskId& task)
-      : service_(service),
-        ctx_(ctx),
-        shard_(service->shard_),
-        chunk_bytes_(service->options_.max_chunk_bytes),
-        start_(service->clock_->Now()) {
+      : service_(service), ctx_(ctx), shard_(service->shard_), start_(service->clock_->Now()) {
     absl::Duration wait = req.wait_timeout_ms() > 0 ? absl::Milliseconds(req.wait_timeout_ms())
                                                     : service->options_.default_pull_wait;
     uint64_t ticket = shard_->Pull(
@@ -98,45 +155,14 @@ class PsService::PullReactor final : public grpc::ServerWriteReactor<grpc::ByteB
                                                     : ToGrpcStatus(snap.status()));
       return;
     }
-    snapshot_ = std::move(*snap);
-    v1::PullResponse msg;
-    auto* h = msg.mutable_header();
-    h->set_version(snapshot_.version);
-    h->set_done(snapshot_.done);
-    h->set_waited_seconds(snapshot_.waited_seconds);
-    h->set_total_bytes(snapshot_.bytes->size());
-    h->set_incarnation(snapshot_.incarnation);
-    h->set_absent_workers(snapshot_.absent_workers);
-    out_ = Serialize(msg);
-    StartWrite(&out_);
+    writer_.emplace(service_, std::move(*snap));
+    NextWrite();
   }
 
-  // Next chunk of the current part, or of the next non-empty part, or finish.
   void NextWrite() {
-    const auto& parts = shard_->parts();
-    while (part_ < parts.size()) {
-      uint64_t part_bytes = parts[part_].num_bytes();
-      if (part_offset_ < part_bytes) {
-        uint64_t n = std::min<uint64_t>(chunk_bytes_, part_bytes - part_offset_);
-        n -= n % 4;
-        std::string prefix;
-        AppendChunkPrefix(parts[part_].name, part_offset_ / 4, n, &prefix);
-        const char* data = snapshot_.bytes->data() + base_ + part_offset_;
-        grpc::Slice slices[2] = {
-            grpc::Slice(prefix.data(), prefix.size()),
-            grpc::Slice(const_cast<char*>(data), n, ReleaseSnapshot,
-                        new std::shared_ptr<const std::string>(snapshot_.bytes))};
-        out_ = grpc::ByteBuffer(slices, 2);
-        part_offset_ += n;
-        if (service_->metrics_.pull_bytes) {
-          service_->metrics_.pull_bytes->Increment(static_cast<double>(n));
-        }
-        StartWrite(&out_);
-        return;
-      }
-      base_ += part_bytes;
-      part_offset_ = 0;
-      ++part_;
+    if (writer_->Next(&out_)) {
+      StartWrite(&out_);
+      return;
     }
     if (service_->metrics_.pull_seconds) {
       service_->metrics_.pull_seconds->Observe(
@@ -148,25 +174,32 @@ class PsService::PullReactor final : public grpc::ServerWriteReactor<grpc::ByteB
   PsService* const service_;
   grpc::CallbackServerContext* const ctx_;
   Shard* const shard_;
-  const uint64_t chunk_bytes_;
   const absl::Time start_;
   absl::Mutex mu_;
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
   // Touched only by the write sequence, which gRPC serialises.
-  Shard::Snapshot snapshot_;
+  std::optional<SnapshotWriter> writer_;
   grpc::ByteBuffer out_;
-  size_t part_ = 0;
-  uint64_t part_offset_ = 0;  // bytes into the current part
-  uint64_t base_ = 0;         // bytes before the current part in the snapshot
 };
 
 // Reassembles a pushed gradient message by message (ps/shard_wire.h),
 // refusing anything malformed at once; applies it only on a clean half-close.
-// Reads and the end of the call are serialised by mu_, so Tick can close an
+// Reads and the end of the push are serialised by mu_, so Tick can close an
 // idle stream from its own thread (gRPC never runs a reaction inline in
-// StartRead or Finish, so holding mu_ across them cannot deadlock).
-class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+// StartRead, StartWrite or Finish, so holding mu_ across them cannot
+// deadlock).
+//
+// kFused (PushPull): the same push, then, instead of ending the call, the
+// push's answer as the first message and the header's pull, as PullReactor
+// serves it. The push's slots and buffers are freed once it is handled: a
+// held pull counts as no push stream and is never closed as idle.
+template <bool kFused>
+class PsService::PushReactor final
+    : public PsService::PushStream,
+      public std::conditional_t<kFused, grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                                grpc::ServerReadReactor<grpc::ByteBuffer>> {
  public:
+  // `resp`: the answer of a plain Push (null for kFused).
   PushReactor(PsService* service, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp)
       : service_(service),
         ctx_(ctx),
@@ -180,18 +213,18 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
     absl::Status auth = service_->Authenticate(PsMethod::kPush, ctx_, &caller_);
     if (auth.ok()) auth = service_->Authorize(PsMethod::kPush, caller_, caller_);
     if (!auth.ok()) {
-      EndLocked(service_->Refuse("Push", ctx_, auth));
+      EndLocked(service_->Refuse(kName, ctx_, auth));
       return;
     }
     admitted_ = service_->AdmitPush();
     if (!admitted_) {
       EndLocked(service_->Refuse(
-          "Push", ctx_,
+          kName, ctx_,
           absl::ResourceExhaustedError(absl::StrCat("push: ", service_->max_push_streams_,
                                                     " push streams already open on this PS"))));
       return;
     }
-    StartRead(&in_);
+    this->StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
@@ -220,7 +253,7 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
     in_.Clear();  // the slices go back before the next read
     if (!s.ok()) {
       EndLocked(service_->Refuse(
-          "Push", ctx_,
+          kName, ctx_,
           absl::Status(s.code(), absl::StrCat(s.message(), " (message ", messages_, ")"))));
       return;
     }
@@ -230,7 +263,30 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
     if (service_->metrics_.sparse_push_bytes && sparse) {
       service_->metrics_.sparse_push_bytes->Increment(static_cast<double>(data_bytes));
     }
-    StartRead(&in_);
+    this->StartRead(&in_);
+  }
+
+  // kFused: the push's answer is out, then each pull message.
+  void OnWriteDone(bool ok) {
+    if (!ok) {
+      this->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      return;
+    }
+    if (writer_.has_value()) {
+      NextWrite();
+      return;
+    }
+    StartPull();
+  }
+
+  // kFused: a cancel during the pull's hold lets go of it.
+  void OnCancel() {
+    uint64_t ticket;
+    {
+      absl::MutexLock l(&mu_);
+      ticket = ticket_;
+    }
+    if (ticket != 0) service_->shard_->CancelPull(ticket);  // OnSnapshot finishes the call
   }
 
   void OnDone() override {
@@ -240,33 +296,39 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
 
   // Tick: ends the call if no message came for `timeout`. REQUIRES: the
   // service's pushes_mu_ is held (so OnDone cannot run meanwhile).
-  void ExpireIfIdle(absl::Time now, absl::Duration timeout) {
+  void ExpireIfIdle(absl::Time now, absl::Duration timeout) override {
     absl::MutexLock l(&mu_);
     if (ended_ || now - last_active_ < timeout) return;
     if (service_->metrics_.push_streams_refused)
       service_->metrics_.push_streams_refused->Increment();
     EndLocked(service_->Refuse(
-        "Push", ctx_,
+        kName, ctx_,
         absl::UnavailableError(absl::StrCat("push: no message for ", absl::FormatDuration(timeout),
                                             ": stream closed, nothing applied"))));
   }
 
  private:
-  // Frees the stream's slots and buffers before the client hears the end, so
-  // its next push never finds them taken.
-  void EndLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  static constexpr const char* kName = kFused ? "PushPull" : "Push";
+
+  // Frees the push's slots and buffers (before the client hears the end, so
+  // its next push never finds them taken); the push is over.
+  void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ended_ = true;
     if (worker_ >= 0) service_->ReleaseWorker(worker_);
     worker_ = -1;
     if (admitted_) service_->ReleasePush();
     admitted_ = false;
     assembler_.Abandon();
+  }
+
+  void EndLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ReleaseLocked();
     if (!status.ok()) ++service_->abnormal_ends_;
     if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
         service_->metrics_.push_streams_refused) {
       service_->metrics_.push_streams_refused->Increment();
     }
-    Finish(status);
+    this->Finish(status);
   }
 
   // A message that is not a plain chunk (the header, sparse rows, anything
@@ -274,7 +336,7 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
   absl::Status AddParsedLocked(uint64_t* data_bytes, bool* sparse)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     v1::PushRequest msg;
-    absl::Status s = Parse("Push", &in_, &msg);
+    absl::Status s = Parse(kName, &in_, &msg);
     if (!s.ok()) service_->shard_->RecordRejectedPush();  // the assembler counts its own
     if (s.ok() && msg.has_header()) {
       s = service_->Authorize(PsMethod::kPush, caller_,
@@ -288,6 +350,8 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
             service_->options_.max_push_streams_per_worker, " push streams open on this PS"));
       } else {
         worker_ = msg.header().worker_index();
+        pusher_ = worker_;
+        if (kFused) pull_ = msg.header().pull();
       }
     }
     *sparse = msg.has_sparse();
@@ -300,7 +364,7 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
   void CompleteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto r = assembler_.Finish();
     if (!r.ok()) {
-      EndLocked(absl::IsInvalidArgument(r.status()) ? service_->Refuse("Push", ctx_, r.status())
+      EndLocked(absl::IsInvalidArgument(r.status()) ? service_->Refuse(kName, ctx_, r.status())
                                                     : ToGrpcStatus(r.status()));
       return;
     }
@@ -311,12 +375,65 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
     resp.set_staleness(r->staleness);
     resp.set_incarnation(service_->shard_->incarnation());
     resp.set_absent_workers(r->absent_workers);
-    *resp_ = Serialize(resp);
     if (service_->metrics_.push_seconds) {
       service_->metrics_.push_seconds->Observe(
           absl::ToDoubleSeconds(service_->clock_->Now() - start_));
     }
-    EndLocked(grpc::Status::OK);
+    if constexpr (kFused) {
+      ReleaseLocked();
+      v1::PullResponse msg;
+      *msg.mutable_push() = std::move(resp);
+      out_ = Serialize(msg);
+      this->StartWrite(&out_);  // then OnWriteDone starts the pull
+    } else {
+      *resp_ = Serialize(resp);
+      EndLocked(grpc::Status::OK);
+    }
+  }
+
+  // kFused: after the push's answer went out (the write sequence; no lock
+  // held, as the shard may answer at once, from this call).
+  void StartPull() {
+    int pusher;
+    v1::PullRequest pull;
+    {
+      absl::MutexLock l(&mu_);
+      pusher = pusher_;
+      pull = pull_;
+    }
+    pull_start_ = service_->clock_->Now();
+    const absl::Duration wait = pull.wait_timeout_ms() > 0
+                                    ? absl::Milliseconds(pull.wait_timeout_ms())
+                                    : service_->options_.default_pull_wait;
+    const uint64_t ticket = service_->shard_->Pull(
+        {pusher, pull.min_version(), pull.worker_clock(), pull.incarnation(), TaskRole::kWorker},
+        pull_start_ + wait,
+        [this](absl::StatusOr<Shard::Snapshot> s) { OnSnapshot(std::move(s)); });
+    absl::MutexLock l(&mu_);
+    ticket_ = ticket;
+  }
+
+  void OnSnapshot(absl::StatusOr<Shard::Snapshot> snap) {
+    if (!snap.ok()) {
+      this->Finish(absl::IsInvalidArgument(snap.status())
+                       ? service_->Refuse(kName, ctx_, snap.status())
+                       : ToGrpcStatus(snap.status()));
+      return;
+    }
+    writer_.emplace(service_, std::move(*snap));
+    NextWrite();
+  }
+
+  void NextWrite() {
+    if (writer_->Next(&out_)) {
+      this->StartWrite(&out_);
+      return;
+    }
+    if (service_->metrics_.pull_seconds) {
+      service_->metrics_.pull_seconds->Observe(
+          absl::ToDoubleSeconds(service_->clock_->Now() - pull_start_));
+    }
+    this->Finish(grpc::Status::OK);
   }
 
   PsService* const service_;
@@ -324,14 +441,21 @@ class PsService::PushReactor final : public grpc::ServerReadReactor<grpc::ByteBu
   grpc::ByteBuffer* const resp_;
   const absl::Time start_;
   absl::Mutex mu_;
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;  // the push is over (the pull may go on)
   absl::Time last_active_ ABSL_GUARDED_BY(mu_);
   grpc::ByteBuffer in_ ABSL_GUARDED_BY(mu_);
   int64_t messages_ ABSL_GUARDED_BY(mu_) = 0;
   bool admitted_ ABSL_GUARDED_BY(mu_) = false;  // counted in the PS's open streams
   int worker_ ABSL_GUARDED_BY(mu_) = -1;        // counted as this worker's stream
+  int pusher_ ABSL_GUARDED_BY(mu_) = -1;        // the header's worker
   TaskId caller_ ABSL_GUARDED_BY(mu_);          // as authenticated (with a job key)
   PushAssembler assembler_ ABSL_GUARDED_BY(mu_);
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;   // kFused: the held pull
+  v1::PullRequest pull_ ABSL_GUARDED_BY(mu_);  // kFused: the header's
+  // kFused: touched only by the write sequence, which gRPC serialises.
+  absl::Time pull_start_;
+  std::optional<SnapshotWriter> writer_;
+  grpc::ByteBuffer out_;
 };
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
@@ -378,12 +502,12 @@ PsService::PsService(Shard* shard, const Clock* clock, PsServiceOptions options,
                                                       : 2 * shard->options().num_workers + 16),
       worker_pushes_(new std::atomic<int>[std::max(1, shard->options().num_workers)]()) {}
 
-void PsService::RegisterPush(PushReactor* push) {
+void PsService::RegisterPush(PushStream* push) {
   absl::MutexLock l(&pushes_mu_);
   pushes_.insert(push);
 }
 
-void PsService::RemovePush(PushReactor* push) {
+void PsService::RemovePush(PushStream* push) {
   absl::MutexLock l(&pushes_mu_);
   pushes_.erase(push);
 }
@@ -420,7 +544,7 @@ void PsService::ReleaseWorker(int worker) {
 int64_t PsService::Tick(absl::Time now) {
   {
     absl::MutexLock l(&pushes_mu_);
-    for (PushReactor* push : pushes_) push->ExpireIfIdle(now, options_.push_idle_timeout);
+    for (PushStream* push : pushes_) push->ExpireIfIdle(now, options_.push_idle_timeout);
   }
   return abnormal_ends_.exchange(0);
 }
@@ -510,7 +634,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PsService::Pull(grpc::CallbackServer
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* PsService::Push(grpc::CallbackServerContext* ctx,
                                                            grpc::ByteBuffer* resp) {
-  return new PushReactor(this, ctx, resp);
+  return new PushReactor<false>(this, ctx, resp);
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PsService::PushPull(
+    grpc::CallbackServerContext* ctx) {
+  return new PushReactor<true>(this, ctx, nullptr);
 }
 
 grpc::ServerUnaryReactor* PsService::Leave(grpc::CallbackServerContext* ctx,

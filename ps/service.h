@@ -15,6 +15,12 @@
 // gradient), changes nothing. Refused requests are logged at most once per
 // 10 s (with the number not logged).
 //
+// PushPull (a worker's step): a push stream as above until the push is
+// handled, then its answer and the pull its header asked for, served as a
+// Pull (held, then zero-copy chunks). Once handled, the push's stream slots
+// and buffers are freed: a held fused pull is no push stream (neither
+// counted in the limits nor closed as idle).
+//
 // Resources: push streams are limited per PS and per worker (the worker is
 // known from the header; an extra stream is RESOURCE_EXHAUSTED); a push
 // stream that receives no message for push_idle_timeout is closed
@@ -101,14 +107,17 @@ struct PsServiceMetrics {
 };
 
 namespace internal {
+// Every method raw, over the plain Service (not CallbackService, whose typed
+// PushPull has the raw one's signature with another return type).
 using RawPsService = v1::ParameterServer::WithRawCallbackMethod_GetInfo<
     v1::ParameterServer::WithRawCallbackMethod_Pull<v1::ParameterServer::WithRawCallbackMethod_Push<
-        v1::ParameterServer::WithRawCallbackMethod_Leave<
-            v1::ParameterServer::WithRawCallbackMethod_Shutdown<
-                v1::ParameterServer::WithRawCallbackMethod_GetStats<
-                    v1::ParameterServer::WithRawCallbackMethod_SparsePull<
-                        v1::ParameterServer::WithRawCallbackMethod_ListRows<
-                            v1::ParameterServer::CallbackService>>>>>>>>;
+        v1::ParameterServer::WithRawCallbackMethod_PushPull<
+            v1::ParameterServer::WithRawCallbackMethod_Leave<
+                v1::ParameterServer::WithRawCallbackMethod_Shutdown<
+                    v1::ParameterServer::WithRawCallbackMethod_GetStats<
+                        v1::ParameterServer::WithRawCallbackMethod_SparsePull<
+                            v1::ParameterServer::WithRawCallbackMethod_ListRows<
+                                v1::ParameterServer::Service>>>>>>>>>;
 }  // namespace internal
 
 class PsService final : public internal::RawPsService {
@@ -122,6 +131,11 @@ class PsService final : public internal::RawPsService {
                                                    const grpc::ByteBuffer* req) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* Push(grpc::CallbackServerContext* ctx,
                                                   grpc::ByteBuffer* resp) override;
+  // A Push, then a Pull, on one stream (proto/ps.proto): the push under
+  // Push's rules and limits (a push stream until it is handled), the pull
+  // under Pull's.
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushPull(
+      grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                   grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* SparsePull(grpc::CallbackServerContext* ctx,
@@ -141,7 +155,15 @@ class PsService final : public internal::RawPsService {
   int open_push_streams() const { return open_pushes_.load(); }
 
  private:
+  class SnapshotWriter;
   class PullReactor;
+  // A push stream, as Tick sees it.
+  class PushStream {
+   public:
+    virtual ~PushStream() = default;
+    virtual void ExpireIfIdle(absl::Time now, absl::Duration timeout) = 0;
+  };
+  template <bool kFused>  // PushPull, else Push
   class PushReactor;
   // Logs a refused request (rate-limited) and returns its gRPC status.
   grpc::Status Refuse(const char* method, grpc::CallbackServerContext* ctx, const absl::Status& s);
@@ -161,8 +183,8 @@ class PsService final : public internal::RawPsService {
                                    const google::protobuf::Message& resp, grpc::ByteBuffer* out);
 
   // Every push stream, for Tick, from its start to its OnDone.
-  void RegisterPush(PushReactor* push);
-  void RemovePush(PushReactor* push);
+  void RegisterPush(PushStream* push);
+  void RemovePush(PushStream* push);
   // Counts a push stream in (false: over the PS's limit) and, when it ends, out.
   bool AdmitPush();
   void ReleasePush();
@@ -180,7 +202,7 @@ class PsService final : public internal::RawPsService {
 
   // Lock order: pushes_mu_ before a PushReactor's own mutex.
   absl::Mutex pushes_mu_;
-  std::set<PushReactor*> pushes_ ABSL_GUARDED_BY(pushes_mu_);
+  std::set<PushStream*> pushes_ ABSL_GUARDED_BY(pushes_mu_);
   std::atomic<int> open_pushes_{0};                          // admitted and not ended
   const std::unique_ptr<std::atomic<int>[]> worker_pushes_;  // per worker index
   std::atomic<int64_t> abnormal_ends_{0};

@@ -44,6 +44,15 @@ struct SparseRef {
   uint64_t dim;
 };
 
+// What a fused PushPull brought back. `push` is the push's answer, or why
+// none came (then `pull` has the same error: the pull did not happen, and the
+// push may or may not have been applied, as with a failed Push). With `push`
+// OK, `pull` is the pull's header or why it failed (the push stays applied).
+struct PushPullAnswer {
+  absl::StatusOr<v1::PushResponse> push;
+  absl::StatusOr<v1::PullResponse::Header> pull;
+};
+
 // One PS task. Implementations must be thread-safe.
 class ShardChannel {
  public:
@@ -66,6 +75,13 @@ class ShardChannel {
                                         const std::vector<ChunkRef>& chunks) {
     return Push(header, chunks, {});
   }
+  // A worker's step in one round trip: Push(header, chunks, sparse), then,
+  // once the shard has handled it (applied, dropped or a duplicate), Pull(pull,
+  // sink). pull.worker_index and task_type are the pusher's, whatever they say.
+  virtual PushPullAnswer PushPull(const v1::PushRequest::Header& header,
+                                  const std::vector<ChunkRef>& chunks,
+                                  const std::vector<SparseRef>& sparse, const v1::PullRequest& pull,
+                                  const ChunkSink& sink) = 0;
   // Rows of embedding tables by id (no hold).
   virtual absl::StatusOr<v1::SparsePullResponse> SparsePull(
       const v1::SparsePullRequest& request) = 0;
@@ -97,6 +113,11 @@ class ShardChannelWrapper : public ShardChannel {
                                         const std::vector<ChunkRef>& chunks,
                                         const std::vector<SparseRef>& sparse) override {
     return target_->Push(header, chunks, sparse);
+  }
+  PushPullAnswer PushPull(const v1::PushRequest::Header& header,
+                          const std::vector<ChunkRef>& chunks, const std::vector<SparseRef>& sparse,
+                          const v1::PullRequest& pull, const ChunkSink& sink) override {
+    return target_->PushPull(header, chunks, sparse, pull, sink);
   }
   absl::StatusOr<v1::SparsePullResponse> SparsePull(const v1::SparsePullRequest& request) override {
     return target_->SparsePull(request);

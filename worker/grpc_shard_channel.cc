@@ -139,30 +139,7 @@ class GrpcShardChannel final : public ShardChannel {
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
         grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), kPush, &ctx,
                                                                       &answer));
-    v1::PushRequest msg;
-    *msg.mutable_header() = header;
-    bool ok = writer->Write(Serialize(msg));
-    std::string prefix;
-    for (size_t i = 0; ok && i < chunks.size(); ++i) {
-      const uint64_t bytes = chunks[i].count * sizeof(float);
-      prefix.clear();
-      AppendChunkPrefix(*chunks[i].part, chunks[i].offset, bytes, &prefix);
-      // The floats are the caller's and outlive the call (this returns after
-      // Finish): a static slice refers to them with nothing to release.
-      grpc::Slice slices[2] = {grpc::Slice(prefix.data(), prefix.size()),
-                               grpc::Slice(chunks[i].data, bytes, grpc::Slice::STATIC_SLICE)};
-      ok = writer->Write(grpc::ByteBuffer(slices, bytes > 0 ? 2 : 1));
-    }
-    for (size_t i = 0; ok && i < sparse.size(); ++i) {
-      msg.Clear();
-      auto* r = msg.mutable_sparse();
-      r->set_table(*sparse[i].table);
-      r->mutable_ids()->Add(sparse[i].ids, sparse[i].ids + sparse[i].count);
-      r->set_data(reinterpret_cast<const char*>(sparse[i].data),
-                  sparse[i].count * sparse[i].dim * sizeof(float));
-      ok = writer->Write(Serialize(msg));
-    }
-    if (ok) writer->WritesDone();
+    if (WritePush(header, chunks, sparse, writer.get())) writer->WritesDone();
     auto s = writer->Finish();
     if (!s.ok()) return Annotate(s);
     v1::PushResponse resp;
@@ -171,6 +148,75 @@ class GrpcShardChannel final : public ShardChannel {
           grpc::Status(grpc::StatusCode::INTERNAL, "push answer is not a PushResponse"));
     }
     return resp;
+  }
+
+  // The push half as Push sends it (raw chunk messages), then the answers
+  // as Pull reads them, on one bidirectional stream.
+  PushPullAnswer PushPull(const v1::PushRequest::Header& header,
+                          const std::vector<ChunkRef>& chunks, const std::vector<SparseRef>& sparse,
+                          const v1::PullRequest& pull, const ChunkSink& sink) override {
+    static const grpc::internal::RpcMethod kPushPull("/kubetrain.v1.ParameterServer/PushPull",
+                                                     grpc::internal::RpcMethod::BIDI_STREAMING);
+    grpc::ClientContext ctx;
+    Identify(&ctx);
+    // The push's allowance, then the pull's (as Push and Pull set theirs).
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120) +
+                     std::chrono::milliseconds(pull.wait_timeout_ms() + 60000));
+    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+            channel_.get(), kPushPull, &ctx));
+    v1::PushRequest::Header with_pull = header;
+    *with_pull.mutable_pull() = pull;
+    if (WritePush(with_pull, chunks, sparse, stream.get())) stream->WritesDone();
+    PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
+    bool have_push = false, have_header = false;
+    v1::PullResponse::Header pulled;
+    absl::Status sink_status, parse_status;
+    grpc::ByteBuffer in;
+    v1::PullResponse msg;
+    while (stream->Read(&in)) {
+      msg.Clear();
+      if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::PullResponse>(&in, &msg).ok()) {
+        parse_status = absl::DataLossError(
+            absl::StrCat("push-pull with ", address_, ": an answer is not a PullResponse"));
+        ctx.TryCancel();
+        break;
+      }
+      if (msg.has_push()) {
+        answer.push = msg.push();
+        have_push = true;
+      } else if (msg.has_header()) {
+        pulled = msg.header();
+        have_header = true;
+      } else if (sink_status.ok()) {
+        sink_status = sink(msg.chunk());
+        if (!sink_status.ok()) ctx.TryCancel();
+      }
+    }
+    auto s = stream->Finish();
+    if (!have_push) {
+      // No answer to the push: whether it was applied is unknown (a retry
+      // with the same push id settles it).
+      answer.push =
+          !parse_status.ok() ? parse_status
+          : !s.ok()
+              ? Annotate(s)
+              : absl::DataLossError(absl::StrCat("push-pull with ", address_, ": no push answer"));
+      answer.pull = answer.push.status();
+      return answer;
+    }
+    if (!parse_status.ok()) {
+      answer.pull = parse_status;
+    } else if (!sink_status.ok()) {
+      answer.pull = sink_status;
+    } else if (!s.ok()) {
+      answer.pull = Annotate(s);
+    } else if (!have_header) {
+      answer.pull = absl::DataLossError(absl::StrCat("push-pull with ", address_, ": no header"));
+    } else {
+      answer.pull = pulled;
+    }
+    return answer;
   }
 
   absl::StatusOr<v1::SparsePullResponse> SparsePull(const v1::SparsePullRequest& request) override {
@@ -222,6 +268,38 @@ class GrpcShardChannel final : public ShardChannel {
   }
 
  private:
+  // Writes a push's messages: the header, each chunk raw (its floats a
+  // slice of their own, not copied into a protobuf string; core/push_wire.h),
+  // the sparse rows as protobuf. False once the stream is broken.
+  template <typename Writer>
+  static bool WritePush(const v1::PushRequest::Header& header, const std::vector<ChunkRef>& chunks,
+                        const std::vector<SparseRef>& sparse, Writer* writer) {
+    v1::PushRequest msg;
+    *msg.mutable_header() = header;
+    bool ok = writer->Write(Serialize(msg));
+    std::string prefix;
+    for (size_t i = 0; ok && i < chunks.size(); ++i) {
+      const uint64_t bytes = chunks[i].count * sizeof(float);
+      prefix.clear();
+      AppendChunkPrefix(*chunks[i].part, chunks[i].offset, bytes, &prefix);
+      // The floats are the caller's and outlive the call (the callers return
+      // after Finish): a static slice refers to them with nothing to release.
+      grpc::Slice slices[2] = {grpc::Slice(prefix.data(), prefix.size()),
+                               grpc::Slice(chunks[i].data, bytes, grpc::Slice::STATIC_SLICE)};
+      ok = writer->Write(grpc::ByteBuffer(slices, bytes > 0 ? 2 : 1));
+    }
+    for (size_t i = 0; ok && i < sparse.size(); ++i) {
+      msg.Clear();
+      auto* r = msg.mutable_sparse();
+      r->set_table(*sparse[i].table);
+      r->mutable_ids()->Add(sparse[i].ids, sparse[i].ids + sparse[i].count);
+      r->set_data(reinterpret_cast<const char*>(sparse[i].data),
+                  sparse[i].count * sparse[i].dim * sizeof(float));
+      ok = writer->Write(Serialize(msg));
+    }
+    return ok;
+  }
+
   void Identify(grpc::ClientContext* ctx) const {
     if (task_.empty()) return;
     ctx->AddMetadata(kTaskMetadataKey, task_);

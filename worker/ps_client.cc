@@ -220,61 +220,66 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullAtLeastWithin(
                   std::max(hold, absl::Milliseconds(1)), /*reask=*/false);
 }
 
-absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
-    const std::function<int64_t(int)>& min_version, int64_t worker_clock,
-    const std::vector<VariableSpec>& variables, Params* params, absl::Duration hold, bool reask) {
+v1::PullRequest PsClient::NewPullRequest(int s, int64_t min_version, int64_t worker_clock,
+                                         absl::Duration hold) const {
+  v1::PullRequest req;
+  req.set_worker_index(options_.task_index);
+  req.set_task_type(options_.task_type);
+  req.set_min_version(min_version);
+  if (is_worker()) req.set_worker_clock(worker_clock);
+  req.set_incarnation(shards_[s].incarnation);
+  req.set_wait_timeout_ms(absl::ToInt64Milliseconds(hold));
+  return req;
+}
+
+ShardChannel::ChunkSink PsClient::PullSink(int s, Params* params) const {
+  return [this, s, params](const v1::TensorChunk& c) -> absl::Status {
+    const auto& parts = parts_by_name_[s];
+    auto it = parts.find(c.part());
+    uint64_t n = c.data().size() / 4;
+    if (it == parts.end() || c.data().size() % 4 != 0 ||
+        c.offset() + n > static_cast<uint64_t>(it->second->num_elements())) {
+      return absl::DataLossError(absl::StrCat("ps:", s, " sent a bad chunk of \"", c.part(), "\""));
+    }
+    float* dst = (*params)[it->second->variable].data() + it->second->element_offset() + c.offset();
+    std::memcpy(dst, c.data().data(), c.data().size());
+    if (metrics_.pull_bytes) metrics_.pull_bytes->Increment(static_cast<double>(c.data().size()));
+    return absl::OkStatus();
+  };
+}
+
+absl::Status PsClient::PullShard(int s, const v1::PullRequest& req,
+                                 const ShardChannel::ChunkSink& sink, bool reask,
+                                 v1::PullResponse::Header* header, ShardRestart* restart) {
+  while (true) {
+    absl::StatusOr<v1::PullResponse::Header> h;
+    absl::Status rs = WithRetry("pull", s, [&] {
+      h = channels_[s]->Pull(req, sink);
+      return h.status();
+    });
+    if (rs.code() == absl::StatusCode::kDeadlineExceeded) {
+      if (cancelled_) return absl::CancelledError(absl::StrCat("pull from ps:", s, " cancelled"));
+      if (!reask) return rs;
+      Log(TaskName(), " still waiting on ps:", s, " for version ", req.min_version(), " (",
+          rs.message(), ")");
+      continue;  // the PS let go of a long hold; ask again
+    }
+    if (!rs.ok()) return rs;
+    *header = *h;
+    *restart = Observe(s, h->incarnation(), h->version(), h->done());
+    return absl::OkStatus();
+  }
+}
+
+void PsClient::ResizeParams(const std::vector<VariableSpec>& variables, Params* params) {
   params->resize(variables.size());
   for (size_t v = 0; v < variables.size(); ++v) {
     if (!variables[v].table) (*params)[v].resize(variables[v].num_elements());  // tables: PullRows
   }
-  std::vector<v1::PullResponse::Header> headers(channels_.size());
-  std::vector<ShardRestart> restarts(channels_.size());
-  absl::Time start = clock_->Now();
-  absl::Status st = ForEachShard([&](int s) {
-    const auto& parts = parts_by_name_[s];
-    v1::PullRequest req;
-    req.set_worker_index(options_.task_index);
-    req.set_task_type(options_.task_type);
-    req.set_min_version(min_version(s));
-    if (is_worker()) req.set_worker_clock(worker_clock);
-    req.set_incarnation(shards_[s].incarnation);
-    req.set_wait_timeout_ms(absl::ToInt64Milliseconds(hold));
-    auto sink = [&](const v1::TensorChunk& c) -> absl::Status {
-      auto it = parts.find(c.part());
-      uint64_t n = c.data().size() / 4;
-      if (it == parts.end() || c.data().size() % 4 != 0 ||
-          c.offset() + n > static_cast<uint64_t>(it->second->num_elements())) {
-        return absl::DataLossError(
-            absl::StrCat("ps:", s, " sent a bad chunk of \"", c.part(), "\""));
-      }
-      float* dst =
-          (*params)[it->second->variable].data() + it->second->element_offset() + c.offset();
-      std::memcpy(dst, c.data().data(), c.data().size());
-      if (metrics_.pull_bytes) metrics_.pull_bytes->Increment(static_cast<double>(c.data().size()));
-      return absl::OkStatus();
-    };
-    while (true) {
-      absl::StatusOr<v1::PullResponse::Header> h;
-      absl::Status rs = WithRetry("pull", s, [&] {
-        h = channels_[s]->Pull(req, sink);
-        return h.status();
-      });
-      if (rs.code() == absl::StatusCode::kDeadlineExceeded) {
-        if (cancelled_) return absl::CancelledError(absl::StrCat("pull from ps:", s, " cancelled"));
-        if (!reask) return rs;
-        Log(TaskName(), " still waiting on ps:", s, " for version ", req.min_version(), " (",
-            rs.message(), ")");
-        continue;  // the PS let go of a long hold; ask again
-      }
-      if (!rs.ok()) return rs;
-      headers[s] = *h;
-      restarts[s] = Observe(s, h->incarnation(), h->version(), h->done());
-      return absl::OkStatus();
-    }
-  });
-  if (!st.ok()) return st;
-  if (metrics_.pull_seconds)
-    metrics_.pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
+}
+
+PsClient::PullResult PsClient::SumPulls(const std::vector<v1::PullResponse::Header>& headers,
+                                        const std::vector<ShardRestart>& restarts) {
   PullResult r;
   r.version = headers[0].version();
   r.done = true;
@@ -287,6 +292,23 @@ absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
     r.ps_restarts += restarts[s].restarted;
   }
   return r;
+}
+
+absl::StatusOr<PsClient::PullResult> PsClient::PullImpl(
+    const std::function<int64_t(int)>& min_version, int64_t worker_clock,
+    const std::vector<VariableSpec>& variables, Params* params, absl::Duration hold, bool reask) {
+  ResizeParams(variables, params);
+  std::vector<v1::PullResponse::Header> headers(channels_.size());
+  std::vector<ShardRestart> restarts(channels_.size());
+  absl::Time start = clock_->Now();
+  absl::Status st = ForEachShard([&](int s) {
+    return PullShard(s, NewPullRequest(s, min_version(s), worker_clock, hold), PullSink(s, params),
+                     reask, &headers[s], &restarts[s]);
+  });
+  if (!st.ok()) return st;
+  if (metrics_.pull_seconds)
+    metrics_.pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
+  return SumPulls(headers, restarts);
 }
 
 absl::StatusOr<PsClient::StepResult> PsClient::PollStep() {
@@ -502,8 +524,8 @@ absl::Status PsClient::ListRows(int table, const RowsPage& page) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t worker_clock,
-                                                    const TableIds& ids) {
+absl::Status PsClient::SplitSparse(const Params& grads, const TableIds& ids,
+                                   SparseGradients* out) const {
   const auto& tables = placement_->tables;
   if (ids.size() != tables.size()) {
     return absl::InvalidArgumentError(
@@ -512,10 +534,8 @@ absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t
   const int shards = static_cast<int>(channels_.size());
   // Per shard and table: the ids it holds and their gradient rows, copied
   // contiguous (one message each).
-  std::vector<std::vector<std::vector<uint64_t>>> shard_ids(
-      shards, std::vector<std::vector<uint64_t>>(tables.size()));
-  std::vector<std::vector<std::vector<float>>> shard_rows(
-      shards, std::vector<std::vector<float>>(tables.size()));
+  out->ids.assign(shards, std::vector<std::vector<uint64_t>>(tables.size()));
+  out->rows.assign(shards, std::vector<std::vector<float>>(tables.size()));
   for (size_t t = 0; t < tables.size(); ++t) {
     const int64_t dim = tables[t].dim;
     const std::vector<float>& g = grads[tables[t].variable];
@@ -526,25 +546,75 @@ absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t
     }
     for (size_t i = 0; i < ids[t].size(); ++i) {
       const int s = TableShardOfRow(ids[t][i], shards);
-      shard_ids[s][t].push_back(static_cast<uint64_t>(ids[t][i]));
-      shard_rows[s][t].insert(shard_rows[s][t].end(), g.begin() + i * dim,
-                              g.begin() + (i + 1) * dim);
+      out->ids[s][t].push_back(static_cast<uint64_t>(ids[t][i]));
+      out->rows[s][t].insert(out->rows[s][t].end(), g.begin() + i * dim, g.begin() + (i + 1) * dim);
     }
   }
-  std::vector<std::vector<SparseRef>> refs(shards);
+  out->refs.assign(shards, {});
   for (int s = 0; s < shards; ++s) {
     for (size_t t = 0; t < tables.size(); ++t) {
       // At most ~chunk_bytes of rows per message.
       const uint64_t dim = tables[t].dim;
       const uint64_t per = std::max<uint64_t>(1, options_.chunk_bytes / (dim * 4 + 10));
-      for (uint64_t i = 0; i < shard_ids[s][t].size(); i += per) {
-        const uint64_t n = std::min<uint64_t>(per, shard_ids[s][t].size() - i);
-        refs[s].push_back({&tables[t].name, shard_ids[s][t].data() + i, n,
-                           shard_rows[s][t].data() + i * dim, dim});
+      for (uint64_t i = 0; i < out->ids[s][t].size(); i += per) {
+        const uint64_t n = std::min<uint64_t>(per, out->ids[s][t].size() - i);
+        out->refs[s].push_back(
+            {&tables[t].name, out->ids[s][t].data() + i, n, out->rows[s][t].data() + i * dim, dim});
       }
     }
   }
-  return PushImpl(grads, worker_clock, refs);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PsClient::PushResult> PsClient::Push(const Params& grads, int64_t worker_clock,
+                                                    const TableIds& ids) {
+  SparseGradients sparse;
+  if (absl::Status s = SplitSparse(grads, ids, &sparse); !s.ok()) return s;
+  return PushImpl(grads, worker_clock, sparse.refs);
+}
+
+v1::PushRequest::Header PsClient::NewPushHeader(int s, const Params& grads, int64_t worker_clock,
+                                                uint64_t push_id, std::vector<ChunkRef>* chunks,
+                                                uint64_t* bytes) const {
+  *bytes = 0;
+  for (const PartPlacement* p : shard_parts_[s]) {
+    const float* base = grads[p->variable].data() + p->element_offset();
+    const uint64_t n = p->num_elements();
+    for (uint64_t off = 0; off < n; off += chunk_elements_) {
+      chunks->push_back({&p->name, off, base + off, std::min(chunk_elements_, n - off)});
+    }
+    *bytes += n * 4;
+  }
+  v1::PushRequest::Header h;
+  h.set_worker_index(options_.task_index);
+  h.set_version(shards_[s].version);
+  h.set_worker_clock(worker_clock);
+  h.set_incarnation(shards_[s].incarnation);
+  h.set_push_id(push_id);  // the same on every retry: applied at most once
+  h.set_total_bytes(*bytes);
+  return h;
+}
+
+void PsClient::CountPushBytes(uint64_t dense_bytes, const std::vector<SparseRef>& sparse) const {
+  if (metrics_.push_bytes) metrics_.push_bytes->Increment(static_cast<double>(dense_bytes));
+  if (metrics_.sparse_push_bytes) {
+    double sparse_bytes = 0;
+    for (const SparseRef& ref : sparse) sparse_bytes += ref.count * ref.dim * 4.0;
+    metrics_.sparse_push_bytes->Increment(sparse_bytes);
+  }
+}
+
+PsClient::PushResult PsClient::SumPushes(const std::vector<v1::PushResponse>& responses) {
+  PushResult r;
+  r.version = responses[0].version();
+  for (const auto& resp : responses) {
+    r.version = std::min<int64_t>(r.version, resp.version());
+    r.dropped = r.dropped || resp.dropped();
+    r.done = r.done || resp.done();
+    r.staleness = std::max<int64_t>(r.staleness, resp.staleness());
+    r.absent_workers = std::max(r.absent_workers, resp.absent_workers());
+  }
+  return r;
 }
 
 absl::StatusOr<PsClient::PushResult> PsClient::PushImpl(
@@ -559,21 +629,8 @@ absl::StatusOr<PsClient::PushResult> PsClient::PushImpl(
   absl::Status st = ForEachShard([&](int s) {
     std::vector<ChunkRef> chunks;
     uint64_t bytes = 0;
-    for (const PartPlacement* p : shard_parts_[s]) {
-      const float* base = grads[p->variable].data() + p->element_offset();
-      const uint64_t n = p->num_elements();
-      for (uint64_t off = 0; off < n; off += chunk_elements_) {
-        chunks.push_back({&p->name, off, base + off, std::min(chunk_elements_, n - off)});
-      }
-      bytes += n * 4;
-    }
-    v1::PushRequest::Header h;
-    h.set_worker_index(options_.task_index);
-    h.set_version(shards_[s].version);
-    h.set_worker_clock(worker_clock);
-    h.set_incarnation(shards_[s].incarnation);
-    h.set_push_id(push_id);  // the same on every retry: applied at most once
-    h.set_total_bytes(bytes);
+    const v1::PushRequest::Header h =
+        NewPushHeader(s, grads, worker_clock, push_id, &chunks, &bytes);
     absl::StatusOr<v1::PushResponse> r;
     absl::Status rs = WithRetry("push", s, [&] {
       r = channels_[s]->Push(h, chunks, sparse[s]);
@@ -581,27 +638,80 @@ absl::StatusOr<PsClient::PushResult> PsClient::PushImpl(
     });
     if (!rs.ok()) return rs;
     responses[s] = *r;
-    if (metrics_.push_bytes) metrics_.push_bytes->Increment(static_cast<double>(bytes));
-    if (metrics_.sparse_push_bytes) {
-      double sparse_bytes = 0;
-      for (const SparseRef& ref : sparse[s]) sparse_bytes += ref.count * ref.dim * 4.0;
-      metrics_.sparse_push_bytes->Increment(sparse_bytes);
-    }
+    CountPushBytes(bytes, sparse[s]);
     return absl::OkStatus();
   });
   if (!st.ok()) return st;
   if (metrics_.push_seconds)
     metrics_.push_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
-  PushResult r;
-  r.version = responses[0].version();
-  for (const auto& resp : responses) {
-    r.version = std::min<int64_t>(r.version, resp.version());
-    r.dropped = r.dropped || resp.dropped();
-    r.done = r.done || resp.done();
-    r.staleness = std::max<int64_t>(r.staleness, resp.staleness());
-    r.absent_workers = std::max(r.absent_workers, resp.absent_workers());
+  return SumPushes(responses);
+}
+
+absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
+    const Params& grads, int64_t worker_clock, const TableIds& ids, bool next_version,
+    const std::vector<VariableSpec>& variables, Params* params) {
+  if (!is_worker()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(TaskName(), " only reads: it cannot push gradients"));
   }
-  return r;
+  SparseGradients sparse;
+  if (absl::Status s = SplitSparse(grads, ids, &sparse); !s.ok()) return s;
+  ResizeParams(variables, params);
+  std::vector<v1::PushResponse> responses(channels_.size());
+  std::vector<v1::PullResponse::Header> headers(channels_.size());
+  std::vector<ShardRestart> restarts(channels_.size());
+  const uint64_t push_id = next_push_id_++;
+  absl::Time start = clock_->Now();
+  absl::Status st = ForEachShard([&](int s) {
+    std::vector<ChunkRef> chunks;
+    uint64_t bytes = 0;
+    const v1::PushRequest::Header h =
+        NewPushHeader(s, grads, worker_clock, push_id, &chunks, &bytes);
+    // Both halves are tagged with what the last pull saw, as Push then
+    // Pull(next_version) would be.
+    const v1::PullRequest req = NewPullRequest(s, next_version ? shards_[s].version + 1 : 0,
+                                               worker_clock, options_.hold_timeout);
+    const ShardChannel::ChunkSink sink = PullSink(s, params);
+    PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
+    // Until the push is answered, the whole call is retried with the same
+    // push id: a shard that applied it answers the repeat without applying
+    // it again; one that restarted meanwhile drops it (another incarnation).
+    bool unfused = false;  // a PS from before PushPull: its Push, then its Pull
+    absl::Status rs = WithRetry("push-pull", s, [&] {
+      answer = channels_[s]->PushPull(h, chunks, sparse.refs[s], req, sink);
+      if (absl::IsUnimplemented(answer.push.status())) {
+        unfused = true;
+        answer.push = channels_[s]->Push(h, chunks, sparse.refs[s]);
+      }
+      return answer.push.status();
+    });
+    if (!rs.ok()) return rs;
+    if (unfused) return PullShard(s, req, sink, /*reask=*/true, &headers[s], &restarts[s]);
+    responses[s] = *answer.push;
+    CountPushBytes(bytes, sparse.refs[s]);
+    if (answer.pull.ok()) {
+      headers[s] = *answer.pull;
+      restarts[s] =
+          Observe(s, answer.pull->incarnation(), answer.pull->version(), answer.pull->done());
+      return absl::OkStatus();
+    }
+    // The push is done; only the pull is left, asked again alone (a PS that
+    // restarted during the hold answers it at once, with its new incarnation).
+    const absl::Status& failed = answer.pull.status();
+    if (failed.code() != absl::StatusCode::kUnavailable &&
+        failed.code() != absl::StatusCode::kResourceExhausted &&
+        failed.code() != absl::StatusCode::kDeadlineExceeded) {
+      return failed;
+    }
+    if (cancelled_) return absl::CancelledError(absl::StrCat("pull from ps:", s, " cancelled"));
+    Log(TaskName(), " pull from ps:", s, " failed after its push was answered (", failed.message(),
+        "); asking for it again");
+    return PullShard(s, req, sink, /*reask=*/true, &headers[s], &restarts[s]);
+  });
+  if (!st.ok()) return st;
+  if (metrics_.push_pull_seconds)
+    metrics_.push_pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
+  return PushPullResult{SumPushes(responses), SumPulls(headers, restarts)};
 }
 
 absl::Status PsClient::Leave() {

@@ -50,8 +50,9 @@ struct PsClientMetrics {  // any pointer may be null
   prometheus::Histogram* push_seconds = nullptr;
   prometheus::Counter* pull_bytes = nullptr;
   prometheus::Counter* push_bytes = nullptr;
-  prometheus::Counter* sparse_pull_bytes = nullptr;  // table rows received
-  prometheus::Counter* sparse_push_bytes = nullptr;  // table gradient rows sent
+  prometheus::Counter* sparse_pull_bytes = nullptr;    // table rows received
+  prometheus::Counter* sparse_push_bytes = nullptr;    // table gradient rows sent
+  prometheus::Histogram* push_pull_seconds = nullptr;  // a fused step (PushPull), both halves
 };
 
 // The stats of a job's shards as one: counts (dynamic rows too) summed; version the lowest;
@@ -84,6 +85,10 @@ class PsClient {
     bool done = false;
     int64_t staleness = 0;   // largest over shards
     int absent_workers = 0;  // as in PullResult
+  };
+  struct PushPullResult {
+    PushResult push;
+    PullResult pull;
   };
   // Where training is, without moving any values.
   struct StepResult {
@@ -137,6 +142,20 @@ class PsClient {
   // The same, with the gradient rows of the tables' `ids` (grads of a table:
   // ids.size() x dim, in the order of its ids) to the shards holding them.
   absl::StatusOr<PushResult> Push(const Params& grads, int64_t worker_clock, const TableIds& ids);
+  // A worker's steady-state step in one round trip per shard: Push(grads,
+  // worker_clock, ids), then, as each shard has handled it, the pull that
+  // Pull(next_version, worker_clock, variables, params) would make (tagged
+  // with the same last-pulled version and incarnation). The same retries and
+  // accounting as that Push then that Pull: until a shard answers the push,
+  // the call is retried with the push's id (applied at most once); a pull
+  // that fails after the answer (the PS restarted during the hold, a hold
+  // timed out) is asked again alone, never the push. The whole round trip
+  // is one push_pull_seconds observation. A PS that predates PushPull
+  // (UNIMPLEMENTED) gets the Push then the Pull. Workers only.
+  absl::StatusOr<PushPullResult> PushPull(const Params& grads, int64_t worker_clock,
+                                          const TableIds& ids, bool next_version,
+                                          const std::vector<VariableSpec>& variables,
+                                          Params* params);
   // params of each table = the current rows of its `ids`, in order (no hold).
   // A worker's pull creates the missing rows of dynamic tables (see
   // ps/shard.h); with `read_only` (or from a reader) they read as their
@@ -189,6 +208,20 @@ class PsClient {
   // Push with sparse[s]: the table rows for shard s.
   absl::StatusOr<PushResult> PushImpl(const Params& grads, int64_t worker_clock,
                                       const std::vector<std::vector<SparseRef>>& sparse);
+  // The gradient rows of the tables' ids, split by the shard holding them
+  // (refs[s] points into ids and rows).
+  struct SparseGradients {
+    std::vector<std::vector<std::vector<uint64_t>>> ids;  // [shard][table]
+    std::vector<std::vector<std::vector<float>>> rows;    // [shard][table]
+    std::vector<std::vector<SparseRef>> refs;             // [shard]
+  };
+  absl::Status SplitSparse(const Params& grads, const TableIds& ids, SparseGradients* out) const;
+  // Shard s's push header for `grads`, and its dense chunks (*bytes of them).
+  v1::PushRequest::Header NewPushHeader(int s, const Params& grads, int64_t worker_clock,
+                                        uint64_t push_id, std::vector<ChunkRef>* chunks,
+                                        uint64_t* bytes) const;
+  void CountPushBytes(uint64_t dense_bytes, const std::vector<SparseRef>& sparse) const;
+  static PushResult SumPushes(const std::vector<v1::PushResponse>& responses);
   // Whether `incarnation` is a restart of shard `s` and the versions it lost
   // (0 when its checkpoint was as new as what this client last saw); records
   // the shard's new state.
@@ -196,6 +229,17 @@ class PsClient {
     bool restarted = false;
     int64_t steps_lost = 0;
   };
+  v1::PullRequest NewPullRequest(int s, int64_t min_version, int64_t worker_clock,
+                                 absl::Duration hold) const;
+  // Copies shard s's chunks into `params` (laid out by ResizeParams).
+  ShardChannel::ChunkSink PullSink(int s, Params* params) const;
+  static void ResizeParams(const std::vector<VariableSpec>& variables, Params* params);
+  // Pulls `req` from shard s (retrying UNAVAILABLE; re-asking a hold the PS
+  // let go of if `reask`), then Observe.
+  absl::Status PullShard(int s, const v1::PullRequest& req, const ShardChannel::ChunkSink& sink,
+                         bool reask, v1::PullResponse::Header* header, ShardRestart* restart);
+  static PullResult SumPulls(const std::vector<v1::PullResponse::Header>& headers,
+                             const std::vector<ShardRestart>& restarts);
   ShardRestart Observe(int s, int64_t incarnation, int64_t version, bool done);
   // Runs fn(shard) for every shard at once; the first error (by shard) wins.
   absl::Status ForEachShard(const std::function<absl::Status(int)>& fn);

@@ -6,6 +6,8 @@
 #include "worker/ps_client.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <map>
 #include <thread>
 
@@ -297,6 +299,219 @@ TEST_F(PsClientTest, ListsADynamicTableShardByShardAndAbortsIfItsRowsChange) {
   TableIds unseen(1, {int64_t{1} << 40, (int64_t{1} << 40) + 1});
   ASSERT_TRUE(worker->PullRows(unseen, &scratch, /*read_only=*/true).ok());
   EXPECT_EQ(*worker->CountRows(0), 404);
+}
+
+}  // namespace
+}  // namespace kubetrain
+
+namespace kubetrain {
+namespace {
+
+// Forwards every call; loses the answer of the first `n` PushPulls after the
+// PS handled them (as a connection that breaks on the way back).
+class LosesPushPullAnswers : public ShardChannelWrapper {
+ public:
+  LosesPushPullAnswers(std::unique_ptr<ShardChannel> target, int n)
+      : ShardChannelWrapper(std::move(target)), left_(n) {}
+  using ShardChannelWrapper::Push;
+  PushPullAnswer PushPull(const v1::PushRequest::Header& header,
+                          const std::vector<ChunkRef>& chunks, const std::vector<SparseRef>& sparse,
+                          const v1::PullRequest& pull, const ChunkSink& sink) override {
+    PushPullAnswer answer = ShardChannelWrapper::PushPull(header, chunks, sparse, pull, sink);
+    if (left_.fetch_sub(1) <= 0) return answer;
+    const absl::Status lost = absl::UnavailableError("the answer was lost");
+    return {lost, lost};
+  }
+
+ private:
+  std::atomic<int> left_;
+};
+
+// A gradient that depends on the values and the step (so that the two ways
+// of running a step only agree if they apply the same gradients to the same
+// values).
+Params GradientOf(const Params& params, int step) {
+  Params g = params;
+  for (auto& v : g) {
+    for (size_t k = 0; k < v.size(); ++k) v[k] = 0.25f * v[k] + static_cast<float>((k + step) % 7);
+  }
+  return g;
+}
+
+TEST_F(PsClientTest, APushPullStepIsBitIdenticalToAPushThenAPullInSyncMode) {
+  Make({.ps = 2, .workers = 1});  // sync: every push is a step
+  auto other = InProcessCluster::Create(*config_, &clock_);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto plain = Client(0);
+  PsClient::Options o;
+  o.task_index = 0;
+  o.fingerprint = config_->fingerprint;
+  o.chunk_bytes = 4096;
+  PsClient fused(o, &config_->placement, &clock_, (*other)->Channels(), PsClientMetrics{});
+  ASSERT_TRUE(plain->Connect().ok());
+  ASSERT_TRUE(fused.Connect().ok());
+  const auto& variables = config_->model->variables();
+  Params a, b;
+  ASSERT_TRUE(plain->Pull(false, 0, variables, &a).ok());
+  ASSERT_TRUE(fused.Pull(false, 0, variables, &b).ok());
+  const TableIds no_tables(config_->placement.tables.size());
+  for (int step = 0; step < 5; ++step) {
+    auto pushed = plain->Push(GradientOf(a, step), step + 1);
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+    auto pulled = plain->Pull(true, step + 1, variables, &a);
+    ASSERT_TRUE(pulled.ok()) << pulled.status();
+    auto both = fused.PushPull(GradientOf(b, step), step + 1, no_tables, true, variables, &b);
+    ASSERT_TRUE(both.ok()) << both.status();
+    EXPECT_EQ(both->push.version, pushed->version);
+    EXPECT_EQ(both->push.dropped, pushed->dropped);
+    EXPECT_EQ(both->pull.version, pulled->version);
+    EXPECT_EQ(both->pull.version, step + 1);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t v = 0; v < a.size(); ++v) {
+      ASSERT_EQ(std::memcmp(a[v].data(), b[v].data(), a[v].size() * sizeof(float)), 0)
+          << "variable " << v << " after step " << step;
+    }
+  }
+}
+
+TEST_F(PsClientTest, APushPullKeepsTheAsyncStalenessAccountingOfAPushThenAPull) {
+  // Two async workers taking turns, the same turns both ways.
+  Make({.ps = 1, .workers = 2, .mode = "async", .training = "    maxStaleness: 5\n"});
+  auto other = InProcessCluster::Create(*config_, &clock_);
+  ASSERT_TRUE(other.ok()) << other.status();
+  PsClient::Options o;
+  o.fingerprint = config_->fingerprint;
+  o.chunk_bytes = 4096;
+  std::vector<std::unique_ptr<PsClient>> plain, fused;
+  for (int w = 0; w < 2; ++w) {
+    plain.push_back(Client(w));
+    o.task_index = w;
+    fused.push_back(std::make_unique<PsClient>(o, &config_->placement, &clock_,
+                                               (*other)->Channels(), PsClientMetrics{}));
+    ASSERT_TRUE(plain[w]->Connect().ok());
+    ASSERT_TRUE(fused[w]->Connect().ok());
+  }
+  const auto& variables = config_->model->variables();
+  const TableIds no_tables(config_->placement.tables.size());
+  std::vector<Params> a(2), b(2);
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(plain[w]->Pull(false, 0, variables, &a[w]).ok());
+    ASSERT_TRUE(fused[w]->Pull(false, 0, variables, &b[w]).ok());
+  }
+  // Worker 0 takes two steps for each of worker 1's.
+  const int turns[] = {0, 0, 1, 0, 0, 1, 0, 1};
+  std::vector<int> clock(2, 0);
+  for (int w : turns) {
+    ++clock[w];
+    auto pushed = plain[w]->Push(Grads(0.01f), clock[w]);
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+    auto pulled = plain[w]->Pull(false, clock[w], variables, &a[w]);
+    ASSERT_TRUE(pulled.ok()) << pulled.status();
+    auto both = fused[w]->PushPull(Grads(0.01f), clock[w], no_tables, false, variables, &b[w]);
+    ASSERT_TRUE(both.ok()) << both.status();
+    EXPECT_EQ(both->push.staleness, pushed->staleness);
+    EXPECT_EQ(both->push.version, pushed->version);
+    EXPECT_EQ(both->pull.version, pulled->version);
+    EXPECT_EQ(a[w], b[w]);
+  }
+  const ShardStatsSnapshot x = cluster_->ps(0)->shard()->stats();
+  const ShardStatsSnapshot y = (*other)->ps(0)->shard()->stats();
+  EXPECT_EQ(y.gradients_applied, x.gradients_applied);
+  EXPECT_EQ(y.staleness_sum, x.staleness_sum);
+  EXPECT_EQ(y.staleness_max, x.staleness_max);
+  EXPECT_GT(x.staleness_max, 0);
+  EXPECT_EQ(y.stale_gradients_dropped, x.stale_gradients_dropped);
+  EXPECT_EQ(cluster_->ps(0)->shard()->WorkerClock(0), (*other)->ps(0)->shard()->WorkerClock(0));
+  EXPECT_EQ(cluster_->ps(0)->shard()->WorkerClock(1), (*other)->ps(0)->shard()->WorkerClock(1));
+}
+
+TEST_F(PsClientTest, APsWithoutPushPullGetsAPushThenAPull) {
+  Make({.ps = 2, .workers = 1, .mode = "async"});
+  std::vector<FaultyShardChannel*> faulty;
+  auto client = Client(0, &faulty);
+  ASSERT_TRUE(client->Connect().ok());
+  Params params;
+  ASSERT_TRUE(client->Pull(false, 0, config_->model->variables(), &params).ok());
+  faulty[1]->FailNext(ShardRpc::kPushPull, -1, absl::UnimplementedError("unknown method"));
+  for (int step = 1; step <= 2; ++step) {
+    auto both = client->PushPull(Grads(0.1f), step, TableIds(config_->placement.tables.size()),
+                                 false, config_->model->variables(), &params);
+    ASSERT_TRUE(both.ok()) << both.status();
+    EXPECT_EQ(both->pull.version, step);
+  }
+  EXPECT_EQ(faulty[0]->calls(ShardRpc::kPush), 0);
+  EXPECT_EQ(faulty[1]->calls(ShardRpc::kPush), 2);
+  EXPECT_EQ(faulty[1]->calls(ShardRpc::kPull), 3);
+  EXPECT_EQ(cluster_->ps(1)->shard()->stats().gradients_applied, 2);
+}
+
+TEST_F(PsClientTest, APushPullWhoseAnswerIsLostIsRetriedAndAppliedOnce) {
+  Make({.ps = 1, .workers = 1, .mode = "async"});
+  PsClient::Options o;
+  o.fingerprint = config_->fingerprint;
+  o.chunk_bytes = 4096;
+  std::vector<std::unique_ptr<ShardChannel>> channels;
+  channels.push_back(std::make_unique<LosesPushPullAnswers>(cluster_->ps(0)->NewChannel(4096), 2));
+  PsClient client(o, &config_->placement, &clock_, std::move(channels), PsClientMetrics{});
+  ASSERT_TRUE(client.Connect().ok());
+  Params params;
+  ASSERT_TRUE(client.Pull(false, 0, config_->model->variables(), &params).ok());
+  auto step = client.PushPull(Grads(0.1f), 1, TableIds(config_->placement.tables.size()), false,
+                              config_->model->variables(), &params);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_FALSE(step->push.dropped);
+  EXPECT_EQ(step->pull.version, 1);
+  const ShardStatsSnapshot stats = cluster_->ps(0)->shard()->stats();
+  EXPECT_EQ(stats.gradients_applied, 1);  // three times sent, applied once
+  EXPECT_EQ(stats.duplicate_pushes, 2);
+}
+
+TEST_F(PsClientTest, APsRestartDuringAPushPullsHoldAsksThePullAgainButNeverThePush) {
+  // Sync, two workers: worker 0's push is applied, then its pull waits at
+  // the barrier for worker 1, and the PS restarts (from its checkpoint at
+  // version 0) while it waits.
+  Make({.ps = 1, .workers = 2});
+  std::vector<FaultyShardChannel*> faulty;
+  auto client = Client(0, &faulty);
+  ASSERT_TRUE(client->Connect().ok());
+  const auto& variables = config_->model->variables();
+  Params params;
+  ASSERT_TRUE(client->Pull(false, 0, variables, &params).ok());
+  const ShardCheckpoint at_0 = cluster_->ps(0)->shard()->Checkpoint();
+  const TableIds no_tables(config_->placement.tables.size());
+  absl::StatusOr<PsClient::PushPullResult> step;
+  std::thread worker0(
+      [&] { step = client->PushPull(Grads(0.1f), 1, no_tables, true, variables, &params); });
+  while (cluster_->ps(0)->held_pulls(TaskRole::kWorker) == 0) absl::SleepFor(absl::Milliseconds(1));
+  std::shared_ptr<Shard> old = cluster_->ps(0)->shard();
+  ASSERT_TRUE(cluster_->ps(0)->Restart(at_0).ok());
+  worker0.join();
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_FALSE(step->push.dropped);
+  EXPECT_EQ(step->pull.version, 0);
+  EXPECT_EQ(step->pull.ps_restarts, 1);
+  EXPECT_EQ(step->pull.steps_lost, 0);
+  EXPECT_EQ(faulty[0]->calls(ShardRpc::kPushPull), 1);  // the push went once
+  EXPECT_EQ(faulty[0]->calls(ShardRpc::kPull), 2);      // the first pull, the pull asked again
+  EXPECT_EQ(faulty[0]->calls(ShardRpc::kPush), 0);
+  EXPECT_EQ(old->version(), 0);  // worker 0's gradient waited there for worker 1's
+  EXPECT_EQ(cluster_->ps(0)->shard()->stats().gradients_applied, 0);
+  EXPECT_EQ(cluster_->ps(0)->shard()->stats().duplicate_pushes, 0);
+
+  // The next step is the new shard's (its incarnation): applied once both
+  // workers are in.
+  std::thread again(
+      [&] { step = client->PushPull(Grads(0.1f), 2, no_tables, true, variables, &params); });
+  while (cluster_->ps(0)->held_pulls(TaskRole::kWorker) == 0) absl::SleepFor(absl::Milliseconds(1));
+  Shard* shard = cluster_->ps(0)->shard().get();
+  std::vector<std::vector<float>> g;
+  for (const auto& p : shard->parts()) g.emplace_back(p.num_elements(), 0.1f);
+  ASSERT_TRUE(shard->Push({1, 0, 1}, g).ok());
+  again.join();
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_FALSE(step->push.dropped);
+  EXPECT_EQ(step->pull.version, 1);
+  EXPECT_EQ(step->pull.ps_restarts, 0);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <deque>
 #include <memory>
 #include <numeric>
+#include <optional>
+#include <utility>
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -111,7 +113,7 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   if (options.is_chief) test_eval = std::make_unique<EvalData>(model, *test);
   Params params, grads;
   SparseBatch lookups;  // sparse models: this step's lookups, into compact tables
-  TableIds table_ids;
+  TableIds table_ids(config.placement.tables.size());  // none for a dense model
   std::vector<float> x;
   std::vector<int32_t> y;
   std::vector<float> targets;
@@ -135,9 +137,15 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
                      recent_losses.size();
   };
 
+  // The values of the next step, pulled by the last step's fused PushPull;
+  // empty before the first step (a plain Pull).
+  std::optional<PsClient::PullResult> prefetched;
   while (true) {
     if (client->cancelled()) return absl::CancelledError("training stopped");
-    auto pulled = client->Pull(sync && pushed, result.local_steps, model.variables(), &params);
+    absl::StatusOr<PsClient::PullResult> pulled =
+        prefetched.has_value()
+            ? absl::StatusOr<PsClient::PullResult>(*std::exchange(prefetched, std::nullopt))
+            : client->Pull(sync && pushed, result.local_steps, model.variables(), &params);
     if (!pulled.ok()) return pulled.status();
     CountRestarts(*pulled, &result, metrics);
     if (sync && pushed && metrics.barrier_wait_seconds) {
@@ -191,9 +199,14 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     recent_losses.push_back(loss);
     if (recent_losses.size() > 50) recent_losses.pop_front();
 
-    auto push = model.sparse() ? client->Push(grads, result.local_steps + 1, table_ids)
-                               : client->Push(grads, result.local_steps + 1);
-    if (!push.ok()) return push.status();
+    // One round trip: this step's gradient out and the next step's values
+    // back, once the shard lets this worker go on (the sync barrier, the
+    // staleness bound): what Push then Pull(sync) did, in the same order.
+    auto step = client->PushPull(grads, result.local_steps + 1, table_ids,
+                                 /*next_version=*/sync, model.variables(), &params);
+    if (!step.ok()) return step.status();
+    const PsClient::PushResult* push = &step->push;
+    prefetched = step->pull;
     pushed = true;
     ++result.local_steps;
     if (metrics.steps) metrics.steps->Increment();

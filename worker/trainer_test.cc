@@ -1,6 +1,7 @@
 // Whole jobs in one process: several in-process PS shards and several
 // training loops (Train) on threads, on a fake clock, with faults injected
-// through FaultyShardChannel. Sync (exact applied-gradient counts), backup
+// through FaultyShardChannel. Sync (exact applied-gradient counts, one fused
+// PushPull per step), backup
 // workers, async (staleness recorded), bounded staleness (a slowed worker
 // holds the fast one within maxStaleness + 1), a PS restart mid-job, and the
 // chief of a job with a Chief replica following training without
@@ -114,6 +115,15 @@ TEST_F(JobTest, SyncTwoPsThreeWorkersAppliesExactlyEveryGradientOfEveryStep) {
   int local_steps = 0;
   for (const auto& r : results) local_steps += r->local_steps;
   EXPECT_EQ(local_steps, 30 * 3);
+  // One round trip per step, each to every PS (a fused push and pull), after
+  // one plain pull to start (and the chief's final pull of the model).
+  for (int w = 0; w < 3; ++w) {
+    for (int ps = 0; ps < 2; ++ps) {
+      EXPECT_EQ(faulty_[w][ps]->calls(ShardRpc::kPushPull), results[w]->local_steps);
+      EXPECT_EQ(faulty_[w][ps]->calls(ShardRpc::kPush), 0);
+      EXPECT_EQ(faulty_[w][ps]->calls(ShardRpc::kPull), w == 0 ? 2 : 1);
+    }
+  }
 }
 
 TEST_F(JobTest, SyncBackupWorkersApplyExactlyReplicasToAggregatePerStep) {
@@ -131,7 +141,7 @@ TEST_F(JobTest, AsyncAppliesEveryPushOnArrivalAndRecordsStaleness) {
   std::atomic<int> arrived{0};
   absl::Notification both_pulled;
   for (auto& channels : faulty_) {
-    channels[0]->Before(ShardRpc::kPush, [&](int call) {
+    channels[0]->Before(ShardRpc::kPushPull, [&](int call) {
       if (call == 1) {
         if (++arrived == 2) both_pulled.Notify();
         both_pulled.WaitForNotification();
@@ -157,12 +167,12 @@ TEST_F(JobTest, BoundedStalenessHoldsTheFastWorkerWithinTauPlusOneOfTheSlowOne) 
   absl::Notification release;
   std::atomic<int> slow_clock{0};  // the highest clock worker 1 started pushing
   std::atomic<int> worst_gap{0};
-  faulty_[1][0]->Before(ShardRpc::kPush, [&](int call) {
+  faulty_[1][0]->Before(ShardRpc::kPushPull, [&](int call) {
     if (call == 1) release.WaitForNotification();
     slow_clock = call;  // one push per step, no retries: the call is its clock
     return absl::OkStatus();
   });
-  faulty_[0][0]->Before(ShardRpc::kPush, [&](int call) {
+  faulty_[0][0]->Before(ShardRpc::kPushPull, [&](int call) {
     worst_gap = std::max(worst_gap.load(), call - slow_clock.load());
     return absl::OkStatus();
   });
@@ -170,11 +180,12 @@ TEST_F(JobTest, BoundedStalenessHoldsTheFastWorkerWithinTauPlusOneOfTheSlowOne) 
   std::thread job([&] { results = RunWorkers(); });
   // With worker 1 stuck at clock 0, worker 0 gets exactly tau + 1 steps
   // ahead and is then held by the PS.
-  while (faulty_[0][0]->calls(ShardRpc::kPush) < kTau + 1 || cluster_->ps(0)->held_pulls() == 0) {
+  while (faulty_[0][0]->calls(ShardRpc::kPushPull) < kTau + 1 ||
+         cluster_->ps(0)->held_pulls() == 0) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   absl::SleepFor(absl::Milliseconds(50));
-  EXPECT_EQ(faulty_[0][0]->calls(ShardRpc::kPush), kTau + 1);
+  EXPECT_EQ(faulty_[0][0]->calls(ShardRpc::kPushPull), kTau + 1);
   EXPECT_EQ(cluster_->ps(0)->held_pulls(), 1);
   release.Notify();
   job.join();
@@ -185,10 +196,11 @@ TEST_F(JobTest, BoundedStalenessHoldsTheFastWorkerWithinTauPlusOneOfTheSlowOne) 
 
 TEST_F(JobTest, APsRestartMidJobIsDetectedTheLostStepsCountedAndTheJobFinishes) {
   Make({.ps = 2, .workers = 2, .steps = 40});
-  // Worker 0's 10th pull from ps:1 snapshots it; its 25th restarts it from there.
+  // Worker 0's 10th step on ps:1 (a fused push and pull) snapshots it; its
+  // 25th restarts it from there.
   InProcessPs* ps1 = cluster_->ps(1);
   ShardCheckpoint snapshot;
-  faulty_[0][1]->Before(ShardRpc::kPull, [&](int call) {
+  faulty_[0][1]->Before(ShardRpc::kPushPull, [&](int call) {
     if (call == 10) snapshot = ps1->shard()->Checkpoint();
     if (call == 25) return ps1->Restart(snapshot);
     return absl::OkStatus();
@@ -229,7 +241,7 @@ TEST_F(JobTest, ACoordinatorChiefFollowsEvaluatesAndEndsTheJobWithoutPushing) {
       }
     }
   };
-  faulty_[0][0]->Before(ShardRpc::kPush, [&](int call) {
+  faulty_[0][0]->Before(ShardRpc::kPushPull, [&](int call) {
     if (call % 10 == 1) chief_waits_for(call / 10 + 1);
     return absl::OkStatus();
   });
@@ -264,6 +276,7 @@ TEST_F(JobTest, ACoordinatorChiefFollowsEvaluatesAndEndsTheJobWithoutPushing) {
   }
   // Evaluated exactly at 10, 20 and the end, each read once; each evaluation is reported.
   EXPECT_EQ(chief_channels[0]->calls(ShardRpc::kPush), 0);
+  EXPECT_EQ(chief_channels[0]->calls(ShardRpc::kPushPull), 0);
   EXPECT_EQ(chief_channels[0]->calls(ShardRpc::kPull), 3);
   std::vector<int64_t> evaluated_at;
   for (const Progress& p : reports) {

@@ -179,7 +179,8 @@ void WorkerTask::RegisterMetrics() {
                       counter("kubetrain_sparse_pull_bytes_total",
                               "Embedding-table row bytes received by sparse pulls"),
                       counter("kubetrain_sparse_push_bytes_total",
-                              "Embedding-table gradient row bytes sent by pushes")};
+                              "Embedding-table gradient row bytes sent by pushes"),
+                      &rpc.Add({{"method", "PushPull"}, {"side", "client"}}, LatencyBuckets())};
   TrainerMetrics& m = trainer_metrics_;
   m.barrier_wait_seconds =
       histogram("kubetrain_sync_barrier_wait_seconds",

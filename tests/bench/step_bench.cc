@@ -4,8 +4,10 @@
 //   local:       batch -> Model::LossAndGradients -> Optimizer::Apply on every
 //                variable (what one PS + one worker compute, minus transport);
 //   distributed: a real kubetrain-ps child (sync, 1 PS, 1 worker) and a
-//                PsClient over gRPC, the worker's loop: Pull(min_version = v)
-//                -> batch -> LossAndGradients -> Push(grad, v).
+//                PsClient over gRPC, the worker's loop: a first Pull, then
+//                per step batch -> LossAndGradients -> PushPull(grad, v: the
+//                push, then the pull held until version v + 1), one RPC.
+//                pull_ms is 0 (no pull of its own) and push_ms the PushPull.
 // Same model (mlp 784-256-128-10, or with --model_mib=N an mlp 784-h-h-10
 // whose h makes the dense parameters ~N MiB), optimizer (adam), batch (128),
 // real Fashion-MNIST, same initial values. Medians over --steps steps after
@@ -255,26 +257,30 @@ int Run(const Flags& f) {
     Params params, grads;
     std::vector<float> x;
     std::vector<int32_t> y;
+    const TableIds no_tables(config->placement.tables.size());
+    auto first = client.Pull(/*next_version=*/false, 0, model.variables(), &params);
+    if (!first.ok()) return Fail("pull: ", first.status());
     for (int i = 0; i < total; ++i) {
-      const double t0 = NowSeconds();
-      // After a push, the sync barrier: hold until the version passes the last one pulled.
-      auto pulled = client.Pull(/*next_version=*/i > 0, i, model.variables(), &params);
-      if (!pulled.ok()) return Fail("pull: ", pulled.status());
       const double t1 = NowSeconds();
       if (auto s = batcher.Next(batch, &x, &y); !s.ok()) return Fail("data: ", s);
       float loss = model.LossAndGradients(params, x.data(), y.data(), batch, &grads);
       const double t2 = NowSeconds();
-      auto pushed = client.Push(grads, i + 1);
-      if (!pushed.ok()) return Fail("push: ", pushed.status());
+      // The push, then the sync barrier: the pull is held until the version
+      // passes the one last pulled.
+      auto step = client.PushPull(grads, i + 1, no_tables, /*next_version=*/true, model.variables(),
+                                  &params);
+      if (!step.ok()) return Fail("push-pull: ", step.status());
       const double t3 = NowSeconds();
-      if (pushed->dropped) std::fprintf(stderr, "warning: step %d: gradient dropped as stale\n", i);
+      if (step->push.dropped) {
+        std::fprintf(stderr, "warning: step %d: gradient dropped as stale\n", i);
+      }
       dist_loss.push_back(loss);
       if (i < warmup) continue;
-      dist_step.push_back(t3 - t0);
-      dist_pull.push_back(t1 - t0);
+      dist_step.push_back(t3 - t1);
+      dist_pull.push_back(0);
       dist_compute.push_back(t2 - t1);
       dist_push.push_back(t3 - t2);
-      dist_wait.push_back(pulled->waited_seconds);
+      dist_wait.push_back(step->pull.waited_seconds);
     }
   }
 
@@ -320,10 +326,9 @@ int Run(const Flags& f) {
   PrintRow("optimizer apply", local_apply);
   std::printf("distributed (sync, real PS over gRPC):\n");
   PrintRow("step", dist_step);
-  PrintRow("pull (barrier + transfer)", dist_pull);
-  PrintRow("  of which PS hold", dist_wait);
   PrintRow("batch + loss/gradients", dist_compute);
-  PrintRow("push (transfer + apply)", dist_push);
+  PrintRow("push-pull (push, barrier, pull)", dist_push);
+  PrintRow("  of which PS hold", dist_wait);
   std::printf("tiny gRPC round trip (GetInfo):\n");
   PrintRow("rtt", rtt);
   std::printf("raw TCP over 127.0.0.1, one step's bytes (push + pull: %llu bytes), %zu rounds:\n",

@@ -10,6 +10,8 @@
 //   (c) the same through a second kubetrain-ps that checks tokens and speaks
 //       mutual TLS (core/job_credentials.h), the client as worker 0 with its
 //       token and the job's certificate.
+// (b) and (c) then time --rounds of the worker's fused step, PushPull (the
+// gradient out and the model back in one call): fused_gbps, tls_fused_gbps.
 // Each is repeated --rounds times; the figures are min/median/max GB/s
 // (1e9 bytes/s). The last line is key=value pairs. Never fails on a time.
 #include <algorithm>
@@ -76,7 +78,7 @@ spec:
 }
 
 struct PsFigures {
-  std::vector<double> push_gbps, pull_gbps, both_gbps;
+  std::vector<double> push_gbps, pull_gbps, both_gbps, fused_gbps;
   int exit_code = 0;
 };
 
@@ -133,6 +135,21 @@ absl::StatusOr<PsFigures> MeasurePs(const Flags& f, const TaskConfig& config, in
         "push+pull %.2f GB/s; version %lld\n",
         label, r + 1, (t1 - t0) * 1e3, out.push_gbps.back(), (t2 - t1) * 1e3, out.pull_gbps.back(),
         out.both_gbps.back(), static_cast<long long>(pulled->version));
+    std::fflush(stdout);
+  }
+  const TableIds no_tables(config.placement.tables.size());
+  for (int r = 0; r < rounds; ++r) {
+    const double t0 = NowSeconds();
+    auto step =
+        client.PushPull(grads, rounds + r + 1, no_tables, false, model.variables(), &params);
+    const double t1 = NowSeconds();
+    if (!step.ok()) {
+      return absl::Status(step.status().code(),
+                          absl::StrCat(label, ": push-pull: ", step.status().message()));
+    }
+    out.fused_gbps.push_back(2.0 * model_bytes / (t1 - t0) / 1e9);
+    std::printf("  %s fused round %d: push-pull %.1f ms (%.2f GB/s); version %lld\n", label, r + 1,
+                (t1 - t0) * 1e3, out.fused_gbps.back(), static_cast<long long>(step->pull.version));
     std::fflush(stdout);
   }
   absl::Status left = client.Leave();
@@ -271,7 +288,8 @@ int Run(const Flags& f) {
   Summary tcp = Summarize(*tcp_gbps), psum = Summarize(plain->both_gbps),
           push = Summarize(plain->push_gbps), pull = Summarize(plain->pull_gbps),
           tsum = Summarize(tls->both_gbps), tpush = Summarize(tls->push_gbps),
-          tpull = Summarize(tls->pull_gbps);
+          tpull = Summarize(tls->pull_gbps), fused = Summarize(plain->fused_gbps),
+          tfused = Summarize(tls->fused_gbps);
   const double model_mib = model_bytes / 1048576.0;
   std::printf(
       "model: mlp 784-%lld-10, %lld bytes (%.1f MiB) in %zu unsplit parts on 1 PS; chunk %lld "
@@ -294,14 +312,19 @@ int Run(const Flags& f) {
               tpull.max);
   std::printf("tls ps push+pull  GB/s: min %.2f  median %.2f  max %.2f  (tokens + mutual TLS)\n",
               tsum.min, tsum.median, tsum.max);
+  std::printf("ps push-pull       GB/s: min %.2f  median %.2f  max %.2f  (one fused call)\n",
+              fused.min, fused.median, fused.max);
+  std::printf("tls ps push-pull  GB/s: min %.2f  median %.2f  max %.2f\n", tfused.min,
+              tfused.median, tfused.max);
   std::printf("ps exit codes: plain %d, tls %d\n", plain->exit_code, tls->exit_code);
   std::printf(
       "tcp_gbps=%.2f ps_gbps=%.2f ratio=%.3f tcp_min=%.2f tcp_max=%.2f ps_min=%.2f "
       "ps_max=%.2f tls_gbps=%.2f tls_ratio=%.3f tls_min=%.2f tls_max=%.2f model_mib=%.1f "
-      "rounds=%d\n",
+      "rounds=%d fused_gbps=%.2f fused_ratio=%.3f tls_fused_gbps=%.2f\n",
       tcp.median, psum.median, tcp.median > 0 ? psum.median / tcp.median : 0.0, tcp.min, tcp.max,
       psum.min, psum.max, tsum.median, psum.median > 0 ? tsum.median / psum.median : 0.0, tsum.min,
-      tsum.max, model_mib, rounds);
+      tsum.max, model_mib, rounds, fused.median, tcp.median > 0 ? fused.median / tcp.median : 0.0,
+      tfused.median);
   std::fflush(stdout);
   return 0;
 }

@@ -113,7 +113,9 @@ def check_async_run(proc, summary_path):
                  "kubetrain_global_step", "kubetrain_training_loss", "kubetrain_sync_barrier_wait_seconds_count",
                  "kubetrain_staleness_bound_wait_seconds_count"]:
         assert metric_value(w, name) is not None, name
-    assert metric_value(w, "kubetrain_rpc_duration_seconds_count", {"method": "Push", "side": "client"}) > 0
+    # A worker's steady-state step is one PushPull (its first pull a Pull).
+    assert metric_value(w, "kubetrain_rpc_duration_seconds_count", {"method": "PushPull", "side": "client"}) > 0
+    assert metric_value(w, "kubetrain_rpc_duration_seconds_count", {"method": "Pull", "side": "client"}) > 0
     assert metric_value(ps_text, "kubetrain_rpc_duration_seconds_count", {"method": "Pull", "side": "server"}) > 0
     summary = json.loads(summary_path.read_text())
     assert summary["status"] == "Succeeded" and summary["mode"] == "async"

@@ -218,6 +218,39 @@ TEST_F(AuthenticatedPsTest, AWorkerActsOnlyAsItself) {
   EXPECT_EQ(Stats().gradients_applied(), 1);
 }
 
+TEST_F(AuthenticatedPsTest, APushPullFollowsThePushRules) {
+  StartPs(false);
+  std::vector<ChunkRef> chunks;
+  for (const PartGradient& p : parts_) {
+    chunks.push_back({&p.part, 0, p.values.data(), p.values.size()});
+  }
+  v1::PushRequest::Header h;
+  h.set_version(0);
+  h.set_worker_clock(1);
+  uint64_t pulled_bytes = 0;
+  auto sink = [&](const v1::TensorChunk& c) {
+    pulled_bytes += c.data().size();
+    return absl::OkStatus();
+  };
+  // The job's worker 0 channel, pushing as worker 1: refused, never pulled.
+  h.set_worker_index(1);
+  PushPullAnswer answer = channel_->PushPull(h, chunks, {}, v1::PullRequest(), sink);
+  EXPECT_EQ(answer.push.status().code(), absl::StatusCode::kPermissionDenied)
+      << answer.push.status();
+  EXPECT_EQ(answer.pull.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(pulled_bytes, 0);
+  EXPECT_EQ(Stats().gradients_applied(), 0);
+  // As itself: applied, then the values come back.
+  h.set_worker_index(0);
+  answer = channel_->PushPull(h, chunks, {}, v1::PullRequest(), sink);
+  ASSERT_TRUE(answer.push.ok()) << answer.push.status();
+  ASSERT_TRUE(answer.pull.ok()) << answer.pull.status();
+  EXPECT_EQ(answer.pull->version(), 1);
+  EXPECT_EQ(pulled_bytes, answer.pull->total_bytes());
+  EXPECT_GT(pulled_bytes, 0);
+  EXPECT_EQ(Stats().gradients_applied(), 1);
+}
+
 TEST_F(AuthenticatedPsTest, OnlyTheChiefEndsTheJob) {
   StartPs(false);
   std::string out;

@@ -459,6 +459,70 @@ TEST_F(ServiceTest, ARetriedAsyncPushIsAppliedOnce) {
   EXPECT_EQ(stats->gradients_applied(), 2);
 }
 
+TEST_F(ServiceTest, APushPullPushesThenHoldsThePullAtTheBarrierAndARetryAppliesOnce) {
+  // Sync, two workers: worker 0's fused step is answered for its push at
+  // once and its pull is held until worker 1's plain push opens the barrier.
+  PullAll();
+  const auto grads = Grads(0.5f);
+  v1::PullRequest pull;
+  pull.set_min_version(1);
+  pull.set_worker_clock(1);
+  pull.set_wait_timeout_ms(30000);
+  std::map<std::string, std::vector<float>> fused;
+  auto sink = [&](const v1::TensorChunk& c) {
+    auto& v = fused[c.part()];
+    v.resize(std::max<size_t>(v.size(), c.offset() + c.data().size() / 4));
+    std::memcpy(v.data() + c.offset(), c.data().data(), c.data().size());
+    return absl::OkStatus();
+  };
+  PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
+  std::thread step([&] {
+    answer = channel_->PushPull(Header(0, 0, /*push_id=*/7), ChunksOf(grads), {}, pull, sink);
+  });
+  AwaitPushBytes(static_cast<double>(GradientBytes()));  // pushed; its pull is held
+  ASSERT_TRUE(PushFrom(1, 0, grads).ok());
+  step.join();
+  ASSERT_TRUE(answer.push.ok()) << answer.push.status();
+  EXPECT_FALSE(answer.push->dropped());
+  ASSERT_TRUE(answer.pull.ok()) << answer.pull.status();
+  EXPECT_EQ(answer.pull->version(), 1);
+  EXPECT_EQ(answer.pull->total_bytes(), GradientBytes());
+  int64_t version = -1;
+  EXPECT_TRUE(SameBits(PullAll(&version), fused));
+  EXPECT_EQ(version, 1);
+
+  // Its answer lost, the worker sends the same step again: the push id is
+  // known (nothing applied again) and the pull is served as asked.
+  fused.clear();
+  answer = channel_->PushPull(Header(0, 0, /*push_id=*/7), ChunksOf(grads), {}, pull, sink);
+  ASSERT_TRUE(answer.push.ok()) << answer.push.status();
+  ASSERT_TRUE(answer.pull.ok()) << answer.pull.status();
+  EXPECT_EQ(answer.pull->version(), 1);
+  EXPECT_TRUE(SameBits(PullAll(), fused));
+  auto stats = Shutdown(v1::TASK_TYPE_WORKER, 0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->duplicate_pushes(), 1);
+  EXPECT_EQ(stats->gradients_applied(), 2);
+  EXPECT_EQ(service_->open_push_streams(), 0);  // a held pull is no push stream
+}
+
+TEST_F(ServiceTest, APushPullThatIsRefusedNeverPulls) {
+  auto grads = Grads(0.5f);
+  grads[0].pop_back();  // one element short
+  v1::PullRequest pull;
+  bool pulled = false;
+  PushPullAnswer answer =
+      channel_->PushPull(Header(0, 0), ChunksOf(grads), {}, pull, [&](const v1::TensorChunk&) {
+        pulled = true;
+        return absl::OkStatus();
+      });
+  EXPECT_EQ(answer.push.status().code(), absl::StatusCode::kInvalidArgument)
+      << answer.push.status();
+  EXPECT_EQ(answer.pull.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(pulled);
+  EXPECT_EQ(shard_->stats().gradients_applied, 0);
+}
+
 }  // namespace
 }  // namespace kubetrain
 
