@@ -534,6 +534,16 @@ void ApplyActivationRows(Activation a, RowMatrix* z, int64_t r0, int64_t r1) {
   }
 }
 
+void MultiplyInPlace(RowMatrix* m, const RowMatrix& by, ThreadPool* pool) {
+  if (Serial(PoolFor(pool, m->size()))) {
+    m->array() *= by.array();
+    return;
+  }
+  pool->ParallelFor(m->rows(), [&](int64_t r0, int64_t r1) {
+    m->middleRows(r0, r1 - r0).array() *= by.middleRows(r0, r1 - r0).array();
+  });
+}
+
 void ApplyActivation(Activation a, RowMatrix* z, ThreadPool* pool) {
   switch (a) {
     case Activation::kRelu: {

@@ -184,6 +184,11 @@ void ProductByRows(ThreadPool* pool, Dst&& dst, const Lhs& lhs, const Rhs& rhs) 
 // so the bits are the same with any pool.
 void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out, ThreadPool* pool = nullptr);
 
+// m *= by element-wise (the same shape), split by rows across the pool: one
+// rounded product per element, vectorised or not, so the same bits with any
+// pool. (The dropout mask, core/model.cc.)
+void MultiplyInPlace(RowMatrix* m, const RowMatrix& by, ThreadPool* pool = nullptr);
+
 // y = act(z) in place; and dz = dy * act'(z) from the activation's output y.
 // All split by rows across the pool (below 2^15 elements: on the caller's
 // thread, as with no pool). What is guaranteed:

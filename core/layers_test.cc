@@ -238,6 +238,13 @@ TEST(LayersTest, KernelsOnAPool) {
     ActivationGradient(Activation::kRelu, relu0, &g0);
     ActivationGradient(Activation::kRelu, relu0, &g1, &pool);
     EXPECT_TRUE(same(g0, g1));
+    RowMatrix m0 = big, m1 = big;
+    MultiplyInPlace(&m0, g0);
+    MultiplyInPlace(&m1, g0, &pool);
+    EXPECT_TRUE(same(m0, m1));
+    RowMatrix m2 = big;
+    m2.array() *= g0.array();  // the code before pools
+    EXPECT_TRUE(same(m0, m2));
     std::vector<float> sums0(211), sums1(211);
     ColumnSums(big.data(), big.rows(), big.cols(), sums0.data());
     ColumnSums(big.data(), big.rows(), big.cols(), sums1.data(), &pool);

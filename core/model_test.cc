@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/hash.h"
 #include "core/layers.h"
 #include "gtest/gtest.h"
 
@@ -793,6 +794,47 @@ TEST(ModelDropoutTest, SeededTrainingOnlyAndScaled) {
   Model plain = MustCreate(Layers({200}, {Dense(3)}));
   Params plain_params = {params[0], params[1]};
   EXPECT_EQ(m.Evaluate(params, b).loss, plain.Evaluate(plain_params, b).loss);
+}
+
+// Dropout on threads: the mask is one serial stream from (seed, layer
+// index), the same for every thread count (a fixed seed keeps giving the
+// same model); only the multiply by it is split. Example b holds feature f
+// only if f % batch == b, so the kernel gradient's row f has one term and
+// is zero exactly where (b, f) was dropped.
+TEST(ModelDropoutTest, TheMaskDoesNotDependOnTheThreadCount) {
+  const int batch = 16, dim = 4099;  // 65584 elements: split across threads
+  const ModelSpec spec = Layers({dim}, {Simple(LayerType::kDropout, 0.5), Dense(3)});
+  const Model base = MustCreate(spec);
+  const Params params = base.InitialParams(4);
+  std::vector<float> x(batch * dim, 0.0f);
+  for (int f = 0; f < dim; ++f) x[(f % batch) * dim + f] = 1.0f + 0.001f * f;
+  std::vector<int32_t> y(batch);
+  for (int b = 0; b < batch; ++b) y[b] = b % 3;
+  // The mask as model.cc draws it (layer 0, seed 11 as in Step()).
+  std::mt19937_64 rng(SplitMix64(11 ^ SplitMix64(1)));
+  std::vector<bool> kept(batch * dim);
+  for (int64_t k = 0; k < batch * dim; ++k) {
+    kept[k] = !(static_cast<double>(rng() >> 11) * 0x1.0p-53 < 0.5);
+  }
+  const StepResult want = Step(base, params, x, y);
+  for (int threads : {1, 2, 3}) {
+    Model model = base;
+    model.SetThreads(threads);
+    const StepResult first = Step(model, params, x, y);
+    if (threads == 1) EXPECT_TRUE(SameBits(first, want));
+    EXPECT_TRUE(SameBits(Step(model, params, x, y), first)) << threads;
+    EXPECT_TRUE(Close(first.grads[0], want.grads[0])) << threads;
+    int dropped = 0;
+    for (int f = 0; f < dim; ++f) {
+      const bool k = kept[(f % batch) * dim + f];
+      dropped += !k;
+      for (int c = 0; c < 3; ++c) {
+        EXPECT_EQ(first.grads[0][f * 3 + c] == 0.0f, !k) << "feature " << f << " threads " << threads;
+      }
+    }
+    EXPECT_GT(dropped, dim / 3);
+    EXPECT_LT(dropped, 2 * dim / 3);
+  }
 }
 
 TEST(ModelEvaluateTest, BinaryMetricsAndRmse) {
