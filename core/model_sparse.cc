@@ -246,8 +246,7 @@ void Model::SparseBackward(const Params& params, const SparseBatch& lookups,
     const int64_t dim =
         table_uses_[t].embedding >= 0 ? spec_.embeddings[table_uses_[t].embedding].dim : 1;
     const int64_t table_rows = static_cast<int64_t>(g.size()) / dim;
-    ThreadPool* pool = static_cast<int64_t>(l.ids.size()) * dim < kMinParallelWork ||
-                               table_rows < 2
+    ThreadPool* pool = static_cast<int64_t>(l.ids.size()) * dim < kMinParallelWork || table_rows < 2
                            ? nullptr
                            : pool_.get();
     if (table_uses_[t].embedding >= 0) {

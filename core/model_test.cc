@@ -831,7 +831,8 @@ TEST(ModelDropoutTest, TheMaskDoesNotDependOnTheThreadCount) {
       const bool k = kept[(f % batch) * dim + f];
       dropped += !k;
       for (int c = 0; c < 3; ++c) {
-        EXPECT_EQ(first.grads[0][f * 3 + c] == 0.0f, !k) << "feature " << f << " threads " << threads;
+        EXPECT_EQ(first.grads[0][f * 3 + c] == 0.0f, !k)
+            << "feature " << f << " threads " << threads;
       }
     }
     EXPECT_GT(dropped, dim / 3);
@@ -1180,10 +1181,10 @@ TEST(ModelSparseTest, CompactLookupsGiveTheSameLossAndRowGradients) {
 // Large enough (12288 examples, dims 16 and 8) to take the split paths.
 TEST(ModelSparseTest, ThreadsGiveFixedBitsAndTablesTheOneThreadBits) {
   for (bool linear : {true, false}) {
-    ModelSpec spec =
-        Layers({3}, linear ? std::vector<LayerSpec>{Dense(1)}
-                           : std::vector<LayerSpec>{Dense(32, Activation::kTanh), Dense(1)},
-               HeadType::kWideAndDeep, 2);
+    ModelSpec spec = Layers({3},
+                            linear ? std::vector<LayerSpec>{Dense(1)}
+                                   : std::vector<LayerSpec>{Dense(32, Activation::kTanh), Dense(1)},
+                            HeadType::kWideAndDeep, 2);
     spec.sparse_inputs = {{"a", 1000, 3}, {"b", 50, 1}};
     spec.embeddings = {{"a", 16, Combiner::kMean}, {"b", 8, Combiner::kSqrtn}};
     spec.wide.columns = {"b"};
@@ -1228,17 +1229,16 @@ TEST(ModelSparseTest, ThreadsGiveFixedBitsAndTablesTheOneThreadBits) {
         for (size_t v = 0; v < want.grads.size(); ++v) {
           const std::string& name = base.variables()[v].name;
           if (linear && base.variables()[v].table) {
-            EXPECT_EQ(std::memcmp(first.grads[v].data(), want.grads[v].data(),
-                                  4 * want.grads[v].size()),
-                      0)
+            EXPECT_EQ(
+                std::memcmp(first.grads[v].data(), want.grads[v].data(), 4 * want.grads[v].size()),
+                0)
                 << name << " threads " << threads << " compact " << use_compact;
           }
           EXPECT_TRUE(Close(first.grads[v], want.grads[v]))
               << name << " threads " << threads << " compact " << use_compact;
         }
         if (linear) {
-          EXPECT_EQ(std::memcmp(first.logits.data(), want.logits.data(), 4 * want.logits.size()),
-                    0)
+          EXPECT_EQ(std::memcmp(first.logits.data(), want.logits.data(), 4 * want.logits.size()), 0)
               << threads;
         }
         EXPECT_NEAR(first.loss, want.loss, 1e-5 * std::fabs(want.loss));
