@@ -534,6 +534,16 @@ void ApplyActivationRows(Activation a, RowMatrix* z, int64_t r0, int64_t r1) {
   }
 }
 
+void MultiplyInPlace(RowMatrix* m, const RowMatrix& by, ThreadPool* pool) {
+  if (Serial(PoolFor(pool, m->size()))) {
+    m->array() *= by.array();
+    return;
+  }
+  pool->ParallelFor(m->rows(), [&](int64_t r0, int64_t r1) {
+    m->middleRows(r0, r1 - r0).array() *= by.middleRows(r0, r1 - r0).array();
+  });
+}
+
 void ApplyActivation(Activation a, RowMatrix* z, ThreadPool* pool) {
   switch (a) {
     case Activation::kRelu: {
@@ -547,15 +557,42 @@ void ApplyActivation(Activation a, RowMatrix* z, ThreadPool* pool) {
       break;
     }
     case Activation::kTanh:
-      *z = z->array().tanh();
-      break;
     case Activation::kSigmoid:
-      *z = (1.0f + (-z->array()).exp()).inverse();
+      if (Serial(PoolFor(pool, z->size()))) {
+        // The whole-matrix expressions, as before pools (the 1-thread bits).
+        if (a == Activation::kTanh) {
+          *z = z->array().tanh();
+        } else {
+          *z = (1.0f + (-z->array()).exp()).inverse();
+        }
+      } else {
+        // By rows: a chunk's first and last elements may fall in Eigen's
+        // scalar head/tail where the whole matrix had them in a packet
+        // (exp and tanh differ there in the last bits), so this is fixed
+        // bits per thread count, not the 1-thread bits.
+        pool->ParallelFor(z->rows(),
+                          [&](int64_t r0, int64_t r1) { ApplyActivationRows(a, z, r0, r1); });
+      }
       break;
     case Activation::kLinear:
       break;
   }
 }
+
+namespace {
+
+// dy *= act'(y) on rows [r0, r1) for tanh and sigmoid.
+void SmoothGradientRows(Activation a, const RowMatrix& y, RowMatrix* dy, int64_t r0, int64_t r1) {
+  const auto ys = y.middleRows(r0, r1 - r0).array();
+  auto ds = dy->middleRows(r0, r1 - r0).array();
+  if (a == Activation::kTanh) {
+    ds *= 1.0f - ys.square();
+  } else {
+    ds *= ys * (1.0f - ys);
+  }
+}
+
+}  // namespace
 
 void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy, ThreadPool* pool) {
   switch (a) {
@@ -572,10 +609,20 @@ void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy, ThreadP
       break;
     }
     case Activation::kTanh:
-      dy->array() *= 1.0f - y.array().square();
-      break;
     case Activation::kSigmoid:
-      dy->array() *= y.array() * (1.0f - y.array());
+      if (Serial(PoolFor(pool, dy->size()))) {
+        if (a == Activation::kTanh) {
+          dy->array() *= 1.0f - y.array().square();
+        } else {
+          dy->array() *= y.array() * (1.0f - y.array());
+        }
+      } else {
+        // By rows; a packet and the scalar code may round 1 - y*y apart
+        // (the compiler may fuse the scalar one into an FMA), hence fixed
+        // bits per thread count, as ApplyActivation.
+        pool->ParallelFor(dy->rows(),
+                          [&](int64_t r0, int64_t r1) { SmoothGradientRows(a, y, dy, r0, r1); });
+      }
       break;
     case Activation::kLinear:
       break;

@@ -184,11 +184,25 @@ void ProductByRows(ThreadPool* pool, Dst&& dst, const Lhs& lhs, const Rhs& rhs) 
 // so the bits are the same with any pool.
 void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out, ThreadPool* pool = nullptr);
 
+// m *= by element-wise (the same shape), split by rows across the pool: one
+// rounded product per element, vectorised or not, so the same bits with any
+// pool. (The dropout mask, core/model.cc.)
+void MultiplyInPlace(RowMatrix* m, const RowMatrix& by, ThreadPool* pool = nullptr);
+
 // y = act(z) in place; and dz = dy * act'(z) from the activation's output y.
-// ReLU is split by rows across the pool (an exact select: the same bits);
-// tanh and sigmoid (not in the CNN examples) stay on the caller's thread
-// here (in a conv run fused per chunk, ApplyActivationRows runs them on the
-// chunk's rows: a split fixed by the thread count, so fixed bits too).
+// All split by rows across the pool (below 2^15 elements: on the caller's
+// thread, as with no pool). What is guaranteed:
+//  - ReLU: an exact select, the same bits with any pool.
+//  - tanh and sigmoid, forward and gradient: a null pool, one thread or a
+//    small matrix runs the whole-matrix Eigen expression as before pools
+//    (the same bits as ever). With N > 1 threads, the same bits on every run
+//    with N (the chunks are a function of rows and N; Eigen allocates
+//    matrices aligned, so where its packets start within a chunk is fixed
+//    too), and within float rounding of one thread (not the same bits:
+//    Eigen's vectorised tanh/exp and its scalar code for a chunk's
+//    unaligned head and tail may differ in the last bits). In a conv run
+//    fused per chunk (core/model.cc), ApplyActivationRows runs them on the
+//    chunk's rows: fixed bits per thread count likewise.
 void ApplyActivation(Activation a, RowMatrix* z, ThreadPool* pool = nullptr);
 void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy,
                         ThreadPool* pool = nullptr);

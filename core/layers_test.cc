@@ -238,6 +238,13 @@ TEST(LayersTest, KernelsOnAPool) {
     ActivationGradient(Activation::kRelu, relu0, &g0);
     ActivationGradient(Activation::kRelu, relu0, &g1, &pool);
     EXPECT_TRUE(same(g0, g1));
+    RowMatrix m0 = big, m1 = big;
+    MultiplyInPlace(&m0, g0);
+    MultiplyInPlace(&m1, g0, &pool);
+    EXPECT_TRUE(same(m0, m1));
+    RowMatrix m2 = big;
+    m2.array() *= g0.array();  // the code before pools
+    EXPECT_TRUE(same(m0, m2));
     std::vector<float> sums0(211), sums1(211);
     ColumnSums(big.data(), big.rows(), big.cols(), sums0.data());
     ColumnSums(big.data(), big.rows(), big.cols(), sums1.data(), &pool);
@@ -272,6 +279,66 @@ TEST(LayersTest, KernelsOnAPool) {
           EXPECT_TRUE(same(out1, first_out));
           EXPECT_TRUE(same(din1, first_din));
           EXPECT_EQ(dk1, first_dk);
+        }
+      }
+    }
+  }
+}
+
+// tanh and sigmoid: with no pool, one thread or a small matrix, the
+// whole-matrix Eigen expressions they always were (bit for bit); with N > 1
+// threads, the same bits on every run and with every pool of N, within float
+// rounding of one thread (core/layers.h).
+TEST(LayersTest, SmoothActivationsOnAPool) {
+  std::mt19937_64 rng(8);
+  std::normal_distribution<float> n(0.0f, 2.0f);
+  auto same = [](const RowMatrix& a, const RowMatrix& b) {
+    return a.rows() == b.rows() && a.cols() == b.cols() &&
+           std::memcmp(a.data(), b.data(), 4 * a.size()) == 0;
+  };
+  // 211 columns: rows start at every offset from a packet boundary.
+  for (int64_t rows : {300, 5}) {
+    RowMatrix z(rows, 211), dy(rows, 211);
+    for (int64_t i = 0; i < z.size(); ++i) z.data()[i] = n(rng);
+    for (int64_t i = 0; i < dy.size(); ++i) dy.data()[i] = n(rng);
+    for (Activation a : {Activation::kTanh, Activation::kSigmoid}) {
+      // The code before pools, written out.
+      RowMatrix want_y = z, want_d = dy;
+      if (a == Activation::kTanh) {
+        want_y = z.array().tanh();
+        want_d.array() *= 1.0f - want_y.array().square();
+      } else {
+        want_y = (1.0f + (-z.array()).exp()).inverse();
+        want_d.array() *= want_y.array() * (1.0f - want_y.array());
+      }
+      RowMatrix y = z, d = dy;
+      ApplyActivation(a, &y);
+      ActivationGradient(a, want_y, &d);
+      EXPECT_TRUE(same(y, want_y)) << ActivationName(a);
+      EXPECT_TRUE(same(d, want_d)) << ActivationName(a);
+      for (int threads : {1, 2, 3}) {
+        RowMatrix first_y, first_d;
+        for (int rep = 0; rep < 3; ++rep) {
+          ThreadPool pool(threads);  // a new pool each time
+          for (int call = 0; call < 2; ++call) {
+            y = z;
+            d = dy;
+            ApplyActivation(a, &y, &pool);
+            ActivationGradient(a, want_y, &d, &pool);
+            if (threads == 1 || rows == 5) {
+              EXPECT_TRUE(same(y, want_y)) << ActivationName(a) << " " << threads;
+              EXPECT_TRUE(same(d, want_d)) << ActivationName(a) << " " << threads;
+            } else if (first_y.size() == 0) {
+              first_y = y;
+              first_d = d;
+              EXPECT_LE((y - want_y).cwiseAbs().maxCoeff(), 1e-6f) << ActivationName(a);
+              EXPECT_LE((d - want_d).cwiseAbs().maxCoeff(), 1e-5f * want_d.cwiseAbs().maxCoeff())
+                  << ActivationName(a);
+            } else {
+              EXPECT_TRUE(same(y, first_y)) << ActivationName(a) << " " << threads;
+              EXPECT_TRUE(same(d, first_d)) << ActivationName(a) << " " << threads;
+            }
+          }
         }
       }
     }

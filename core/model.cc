@@ -580,7 +580,9 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
           for (int64_t k = 0; k < aux->size(); ++k) {
             aux->data()[k] = Uniform01(&rng) < op.layer.rate ? 0.0f : keep_scale;
           }
-          out.array() *= aux->array();
+          // The mask's numbers stay one serial stream (fixed by the seed
+          // alone, whatever the thread count); only the multiply is split.
+          MultiplyInPlace(&out, *aux, pool);
         }
         break;
     }
@@ -724,7 +726,7 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
         break;
       case LayerType::kDropout:
         din = std::move(d);
-        if (cache.aux[i].size() > 0) din.array() *= cache.aux[i].array();
+        if (cache.aux[i].size() > 0) MultiplyInPlace(&din, cache.aux[i], pool);
         break;
     }
     d = std::move(din);

@@ -23,6 +23,12 @@
 // thread only, the same bits as before threads existed). With N > 1 the
 // layers split their work by output rows (core/layers.h): the bits are the
 // same on every run with N threads, and within float rounding of N = 1.
+// Some paths give the 1-thread bits with any N: dropout (its mask is one
+// serial random stream per (seed, layer), whatever N; only the multiply by
+// it is split) and the sparse paths (the embedding gather and the wide
+// logit split by examples; the table gradients' scatter split by table rows,
+// each chunk walking all the examples in order, so every row's sum has the
+// 1-thread terms in the 1-thread order; core/model_sparse.cc).
 //
 // Thread safety: a Model is immutable after Create() and SetThreads(); all
 // const methods may be called concurrently (calls that overlap share the

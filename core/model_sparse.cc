@@ -159,50 +159,81 @@ SparseBatch Model::Lookups(const int64_t* lookup_ids, int64_t rows,
   return out;
 }
 
+namespace {
+
+// Below this much work (floats read or written) a sparse pass stays on the
+// caller's thread: waking another costs more. It never changes the bits.
+constexpr int64_t kMinParallelWork = int64_t{1} << 15;
+
+}  // namespace
+
+// Threads: every example's deep input and wide logit is computed whole, by
+// the same operations in the same order, whichever chunk of examples it
+// falls in, so a split by examples gives the same bits with any pool.
 RowMatrix Model::ForwardSparse(const Params& params, const float* x, int64_t rows,
                                const SparseBatch& lookups, uint64_t dropout_seed, Cache* cache,
                                RowMatrix* deep) const {
   deep->setZero(rows, input_shape_[0]);
-  for (int64_t r = 0; r < rows; ++r) {
-    std::copy_n(x + r * dense_dim_, dense_dim_, deep->data() + r * deep->cols());
-  }
-  int64_t col = dense_dim_;
+  int64_t work = rows * deep->cols();
   for (size_t t = 0; t < tables_.size(); ++t) {
-    if (table_uses_[t].embedding < 0) continue;
-    const EmbeddingSpec& emb = spec_.embeddings[table_uses_[t].embedding];
-    const TableLookup& l = lookups[t];
-    const float* table = params[tables_[t]].data();
-    for (int64_t r = 0; r < rows; ++r) {
-      auto out = deep->row(r).segment(col, emb.dim);
-      for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
-        if (l.weights.empty()) {
-          out += ConstRowVectorMap(table + l.ids[i] * emb.dim, emb.dim);
-        } else {
-          out += l.weights[i] * ConstRowVectorMap(table + l.ids[i] * emb.dim, emb.dim);
-        }
-      }
-      out *= CombinerScale(emb.combiner, l, r);
+    if (table_uses_[t].embedding >= 0) {
+      work += static_cast<int64_t>(lookups[t].ids.size()) *
+              spec_.embeddings[table_uses_[t].embedding].dim;
     }
-    col += emb.dim;
   }
+  ThreadPool* pool = work < kMinParallelWork ? nullptr : pool_.get();
+  // Examples [r0, r1): dense features, then each table's combined rows.
+  auto gather = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      std::copy_n(x + r * dense_dim_, dense_dim_, deep->data() + r * deep->cols());
+    }
+    int64_t col = dense_dim_;
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      if (table_uses_[t].embedding < 0) continue;
+      const EmbeddingSpec& emb = spec_.embeddings[table_uses_[t].embedding];
+      const TableLookup& l = lookups[t];
+      const float* table = params[tables_[t]].data();
+      for (int64_t r = r0; r < r1; ++r) {
+        auto out = deep->row(r).segment(col, emb.dim);
+        for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
+          if (l.weights.empty()) {
+            out += ConstRowVectorMap(table + l.ids[i] * emb.dim, emb.dim);
+          } else {
+            out += l.weights[i] * ConstRowVectorMap(table + l.ids[i] * emb.dim, emb.dim);
+          }
+        }
+        out *= CombinerScale(emb.combiner, l, r);
+      }
+      col += emb.dim;
+    }
+  };
+  ParallelFor(pool, rows, gather);
   RowMatrix z = Forward(params, deep->data(), rows, dropout_seed, cache);
   if (wide_bias_ >= 0) {
-    for (int64_t r = 0; r < rows; ++r) {
-      float w = params[wide_bias_][0];
-      for (size_t t = 0; t < tables_.size(); ++t) {
-        if (table_uses_[t].embedding >= 0) continue;
-        const TableLookup& l = lookups[t];
-        const float* table = params[tables_[t]].data();
-        for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
-          w += l.weights.empty() ? table[l.ids[i]] : l.weights[i] * table[l.ids[i]];
+    ParallelFor(pool, rows, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float w = params[wide_bias_][0];
+        for (size_t t = 0; t < tables_.size(); ++t) {
+          if (table_uses_[t].embedding >= 0) continue;
+          const TableLookup& l = lookups[t];
+          const float* table = params[tables_[t]].data();
+          for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
+            w += l.weights.empty() ? table[l.ids[i]] : l.weights[i] * table[l.ids[i]];
+          }
         }
+        z(r, 0) += w;
       }
-      z(r, 0) += w;
-    }
+    });
   }
   return z;
 }
 
+// Threads: a table row's gradient is a sum over the examples that look it
+// up, added in example order. Split by examples, two chunks could add into
+// one row (a race, and an order that depends on the split); so the split is
+// by table rows instead: each chunk of ids walks all the examples in order
+// and adds only into its own rows. Every row gets the same terms in the
+// same order as on one thread: the same bits with any pool.
 void Model::SparseBackward(const Params& params, const SparseBatch& lookups,
                            const RowMatrix& d_deep, const RowMatrix& d_logits,
                            Params* grads) const {
@@ -212,23 +243,54 @@ void Model::SparseBackward(const Params& params, const SparseBatch& lookups,
     std::vector<float>& g = (*grads)[tables_[t]];
     g.assign(params[tables_[t]].size(), 0.0f);
     const TableLookup& l = lookups[t];
+    const int64_t dim =
+        table_uses_[t].embedding >= 0 ? spec_.embeddings[table_uses_[t].embedding].dim : 1;
+    const int64_t table_rows = static_cast<int64_t>(g.size()) / dim;
+    ThreadPool* pool = static_cast<int64_t>(l.ids.size()) * dim < kMinParallelWork || table_rows < 2
+                           ? nullptr
+                           : pool_.get();
     if (table_uses_[t].embedding >= 0) {
       const EmbeddingSpec& emb = spec_.embeddings[table_uses_[t].embedding];
-      for (int64_t r = 0; r < rows; ++r) {
-        const float scale = CombinerScale(emb.combiner, l, r);
-        const float* d = d_deep.data() + r * d_deep.cols() + col;
-        for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
-          float* row = g.data() + l.ids[i] * emb.dim;
-          const float s = l.weights.empty() ? scale : scale * l.weights[i];
-          for (int k = 0; k < emb.dim; ++k) row[k] += s * d[k];
+      if (Serial(pool)) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const float scale = CombinerScale(emb.combiner, l, r);
+          const float* d = d_deep.data() + r * d_deep.cols() + col;
+          for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
+            float* row = g.data() + l.ids[i] * emb.dim;
+            const float s = l.weights.empty() ? scale : scale * l.weights[i];
+            for (int k = 0; k < emb.dim; ++k) row[k] += s * d[k];
+          }
         }
+      } else {
+        std::vector<float> scales(rows);
+        for (int64_t r = 0; r < rows; ++r) scales[r] = CombinerScale(emb.combiner, l, r);
+        pool->ParallelFor(table_rows, [&](int64_t id0, int64_t id1) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const float scale = scales[r];
+            const float* d = d_deep.data() + r * d_deep.cols() + col;
+            for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
+              if (l.ids[i] < id0 || l.ids[i] >= id1) continue;
+              float* row = g.data() + l.ids[i] * emb.dim;
+              const float s = l.weights.empty() ? scale : scale * l.weights[i];
+              for (int k = 0; k < emb.dim; ++k) row[k] += s * d[k];
+            }
+          }
+        });
       }
       col += emb.dim;
     } else {
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
-          g[l.ids[i]] += l.weights.empty() ? d_logits(r, 0) : l.weights[i] * d_logits(r, 0);
+      auto scatter = [&](int64_t id0, int64_t id1) {
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t i = l.offsets[r]; i < l.offsets[r + 1]; ++i) {
+            if (l.ids[i] < id0 || l.ids[i] >= id1) continue;
+            g[l.ids[i]] += l.weights.empty() ? d_logits(r, 0) : l.weights[i] * d_logits(r, 0);
+          }
         }
+      };
+      if (Serial(pool)) {
+        scatter(0, table_rows);  // every id is in [0, table_rows)
+      } else {
+        pool->ParallelFor(table_rows, scatter);
       }
     }
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/hash.h"
 #include "core/layers.h"
 #include "gtest/gtest.h"
 
@@ -795,6 +796,50 @@ TEST(ModelDropoutTest, SeededTrainingOnlyAndScaled) {
   EXPECT_EQ(m.Evaluate(params, b).loss, plain.Evaluate(plain_params, b).loss);
 }
 
+// Dropout on threads: the mask is one serial stream from (seed, layer
+// index), the same for every thread count (a fixed seed keeps giving the
+// same model); only the multiply by it is split. Example b holds feature f
+// only if f % batch == b, so the kernel gradient's row f has one term and
+// is zero exactly where (b, f) was dropped.
+TEST(ModelDropoutTest, TheMaskDoesNotDependOnTheThreadCount) {
+  const int batch = 16, dim = 4099;  // 65584 elements: split across threads
+  const ModelSpec spec = Layers({dim}, {Simple(LayerType::kDropout, 0.5), Dense(3)});
+  const Model base = MustCreate(spec);
+  const Params params = base.InitialParams(4);
+  std::vector<float> x(batch * dim, 0.0f);
+  for (int f = 0; f < dim; ++f) x[(f % batch) * dim + f] = 1.0f + 0.001f * f;
+  std::vector<int32_t> y(batch);
+  for (int b = 0; b < batch; ++b) y[b] = b % 3;
+  // The mask as model.cc draws it (layer 0, seed 11 as in Step()).
+  std::mt19937_64 rng(SplitMix64(11 ^ SplitMix64(1)));
+  std::vector<bool> kept(batch * dim);
+  for (int64_t k = 0; k < batch * dim; ++k) {
+    kept[k] = !(static_cast<double>(rng() >> 11) * 0x1.0p-53 < 0.5);
+  }
+  const StepResult want = Step(base, params, x, y);
+  for (int threads : {1, 2, 3}) {
+    Model model = base;
+    model.SetThreads(threads);
+    const StepResult first = Step(model, params, x, y);
+    if (threads == 1) {
+      EXPECT_TRUE(SameBits(first, want));
+    }
+    EXPECT_TRUE(SameBits(Step(model, params, x, y), first)) << threads;
+    EXPECT_TRUE(Close(first.grads[0], want.grads[0])) << threads;
+    int dropped = 0;
+    for (int f = 0; f < dim; ++f) {
+      const bool k = kept[(f % batch) * dim + f];
+      dropped += !k;
+      for (int c = 0; c < 3; ++c) {
+        EXPECT_EQ(first.grads[0][f * 3 + c] == 0.0f, !k)
+            << "feature " << f << " threads " << threads;
+      }
+    }
+    EXPECT_GT(dropped, dim / 3);
+    EXPECT_LT(dropped, 2 * dim / 3);
+  }
+}
+
 TEST(ModelEvaluateTest, BinaryMetricsAndRmse) {
   // Sigmoid head on one feature, kernel 1: logit = x.
   Model m = MustCreate(Layers({1}, {Dense(1)}, HeadType::kSigmoid, 2));
@@ -1124,6 +1169,82 @@ TEST(ModelSparseTest, CompactLookupsGiveTheSameLossAndRowGradients) {
     }
   }
   EXPECT_EQ(compact_grads[0], grads[0]);
+}
+
+// The sparse paths on threads: the embedding gather and the wide logit split
+// by examples, the gradients' scatter by table rows, so each value has the
+// same terms in the same order as on one thread: the same bits with any
+// pool. The deep tower here is one linear dense layer (each logit one dot
+// product, each input gradient one product per element), so the table
+// gradients and logits must match one thread bit for bit; the tanh tower
+// (split GEMMs, tanh) gives fixed bits per thread count, close to one.
+// Large enough (12288 examples, dims 16 and 8) to take the split paths.
+TEST(ModelSparseTest, ThreadsGiveFixedBitsAndTablesTheOneThreadBits) {
+  for (bool linear : {true, false}) {
+    ModelSpec spec = Layers({3},
+                            linear ? std::vector<LayerSpec>{Dense(1)}
+                                   : std::vector<LayerSpec>{Dense(32, Activation::kTanh), Dense(1)},
+                            HeadType::kWideAndDeep, 2);
+    spec.sparse_inputs = {{"a", 1000, 3}, {"b", 50, 1}};
+    spec.embeddings = {{"a", 16, Combiner::kMean}, {"b", 8, Combiner::kSqrtn}};
+    spec.wide.columns = {"b"};
+    spec.wide.crossed = {{{"a", "b"}, 997}};
+    const Model base = MustCreate(spec);
+    std::mt19937_64 rng(31);
+    Params params = RandomParams(base, &rng);
+    const int batch = 12288;
+    SparseData data;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_int_distribution<int64_t> a_id(-1, 999), b_id(0, 49);
+    for (int r = 0; r < batch; ++r) {
+      for (int k = 0; k < 3; ++k) data.x.push_back(normal(rng));
+      for (int k = 0; k < 3; ++k) data.ids.push_back(a_id(rng));
+      data.ids.push_back(b_id(rng));
+    }
+    std::vector<int32_t> y(batch);
+    for (int r = 0; r < batch; ++r) y[r] = (r * 7) % 2;
+    // The whole tables, and the compact ones a worker pulls.
+    SparseBatch lookups = base.Lookups(data.ids.data(), batch);
+    const TableIds unique = CompactLookups(&lookups);
+    const Params compact = CompactTables(base, params, unique);
+    Batch compact_batch = data.batch(y);
+    compact_batch.sparse = &lookups;
+    for (bool use_compact : {false, true}) {
+      const Params& p = use_compact ? compact : params;
+      const Batch b = use_compact ? compact_batch : data.batch(y);
+      auto step = [&](const Model& m) {
+        StepResult r;
+        r.loss = m.LossAndGradients(p, b, 11, &r.grads);
+        r.logits = m.Logits(p, b);
+        return r;
+      };
+      const StepResult want = step(base);
+      for (int threads : {2, 3}) {
+        Model model = base;
+        model.SetThreads(threads);
+        const StepResult first = step(model);
+        for (int rep = 0; rep < 2; ++rep) {
+          EXPECT_TRUE(SameBits(step(model), first)) << threads << " compact " << use_compact;
+        }
+        for (size_t v = 0; v < want.grads.size(); ++v) {
+          const std::string& name = base.variables()[v].name;
+          if (linear && base.variables()[v].table) {
+            EXPECT_EQ(
+                std::memcmp(first.grads[v].data(), want.grads[v].data(), 4 * want.grads[v].size()),
+                0)
+                << name << " threads " << threads << " compact " << use_compact;
+          }
+          EXPECT_TRUE(Close(first.grads[v], want.grads[v]))
+              << name << " threads " << threads << " compact " << use_compact;
+        }
+        if (linear) {
+          EXPECT_EQ(std::memcmp(first.logits.data(), want.logits.data(), 4 * want.logits.size()), 0)
+              << threads;
+        }
+        EXPECT_NEAR(first.loss, want.loss, 1e-5 * std::fabs(want.loss));
+      }
+    }
+  }
 }
 
 TEST(ModelSparseTest, BadSparseSpecsNameTheField) {

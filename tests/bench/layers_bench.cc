@@ -12,7 +12,12 @@
 //   threads the same step with Model::SetThreads(--threads) against one
 //          thread, timed alternately step by step (one of each per round)
 //          so that load from other processes hits both alike;
-//          threads_speedup is the median over rounds of t(1) / t(N).
+//          threads_speedup is the median over rounds of t(1) / t(N);
+//   mlp     the same alternation for an MLP step with tanh (784 -> 512 ->
+//          256 -> 10, --batch): split GEMMs and tanh;
+//   sparse  and for a wide & deep step (4 columns, embeddings of 32,
+//          dense 256 ReLU, batch 2048, compact lookups and tables as a
+//          worker steps): the split gather and scatter.
 // Prints figures; the last line is key=value pairs (ratios = kernel / gemm).
 // Never fails on a time.
 #include <time.h>
@@ -20,6 +25,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -73,6 +79,30 @@ double GemmSeconds(int64_t m, int64_t k, int64_t n, int reps, std::mt19937_64* r
     dw.noalias() = in.transpose() * dout;
     din.noalias() = dout * w.transpose();
   });
+}
+
+// Median over rounds of one step on `single` then one on `threaded`.
+struct Alternated {
+  double ms1 = 0, msn = 0, speedup = 0;
+};
+Alternated Alternate(int64_t reps, const Model& single, const Model& threaded, const Params& params,
+                     const Batch& b) {
+  Params g1, gn;
+  uint64_t seed = 0;
+  single.LossAndGradients(params, b, ++seed, &g1);
+  threaded.LossAndGradients(params, b, ++seed, &gn);
+  std::vector<double> t1, tn, ratio;
+  for (int64_t i = 0; i < reps; ++i) {
+    double t0 = NowSeconds();
+    single.LossAndGradients(params, b, ++seed, &g1);
+    t1.push_back(NowSeconds() - t0);
+    t0 = NowSeconds();
+    threaded.LossAndGradients(params, b, ++seed, &gn);
+    tn.push_back(NowSeconds() - t0);
+    ratio.push_back(t1.back() / tn.back());
+  }
+  return {bench::Summarize(t1).median * 1e3, bench::Summarize(tn).median * 1e3,
+          bench::Summarize(ratio).median};
 }
 
 int Main(int argc, char** argv) {
@@ -216,6 +246,75 @@ int Main(int argc, char** argv) {
   const double cpu1_s = bench::Summarize(cpu1).median, cpun_s = bench::Summarize(cpun).median;
   const double caller_s = bench::Summarize(caller_cpun).median;
 
+  // mlp with tanh, and a wide & deep step.
+  ModelSpec mlp;
+  mlp.type = "layers";
+  mlp.input_shape = {784};
+  mlp.layers = {layer(LayerType::kDense, 512, 0, Activation::kTanh),
+                layer(LayerType::kDense, 256, 0, Activation::kTanh),
+                layer(LayerType::kDense, 10, 0, Activation::kLinear)};
+  ModelSpec wd;
+  wd.type = "layers";
+  wd.input_shape = {13};
+  wd.head = HeadType::kWideAndDeep;
+  wd.num_classes = 2;
+  wd.layers = {layer(LayerType::kDense, 256, 0, Activation::kRelu),
+               layer(LayerType::kDense, 1, 0, Activation::kLinear)};
+  for (const char* c : {"c0", "c1", "c2", "c3"}) {
+    wd.sparse_inputs.push_back({c, 100000, 1});
+    wd.embeddings.push_back({c, 32, Combiner::kMean});
+    wd.wide.columns.push_back(c);
+  }
+  auto mlp_model = Model::Create(mlp);
+  auto wd_model = Model::Create(wd);
+  if (!mlp_model.ok() || !wd_model.ok()) {
+    std::fprintf(stderr, "mlp/wide&deep: %s %s\n",
+                 std::string(mlp_model.status().message()).c_str(),
+                 std::string(wd_model.status().message()).c_str());
+    return 1;
+  }
+  Alternated mlp_t, wd_t;
+  {
+    Model one = *mlp_model, many = *mlp_model;
+    many.SetThreads(static_cast<int>(threads));
+    Batch b;
+    b.x = images.data();
+    b.labels = labels.data();
+    b.size = batch;
+    mlp_t = Alternate(reps, one, many, one.InitialParams(7), b);
+  }
+  const int64_t wd_batch = 2048;
+  {
+    Model one = *wd_model, many = *wd_model;
+    many.SetThreads(static_cast<int>(threads));
+    RowMatrix x = Random(wd_batch, 13, &rng);
+    std::vector<int64_t> ids(wd_batch * 4);
+    std::uniform_int_distribution<int64_t> id(0, 99999);
+    for (int64_t& i : ids) i = id(rng);
+    std::vector<int32_t> y(wd_batch);
+    for (int64_t i = 0; i < wd_batch; ++i) y[i] = static_cast<int32_t>(i % 2);
+    // As a worker steps: compact lookups, and only the rows they touch.
+    SparseBatch lookups = one.Lookups(ids.data(), wd_batch);
+    const TableIds unique = CompactLookups(&lookups);
+    Params params = one.InitialParams(7);
+    for (size_t t = 0; t < one.tables().size(); ++t) {
+      const int v = one.tables()[t];
+      const int64_t dim = one.variables()[v].cols;
+      std::vector<float> rows;
+      for (int64_t i : unique[t]) {
+        rows.insert(rows.end(), params[v].begin() + i * dim, params[v].begin() + (i + 1) * dim);
+      }
+      params[v] = std::move(rows);
+    }
+    Batch b;
+    b.x = x.data();
+    b.lookup_ids = ids.data();
+    b.sparse = &lookups;
+    b.labels = y.data();
+    b.size = wd_batch;
+    wd_t = Alternate(reps, one, many, params, b);
+  }
+
   const double conv_gf = conv_flops / conv_s / 1e9, conv_ref = conv_flops / conv_gemm_s / 1e9;
   const double dense_gf = dense_flops / dense_s / 1e9, dense_ref = dense_flops / dense_gemm_s / 1e9;
   std::printf("conv 14x14x32->64 3x3 same, batch %lld: %.3f ms, %.2f GFLOP/s (plain GEMM %.2f)\n",
@@ -237,6 +336,16 @@ int Main(int argc, char** argv) {
       cpu1_s * 1e3, static_cast<long long>(threads), cpun_s * 1e3, caller_s * 1e3,
       cpu1_s / caller_s);
   std::printf(
+      "mlp 784-512-256-10 tanh step, batch %lld, %lld threads vs 1: %.3f ms vs %.3f ms, "
+      "speedup %.2fx\n",
+      static_cast<long long>(batch), static_cast<long long>(threads), mlp_t.msn, mlp_t.ms1,
+      mlp_t.speedup);
+  std::printf(
+      "wide&deep step (4 columns, dim 32), batch %lld, %lld threads vs 1: %.3f ms vs "
+      "%.3f ms, speedup %.2fx\n",
+      static_cast<long long>(wd_batch), static_cast<long long>(threads), wd_t.msn, wd_t.ms1,
+      wd_t.speedup);
+  std::printf(
       "%s\n",
       absl::StrFormat(
           "conv_gflops=%.2f conv_gemm_gflops=%.2f conv_ratio=%.3f dense_gflops=%.2f "
@@ -244,11 +353,14 @@ int Main(int argc, char** argv) {
           "cnn_step_cpu_ms=%.2f cnn_examples_per_cpu_s=%.0f threads=%lld "
           "cnn_step_1thread_ms=%.2f cnn_step_threads_ms=%.2f cnn_step_1thread_cpu_ms=%.2f "
           "cnn_step_threads_cpu_ms=%.2f cnn_step_threads_caller_cpu_ms=%.2f "
-          "threads_cpu_speedup=%.3f threads_speedup=%.3f",
+          "threads_cpu_speedup=%.3f threads_speedup=%.3f mlp_tanh_1thread_ms=%.2f "
+          "mlp_tanh_threads_ms=%.2f mlp_tanh_threads_speedup=%.3f sparse_1thread_ms=%.2f "
+          "sparse_threads_ms=%.2f sparse_threads_speedup=%.3f",
           conv_gf, conv_ref, conv_gf / conv_ref, dense_gf, dense_ref, dense_gf / dense_ref,
           step_s * 1e3, batch / step_s, step_cpu_s * 1e3, batch / step_cpu_s,
           static_cast<long long>(threads), step1_s * 1e3, stepn_s * 1e3, cpu1_s * 1e3, cpun_s * 1e3,
-          caller_s * 1e3, cpu1_s / caller_s, speedup)
+          caller_s * 1e3, cpu1_s / caller_s, speedup, mlp_t.ms1, mlp_t.msn, mlp_t.speedup, wd_t.ms1,
+          wd_t.msn, wd_t.speedup)
           .c_str());
   return 0;
 }
