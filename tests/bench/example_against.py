@@ -2,7 +2,8 @@
 
 Called by tests/bench/example with two directories holding each build's bin/kubetrain,
 kubetrain-ps and kubetrain-worker (copies made by tests/bench/against.sh). Per round, each build
-trains the job once (`kubetrain run JOB --quiet --summary-json F --bin-dir DIR`), the builds
+trains the job once (`kubetrain run JOB --quiet --summary_json F --bin_dir DIR`, through
+tests/bench/kubetrain_run.py), the builds
 taking turns to go first. examples/s is the chief's own, over its training loop (the summary's
 examples_per_second); CPU is user + sys of `kubetrain run` and its tasks (RUSAGE_CHILDREN).
 Last line:
@@ -11,30 +12,18 @@ Last line:
 (eps_vs_against = current / REV medians: above 1, the current tree trains faster).
 """
 import argparse
-import json
-import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 
 import yaml
 
+import kubetrain_run
 
-def train(bin_dir, job, summary):
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([os.path.join(bin_dir, "kubetrain"), "run", job, "--quiet",
-                           "--summary-json", summary, "--bin-dir", bin_dir],
-                          capture_output=True, text=True, timeout=3600)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        sys.exit(f"bench example: {bin_dir}/kubetrain run {job} exited {proc.returncode}:\n"
-                 f"{proc.stderr[-3000:]}")
-    with open(summary) as f:
-        s = json.load(f)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"eps": s["examples_per_second"], "acc": s["test_accuracy"], "cpu_s": cpu,
+
+def train(bin_dir, job, work_dir):
+    s = kubetrain_run.run_kubetrain(job, work_dir, bin_dir=bin_dir)
+    return {"eps": s["examples_per_second"], "acc": s["test_accuracy"], "cpu_s": s["cpu_s"],
             "training_s": s.get("training_seconds", float("nan"))}
 
 
@@ -51,7 +40,10 @@ def main():
         for r in range(args.rounds):
             order = ("current", "against") if r % 2 == 0 else ("against", "current")
             for side in order:
-                res = train(getattr(args, side), args.job, os.path.join(tmp, f"{side}-{r}.json"))
+                try:
+                    res = train(getattr(args, side), args.job, tmp)
+                except RuntimeError as e:
+                    sys.exit(f"bench example: {e}")
                 runs[side].append(res)
                 label = "current" if side == "current" else args.rev
                 print(f"round {r + 1} {label:8s}: {res['eps']:9.0f} examples/s, test accuracy "

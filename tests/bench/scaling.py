@@ -24,9 +24,7 @@ the median 1-minute load average at the start of the runs). Never fails on a tim
 """
 import argparse
 import copy
-import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -34,6 +32,8 @@ import tempfile
 import time
 
 import yaml
+
+import kubetrain_run
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 EXAMPLE = os.path.join(ROOT, "examples", "fashion-mnist-sync.yaml")
@@ -103,26 +103,15 @@ def measure_tcp(transport_bench, nbytes, rounds):
     return float(parse_key_values(last_line(p.stdout))["tcp_gbps"])
 
 
-def children_cpu_seconds():
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def run_kubetrain(job_path, work_dir):
     """One `kubetrain run`: the chief's examples/s, and the CPU seconds of the launcher and all its
     tasks over the whole run (cores busy = cpu_s / wall_s; start-up included)."""
-    summary = os.path.join(work_dir, "summary.json")
-    log = os.path.join(work_dir, "kubetrain.log")
-    cpu0, wall0 = children_cpu_seconds(), time.monotonic()
-    with open(log, "w") as out:
-        p = subprocess.run([os.path.join(ROOT, "bin", "kubetrain"), "run", "--quiet", "--summary_json", summary,
-                            job_path], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, timeout=3600)
-    wall, cpu = time.monotonic() - wall0, children_cpu_seconds() - cpu0
-    if p.returncode != 0:
-        die(f"kubetrain run {job_path} failed ({p.returncode}):\n" + open(log).read()[-3000:])
-    s = json.load(open(summary))
+    try:
+        s = kubetrain_run.run_kubetrain(job_path, work_dir)
+    except RuntimeError as e:
+        die(str(e))
     return {"eps": s["examples_per_second"], "acc": s["test_accuracy"], "train_s": s["training_seconds"],
-            "wall_s": wall, "cpu_s": cpu, "global_step": s["global_step"]}
+            "wall_s": s["wall_s"], "cpu_s": s["cpu_s"], "global_step": s["global_step"]}
 
 
 def key(workers, ps):

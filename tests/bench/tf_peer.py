@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import socket
 import statistics
@@ -24,6 +23,7 @@ import time
 
 import yaml
 
+import kubetrain_run
 import tf_peer_census
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -109,11 +109,6 @@ def parse_key_values(line):
     return dict(pair.split("=", 1) for pair in line.split())
 
 
-def children_cpu_seconds():
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def free_loopback_ports(count):
     sockets = [socket.socket() for _ in range(count)]
     try:
@@ -133,18 +128,10 @@ def run_kubetrain(job_path, work_dir):
     """One `kubetrain run` of the job: its chief's own examples/s over its training phase (global
     steps x examples per step / seconds from the training loop's start to the end of the final
     evaluation), the final test accuracy, and the CPU of the launcher and all its tasks."""
-    summary = os.path.join(work_dir, "kubetrain-summary.json")
-    log = os.path.join(work_dir, "kubetrain.log")
-    cpu0, wall0 = children_cpu_seconds(), time.monotonic()
-    with open(log, "w") as out:
-        p = subprocess.run([os.path.join(ROOT, "bin", "kubetrain"), "run", "--quiet", "--summary_json", summary,
-                            job_path], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, timeout=3600)
-    wall, cpu = time.monotonic() - wall0, children_cpu_seconds() - cpu0
-    if p.returncode != 0:
-        raise RuntimeError(f"kubetrain run failed ({p.returncode}):\n" + open(log).read()[-3000:])
-    s = json.load(open(summary))
-    return {"eps": s["examples_per_second"], "acc": s["test_accuracy"], "auc": s.get("test_auc"), "cpu_s": cpu,
-            "train_s": s["training_seconds"], "wall_s": wall, "global_step": s["global_step"]}
+    s = kubetrain_run.run_kubetrain(job_path, work_dir)
+    return {"eps": s["examples_per_second"], "acc": s["test_accuracy"], "auc": s.get("test_auc"),
+            "cpu_s": s["cpu_s"], "train_s": s["training_seconds"], "wall_s": s["wall_s"],
+            "global_step": s["global_step"]}
 
 
 def stop(processes):
@@ -173,7 +160,7 @@ def run_tensorflow(plan, tf_python, tf_api, work_dir):
         json.dump({**plan, "cluster": cluster, "run_dir": run_dir}, f)
     program = os.path.join(HERE, program)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    cpu0, wall0 = children_cpu_seconds(), time.monotonic()
+    cpu0, wall0 = kubetrain_run.children_cpu_seconds(), time.monotonic()
     tasks = []
     for job in cluster:
         for i in range(len(cluster[job])):
@@ -194,7 +181,7 @@ def run_tensorflow(plan, tf_python, tf_api, work_dir):
         wall = time.monotonic() - wall0
     finally:
         stop([p for _, p in tasks])
-    cpu = children_cpu_seconds() - cpu0
+    cpu = kubetrain_run.children_cpu_seconds() - cpu0
     if chief.returncode != 0:
         raise RuntimeError(f"the TensorFlow chief exited {chief.returncode}:\n" + tail_logs(run_dir))
     r = parse_tf_result(open(os.path.join(run_dir, reporter + ".log")).read())
