@@ -617,12 +617,15 @@ PsClient::PushResult PsClient::SumPushes(const std::vector<v1::PushResponse>& re
   return r;
 }
 
+absl::Status PsClient::RequireWorker() const {
+  if (is_worker()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(TaskName(), " only reads: it cannot push gradients"));
+}
+
 absl::StatusOr<PsClient::PushResult> PsClient::PushImpl(
     const Params& grads, int64_t worker_clock, const std::vector<std::vector<SparseRef>>& sparse) {
-  if (!is_worker()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(TaskName(), " only reads: it cannot push gradients"));
-  }
+  if (absl::Status s = RequireWorker(); !s.ok()) return s;
   std::vector<v1::PushResponse> responses(channels_.size());
   const uint64_t push_id = next_push_id_++;
   absl::Time start = clock_->Now();
@@ -650,10 +653,7 @@ absl::StatusOr<PsClient::PushResult> PsClient::PushImpl(
 absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
     const Params& grads, int64_t worker_clock, const TableIds& ids, bool next_version,
     const std::vector<VariableSpec>& variables, Params* params) {
-  if (!is_worker()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(TaskName(), " only reads: it cannot push gradients"));
-  }
+  if (absl::Status s = RequireWorker(); !s.ok()) return s;
   SparseGradients sparse;
   if (absl::Status s = SplitSparse(grads, ids, &sparse); !s.ok()) return s;
   ResizeParams(variables, params);

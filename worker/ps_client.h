@@ -199,6 +199,8 @@ class PsClient {
     bool done = false;
   };
   bool is_worker() const { return options_.task_type == v1::TASK_TYPE_WORKER; }
+  // FAILED_PRECONDITION unless this client speaks for a worker (pushes are a worker's).
+  absl::Status RequireWorker() const;
   // hold: how long each shard may hold the pull; reask: ask again after a
   // hold ran out (else DEADLINE_EXCEEDED).
   absl::StatusOr<PullResult> PullImpl(const std::function<int64_t(int)>& min_version,
