@@ -58,14 +58,11 @@ class InProcessPs::Channel final : public ShardChannel {
     header.set_incarnation(result->incarnation);
     header.set_absent_workers(result->absent_workers);
     uint64_t base = 0;
-    v1::TensorChunk chunk;
     for (const auto& part : shard->parts()) {
       const uint64_t part_bytes = part.num_bytes();
       for (uint64_t off = 0; off < part_bytes; off += max_chunk_bytes_) {
         const uint64_t n = std::min(max_chunk_bytes_, part_bytes - off);
-        chunk.set_part(part.name);
-        chunk.set_offset(off / 4);
-        chunk.set_data(result->bytes->data() + base + off, n);
+        const FlatPulledChunk chunk(part.name, off / 4, result->bytes->data() + base + off, n);
         if (absl::Status s = sink(chunk); !s.ok()) return s;
       }
       base += part_bytes;

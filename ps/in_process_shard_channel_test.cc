@@ -37,10 +37,10 @@ absl::StatusOr<v1::PullResponse::Header> PullAll(ShardChannel* channel,
                                                  const v1::PullRequest& request,
                                                  std::map<std::string, std::vector<float>>* values,
                                                  int* chunks = nullptr) {
-  return channel->Pull(request, [&](const v1::TensorChunk& c) {
-    auto& v = (*values)[c.part()];
-    v.resize(std::max<size_t>(v.size(), c.offset() + c.data().size() / 4));
-    std::memcpy(v.data() + c.offset(), c.data().data(), c.data().size());
+  return channel->Pull(request, [&](const PulledChunk& c) {
+    auto& v = (*values)[std::string(c.part())];
+    v.resize(std::max<size_t>(v.size(), c.offset() + c.data_bytes() / 4));
+    c.CopyTo(reinterpret_cast<char*>(v.data() + c.offset()));
     if (chunks) ++*chunks;
     return absl::OkStatus();
   });

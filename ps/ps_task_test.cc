@@ -397,9 +397,10 @@ absl::StatusOr<std::pair<int64_t, std::vector<float>>> ExportPull(ShardChannel& 
   v1::PullRequest request;
   request.set_task_type(v1::TASK_TYPE_EXPORTER);
   std::vector<float> values;
-  auto header = channel.Pull(request, [&](const v1::TensorChunk& c) {
-    const float* f = reinterpret_cast<const float*>(c.data().data());
-    values.insert(values.end(), f, f + c.data().size() / sizeof(float));
+  auto header = channel.Pull(request, [&](const PulledChunk& c) {
+    const size_t at = values.size();
+    values.resize(at + c.data_bytes() / sizeof(float));
+    c.CopyTo(reinterpret_cast<char*>(values.data() + at));
     return absl::OkStatus();
   });
   if (!header.ok()) return header.status();

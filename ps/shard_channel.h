@@ -14,6 +14,7 @@
 #define KUBETRAIN_PS_SHARD_CHANNEL_H_
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "proto/ps.pb.h"
 
@@ -44,6 +46,47 @@ struct SparseRef {
   uint64_t dim;
 };
 
+// One pulled chunk as a channel received it: `data_bytes()` bytes of
+// little-endian float32 for elements [offset, offset + data_bytes / 4) of
+// `part`. Valid only during the sink's call. The gRPC channel's chunks are
+// read in place from the received message (proto/chunk_slices.h), so CopyTo
+// is the only copy of the floats on the worker's side.
+class PulledChunk {
+ public:
+  virtual ~PulledChunk() = default;
+  virtual absl::string_view part() const = 0;
+  virtual uint64_t offset() const = 0;  // elements
+  virtual uint64_t data_bytes() const = 0;
+  // Writes the data_bytes() bytes to `out`.
+  virtual void CopyTo(char* out) const = 0;
+  // The bytes, copied (tests, small reads).
+  std::string data() const {
+    std::string out(data_bytes(), '\0');
+    CopyTo(out.data());
+    return out;
+  }
+};
+
+// A chunk whose bytes are in memory (the in-process channel's, and a chunk
+// message parsed by protobuf).
+class FlatPulledChunk final : public PulledChunk {
+ public:
+  FlatPulledChunk(absl::string_view part, uint64_t offset, const char* data, uint64_t bytes)
+      : part_(part), offset_(offset), data_(data), bytes_(bytes) {}
+  explicit FlatPulledChunk(const v1::TensorChunk& c)
+      : FlatPulledChunk(c.part(), c.offset(), c.data().data(), c.data().size()) {}
+  absl::string_view part() const override { return part_; }
+  uint64_t offset() const override { return offset_; }
+  uint64_t data_bytes() const override { return bytes_; }
+  void CopyTo(char* out) const override { std::memcpy(out, data_, bytes_); }
+
+ private:
+  const absl::string_view part_;
+  const uint64_t offset_;
+  const char* const data_;
+  const uint64_t bytes_;
+};
+
 // What a fused PushPull brought back. `push` is the push's answer, or why
 // none came (then `pull` has the same error: the pull did not happen, and the
 // push may or may not have been applied, as with a failed Push). With `push`
@@ -56,7 +99,7 @@ struct PushPullAnswer {
 // One PS task. Implementations must be thread-safe.
 class ShardChannel {
  public:
-  using ChunkSink = std::function<absl::Status(const v1::TensorChunk&)>;
+  using ChunkSink = std::function<absl::Status(const PulledChunk&)>;
 
   virtual ~ShardChannel() = default;
   // The handshake; waits up to `timeout` for the PS to become reachable.

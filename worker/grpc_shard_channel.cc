@@ -1,6 +1,9 @@
 #include "worker/grpc_shard_channel.h"
 
 #include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/rpc_method.h>
@@ -11,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/push_wire.h"
+#include "proto/chunk_slices.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace kubetrain {
@@ -35,6 +39,60 @@ grpc::ByteBuffer Serialize(const google::protobuf::Message& msg) {
   grpc::Slice slice(msg.SerializeAsString());
   return grpc::ByteBuffer(&slice, 1);
 }
+
+// A pulled chunk read in place from its message (no copy until CopyTo).
+class SlicePulledChunk final : public PulledChunk {
+ public:
+  explicit SlicePulledChunk(const ChunkSlices* chunk) : chunk_(chunk) {}
+  absl::string_view part() const override { return chunk_->part(); }
+  uint64_t offset() const override { return chunk_->offset(); }
+  uint64_t data_bytes() const override { return chunk_->data_bytes(); }
+  void CopyTo(char* out) const override { chunk_->CopyData(out); }
+
+ private:
+  const ChunkSlices* const chunk_;
+};
+
+// The answer stream of a Pull, or of a PushPull: the push's answer, the
+// pull's header, and chunks, each chunk handed to the sink as it comes.
+class PulledAnswers {
+ public:
+  // `what`: "pull from <address>" or the like, for errors.
+  explicit PulledAnswers(std::string what) : what_(std::move(what)) {}
+  // Takes one message. False once the stream should end: a message that is
+  // not a PullResponse, or the sink failed (status() says which).
+  bool Take(grpc::ByteBuffer* in, const ShardChannel::ChunkSink& sink) {
+    ChunkSlices raw;
+    if (raw.Parse(in)) {
+      status_ = sink(SlicePulledChunk(&raw));
+      return status_.ok();
+    }
+    msg_.Clear();
+    if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::PullResponse>(in, &msg_).ok()) {
+      status_ = absl::DataLossError(absl::StrCat(what_, ": an answer is not a PullResponse"));
+      return false;
+    }
+    if (msg_.has_push()) {
+      push_ = msg_.push();
+    } else if (msg_.has_header()) {
+      header_ = msg_.header();
+    } else {
+      status_ = sink(FlatPulledChunk(msg_.chunk()));
+      return status_.ok();
+    }
+    return true;
+  }
+  const absl::Status& status() const { return status_; }
+  const std::optional<v1::PushResponse>& push() const { return push_; }
+  const std::optional<v1::PullResponse::Header>& header() const { return header_; }
+
+ private:
+  const std::string what_;
+  absl::Status status_;
+  std::optional<v1::PushResponse> push_;
+  std::optional<v1::PullResponse::Header> header_;
+  v1::PullResponse msg_;  // reused: a chunk that protobuf had to parse
+};
 
 class GrpcShardChannel final : public ShardChannel {
  public:
@@ -95,33 +153,34 @@ class GrpcShardChannel final : public ShardChannel {
     return info;
   }
 
+  // Raw messages, so a chunk's floats go from the received slices straight
+  // to the sink's buffer (proto/chunk_slices.h); the header stays protobuf.
   absl::StatusOr<v1::PullResponse::Header> Pull(const v1::PullRequest& request,
                                                 const ChunkSink& sink) override {
+    static const grpc::internal::RpcMethod kPull("/kubetrain.v1.ParameterServer/Pull",
+                                                 grpc::internal::RpcMethod::SERVER_STREAMING);
     grpc::ClientContext ctx;
     Identify(&ctx);
     // The PS answers a held pull by its wait timeout; allow for the transfer on top.
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::milliseconds(request.wait_timeout_ms() + 60000));
-    auto reader = stub_->Pull(&ctx, request);
-    v1::PullResponse msg;
-    v1::PullResponse::Header header;
-    bool have_header = false;
-    absl::Status sink_status;
-    while (reader->Read(&msg)) {
-      if (msg.has_header()) {
-        header = msg.header();
-        have_header = true;
-      } else if (sink_status.ok()) {
-        sink_status = sink(msg.chunk());
-        if (!sink_status.ok()) ctx.TryCancel();
+    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), kPull, &ctx,
+                                                                      Serialize(request)));
+    PulledAnswers answers(absl::StrCat("pull from ", address_));
+    grpc::ByteBuffer in;
+    while (reader->Read(&in)) {
+      if (!answers.Take(&in, sink)) {
+        ctx.TryCancel();
+        break;
       }
     }
     auto s = reader->Finish();
-    if (!sink_status.ok()) return sink_status;
+    if (!answers.status().ok()) return answers.status();
     if (!s.ok()) return Annotate(s);
-    if (!have_header)
+    if (!answers.header().has_value())
       return absl::DataLossError(absl::StrCat("pull from ", address_, ": no header"));
-    return header;
+    return *answers.header();
   }
 
   // Raw messages, so a chunk's floats go out as a slice of their own
@@ -168,53 +227,36 @@ class GrpcShardChannel final : public ShardChannel {
     v1::PushRequest::Header with_pull = header;
     *with_pull.mutable_pull() = pull;
     if (WritePush(with_pull, chunks, sparse, stream.get())) stream->WritesDone();
-    PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
-    bool have_push = false, have_header = false;
-    v1::PullResponse::Header pulled;
-    absl::Status sink_status, parse_status;
+    PulledAnswers answers(absl::StrCat("push-pull with ", address_));
     grpc::ByteBuffer in;
-    v1::PullResponse msg;
     while (stream->Read(&in)) {
-      msg.Clear();
-      if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::PullResponse>(&in, &msg).ok()) {
-        parse_status = absl::DataLossError(
-            absl::StrCat("push-pull with ", address_, ": an answer is not a PullResponse"));
+      if (!answers.Take(&in, sink)) {
         ctx.TryCancel();
         break;
       }
-      if (msg.has_push()) {
-        answer.push = msg.push();
-        have_push = true;
-      } else if (msg.has_header()) {
-        pulled = msg.header();
-        have_header = true;
-      } else if (sink_status.ok()) {
-        sink_status = sink(msg.chunk());
-        if (!sink_status.ok()) ctx.TryCancel();
-      }
     }
     auto s = stream->Finish();
-    if (!have_push) {
+    PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
+    if (!answers.push().has_value()) {
       // No answer to the push: whether it was applied is unknown (a retry
       // with the same push id settles it).
       answer.push =
-          !parse_status.ok() ? parse_status
+          !answers.status().ok() ? answers.status()
           : !s.ok()
               ? Annotate(s)
               : absl::DataLossError(absl::StrCat("push-pull with ", address_, ": no push answer"));
       answer.pull = answer.push.status();
       return answer;
     }
-    if (!parse_status.ok()) {
-      answer.pull = parse_status;
-    } else if (!sink_status.ok()) {
-      answer.pull = sink_status;
+    answer.push = *answers.push();
+    if (!answers.status().ok()) {
+      answer.pull = answers.status();
     } else if (!s.ok()) {
       answer.pull = Annotate(s);
-    } else if (!have_header) {
+    } else if (!answers.header().has_value()) {
       answer.pull = absl::DataLossError(absl::StrCat("push-pull with ", address_, ": no header"));
     } else {
-      answer.pull = pulled;
+      answer.pull = *answers.header();
     }
     return answer;
   }

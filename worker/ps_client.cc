@@ -233,17 +233,18 @@ v1::PullRequest PsClient::NewPullRequest(int s, int64_t min_version, int64_t wor
 }
 
 ShardChannel::ChunkSink PsClient::PullSink(int s, Params* params) const {
-  return [this, s, params](const v1::TensorChunk& c) -> absl::Status {
+  return [this, s, params](const PulledChunk& c) -> absl::Status {
     const auto& parts = parts_by_name_[s];
     auto it = parts.find(c.part());
-    uint64_t n = c.data().size() / 4;
-    if (it == parts.end() || c.data().size() % 4 != 0 ||
-        c.offset() + n > static_cast<uint64_t>(it->second->num_elements())) {
+    const uint64_t bytes = c.data_bytes();
+    const uint64_t n = bytes / 4;
+    const uint64_t elements = static_cast<uint64_t>(it == parts.end() ? 0 : it->second->num_elements());
+    if (it == parts.end() || bytes % 4 != 0 || c.offset() > elements || n > elements - c.offset()) {
       return absl::DataLossError(absl::StrCat("ps:", s, " sent a bad chunk of \"", c.part(), "\""));
     }
     float* dst = (*params)[it->second->variable].data() + it->second->element_offset() + c.offset();
-    std::memcpy(dst, c.data().data(), c.data().size());
-    if (metrics_.pull_bytes) metrics_.pull_bytes->Increment(static_cast<double>(c.data().size()));
+    c.CopyTo(reinterpret_cast<char*>(dst));
+    if (metrics_.pull_bytes) metrics_.pull_bytes->Increment(static_cast<double>(bytes));
     return absl::OkStatus();
   };
 }

@@ -31,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/clock.h"
@@ -261,7 +262,7 @@ class PsClient {
   const uint64_t chunk_elements_;
   // Per shard: its parts, and the same by name (built once).
   std::vector<std::vector<const PartPlacement*>> shard_parts_;
-  std::vector<std::unordered_map<std::string, const PartPlacement*>> parts_by_name_;
+  std::vector<absl::flat_hash_map<std::string, const PartPlacement*>> parts_by_name_;
   std::unique_ptr<Lanes> lanes_;
 
   std::atomic<bool> cancelled_{false};

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <map>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -512,6 +514,51 @@ TEST_F(PsClientTest, APsRestartDuringAPushPullsHoldAsksThePullAgainButNeverThePu
   EXPECT_FALSE(step->push.dropped);
   EXPECT_EQ(step->pull.version, 1);
   EXPECT_EQ(step->pull.ps_restarts, 0);
+}
+
+// Hands the client's sink one chunk of `part` at `offset` instead of the
+// shard's first chunk: a PS (or a man in the middle) sending a bad chunk.
+class HostileChunkChannel : public ShardChannelWrapper {
+ public:
+  HostileChunkChannel(std::unique_ptr<ShardChannel> target, std::string part, uint64_t offset)
+      : ShardChannelWrapper(std::move(target)), part_(std::move(part)), offset_(offset) {}
+  absl::StatusOr<v1::PullResponse::Header> Pull(const v1::PullRequest& request,
+                                                const ChunkSink& sink) override {
+    bool first = true;
+    return ShardChannelWrapper::Pull(request, [&](const PulledChunk& c) -> absl::Status {
+      if (!std::exchange(first, false)) return sink(c);
+      const std::vector<char> data(c.data_bytes());
+      return sink(FlatPulledChunk(part_, offset_, data.data(), data.size()));
+    });
+  }
+
+ private:
+  const std::string part_;
+  const uint64_t offset_;
+};
+
+TEST_F(PsClientTest, APulledChunkOutsideItsPartIsRefusedNamingThePsAndThePart) {
+  Make({.ps = 1, .workers = 1});
+  const std::string part = config_->placement.parts[0].name;
+  // Past the end, wrapping around 2^64 when added to the length, and unknown.
+  for (const auto& [name, offset] : std::vector<std::pair<std::string, uint64_t>>{
+           {part, 1u << 30}, {part, UINT64_MAX - 1}, {"no/such/part", 0}}) {
+    std::vector<std::unique_ptr<ShardChannel>> channels;
+    for (auto& c : cluster_->Channels(nullptr)) {
+      channels.push_back(std::make_unique<HostileChunkChannel>(std::move(c), name, offset));
+    }
+    PsClient::Options o;
+    o.fingerprint = config_->fingerprint;
+    o.retry_timeout = absl::Seconds(1);
+    PsClient client(o, &config_->placement, &clock_, std::move(channels), PsClientMetrics{});
+    ASSERT_TRUE(client.Connect().ok());
+    Params params;
+    auto pulled = client.Pull(false, 0, config_->model->variables(), &params);
+    EXPECT_EQ(pulled.status().code(), absl::StatusCode::kDataLoss) << name << " " << offset;
+    EXPECT_NE(pulled.status().message().find("ps:0 sent a bad chunk of \"" + name + "\""),
+              std::string::npos)
+        << pulled.status();
+  }
 }
 
 }  // namespace

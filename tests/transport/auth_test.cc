@@ -228,8 +228,8 @@ TEST_F(AuthenticatedPsTest, APushPullFollowsThePushRules) {
   h.set_version(0);
   h.set_worker_clock(1);
   uint64_t pulled_bytes = 0;
-  auto sink = [&](const v1::TensorChunk& c) {
-    pulled_bytes += c.data().size();
+  auto sink = [&](const PulledChunk& c) {
+    pulled_bytes += c.data_bytes();
     return absl::OkStatus();
   };
   // The job's worker 0 channel, pushing as worker 1: refused, never pulled.

@@ -72,10 +72,10 @@ class ServiceTest : public ::testing::Test {
   std::map<std::string, std::vector<float>> PullAll(int64_t* version = nullptr) {
     std::map<std::string, std::vector<float>> out;
     v1::PullRequest req;
-    auto h = channel_->Pull(req, [&](const v1::TensorChunk& c) {
-      auto& v = out[c.part()];
-      v.resize(std::max<size_t>(v.size(), c.offset() + c.data().size() / 4));
-      std::memcpy(v.data() + c.offset(), c.data().data(), c.data().size());
+    auto h = channel_->Pull(req, [&](const PulledChunk& c) {
+      auto& v = out[std::string(c.part())];
+      v.resize(std::max<size_t>(v.size(), c.offset() + c.data_bytes() / 4));
+      c.CopyTo(reinterpret_cast<char*>(v.data() + c.offset()));
       return absl::OkStatus();
     });
     EXPECT_TRUE(h.ok()) << h.status();
@@ -243,12 +243,12 @@ TEST_F(ServiceTest, TheTaskTypeOnTheWireReachesTheShard) {
   v1::PullRequest chief_pull;
   chief_pull.set_task_type(v1::TASK_TYPE_CHIEF);
   chief_pull.set_min_version(0);
-  auto h = channel_->Pull(chief_pull, [](const v1::TensorChunk&) { return absl::OkStatus(); });
+  auto h = channel_->Pull(chief_pull, [](const PulledChunk&) { return absl::OkStatus(); });
   ASSERT_TRUE(h.ok()) << h.status();
   // An evaluator the job does not have is refused.
   v1::PullRequest evaluator_pull;
   evaluator_pull.set_task_type(v1::TASK_TYPE_EVALUATOR);
-  EXPECT_EQ(channel_->Pull(evaluator_pull, [](const v1::TensorChunk&) { return absl::OkStatus(); })
+  EXPECT_EQ(channel_->Pull(evaluator_pull, [](const PulledChunk&) { return absl::OkStatus(); })
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
@@ -469,10 +469,10 @@ TEST_F(ServiceTest, APushPullPushesThenHoldsThePullAtTheBarrierAndARetryAppliesO
   pull.set_worker_clock(1);
   pull.set_wait_timeout_ms(30000);
   std::map<std::string, std::vector<float>> fused;
-  auto sink = [&](const v1::TensorChunk& c) {
-    auto& v = fused[c.part()];
-    v.resize(std::max<size_t>(v.size(), c.offset() + c.data().size() / 4));
-    std::memcpy(v.data() + c.offset(), c.data().data(), c.data().size());
+  auto sink = [&](const PulledChunk& c) {
+    auto& v = fused[std::string(c.part())];
+    v.resize(std::max<size_t>(v.size(), c.offset() + c.data_bytes() / 4));
+    c.CopyTo(reinterpret_cast<char*>(v.data() + c.offset()));
     return absl::OkStatus();
   };
   PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
@@ -512,7 +512,7 @@ TEST_F(ServiceTest, APushPullThatIsRefusedNeverPulls) {
   v1::PullRequest pull;
   bool pulled = false;
   PushPullAnswer answer =
-      channel_->PushPull(Header(0, 0), ChunksOf(grads), {}, pull, [&](const v1::TensorChunk&) {
+      channel_->PushPull(Header(0, 0), ChunksOf(grads), {}, pull, [&](const PulledChunk&) {
         pulled = true;
         return absl::OkStatus();
       });
