@@ -260,6 +260,11 @@ absl::Status PsTask::Serve() {
   if (absl::Status s = Start(); !s.ok()) return s;
   while (!RunRound(options_.tick)) {
   }
+  // Held pulls are answered before the server goes: a worker's step then
+  // sees UNAVAILABLE and asks the restarted PS (a rescheduled pod) again,
+  // instead of failing with the CANCELLED of a shutdown.
+  shard_->StopHolding(absl::UnavailableError(
+      absl::StrCat("ps:", index_, " is stopping; a restarted PS answers a pull asked again")));
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return final_status_;
 }

@@ -14,6 +14,7 @@
 #include <prometheus/registry.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "core/testing/task_config_for.h"
 #include "core/testing/temp_files.h"
 #include "ps/in_process_shard_channel.h"
@@ -194,6 +195,29 @@ TEST_F(PsTaskTest, StopEndsServeWithAFinalCheckpoint) {
   serve.join();
   EXPECT_TRUE(served.ok()) << served;
   EXPECT_EQ(Checkpoints(ckpt_dir_), (std::vector<std::string>{"ckpt-000000000002.ktc"}));
+}
+
+TEST_F(PsTaskTest, StopAnswersAHeldPullWithUnavailableSoTheWorkerAsksAgain) {
+  PsTaskOptions options = Quiet();
+  options.tick = absl::Milliseconds(1);
+  auto task = Create({.workers = 2, .mode = "sync"}, options);
+  ASSERT_NE(task, nullptr);
+  ASSERT_TRUE(task->Start().ok());
+  absl::Status served = absl::UnknownError("not returned");
+  std::thread serve([&] { served = task->Serve(); });
+  absl::Notification answered;
+  absl::Status answer;
+  // Worker 0 waits at the barrier of step 1, which worker 1 never reaches.
+  task->shard()->Pull({0, 1, 0}, clock_.Now() + absl::Seconds(30), [&](auto s) {
+    answer = s.status();
+    answered.Notify();
+  });
+  EXPECT_FALSE(answered.HasBeenNotified());
+  task->Stop();
+  serve.join();
+  ASSERT_TRUE(answered.HasBeenNotified());
+  EXPECT_EQ(answer.code(), absl::StatusCode::kUnavailable) << answer;
+  EXPECT_NE(answer.message().find("ps:0 is stopping"), std::string::npos) << answer;
 }
 
 TEST_F(PsTaskTest, RefusesATaskThatIsNotAPs) {

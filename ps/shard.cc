@@ -346,12 +346,15 @@ uint64_t Shard::Pull(const PullWait& wait, absl::Time deadline, PullCallback don
     return 0;
   }
   std::optional<Snapshot> snap;
+  absl::Status stopping;
   uint64_t ticket = 0;
   {
     absl::MutexLock l(&mu_);
     if (wait.role == TaskRole::kWorker) last_seen_[wait.worker] = now;
     if (CanServe(wait, now)) {
       snap = MakeSnapshot(now, now);
+    } else if (!stop_holding_.ok()) {
+      stopping = stop_holding_;
     } else {
       ticket = next_ticket_++;
       waiters_[ticket] = Waiter{wait, now, deadline, std::move(done)};
@@ -360,8 +363,20 @@ uint64_t Shard::Pull(const PullWait& wait, absl::Time deadline, PullCallback don
   if (snap.has_value()) {
     if (metrics_.hold_seconds) metrics_.hold_seconds->Observe(0);
     done(std::move(*snap));
+  } else if (!stopping.ok()) {
+    done(stopping);
   }
   return ticket;
+}
+
+void Shard::StopHolding(absl::Status why) {
+  std::map<uint64_t, Waiter> held;
+  {
+    absl::MutexLock l(&mu_);
+    stop_holding_ = why;
+    held.swap(waiters_);
+  }
+  for (auto& [ticket, waiter] : held) waiter.done(why);
 }
 
 void Shard::CancelPull(uint64_t ticket) {

@@ -310,6 +310,12 @@ class Shard {
   // Invalid requests (a task the job does not have) get INVALID_ARGUMENT.
   uint64_t Pull(const PullWait& wait, absl::Time deadline, PullCallback done);
   void CancelPull(uint64_t ticket);
+  // The PS task is stopping (SIGTERM): answers every held pull with `why`
+  // (UNAVAILABLE, so a worker asks again and finds the restarted PS, instead
+  // of its step failing with the CANCELLED of a server shutting down), and
+  // from now on any pull that would be held gets `why` at once. A pull that
+  // can be served still is.
+  void StopHolding(absl::Status why);
   // Called periodically by the server: fails pulls whose deadline passed,
   // applies a sync step whose barrier timed out, and stops counting workers
   // silent for longer than the barrier timeout under bounded staleness.
@@ -549,6 +555,7 @@ class Shard {
   std::map<int, std::pair<uint64_t, PushResult>> last_push_ ABSL_GUARDED_BY(mu_);
   std::set<int> evaluators_left_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  absl::Status stop_holding_ ABSL_GUARDED_BY(mu_);  // StopHolding's `why`; OK until then
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::string read_only_reason_ ABSL_GUARDED_BY(mu_);  // "" = not read-only

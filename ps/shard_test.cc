@@ -181,6 +181,33 @@ TEST(ShardTest, PullDeadlineAndCancel) {
   EXPECT_EQ(code, absl::StatusCode::kCancelled);
 }
 
+TEST(ShardTest, StopHoldingAnswersHeldPullsAndLaterHoldsButStillServes) {
+  Fixture f(TrainingMode::kSync, 2, 2);
+  const absl::Status why = absl::UnavailableError("ps:0 is stopping");
+  absl::Status held_answer;
+  int held_calls = 0;
+  f.shard->Pull({0, 1, 0}, f.clock.Now() + absl::Seconds(30), [&](auto s) {
+    held_answer = s.status();
+    ++held_calls;
+  });
+  EXPECT_EQ(held_calls, 0);  // held at the barrier
+  f.shard->StopHolding(why);
+  EXPECT_EQ(held_calls, 1);
+  EXPECT_EQ(held_answer, why);
+  // A pull that would be held is answered at once with the same reason...
+  absl::Status later;
+  f.shard->Pull({1, 1, 0}, f.clock.Now() + absl::Seconds(30), [&](auto s) { later = s.status(); });
+  EXPECT_EQ(later, why);
+  // ...one that can be served is served, and nothing is answered twice.
+  bool served = false;
+  f.shard->Pull({1, 0, 0}, f.clock.Now() + absl::Seconds(30),
+                [&](auto s) { served = s.ok() && s->version == 0; });
+  EXPECT_TRUE(served);
+  f.clock.Advance(absl::Seconds(60));
+  f.shard->Tick(f.clock.Now());
+  EXPECT_EQ(held_calls, 1);
+}
+
 TEST(ShardTest, DoneAtTargetReleasesEveryoneAndIgnoresLatePushes) {
   Fixture f(TrainingMode::kSync, 1, 1, {}, /*target=*/2);
   ASSERT_TRUE(f.shard->Push({0, 0, 1}, f.Grads(1)).ok());

@@ -506,6 +506,31 @@ TEST_F(ServiceTest, APushPullPushesThenHoldsThePullAtTheBarrierAndARetryAppliesO
   EXPECT_EQ(service_->open_push_streams(), 0);  // a held pull is no push stream
 }
 
+TEST_F(ServiceTest, APsThatStopsAnswersAHeldFusedPullWithUnavailableNotCancelled) {
+  // Sync, two workers: worker 0's fused pull is held at the barrier when the
+  // PS task stops (PsTask::Serve calls StopHolding before the server's
+  // shutdown): the worker sees UNAVAILABLE, which PsClient asks again (the
+  // restarted PS), and its push stays answered.
+  PullAll();
+  const auto grads = Grads(0.5f);
+  v1::PullRequest pull;
+  pull.set_min_version(1);
+  pull.set_worker_clock(1);
+  pull.set_wait_timeout_ms(30000);
+  PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
+  std::thread step([&] {
+    answer = channel_->PushPull(Header(0, 0, /*push_id=*/9), ChunksOf(grads), {}, pull,
+                                [](const PulledChunk&) { return absl::OkStatus(); });
+  });
+  AwaitPushBytes(static_cast<double>(GradientBytes()));  // pushed; its pull is held
+  shard_->StopHolding(absl::UnavailableError("ps:0 is stopping"));
+  step.join();
+  ASSERT_TRUE(answer.push.ok()) << answer.push.status();
+  EXPECT_EQ(answer.pull.status().code(), absl::StatusCode::kUnavailable) << answer.pull.status();
+  EXPECT_NE(answer.pull.status().message().find("ps:0 is stopping"), std::string::npos)
+      << answer.pull.status();
+}
+
 TEST_F(ServiceTest, APushPullThatIsRefusedNeverPulls) {
   auto grads = Grads(0.5f);
   grads[0].pop_back();  // one element short
