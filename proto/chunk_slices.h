@@ -26,7 +26,7 @@ class ChunkSlices {
 
   // Valid after Parse returned true.
   absl::string_view part() const { return prefix_.part; }  // into this object
-  uint64_t offset() const { return prefix_.offset; }        // elements
+  uint64_t offset() const { return prefix_.offset; }       // elements
   uint64_t data_bytes() const { return prefix_.data_bytes; }
   // Copies the data_bytes() bytes of payload to `out`.
   void CopyData(char* out) const;

@@ -9,7 +9,8 @@ bool AddRawChunk(grpc::ByteBuffer* in, PushAssembler* assembler, absl::Status* s
   ChunkSlices chunk;
   if (!chunk.Parse(in)) return false;
   *data_bytes = chunk.data_bytes();
-  absl::StatusOr<char*> to = assembler->ReserveChunk(chunk.part(), chunk.offset(), chunk.data_bytes());
+  absl::StatusOr<char*> to =
+      assembler->ReserveChunk(chunk.part(), chunk.offset(), chunk.data_bytes());
   if (!to.ok()) {
     *status = to.status();
     return true;

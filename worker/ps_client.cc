@@ -238,7 +238,8 @@ ShardChannel::ChunkSink PsClient::PullSink(int s, Params* params) const {
     auto it = parts.find(c.part());
     const uint64_t bytes = c.data_bytes();
     const uint64_t n = bytes / 4;
-    const uint64_t elements = static_cast<uint64_t>(it == parts.end() ? 0 : it->second->num_elements());
+    const uint64_t elements =
+        static_cast<uint64_t>(it == parts.end() ? 0 : it->second->num_elements());
     if (it == parts.end() || bytes % 4 != 0 || c.offset() > elements || n > elements - c.offset()) {
       return absl::DataLossError(absl::StrCat("ps:", s, " sent a bad chunk of \"", c.part(), "\""));
     }
