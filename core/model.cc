@@ -467,7 +467,7 @@ Params Model::InitialParams(uint64_t seed) const {
 }
 
 RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uint64_t dropout_seed,
-                         Cache* cache) const {
+                         Cache* cache, const LayerHooks* hooks) const {
   const int batch = static_cast<int>(rows);
   RowMatrix current, col;
   std::vector<int32_t> argmax;
@@ -491,6 +491,13 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
       // stay in cache from layer to layer). The chunks, so the bits, are
       // those of the layers one by one.
       const size_t n = end - i;
+      if (hooks != nullptr) {
+        for (size_t k = i; k < end; ++k) {
+          if (ops_[k].kernel < 0) continue;
+          hooks->Await(ops_[k].kernel);
+          hooks->Await(ops_[k].bias);
+        }
+      }
       std::vector<RowMatrix> outs(n), cols(n);
       std::vector<std::vector<int32_t>> args(n);
       for (size_t k = 0; k < n; ++k) {
@@ -542,6 +549,10 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
     }
     RowMatrix out;
     RowMatrix* aux = cache != nullptr ? &cache->aux[i] : &col;
+    if (hooks != nullptr && op.kernel >= 0) {
+      hooks->Await(op.kernel);
+      hooks->Await(op.bias);
+    }
     const int64_t in_dim = NumElements(op.in);
     switch (op.layer.type) {
       case LayerType::kDense: {
@@ -609,6 +620,11 @@ float Model::LossAndGradients(const Params& params, const float* x, const int32_
 
 float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t dropout_seed,
                               Params* grads) const {
+  return LossAndGradients(params, data, dropout_seed, grads, nullptr);
+}
+
+float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t dropout_seed,
+                              Params* grads, const LayerHooks* hooks) const {
   assert(params.size() == variables_.size());
   grads->resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -617,6 +633,9 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
   const int batch = static_cast<int>(data.size);
   if (batch <= 0) {
     for (auto& g : *grads) std::fill(g.begin(), g.end(), 0.0f);
+    if (hooks != nullptr) {
+      for (int v : BackpropOrder()) hooks->Ready(v);
+    }
     return 0.0f;
   }
 
@@ -629,8 +648,8 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
   }
   RowMatrix deep;  // sparse: the deep tower's input
   RowMatrix logits =
-      sparse() ? ForwardSparse(params, data.x, batch, *lookups, dropout_seed, &cache, &deep)
-               : Forward(params, data.x, batch, dropout_seed, &cache);
+      sparse() ? ForwardSparse(params, data.x, batch, *lookups, dropout_seed, &cache, &deep, hooks)
+               : Forward(params, data.x, batch, dropout_seed, &cache, hooks);
   const float* input0 = sparse() ? deep.data() : data.x;
 
   // The head's loss; logits becomes d(loss)/d(logits).
@@ -730,8 +749,13 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
         break;
     }
     d = std::move(din);
+    // This layer's gradients are final and its kernel read for the last time.
+    if (hooks != nullptr && op.kernel >= 0) {
+      hooks->Ready(op.kernel);
+      hooks->Ready(op.bias);
+    }
   }
-  if (sparse()) SparseBackward(params, *lookups, d, d_logits, grads);
+  if (sparse()) SparseBackward(params, *lookups, d, d_logits, grads, hooks);
   return static_cast<float>(loss / batch);
 }
 

@@ -38,6 +38,7 @@
 #define KUBETRAIN_CORE_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -187,6 +188,28 @@ struct Batch {
   const SparseBatch* sparse = nullptr;
 };
 
+// Calls into a step as it computes, for a transport that overlaps it
+// (worker/ps_client.h, StartPushPull): the values of a variable can arrive
+// while earlier layers already compute, its gradient can leave while
+// backprop goes on. Either may be empty. Called on the thread that called
+// LossAndGradients, never from the pool's threads.
+struct LayerHooks {
+  // Before the forward pass first reads params[v] (embedding tables, then
+  // the layers in order, then the wide part): returns when they are final.
+  std::function<void(int variable)> await_params;
+  // Right after grads[v] is final and params[v] is read no more in this
+  // step, in Model::BackpropOrder(): the layers' from the last to the first
+  // (kernel, then bias), then the tables in order, then the wide bias.
+  std::function<void(int variable)> gradient_ready;
+
+  void Await(int variable) const {
+    if (await_params) await_params(variable);
+  }
+  void Ready(int variable) const {
+    if (gradient_ready) gradient_ready(variable);
+  }
+};
+
 // Test-set figures per head: softmax accuracy and log loss (and AUC of class
 // 1 with two classes); sigmoid accuracy (p >= 0.5), AUC and log loss;
 // meanSquaredError RMSE. `loss` is the head's mean loss.
@@ -258,6 +281,12 @@ class Model {
   // head needs.
   float LossAndGradients(const Params& params, const Batch& batch, uint64_t dropout_seed,
                          Params* grads) const;
+  // The same, calling `hooks` (null: none) as it goes; the same bits.
+  float LossAndGradients(const Params& params, const Batch& batch, uint64_t dropout_seed,
+                         Params* grads, const LayerHooks* hooks) const;
+  // Every variable once, in the order LossAndGradients finishes their
+  // gradients (LayerHooks::gradient_ready).
+  std::vector<int> BackpropOrder() const;
   // Classification shorthand of the above (dropout seed 0).
   float LossAndGradients(const Params& params, const float* x, const int32_t* y, int batch,
                          Params* grads) const;
@@ -286,17 +315,18 @@ class Model {
   // Runs the layers on `rows` examples; returns the head's input.
   // With `cache`, keeps what Backward needs and applies dropout.
   RowMatrix Forward(const Params& params, const float* x, int64_t rows, uint64_t dropout_seed,
-                    Cache* cache) const;
+                    Cache* cache, const LayerHooks* hooks = nullptr) const;
   // Forward over rows of dense features x: builds the deep tower's input
   // (dense features, then the combined embeddings) into *deep and adds the
   // wide logit. `lookups` index into params of the tables.
   RowMatrix ForwardSparse(const Params& params, const float* x, int64_t rows,
                           const SparseBatch& lookups, uint64_t dropout_seed, Cache* cache,
-                          RowMatrix* deep) const;
+                          RowMatrix* deep, const LayerHooks* hooks = nullptr) const;
   // d(loss)/d(table rows, wide bias) from d(loss)/d(deep input) and
   // d(loss)/d(logit).
   void SparseBackward(const Params& params, const SparseBatch& lookups, const RowMatrix& d_deep,
-                      const RowMatrix& d_logits, Params* grads) const;
+                      const RowMatrix& d_logits, Params* grads,
+                      const LayerHooks* hooks = nullptr) const;
   // Position in sparse_inputs of a column, -1 if none.
   int SparseInputIndex(const std::string& column) const;
 

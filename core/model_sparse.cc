@@ -172,7 +172,12 @@ constexpr int64_t kMinParallelWork = int64_t{1} << 15;
 // falls in, so a split by examples gives the same bits with any pool.
 RowMatrix Model::ForwardSparse(const Params& params, const float* x, int64_t rows,
                                const SparseBatch& lookups, uint64_t dropout_seed, Cache* cache,
-                               RowMatrix* deep) const {
+                               RowMatrix* deep, const LayerHooks* hooks) const {
+  if (hooks != nullptr) {
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      if (table_uses_[t].embedding >= 0) hooks->Await(tables_[t]);
+    }
+  }
   deep->setZero(rows, input_shape_[0]);
   int64_t work = rows * deep->cols();
   for (size_t t = 0; t < tables_.size(); ++t) {
@@ -208,8 +213,14 @@ RowMatrix Model::ForwardSparse(const Params& params, const float* x, int64_t row
     }
   };
   ParallelFor(pool, rows, gather);
-  RowMatrix z = Forward(params, deep->data(), rows, dropout_seed, cache);
+  RowMatrix z = Forward(params, deep->data(), rows, dropout_seed, cache, hooks);
   if (wide_bias_ >= 0) {
+    if (hooks != nullptr) {
+      for (size_t t = 0; t < tables_.size(); ++t) {
+        if (table_uses_[t].embedding < 0) hooks->Await(tables_[t]);
+      }
+      hooks->Await(wide_bias_);
+    }
     ParallelFor(pool, rows, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         float w = params[wide_bias_][0];
@@ -235,8 +246,8 @@ RowMatrix Model::ForwardSparse(const Params& params, const float* x, int64_t row
 // and adds only into its own rows. Every row gets the same terms in the
 // same order as on one thread: the same bits with any pool.
 void Model::SparseBackward(const Params& params, const SparseBatch& lookups,
-                           const RowMatrix& d_deep, const RowMatrix& d_logits,
-                           Params* grads) const {
+                           const RowMatrix& d_deep, const RowMatrix& d_logits, Params* grads,
+                           const LayerHooks* hooks) const {
   const int64_t rows = d_logits.rows();
   int64_t col = dense_dim_;
   for (size_t t = 0; t < tables_.size(); ++t) {
@@ -293,11 +304,25 @@ void Model::SparseBackward(const Params& params, const SparseBatch& lookups,
         pool->ParallelFor(table_rows, scatter);
       }
     }
+    if (hooks != nullptr) hooks->Ready(tables_[t]);
   }
   if (wide_bias_ >= 0) {
     (*grads)[wide_bias_].resize(1);
     ColumnSums(d_logits.data(), rows, 1, (*grads)[wide_bias_].data());
+    if (hooks != nullptr) hooks->Ready(wide_bias_);
   }
+}
+
+std::vector<int> Model::BackpropOrder() const {
+  std::vector<int> order;
+  for (auto op = ops_.rbegin(); op != ops_.rend(); ++op) {
+    if (op->kernel < 0) continue;
+    order.push_back(op->kernel);
+    order.push_back(op->bias);
+  }
+  order.insert(order.end(), tables_.begin(), tables_.end());
+  if (wide_bias_ >= 0) order.push_back(wide_bias_);
+  return order;
 }
 
 }  // namespace kubetrain
