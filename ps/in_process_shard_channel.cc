@@ -77,10 +77,12 @@ class InProcessPs::Channel final : public ShardChannel {
     PushAssembler assembler(shard.get());
     if (absl::Status s = assembler.SetHeader(header); !s.ok()) return s;
     for (const ChunkRef& c : chunks) {
+      if (absl::Status s = AwaitRef(c); !s.ok()) return s;
       absl::string_view data(reinterpret_cast<const char*>(c.data), c.count * sizeof(float));
       if (absl::Status s = assembler.AddChunk(*c.part, c.offset, data); !s.ok()) return s;
     }
     for (const SparseRef& r : sparse) {
+      if (absl::Status s = AwaitRef(r); !s.ok()) return s;
       absl::string_view data(reinterpret_cast<const char*>(r.data), r.count * r.dim * 4);
       if (absl::Status s = assembler.AddSparse(*r.table, r.ids, r.count, data); !s.ok()) return s;
     }

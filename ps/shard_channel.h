@@ -28,12 +28,20 @@
 
 namespace kubetrain {
 
+// When set, a channel calls (*ready)() right before it first reads a ref's
+// data, and only then: it returns once the data are final (an overlapped
+// push, whose gradients are still being computed as it is sent; worker/
+// ps_client.h, StartPushPull). An error abandons the push, never applied,
+// with that error. Retries call it again (it returns at once by then).
+using RefReady = std::function<absl::Status()>;
+
 // A contiguous run of float32 elements of one part (not owned).
 struct ChunkRef {
   const std::string* part;
   uint64_t offset;  // elements
   const float* data;
   uint64_t count;  // elements
+  const RefReady* ready = nullptr;
 };
 
 // Gradient rows of one embedding table (not owned): `count` ids and
@@ -44,7 +52,14 @@ struct SparseRef {
   uint64_t count;
   const float* data;
   uint64_t dim;
+  const RefReady* ready = nullptr;
 };
+
+// (*ref.ready)() if set, else OK.
+template <typename Ref>
+absl::Status AwaitRef(const Ref& ref) {
+  return ref.ready != nullptr ? (*ref.ready)() : absl::OkStatus();
+}
 
 // One pulled chunk as a channel received it: `data_bytes()` bytes of
 // little-endian float32 for elements [offset, offset + data_bytes / 4) of

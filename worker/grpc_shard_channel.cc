@@ -198,8 +198,11 @@ class GrpcShardChannel final : public ShardChannel {
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
         grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), kPush, &ctx,
                                                                       &answer));
-    if (WritePush(header, chunks, sparse, writer.get())) writer->WritesDone();
+    absl::Status unready;
+    if (WritePush(header, chunks, sparse, writer.get(), &unready)) writer->WritesDone();
+    if (!unready.ok()) ctx.TryCancel();  // the PS abandons the push
     auto s = writer->Finish();
+    if (!unready.ok()) return unready;
     if (!s.ok()) return Annotate(s);
     v1::PushResponse resp;
     if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::PushResponse>(&answer, &resp).ok()) {
@@ -226,7 +229,13 @@ class GrpcShardChannel final : public ShardChannel {
             channel_.get(), kPushPull, &ctx));
     v1::PushRequest::Header with_pull = header;
     *with_pull.mutable_pull() = pull;
-    if (WritePush(with_pull, chunks, sparse, stream.get())) stream->WritesDone();
+    absl::Status unready;
+    if (WritePush(with_pull, chunks, sparse, stream.get(), &unready)) stream->WritesDone();
+    if (!unready.ok()) {
+      ctx.TryCancel();  // the PS abandons the push
+      stream->Finish();
+      return {unready, unready};
+    }
     PulledAnswers answers(absl::StrCat("push-pull with ", address_));
     grpc::ByteBuffer in;
     while (stream->Read(&in)) {
@@ -312,15 +321,20 @@ class GrpcShardChannel final : public ShardChannel {
  private:
   // Writes a push's messages: the header, each chunk raw (its floats a
   // slice of their own, not copied into a protobuf string; core/push_wire.h),
-  // the sparse rows as protobuf. False once the stream is broken.
+  // the sparse rows as protobuf, each once its data are ready (AwaitRef).
+  // False once the stream is broken or a ref's data will never be ready
+  // (then *unready says why).
   template <typename Writer>
   static bool WritePush(const v1::PushRequest::Header& header, const std::vector<ChunkRef>& chunks,
-                        const std::vector<SparseRef>& sparse, Writer* writer) {
+                        const std::vector<SparseRef>& sparse, Writer* writer,
+                        absl::Status* unready) {
     v1::PushRequest msg;
     *msg.mutable_header() = header;
     bool ok = writer->Write(Serialize(msg));
     std::string prefix;
     for (size_t i = 0; ok && i < chunks.size(); ++i) {
+      *unready = AwaitRef(chunks[i]);
+      if (!unready->ok()) return false;
       const uint64_t bytes = chunks[i].count * sizeof(float);
       prefix.clear();
       AppendChunkPrefix(*chunks[i].part, chunks[i].offset, bytes, &prefix);
@@ -331,6 +345,8 @@ class GrpcShardChannel final : public ShardChannel {
       ok = writer->Write(grpc::ByteBuffer(slices, bytes > 0 ? 2 : 1));
     }
     for (size_t i = 0; ok && i < sparse.size(); ++i) {
+      *unready = AwaitRef(sparse[i]);
+      if (!unready->ok()) return false;
       msg.Clear();
       auto* r = msg.mutable_sparse();
       r->set_table(*sparse[i].table);

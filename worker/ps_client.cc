@@ -528,29 +528,32 @@ absl::Status PsClient::ListRows(int table, const RowsPage& page) {
 
 absl::Status PsClient::SplitSparse(const Params& grads, const TableIds& ids,
                                    SparseGradients* out) const {
+  if (absl::Status s = PlanSparse(ids, out); !s.ok()) return s;
+  for (int s = 0; s < static_cast<int>(channels_.size()); ++s) {
+    if (absl::Status st = FillSparse(s, grads, ids, out); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::PlanSparse(const TableIds& ids, SparseGradients* out) const {
   const auto& tables = placement_->tables;
   if (ids.size() != tables.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("ids for ", ids.size(), " tables, the model has ", tables.size()));
   }
   const int shards = static_cast<int>(channels_.size());
-  // Per shard and table: the ids it holds and their gradient rows, copied
-  // contiguous (one message each).
+  // Per shard and table: the ids it holds and room for their gradient rows,
+  // contiguous (one message each), filled by FillSparse.
   out->ids.assign(shards, std::vector<std::vector<uint64_t>>(tables.size()));
   out->rows.assign(shards, std::vector<std::vector<float>>(tables.size()));
+  out->positions.assign(shards, std::vector<std::vector<size_t>>(tables.size()));
   for (size_t t = 0; t < tables.size(); ++t) {
-    const int64_t dim = tables[t].dim;
-    const std::vector<float>& g = grads[tables[t].variable];
-    if (g.size() != ids[t].size() * dim) {
-      return absl::InvalidArgumentError(absl::StrCat("gradient of table ", tables[t].name, " has ",
-                                                     g.size(), " values for ", ids[t].size(),
-                                                     " ids of dim ", dim));
-    }
     for (size_t i = 0; i < ids[t].size(); ++i) {
       const int s = TableShardOfRow(ids[t][i], shards);
       out->ids[s][t].push_back(static_cast<uint64_t>(ids[t][i]));
-      out->rows[s][t].insert(out->rows[s][t].end(), g.begin() + i * dim, g.begin() + (i + 1) * dim);
+      out->positions[s][t].push_back(i);
     }
+    for (int s = 0; s < shards; ++s) out->rows[s][t].resize(out->ids[s][t].size() * tables[t].dim);
   }
   out->refs.assign(shards, {});
   for (int s = 0; s < shards; ++s) {
@@ -563,6 +566,26 @@ absl::Status PsClient::SplitSparse(const Params& grads, const TableIds& ids,
         out->refs[s].push_back(
             {&tables[t].name, out->ids[s][t].data() + i, n, out->rows[s][t].data() + i * dim, dim});
       }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::FillSparse(int s, const Params& grads, const TableIds& ids,
+                                  SparseGradients* out) const {
+  const auto& tables = placement_->tables;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const int64_t dim = tables[t].dim;
+    const std::vector<float>& g = grads[tables[t].variable];
+    if (g.size() != ids[t].size() * dim) {
+      return absl::InvalidArgumentError(absl::StrCat("gradient of table ", tables[t].name, " has ",
+                                                     g.size(), " values for ", ids[t].size(),
+                                                     " ids of dim ", dim));
+    }
+    float* to = out->rows[s][t].data();
+    for (size_t i : out->positions[s][t]) {
+      std::copy(g.begin() + i * dim, g.begin() + (i + 1) * dim, to);
+      to += dim;
     }
   }
   return absl::OkStatus();
@@ -650,70 +673,6 @@ absl::StatusOr<PsClient::PushResult> PsClient::PushImpl(
   if (metrics_.push_seconds)
     metrics_.push_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
   return SumPushes(responses);
-}
-
-absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
-    const Params& grads, int64_t worker_clock, const TableIds& ids, bool next_version,
-    const std::vector<VariableSpec>& variables, Params* params) {
-  if (absl::Status s = RequireWorker(); !s.ok()) return s;
-  SparseGradients sparse;
-  if (absl::Status s = SplitSparse(grads, ids, &sparse); !s.ok()) return s;
-  ResizeParams(variables, params);
-  std::vector<v1::PushResponse> responses(channels_.size());
-  std::vector<v1::PullResponse::Header> headers(channels_.size());
-  std::vector<ShardRestart> restarts(channels_.size());
-  const uint64_t push_id = next_push_id_++;
-  absl::Time start = clock_->Now();
-  absl::Status st = ForEachShard([&](int s) {
-    std::vector<ChunkRef> chunks;
-    uint64_t bytes = 0;
-    const v1::PushRequest::Header h =
-        NewPushHeader(s, grads, worker_clock, push_id, &chunks, &bytes);
-    // Both halves are tagged with what the last pull saw, as Push then
-    // Pull(next_version) would be.
-    const v1::PullRequest req = NewPullRequest(s, next_version ? shards_[s].version + 1 : 0,
-                                               worker_clock, options_.hold_timeout);
-    const ShardChannel::ChunkSink sink = PullSink(s, params);
-    PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
-    // Until the push is answered, the whole call is retried with the same
-    // push id: a shard that applied it answers the repeat without applying
-    // it again; one that restarted meanwhile drops it (another incarnation).
-    bool unfused = false;  // a PS from before PushPull: its Push, then its Pull
-    absl::Status rs = WithRetry("push-pull", s, [&] {
-      answer = channels_[s]->PushPull(h, chunks, sparse.refs[s], req, sink);
-      if (absl::IsUnimplemented(answer.push.status())) {
-        unfused = true;
-        answer.push = channels_[s]->Push(h, chunks, sparse.refs[s]);
-      }
-      return answer.push.status();
-    });
-    if (!rs.ok()) return rs;
-    if (unfused) return PullShard(s, req, sink, /*reask=*/true, &headers[s], &restarts[s]);
-    responses[s] = *answer.push;
-    CountPushBytes(bytes, sparse.refs[s]);
-    if (answer.pull.ok()) {
-      headers[s] = *answer.pull;
-      restarts[s] =
-          Observe(s, answer.pull->incarnation(), answer.pull->version(), answer.pull->done());
-      return absl::OkStatus();
-    }
-    // The push is done; only the pull is left, asked again alone (a PS that
-    // restarted during the hold answers it at once, with its new incarnation).
-    const absl::Status& failed = answer.pull.status();
-    if (failed.code() != absl::StatusCode::kUnavailable &&
-        failed.code() != absl::StatusCode::kResourceExhausted &&
-        failed.code() != absl::StatusCode::kDeadlineExceeded) {
-      return failed;
-    }
-    if (cancelled_) return absl::CancelledError(absl::StrCat("pull from ps:", s, " cancelled"));
-    Log(TaskName(), " pull from ps:", s, " failed after its push was answered (", failed.message(),
-        "); asking for it again");
-    return PullShard(s, req, sink, /*reask=*/true, &headers[s], &restarts[s]);
-  });
-  if (!st.ok()) return st;
-  if (metrics_.push_pull_seconds)
-    metrics_.push_pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
-  return PushPullResult{SumPushes(responses), SumPulls(headers, restarts)};
 }
 
 absl::Status PsClient::Leave() {

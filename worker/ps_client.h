@@ -157,6 +157,29 @@ class PsClient {
                                           const TableIds& ids, bool next_version,
                                           const std::vector<VariableSpec>& variables,
                                           Params* params);
+  // PushPull overlapped with the computation of `grads` (--overlap_layers,
+  // worker/ps_client_fused.cc): starts the fused step on threads of the
+  // client's own and returns. Each shard's push sends its variables in
+  // `backprop_order` (Model::BackpropOrder), each as soon as
+  // GradientReady(variable) says it is final (the PS takes a push's parts in
+  // any order and still applies the push whole or not at all), the table
+  // rows once every table's gradient is. FinishPushPull then waits and
+  // returns what PushPull would: the same pushes (one id, every retry),
+  // the same pull (asked again alone after a failure), the same fallback
+  // and accounting; only sooner.
+  // REQUIRES: grads already has the step's layout (dense variables whole,
+  // tables ids[t].size() x dim; LossAndGradients keeps the buffers), and
+  // params its tables' rows (PullRows). Until FinishPushPull: no call on the
+  // client but GradientReady and Cancel; grads[v] is not written after
+  // GradientReady(v) nor params[v] read (a shard's pull may be writing it).
+  absl::Status StartPushPull(const Params& grads, int64_t worker_clock, const TableIds& ids,
+                             bool next_version, const std::vector<VariableSpec>& variables,
+                             Params* params, const std::vector<int>& backprop_order);
+  // grads[variable] of the started step is final. Thread-safe.
+  void GradientReady(int variable);
+  // Waits for the started step. A variable never made ready abandons the
+  // push (never applied; FAILED_PRECONDITION).
+  absl::StatusOr<PushPullResult> FinishPushPull();
   // params of each table = the current rows of its `ids`, in order (no hold).
   // A worker's pull creates the missing rows of dynamic tables (see
   // ps/shard.h); with `read_only` (or from a reader) they read as their
@@ -192,6 +215,7 @@ class PsClient {
 
  private:
   class Lanes;
+  class Overlap;
   // Per-shard state from the last pull; each element is written only by the
   // thread serving that shard.
   struct ShardState {
@@ -214,11 +238,17 @@ class PsClient {
   // The gradient rows of the tables' ids, split by the shard holding them
   // (refs[s] points into ids and rows).
   struct SparseGradients {
-    std::vector<std::vector<std::vector<uint64_t>>> ids;  // [shard][table]
-    std::vector<std::vector<std::vector<float>>> rows;    // [shard][table]
-    std::vector<std::vector<SparseRef>> refs;             // [shard]
+    std::vector<std::vector<std::vector<uint64_t>>> ids;     // [shard][table]
+    std::vector<std::vector<std::vector<float>>> rows;       // [shard][table]
+    std::vector<std::vector<std::vector<size_t>>> positions;  // [shard][table]: in ids[t]
+    std::vector<std::vector<SparseRef>> refs;                // [shard]
   };
   absl::Status SplitSparse(const Params& grads, const TableIds& ids, SparseGradients* out) const;
+  // SplitSparse in two: the ids by shard and room for their rows (refs
+  // final), then shard s's rows copied in from `grads`.
+  absl::Status PlanSparse(const TableIds& ids, SparseGradients* out) const;
+  absl::Status FillSparse(int s, const Params& grads, const TableIds& ids,
+                          SparseGradients* out) const;
   // Shard s's push header for `grads`, and its dense chunks (*bytes of them).
   v1::PushRequest::Header NewPushHeader(int s, const Params& grads, int64_t worker_clock,
                                         uint64_t push_id, std::vector<ChunkRef>* chunks,
@@ -241,6 +271,14 @@ class PsClient {
   // let go of if `reask`), then Observe.
   absl::Status PullShard(int s, const v1::PullRequest& req, const ShardChannel::ChunkSink& sink,
                          bool reask, v1::PullResponse::Header* header, ShardRestart* restart);
+  // Shard s's half of a fused step (PushPull): until the push is answered,
+  // the call is retried whole with its push id; then the pull alone.
+  absl::Status PushPullShard(int s, const v1::PushRequest::Header& h,
+                             const std::vector<ChunkRef>& chunks,
+                             const std::vector<SparseRef>& sparse, uint64_t bytes,
+                             const v1::PullRequest& req, const ShardChannel::ChunkSink& sink,
+                             v1::PushResponse* response, v1::PullResponse::Header* header,
+                             ShardRestart* restart);
   static PullResult SumPulls(const std::vector<v1::PullResponse::Header>& headers,
                              const std::vector<ShardRestart>& restarts);
   ShardRestart Observe(int s, int64_t incarnation, int64_t version, bool done);
@@ -264,6 +302,12 @@ class PsClient {
   std::vector<std::vector<const PartPlacement*>> shard_parts_;
   std::vector<absl::flat_hash_map<std::string, const PartPlacement*>> parts_by_name_;
   std::unique_ptr<Lanes> lanes_;
+  // The overlapped step (StartPushPull); created by the first. (Deleted in
+  // ps_client_fused.cc, where Overlap is defined.)
+  struct OverlapDeleter {
+    void operator()(Overlap* o) const;
+  };
+  std::unique_ptr<Overlap, OverlapDeleter> overlap_;
 
   std::atomic<bool> cancelled_{false};
   // The calling thread's (see the class comment).

@@ -140,6 +140,10 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   // The values of the next step, pulled by the last step's fused PushPull;
   // empty before the first step (a plain Pull).
   std::optional<PsClient::PullResult> prefetched;
+  // --overlap_layers: the model tells the client as each gradient is final.
+  const std::vector<int> backprop_order = model.BackpropOrder();
+  LayerHooks hooks;
+  hooks.gradient_ready = [client](int v) { client->GradientReady(v); };
   while (true) {
     if (client->cancelled()) return absl::CancelledError("training stopped");
     absl::StatusOr<PsClient::PullResult> pulled =
@@ -193,17 +197,36 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
         metrics.unique_ids->Observe(static_cast<double>(n));
       }
     }
-    float loss = model.LossAndGradients(params, batch, dropout_seed, &grads);
+    // One round trip: this step's gradient out and the next step's values
+    // back, once the shard lets this worker go on (the sync barrier, the
+    // staleness bound): what Push then Pull(sync) did, in the same order.
+    // Overlapped, it starts before the gradient is computed and sends each
+    // variable's as backprop finishes it.
+    absl::StatusOr<PsClient::PushPullResult> step;
+    float loss = 0;
+    if (options.overlap_layers) {
+      // Sized as the step leaves them (its buffers, so the push can point into them now).
+      grads.resize(params.size());
+      for (size_t v = 0; v < params.size(); ++v) grads[v].resize(params[v].size());
+      if (absl::Status s =
+              client->StartPushPull(grads, result.local_steps + 1, table_ids,
+                                    /*next_version=*/sync, model.variables(), &params,
+                                    backprop_order);
+          !s.ok()) {
+        return s;
+      }
+      loss = model.LossAndGradients(params, batch, dropout_seed, &grads, &hooks);
+    } else {
+      loss = model.LossAndGradients(params, batch, dropout_seed, &grads);
+    }
     if (metrics.compute_seconds)
       metrics.compute_seconds->Observe(absl::ToDoubleSeconds(clock->Now() - t0));
     recent_losses.push_back(loss);
     if (recent_losses.size() > 50) recent_losses.pop_front();
-
-    // One round trip: this step's gradient out and the next step's values
-    // back, once the shard lets this worker go on (the sync barrier, the
-    // staleness bound): what Push then Pull(sync) did, in the same order.
-    auto step = client->PushPull(grads, result.local_steps + 1, table_ids,
-                                 /*next_version=*/sync, model.variables(), &params);
+    step = options.overlap_layers ? client->FinishPushPull()
+                                  : client->PushPull(grads, result.local_steps + 1, table_ids,
+                                                     /*next_version=*/sync, model.variables(),
+                                                     &params);
     if (!step.ok()) return step.status();
     const PsClient::PushResult* push = &step->push;
     prefetched = step->pull;

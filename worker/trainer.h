@@ -87,6 +87,11 @@ struct TrainerOptions {
   bool is_chief = false;  // Train: worker 0 of a job without a Chief replica
   absl::Duration progress_interval = absl::Seconds(1);
   absl::Duration step_delay = absl::ZeroDuration();  // simulated straggler
+  // Overlap each step's fused push-pull with its backprop (PsClient::
+  // StartPushPull): a variable's gradient is sent as soon as it is final,
+  // last layer first. The same pushes and pulls, so the same bits in sync
+  // mode; the next step starts once the whole pull is in.
+  bool overlap_layers = false;
   std::string export_model;  // chief: write the final model file here (empty: don't)
   ExportPolicy export_policy;
 };

@@ -29,6 +29,9 @@ void WorkerFlags::Register(FlagParser* parser) {
   parser->Int("step_delay_ms", &step_delay_ms_,
               "sleep this long before every step: makes this worker a straggler (for experiments "
               "and tests)");
+  parser->Bool("overlap_layers", &task.overlap_layers,
+               "overlap the fused push-pull with the step: each variable's gradient leaves as soon "
+               "as backprop produces it, last layer first (the same pushes, the same bits)");
   parser->String("export_from_ps", &export_from_ps,
                  "be the exporter: pull the whole model from these PS tasks (host:port of ps:0, "
                  "ps:1, ... comma-separated) and write it to --export_model");
