@@ -95,7 +95,10 @@ absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
 class PsClient::Overlap {
  public:
   Overlap() : thread_([this] { Loop(); }) {}
+  // A step still running has its closed gates opened with an error (its
+  // push abandoned), so the thread can end.
   ~Overlap() {
+    Abandon(absl::CancelledError("the client was destroyed during an overlapped step"));
     {
       absl::MutexLock l(&mu_);
       stop_ = true;
@@ -266,6 +269,8 @@ absl::Status PsClient::StartPushPull(const Params& grads, int64_t worker_clock,
       o.sparse_filled[s] = true;
       return absl::OkStatus();
     });
+  }
+  for (int s = 0; s < shards; ++s) {  // once await_sparse holds them all (no more moves)
     for (SparseRef& r : o.sparse.refs[s]) r.ready = &o.await_sparse[s];
   }
   const uint64_t push_id = next_push_id_++;

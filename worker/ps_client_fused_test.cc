@@ -55,11 +55,11 @@ class WatchesPush : public ShardChannelWrapper {
     }
     return ShardChannelWrapper::PushPull(header, watched, sparse, pull, sink);
   }
-  // Waits until `n` chunks were read; returns the parts read.
+  // Waits until `n` chunks were read, or (a failure) 20 s; returns the parts read.
   std::vector<std::string> AwaitRead(size_t n) {
     absl::MutexLock l(&mu_);
     auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return read_.size() >= n; };
-    mu_.Await(absl::Condition(&enough));
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(20));
     return read_;
   }
 
