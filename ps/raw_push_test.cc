@@ -110,6 +110,62 @@ TEST_F(RawPushTest, AppliesWhatProtobufWouldInAnySlicing) {
   }
 }
 
+// An overlapped push (worker/ps_client.h, StartPushPull) sends its parts in
+// backprop order, the last layer's first: the PS takes the parts in any
+// order, each part's chunks in order, and applies what an in-order push
+// would.
+TEST_F(RawPushTest, TakesThePartsOfAPushInAnyOrderEachPartsChunksInOrder) {
+  std::unique_ptr<Shard> raw = MakeShard(), parsed = MakeShard();
+  PushAssembler a(raw.get()), b(parsed.get());
+  Start(&a);
+  Start(&b);
+  std::vector<std::vector<float>> grads;
+  for (const PartPlacement& p : raw->parts()) {
+    std::vector<float> g(p.num_elements());
+    for (size_t i = 0; i < g.size(); ++i) g[i] = 1e-3f * static_cast<float>(i % 89) - 0.04f;
+    grads.push_back(std::move(g));
+  }
+  ASSERT_GE(grads.size(), 4u);
+  auto add = [&](PushAssembler* to, bool raw_path, size_t part) {
+    const std::vector<float>& g = grads[part];
+    const size_t half = g.size() / 2;
+    for (size_t from : {size_t{0}, half}) {
+      const std::string wire =
+          Chunk(raw->parts()[part].name, from, g.data() + from, from == 0 ? half : g.size() - half);
+      if (raw_path) {
+        grpc::ByteBuffer in = Sliced(wire, 5);
+        absl::Status s;
+        uint64_t bytes = 0;
+        ASSERT_TRUE(AddRawChunk(&in, to, &s, &bytes));
+        ASSERT_TRUE(s.ok()) << s;
+      } else {
+        v1::PushRequest msg;
+        ASSERT_TRUE(msg.ParseFromString(wire));
+        ASSERT_TRUE(to->Add(msg).ok());
+      }
+    }
+  };
+  for (size_t part = grads.size(); part-- > 0;) add(&a, true, part);  // last part first
+  for (size_t part = 0; part < grads.size(); ++part) add(&b, false, part);
+  const std::string before = Values(raw.get());
+  ASSERT_TRUE(a.Finish().ok());
+  ASSERT_TRUE(b.Finish().ok());
+  EXPECT_NE(Values(raw.get()), before);
+  EXPECT_EQ(Values(raw.get()), Values(parsed.get()));
+
+  // A part's chunks out of order are refused (its elements must follow).
+  std::unique_ptr<Shard> other = MakeShard();
+  PushAssembler c(other.get());
+  Start(&c);
+  const std::vector<float>& g = grads[0];
+  const size_t half = g.size() / 2;
+  grpc::ByteBuffer in = Sliced(Chunk(other->parts()[0].name, half, g.data() + half, half), 5);
+  absl::Status s;
+  uint64_t bytes = 0;
+  ASSERT_TRUE(AddRawChunk(&in, &c, &s, &bytes));
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+}
+
 TEST_F(RawPushTest, LeavesOtherMessagesToProtobuf) {
   std::unique_ptr<Shard> shard = MakeShard();
   PushAssembler a(shard.get());

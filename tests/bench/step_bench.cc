@@ -8,6 +8,11 @@
 //                per step batch -> LossAndGradients -> PushPull(grad, v: the
 //                push, then the pull held until version v + 1), one RPC.
 //                pull_ms is 0 (no pull of its own) and push_ms the PushPull.
+//                With --overlap_layers, the PushPull is started before the
+//                step computes and sends each variable's gradient as backprop
+//                finishes it (PsClient::StartPushPull): compute_ms is then the
+//                step's computation with the push going out, push_ms the wait
+//                for the rest of the round trip after it.
 // Same model (mlp 784-256-128-10, or with --model_mib=N an mlp 784-h-h-10
 // whose h makes the dense parameters ~N MiB), optimizer (adam), batch (128),
 // real Fashion-MNIST, same initial values. Medians over --steps steps after
@@ -50,6 +55,7 @@ struct Flags {
   int64_t rtt_calls = 200;
   int64_t ps = 1;
   bool keep_temp = false;
+  bool overlap_layers = false;
 };
 
 // Floats of an mlp 784-h-h-10: 784h + h + h*h + h + 10h + 10.
@@ -197,9 +203,9 @@ int Run(const Flags& f) {
   const std::string shape = absl::StrCat("784-", absl::StrJoin(HiddenUnits(f), "-"), "-10");
   std::printf(
       "step benchmark: mlp %s (%lld bytes = %.3f MiB), adam, batch %d, sync, %d PS + 1 "
-      "worker; %d steps after %d warm-up\n",
+      "worker; %d steps after %d warm-up%s\n",
       shape.c_str(), static_cast<long long>(model_bytes), model_bytes / 1048576.0, batch, num_ps,
-      steps, warmup);
+      steps, warmup, f.overlap_layers ? "; push-pull overlapped by layer" : "");
   std::fflush(stdout);
 
   // Local: one process, no RPC.
@@ -260,15 +266,35 @@ int Run(const Flags& f) {
     const TableIds no_tables(config->placement.tables.size());
     auto first = client.Pull(/*next_version=*/false, 0, model.variables(), &params);
     if (!first.ok()) return Fail("pull: ", first.status());
+    const std::vector<int> backprop_order = model.BackpropOrder();
+    LayerHooks hooks;
+    hooks.gradient_ready = [&client](int v) { client.GradientReady(v); };
     for (int i = 0; i < total; ++i) {
       const double t1 = NowSeconds();
       if (auto s = batcher.Next(batch, &x, &y); !s.ok()) return Fail("data: ", s);
-      float loss = model.LossAndGradients(params, x.data(), y.data(), batch, &grads);
+      float loss = 0;
+      if (f.overlap_layers) {
+        grads.resize(params.size());
+        for (size_t v = 0; v < params.size(); ++v) grads[v].resize(params[v].size());
+        if (auto s = client.StartPushPull(grads, i + 1, no_tables, /*next_version=*/true,
+                                          model.variables(), &params, backprop_order);
+            !s.ok()) {
+          return Fail("push-pull: ", s);
+        }
+        Batch b;
+        b.x = x.data();
+        b.labels = y.data();
+        b.size = batch;
+        loss = model.LossAndGradients(params, b, 0, &grads, &hooks);
+      } else {
+        loss = model.LossAndGradients(params, x.data(), y.data(), batch, &grads);
+      }
       const double t2 = NowSeconds();
       // The push, then the sync barrier: the pull is held until the version
       // passes the one last pulled.
-      auto step = client.PushPull(grads, i + 1, no_tables, /*next_version=*/true, model.variables(),
-                                  &params);
+      auto step = f.overlap_layers ? client.FinishPushPull()
+                                   : client.PushPull(grads, i + 1, no_tables, /*next_version=*/true,
+                                                     model.variables(), &params);
       if (!step.ok()) return Fail("push-pull: ", step.status());
       const double t3 = NowSeconds();
       if (step->push.dropped) {
@@ -358,14 +384,14 @@ int Run(const Flags& f) {
       "local_ms=%.3f distributed_ms=%.3f ratio=%.2f pull_ms=%.3f push_ms=%.3f rtt_us=%.0f "
       "steps=%d compute_ms=%.3f local_compute_ms=%.3f local_apply_ms=%.3f hold_ms=%.3f "
       "model_bytes=%lld ps=%d tcp_ms=%.3f tcp_gbps=%.2f step_vs_tcp=%.2f comm_vs_tcp=%.2f "
-      "hidden=%lld\n",
+      "hidden=%lld overlap_layers=%d\n",
       local_ms, dist_ms, local_ms > 0 ? dist_ms / local_ms : 0.0, pull_ms, push_ms,
       Summarize(rtt).median * 1e6, steps, Ms(Summarize(dist_compute).median),
       Ms(Summarize(local_compute).median), Ms(Summarize(local_apply).median),
       Ms(Summarize(dist_wait).median), static_cast<long long>(model_bytes), num_ps, tcp_ms,
       tcp_gbps, tcp_ms > 0 ? dist_ms / tcp_ms : 0.0,
       tcp_ms > 0 ? (pull_ms + push_ms) / tcp_ms : 0.0,
-      static_cast<long long>(HiddenUnits(f).front()));
+      static_cast<long long>(HiddenUnits(f).front()), f.overlap_layers ? 1 : 0);
   std::fflush(stdout);
   return 0;
 }
@@ -395,6 +421,9 @@ int main(int argc, char** argv) {
   parser.Int("ps", &flags.ps,
              "PS tasks (each a kubetrain-ps child; the model is placed over them)");
   parser.Bool("keep_temp", &flags.keep_temp, "keep the temp dir (job file, PS log)");
+  parser.Bool("overlap_layers", &flags.overlap_layers,
+              "overlap the push-pull with backprop: each variable's gradient sent as soon as it "
+              "is final, last layer first (PsClient::StartPushPull)");
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
   kubetrain::InitProcess(kubetrain::ProcessProfile::kDefault);
   return kubetrain::bench::Run(flags);
