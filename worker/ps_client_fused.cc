@@ -180,7 +180,9 @@ class PsClient::Overlap {
   std::vector<v1::PullRequest> pulls;
   std::vector<RefReady> await_variable;  // per variable
   std::vector<RefReady> await_sparse;    // per shard
-  std::vector<bool> sparse_filled;       // per shard (its thread's)
+  // Per shard, written by its thread only: bytes, not vector<bool>'s shared
+  // words (TSan found the race).
+  std::vector<char> sparse_filled;
 
  private:
   void Loop() {
@@ -254,7 +256,7 @@ absl::Status PsClient::StartPushPull(const Params& grads, int64_t worker_clock,
     o.await_variable.push_back([&o, v] { return o.AwaitVariable(static_cast<int>(v)); });
   }
   const int shards = static_cast<int>(channels_.size());
-  o.sparse_filled.assign(shards, false);
+  o.sparse_filled.assign(shards, 0);
   o.await_sparse.clear();
   for (int s = 0; s < shards; ++s) {
     // The table rows leave once every table's gradient is final, copied
@@ -266,7 +268,7 @@ absl::Status PsClient::StartPushPull(const Params& grads, int64_t worker_clock,
         o.Abandon(st);
         return st;
       }
-      o.sparse_filled[s] = true;
+      o.sparse_filled[s] = 1;
       return absl::OkStatus();
     });
   }

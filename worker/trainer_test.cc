@@ -5,7 +5,8 @@
 // workers, async (staleness recorded), bounded staleness (a slowed worker
 // holds the fast one within maxStaleness + 1), a PS restart mid-job, and the
 // chief of a job with a Chief replica following training without
-// computing a gradient (Follow).
+// computing a gradient (Follow). Each runs plainly and with
+// TrainerOptions::overlap_layers (the push overlapped with backprop).
 #include "worker/trainer.h"
 
 #include <algorithm>
@@ -30,7 +31,8 @@ using testjob::JobShape;
 using testjob::JobYaml;
 using testjob::TinyDataset;
 
-class JobTest : public ::testing::Test {
+// Every test runs twice: plainly and with TrainerOptions::overlap_layers.
+class JobTest : public ::testing::TestWithParam<bool> {
  protected:
   void Make(const JobShape& shape) { MakeFromYaml(JobYaml(shape)); }
   void MakeFromYaml(const std::string& yaml) {
@@ -68,6 +70,7 @@ class JobTest : public ::testing::Test {
         o.worker_index = static_cast<int>(i);
         o.is_chief = config_->job.IsChiefTask("worker", o.worker_index);
         o.progress_interval = absl::Hours(1);
+        o.overlap_layers = GetParam();
         if (o.is_chief) o.export_model = export_model_;
         if (absl::Status s = clients_[i]->Connect(); !s.ok()) {
           results[i] = s;
@@ -94,7 +97,7 @@ class JobTest : public ::testing::Test {
   std::string export_model_;                              // the chief's, if not empty
 };
 
-TEST_F(JobTest, SyncTwoPsThreeWorkersAppliesExactlyEveryGradientOfEveryStep) {
+TEST_P(JobTest, SyncTwoPsThreeWorkersAppliesExactlyEveryGradientOfEveryStep) {
   Make({.ps = 2, .workers = 3, .steps = 30});
   auto results = RunWorkers();
   for (const auto& r : results) {
@@ -126,7 +129,7 @@ TEST_F(JobTest, SyncTwoPsThreeWorkersAppliesExactlyEveryGradientOfEveryStep) {
   }
 }
 
-TEST_F(JobTest, SyncBackupWorkersApplyExactlyReplicasToAggregatePerStep) {
+TEST_P(JobTest, SyncBackupWorkersApplyExactlyReplicasToAggregatePerStep) {
   Make({.ps = 1, .workers = 3, .steps = 30, .training = "    replicasToAggregate: 2\n"});
   auto results = RunWorkers();
   for (const auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
@@ -134,7 +137,7 @@ TEST_F(JobTest, SyncBackupWorkersApplyExactlyReplicasToAggregatePerStep) {
   EXPECT_EQ(Stats(0).gradients_applied, 30 * 2);
 }
 
-TEST_F(JobTest, AsyncAppliesEveryPushOnArrivalAndRecordsStaleness) {
+TEST_P(JobTest, AsyncAppliesEveryPushOnArrivalAndRecordsStaleness) {
   Make({.ps = 2, .workers = 2, .mode = "async", .steps = 40});
   // Both workers compute their first gradient on version 0: the second one
   // to arrive is one step stale.
@@ -160,7 +163,7 @@ TEST_F(JobTest, AsyncAppliesEveryPushOnArrivalAndRecordsStaleness) {
   EXPECT_EQ(results[0]->ps_stats.gradients_applied(), 2 * 40);
 }
 
-TEST_F(JobTest, BoundedStalenessHoldsTheFastWorkerWithinTauPlusOneOfTheSlowOne) {
+TEST_P(JobTest, BoundedStalenessHoldsTheFastWorkerWithinTauPlusOneOfTheSlowOne) {
   constexpr int kTau = 2;
   Make({.ps = 1, .workers = 2, .mode = "async", .steps = 40, .training = "    maxStaleness: 2\n"});
   // Worker 1 is the slow one: its first push waits until the test lets it go.
@@ -194,7 +197,7 @@ TEST_F(JobTest, BoundedStalenessHoldsTheFastWorkerWithinTauPlusOneOfTheSlowOne) 
   EXPECT_LE(worst_gap.load(), kTau + 1);
 }
 
-TEST_F(JobTest, APsRestartMidJobIsDetectedTheLostStepsCountedAndTheJobFinishes) {
+TEST_P(JobTest, APsRestartMidJobIsDetectedTheLostStepsCountedAndTheJobFinishes) {
   Make({.ps = 2, .workers = 2, .steps = 40});
   // Worker 0's 10th step on ps:1 (a fused push and pull) snapshots it; its
   // 25th restarts it from there.
@@ -223,7 +226,7 @@ TEST_F(JobTest, APsRestartMidJobIsDetectedTheLostStepsCountedAndTheJobFinishes) 
   EXPECT_EQ(Stats(0).version, 40);
 }
 
-TEST_F(JobTest, ACoordinatorChiefFollowsEvaluatesAndEndsTheJobWithoutPushing) {
+TEST_P(JobTest, ACoordinatorChiefFollowsEvaluatesAndEndsTheJobWithoutPushing) {
   Make({.ps = 2,
         .workers = 2,
         .chief = true,
@@ -293,7 +296,7 @@ TEST_F(JobTest, ACoordinatorChiefFollowsEvaluatesAndEndsTheJobWithoutPushing) {
 // ids up; the chief evaluates with the test set's rows read (nothing
 // created), and its export holds exactly the rows the PS tasks hold, which
 // evaluate as the chief did, the unseen ids at their initial values.
-TEST_F(JobTest, ADynamicTableTrainsAndItsExportHoldsTheRowsAndEvaluatesAsTheChiefDid) {
+TEST_P(JobTest, ADynamicTableTrainsAndItsExportHoldsTheRowsAndEvaluatesAsTheChiefDid) {
   MakeFromYaml(DynamicJobYaml(0));
   train_ = DynamicDataset(1200, 1, 60);
   test_ = DynamicDataset(400, 2, 70);
@@ -328,7 +331,7 @@ TEST_F(JobTest, ADynamicTableTrainsAndItsExportHoldsTheRowsAndEvaluatesAsTheChie
   EXPECT_EQ(again.auc, chief.test_metrics.auc);
 }
 
-TEST_F(JobTest, MaxRowsBoundsADynamicTableAndEvictionsAreCounted) {
+TEST_P(JobTest, MaxRowsBoundsADynamicTableAndEvictionsAreCounted) {
   MakeFromYaml(DynamicJobYaml(20));  // 10 rows per PS task, 60 values
   train_ = DynamicDataset(1200, 1, 60);
   test_ = DynamicDataset(400, 2, 70);
@@ -340,6 +343,11 @@ TEST_F(JobTest, MaxRowsBoundsADynamicTableAndEvictionsAreCounted) {
   }
   EXPECT_GT(results[0]->ps_stats.dynamic_rows_evicted(), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(PlainAndOverlapped, JobTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "OverlapLayers" : "Plain";
+                         });
 
 }  // namespace
 }  // namespace kubetrain

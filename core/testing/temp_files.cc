@@ -11,15 +11,18 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 
 namespace kubetrain {
 
 std::string NewTestDir(std::string_view prefix) {
   static std::atomic<int> counter{0};
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string dir = absl::StrCat(::testing::TempDir(), "/", std::string(prefix), "_",
-                                 info != nullptr ? info->name() : "none", "_", ::getpid(), "_",
-                                 counter.fetch_add(1));
+  // A parameterized test's name is "Test/Param": one directory level, not two.
+  const std::string name =
+      info != nullptr ? absl::StrReplaceAll(info->name(), {{"/", "_"}}) : "none";
+  std::string dir = absl::StrCat(::testing::TempDir(), "/", std::string(prefix), "_", name, "_",
+                                 ::getpid(), "_", counter.fetch_add(1));
   std::string cmd = absl::StrCat("rm -rf '", dir, "'");
   EXPECT_EQ(std::system(cmd.c_str()), 0);
   return dir;
