@@ -18,8 +18,9 @@
 // only reads (its pulls never count as a worker's; it cannot push).
 //
 // Thread safety: one call at a time (a task's training loop), except
-// Cancel(), which any thread may call. Each shard beyond the first is served
-// by a thread of the client's own, started once.
+// Cancel() and GradientReady(), which any thread may call. Each shard beyond
+// the first is served by a thread of the client's own, started once; an
+// overlapped step (StartPushPull) runs on one more, started by the first.
 #ifndef KUBETRAIN_WORKER_PS_CLIENT_H_
 #define KUBETRAIN_WORKER_PS_CLIENT_H_
 
