@@ -3,16 +3,19 @@
 // Chunked pulls and pushes round trip, malformed pushes are refused with
 // INVALID_ARGUMENT while the server stays up and its state stays unchanged,
 // huge finite gradients never make a parameter non-finite, and the task a
-// request names (worker, chief, evaluator) reaches the shard.
+// request names (worker, chief, evaluator) reaches the shard. A gated
+// (overlapped) push is read part by part as its gates open.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include <prometheus/counter.h>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "ps/service.h"
 #include "tests/transport/raw_ps_client.h"
@@ -664,6 +667,91 @@ TEST(ToGrpcStatusTest, AStatusWithoutTextGetsSome) {
   EXPECT_EQ(s.error_message(), "ps: RESOURCE_EXHAUSTED with no detail from the shard");
   EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError("full")).error_message(), "full");
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+}
+
+}  // namespace
+}  // namespace kubetrain
+
+namespace kubetrain {
+namespace {
+
+// An overlapped push (worker/ps_client.h, StartPushPull): its parts in
+// reverse order, each chunk gated until its part's gradient is ready. The
+// service reads each part as its gate opens, applies the push whole once the
+// last is in, and a gate that fails abandons the push (never applied).
+TEST_F(ServiceTest, AGatedPushPullIsReadPartByPartAsEachIsReadyAndAFailedGateAbandonsIt) {
+  Start(false, TrainingMode::kAsync);
+  const auto& parts = shard_->parts();
+  ASSERT_GE(parts.size(), 2u);
+  const auto grads = Grads(0.25f);
+  const auto before = PullAll();
+  // Part i's gate opens when `open` passes i (parts go last first).
+  absl::Mutex mu;
+  size_t open = parts.size();
+  std::vector<RefReady> gates;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    gates.push_back([&mu, &open, i]() -> absl::Status {
+      absl::MutexLock l(&mu);
+      auto ready = [&open, i]() { return open <= i; };
+      mu.Await(absl::Condition(&ready));
+      return absl::OkStatus();
+    });
+  }
+  std::vector<ChunkRef> chunks;
+  for (size_t i = parts.size(); i-- > 0;) {
+    for (size_t off = 0; off < grads[i].size(); off += 10000) {
+      chunks.push_back({&parts[i].name, off, grads[i].data() + off,
+                        std::min<size_t>(10000, grads[i].size() - off), &gates[i]});
+    }
+  }
+  PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
+  std::map<std::string, std::vector<float>> after;
+  std::thread step([&] {
+    answer = channel_->PushPull(Header(0, 0, /*push_id=*/11), chunks, {}, v1::PullRequest(),
+                                [&](const PulledChunk& c) {
+                                  auto& v = after[std::string(c.part())];
+                                  v.resize(std::max<size_t>(v.size(),
+                                                            c.offset() + c.data_bytes() / 4));
+                                  c.CopyTo(reinterpret_cast<char*>(v.data() + c.offset()));
+                                  return absl::OkStatus();
+                                });
+  });
+  double read = 0;
+  for (size_t i = parts.size(); i-- > 0;) {
+    {
+      absl::MutexLock l(&mu);
+      open = i;
+    }
+    read += 4.0 * grads[i].size();
+    AwaitPushBytes(read);  // this part, and no part whose gate is closed
+    if (i > 0) {
+      EXPECT_EQ(shard_->stats().gradients_applied, 0);  // not whole yet
+    }
+  }
+  step.join();
+  ASSERT_TRUE(answer.push.ok()) << answer.push.status();
+  ASSERT_TRUE(answer.pull.ok()) << answer.pull.status();
+  EXPECT_EQ(answer.pull->version(), 1);
+  EXPECT_EQ(shard_->stats().gradients_applied, 1);
+  EXPECT_FALSE(SameBits(after, before));
+  EXPECT_TRUE(SameBits(after, PullAll()));
+
+  // A gate that fails: the push is abandoned, nothing applied, nothing pulled.
+  const RefReady fails = [] { return absl::FailedPreconditionError("never ready"); };
+  std::vector<ChunkRef> doomed = ChunksOf(grads);
+  doomed.back().ready = &fails;
+  bool pulled = false;
+  PushPullAnswer refused =
+      channel_->PushPull(Header(0, 1, /*push_id=*/12), doomed, {}, v1::PullRequest(),
+                         [&](const PulledChunk&) {
+                           pulled = true;
+                           return absl::OkStatus();
+                         });
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.push.status())) << refused.push.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.pull.status()));
+  EXPECT_FALSE(pulled);
+  EXPECT_EQ(shard_->stats().gradients_applied, 1);
+  EXPECT_TRUE(SameBits(after, PullAll()));
 }
 
 }  // namespace
