@@ -61,11 +61,11 @@ std::vector<Case> Cases() {
   mlp.hidden_units = {8, 6};
   mlp.num_classes = 3;
   // conv2d + pool: a run of image-by-image layers (one job per chunk on threads).
-  ModelSpec cnn = Layers({6, 6, 1},
-                         {Of(LayerType::kConv2D, 3, 2), Of(LayerType::kMaxPool2D, 2),
-                          Of(LayerType::kFlatten), Dense(5, Activation::kRelu),
-                          Of(LayerType::kDropout, 0, 0, 0.5), Dense(3)},
-                         HeadType::kSoftmax, 3);
+  ModelSpec cnn =
+      Layers({6, 6, 1},
+             {Of(LayerType::kConv2D, 3, 2), Of(LayerType::kMaxPool2D, 2), Of(LayerType::kFlatten),
+              Dense(5, Activation::kRelu), Of(LayerType::kDropout, 0, 0, 0.5), Dense(3)},
+             HeadType::kSoftmax, 3);
   // Wide & deep: embeddings, a wide column, a crossed column, the wide bias.
   ModelSpec wide = Layers({3}, {Dense(4, Activation::kTanh), Dense(1)}, HeadType::kWideAndDeep, 2);
   wide.sparse_inputs = {{"a", 5, 2}, {"b", 4, 1}};

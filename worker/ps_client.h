@@ -239,10 +239,10 @@ class PsClient {
   // The gradient rows of the tables' ids, split by the shard holding them
   // (refs[s] points into ids and rows).
   struct SparseGradients {
-    std::vector<std::vector<std::vector<uint64_t>>> ids;     // [shard][table]
-    std::vector<std::vector<std::vector<float>>> rows;       // [shard][table]
+    std::vector<std::vector<std::vector<uint64_t>>> ids;      // [shard][table]
+    std::vector<std::vector<std::vector<float>>> rows;        // [shard][table]
     std::vector<std::vector<std::vector<size_t>>> positions;  // [shard][table]: in ids[t]
-    std::vector<std::vector<SparseRef>> refs;                // [shard]
+    std::vector<std::vector<SparseRef>> refs;                 // [shard]
   };
   absl::Status SplitSparse(const Params& grads, const TableIds& ids, SparseGradients* out) const;
   // SplitSparse in two: the ids by shard and room for their rows (refs

@@ -131,9 +131,8 @@ class PsClient::Overlap {
   }
   absl::Status AwaitVariable(int v) {
     absl::MutexLock l(&mu_);
-    auto open = [this, v]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return ready_[v] || !abandoned_.ok();
-    };
+    auto open = [this, v]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready_[v] || !abandoned_.ok(); };
     mu_.Await(absl::Condition(&open));
     return ready_[v] ? absl::OkStatus() : abandoned_;
   }
@@ -218,21 +217,21 @@ class PsClient::Overlap {
 
 void PsClient::OverlapDeleter::operator()(Overlap* o) const { delete o; }
 
-absl::Status PsClient::StartPushPull(const Params& grads, int64_t worker_clock,
-                                     const TableIds& ids, bool next_version,
-                                     const std::vector<VariableSpec>& variables, Params* params,
-                                     const std::vector<int>& backprop_order) {
+absl::Status PsClient::StartPushPull(const Params& grads, int64_t worker_clock, const TableIds& ids,
+                                     bool next_version, const std::vector<VariableSpec>& variables,
+                                     Params* params, const std::vector<int>& backprop_order) {
   if (absl::Status s = RequireWorker(); !s.ok()) return s;
   if (overlap_ == nullptr) overlap_.reset(new Overlap());
   Overlap& o = *overlap_;
   if (o.running()) return absl::FailedPreconditionError("an overlapped step is already running");
   // The chunks point into grads: its buffers must be the ones the step writes.
   if (grads.size() != variables.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradients of ", grads.size(), " variables, the model has ", variables.size()));
+    return absl::InvalidArgumentError(absl::StrCat("gradients of ", grads.size(),
+                                                   " variables, the model has ", variables.size()));
   }
   for (size_t v = 0; v < variables.size(); ++v) {
-    if (!variables[v].table && static_cast<int64_t>(grads[v].size()) != variables[v].num_elements()) {
+    if (!variables[v].table &&
+        static_cast<int64_t>(grads[v].size()) != variables[v].num_elements()) {
       return absl::InvalidArgumentError(absl::StrCat("gradient of ", variables[v].name, " has ",
                                                      grads[v].size(), " values, not ",
                                                      variables[v].num_elements()));

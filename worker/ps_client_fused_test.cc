@@ -28,8 +28,8 @@ using testjob::JobYaml;
 
 // The job of JobYaml with a two-hidden-layer MLP (6 variables).
 std::string MlpYaml(const JobShape& shape) {
-  return absl::StrReplaceAll(JobYaml(shape),
-                             {{"model: {type: softmax}", "model: {type: mlp, hiddenUnits: [16, 8]}"}});
+  return absl::StrReplaceAll(
+      JobYaml(shape), {{"model: {type: softmax}", "model: {type: mlp, hiddenUnits: [16, 8]}"}});
 }
 
 // Forwards every call; in a PushPull, records each chunk's part as the
@@ -188,8 +188,8 @@ TEST_F(PsClientFusedTest, OverlappedStepsAreBitIdenticalToPushPullsInSyncModeOve
 
 TEST_F(PsClientFusedTest, OverlappedStepsKeepTheAsyncStalenessAccountingOfPushPulls) {
   // Two async workers taking turns, the same turns both ways.
-  MakeFromYaml(MlpYaml({.ps = 1, .workers = 2, .mode = "async",
-                        .training = "    maxStaleness: 5\n"}));
+  MakeFromYaml(
+      MlpYaml({.ps = 1, .workers = 2, .mode = "async", .training = "    maxStaleness: 5\n"}));
   auto other = InProcessCluster::Create(*config_, &clock_);
   ASSERT_TRUE(other.ok()) << other.status();
   std::vector<std::unique_ptr<PsClient>> plain, fused;

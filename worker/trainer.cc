@@ -208,10 +208,9 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
       // Sized as the step leaves them (its buffers, so the push can point into them now).
       grads.resize(params.size());
       for (size_t v = 0; v < params.size(); ++v) grads[v].resize(params[v].size());
-      if (absl::Status s =
-              client->StartPushPull(grads, result.local_steps + 1, table_ids,
-                                    /*next_version=*/sync, model.variables(), &params,
-                                    backprop_order);
+      if (absl::Status s = client->StartPushPull(grads, result.local_steps + 1, table_ids,
+                                                 /*next_version=*/sync, model.variables(), &params,
+                                                 backprop_order);
           !s.ok()) {
         return s;
       }
@@ -223,10 +222,10 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
       metrics.compute_seconds->Observe(absl::ToDoubleSeconds(clock->Now() - t0));
     recent_losses.push_back(loss);
     if (recent_losses.size() > 50) recent_losses.pop_front();
-    step = options.overlap_layers ? client->FinishPushPull()
-                                  : client->PushPull(grads, result.local_steps + 1, table_ids,
-                                                     /*next_version=*/sync, model.variables(),
-                                                     &params);
+    step = options.overlap_layers
+               ? client->FinishPushPull()
+               : client->PushPull(grads, result.local_steps + 1, table_ids,
+                                  /*next_version=*/sync, model.variables(), &params);
     if (!step.ok()) return step.status();
     const PsClient::PushResult* push = &step->push;
     prefetched = step->pull;

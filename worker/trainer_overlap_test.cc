@@ -33,7 +33,7 @@ struct JobRun {
 };
 
 JobRun RunJob(const TaskConfig& config, const FakeClock* clock, bool overlap, const Dataset& train,
-           const Dataset& test) {
+              const Dataset& test) {
   JobRun run;
   auto cluster = InProcessCluster::Create(config, clock);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
@@ -48,9 +48,8 @@ JobRun RunJob(const TaskConfig& config, const FakeClock* clock, bool overlap, co
     o.fingerprint = config.fingerprint;
     o.chunk_bytes = 4096;
     o.retry_timeout = absl::Seconds(30);
-    clients.push_back(std::make_unique<PsClient>(o, &config.placement, clock,
-                                                 run.cluster->Channels(&run.faulty[i]),
-                                                 PsClientMetrics{}));
+    clients.push_back(std::make_unique<PsClient>(
+        o, &config.placement, clock, run.cluster->Channels(&run.faulty[i]), PsClientMetrics{}));
   }
   run.results.assign(clients.size(), absl::UnknownError("not run"));
   std::vector<std::thread> threads;
@@ -155,8 +154,8 @@ TEST_F(TrainerOverlapTest, ASyncMlpJobEndsWithTheSameBitsOverlappedOrNot) {
 
 TEST_F(TrainerOverlapTest, ASyncWideAndDeepJobWithDynamicTablesEndsWithTheSameBits) {
   const std::string yaml = absl::StrReplaceAll(
-      DynamicJobYaml(0),
-      {{"head: sigmoid", "head: wideAndDeep\n      wide: {columns: [c]}"}, {"steps: 150", "steps: 40"}});
+      DynamicJobYaml(0), {{"head: sigmoid", "head: wideAndDeep\n      wide: {columns: [c]}"},
+                          {"steps: 150", "steps: 40"}});
   Compare(yaml, DynamicDataset(1200, 1, 60), DynamicDataset(400, 2, 70));
 }
 

@@ -707,14 +707,13 @@ TEST_F(ServiceTest, AGatedPushPullIsReadPartByPartAsEachIsReadyAndAFailedGateAba
   PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
   std::map<std::string, std::vector<float>> after;
   std::thread step([&] {
-    answer = channel_->PushPull(Header(0, 0, /*push_id=*/11), chunks, {}, v1::PullRequest(),
-                                [&](const PulledChunk& c) {
-                                  auto& v = after[std::string(c.part())];
-                                  v.resize(std::max<size_t>(v.size(),
-                                                            c.offset() + c.data_bytes() / 4));
-                                  c.CopyTo(reinterpret_cast<char*>(v.data() + c.offset()));
-                                  return absl::OkStatus();
-                                });
+    answer = channel_->PushPull(
+        Header(0, 0, /*push_id=*/11), chunks, {}, v1::PullRequest(), [&](const PulledChunk& c) {
+          auto& v = after[std::string(c.part())];
+          v.resize(std::max<size_t>(v.size(), c.offset() + c.data_bytes() / 4));
+          c.CopyTo(reinterpret_cast<char*>(v.data() + c.offset()));
+          return absl::OkStatus();
+        });
   });
   double read = 0;
   for (size_t i = parts.size(); i-- > 0;) {
@@ -741,12 +740,11 @@ TEST_F(ServiceTest, AGatedPushPullIsReadPartByPartAsEachIsReadyAndAFailedGateAba
   std::vector<ChunkRef> doomed = ChunksOf(grads);
   doomed.back().ready = &fails;
   bool pulled = false;
-  PushPullAnswer refused =
-      channel_->PushPull(Header(0, 1, /*push_id=*/12), doomed, {}, v1::PullRequest(),
-                         [&](const PulledChunk&) {
-                           pulled = true;
-                           return absl::OkStatus();
-                         });
+  PushPullAnswer refused = channel_->PushPull(Header(0, 1, /*push_id=*/12), doomed, {},
+                                              v1::PullRequest(), [&](const PulledChunk&) {
+                                                pulled = true;
+                                                return absl::OkStatus();
+                                              });
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.push.status())) << refused.push.status();
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.pull.status()));
   EXPECT_FALSE(pulled);
