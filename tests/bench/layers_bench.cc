@@ -18,6 +18,10 @@
 //   sparse  and for a wide & deep step (4 columns, embeddings of 32,
 //          dense 256 ReLU, batch 2048, compact lookups and tables as a
 //          worker steps): the split gather and scatter.
+// --profile_steps=N runs only N CNN steps on --threads threads (the kernel
+// figures above once, as a warm-up) and prints ms per step, so that
+//   perf record -g layers_bench --profile_steps=300
+// profiles the threaded step and little else.
 // Prints figures; the last line is key=value pairs (ratios = kernel / gemm).
 // Never fails on a time.
 #include <time.h>
@@ -106,11 +110,14 @@ Alternated Alternate(int64_t reps, const Model& single, const Model& threaded, c
 }
 
 int Main(int argc, char** argv) {
-  int64_t batch = 64, reps = 20, threads = 2;
-  FlagParser flags("layers_bench [--batch N] [--reps N] [--threads N]");
+  int64_t batch = 64, reps = 20, threads = 2, profile_steps = 0;
+  FlagParser flags("layers_bench [--batch N] [--reps N] [--threads N] [--profile_steps N]");
   flags.Int("batch", &batch, "examples per batch");
   flags.Int("reps", &reps, "timed repetitions (median reported)");
   flags.Int("threads", &threads, "threads of the multi-threaded CNN step (against one)");
+  flags.Int("profile_steps", &profile_steps,
+            "only run this many CNN steps on --threads threads and exit (for perf record: "
+            "nothing else in the profile)");
   if (auto st = flags.Parse(argc, argv, 1, nullptr); !st.ok() || flags.help_requested()) {
     std::fprintf(stderr, "%s\n%s", st.ok() ? "" : std::string(st.message()).c_str(),
                  flags.Usage().c_str());
@@ -121,6 +128,8 @@ int Main(int argc, char** argv) {
     return 2;
   }
   std::mt19937_64 rng(1);
+  // --profile_steps: the kernels below run once each (warm-up only).
+  const int kernel_reps = profile_steps > 0 ? 0 : static_cast<int>(reps);
 
   // conv: 14x14x32 -> 64 filters, 3x3 same.
   LayerSpec conv;
@@ -133,20 +142,20 @@ int Main(int argc, char** argv) {
   RowMatrix in = Random(batch, 14 * 14 * 32, &rng), kernel = Random(ck, cn, &rng);
   std::vector<float> bias(cn, 0.1f), dkernel(ck * cn), dbias(cn);
   RowMatrix col, out, din, dout = Random(batch, g.positions() * cn, &rng);
-  const double conv_s = Time(reps, [&] {
+  const double conv_s = Time(kernel_reps, [&] {
     ConvForward(g, in.data(), batch, kernel.data(), bias.data(), conv.filters, &col, &out);
     ConvBackward(g, col, dout, kernel.data(), conv.filters, batch, dkernel.data(), dbias.data(),
                  &din);
   });
   const double conv_flops = 3.0 * 2 * cm * ck * cn;
-  const double conv_gemm_s = GemmSeconds(cm, ck, cn, reps, &rng);
+  const double conv_gemm_s = GemmSeconds(cm, ck, cn, kernel_reps, &rng);
 
   // dense: 3136 -> 128 (forward GEMM + bias + ReLU, backward mask + 2 GEMMs + bias sum).
   const int64_t dk = 3136, dn = 128;
   RowMatrix x = Random(batch, dk, &rng), w = Random(dk, dn, &rng);
   RowMatrix dy = Random(batch, dn, &rng), dw(dk, dn), dx(batch, dk);
   Eigen::RowVectorXf b = Eigen::RowVectorXf::Constant(dn, 0.1f), db(dn);
-  const double dense_s = Time(reps, [&] {
+  const double dense_s = Time(kernel_reps, [&] {
     RowMatrix z(batch, dn);
     z.noalias() = x * w;
     z.rowwise() += b;
@@ -158,7 +167,7 @@ int Main(int argc, char** argv) {
     dx.noalias() = d * w.transpose();
   });
   const double dense_flops = 3.0 * 2 * batch * dk * dn;
-  const double dense_gemm_s = GemmSeconds(batch, dk, dn, reps, &rng);
+  const double dense_gemm_s = GemmSeconds(batch, dk, dn, kernel_reps, &rng);
 
   // step: the fashion-mnist-cnn example's layer list, random inputs.
   ModelSpec cnn;
@@ -194,6 +203,20 @@ int Main(int argc, char** argv) {
   for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>(i % 10);
   Params grads;
   uint64_t dropout_seed = 0;
+  if (profile_steps > 0) {
+    Model m = *model;
+    m.SetThreads(static_cast<int>(threads));
+    Batch b;
+    b.x = images.data();
+    b.labels = labels.data();
+    b.size = batch;
+    const double t0 = NowSeconds();
+    for (int64_t i = 0; i < profile_steps; ++i) m.LossAndGradients(params, b, ++dropout_seed, &grads);
+    std::printf("%lld cnn steps on %lld threads: %.3f ms each\n",
+                static_cast<long long>(profile_steps), static_cast<long long>(threads),
+                (NowSeconds() - t0) * 1e3 / static_cast<double>(profile_steps));
+    return 0;
+  }
   auto step = [&] {
     Batch b;
     b.x = images.data();
