@@ -244,7 +244,8 @@ void Im2Col(const WindowGeometry& g, const float* in, int batch, RowMatrix* col,
 namespace {
 
 // Col2ImAdd of images [b0, b1): writes only their slices of in_grad.
-void Col2ImAddImages(const WindowGeometry& g, const RowMatrix& col, int64_t b0, int64_t b1,
+// `col` points at image b0's first patch row (the rows of [b0, b1) only).
+void Col2ImAddImages(const WindowGeometry& g, const float* col, int64_t b0, int64_t b1,
                      float* in_grad) {
   const int64_t patch = g.patch_size();
   const int64_t in_size = int64_t{g.in_h} * g.in_w * g.in_c;
@@ -252,7 +253,7 @@ void Col2ImAddImages(const WindowGeometry& g, const RowMatrix& col, int64_t b0, 
     float* image = in_grad + b * in_size;
     for (int oy = 0; oy < g.out_h; ++oy) {
       for (int ox = 0; ox < g.out_w; ++ox) {
-        const float* src = col.data() + ((b * g.out_h + oy) * g.out_w + ox) * patch;
+        const float* src = col + (((b - b0) * g.out_h + oy) * g.out_w + ox) * patch;
         for (int ky = 0; ky < g.k; ++ky) {
           const int iy = oy * g.stride - g.pad_top + ky;
           if (iy < 0 || iy >= g.in_h) continue;
@@ -273,8 +274,9 @@ void Col2ImAddImages(const WindowGeometry& g, const RowMatrix& col, int64_t b0, 
 
 void Col2ImAdd(const WindowGeometry& g, const RowMatrix& col, int batch, float* in_grad,
                ThreadPool* pool) {
-  ParallelFor(pool, batch,
-              [&](int64_t b0, int64_t b1) { Col2ImAddImages(g, col, b0, b1, in_grad); });
+  ParallelFor(pool, batch, [&](int64_t b0, int64_t b1) {
+    Col2ImAddImages(g, col.data() + b0 * g.positions() * g.patch_size(), b0, b1, in_grad);
+  });
 }
 
 void ConvForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
@@ -323,12 +325,16 @@ namespace {
 // ColumnSums of columns [c0, c1).
 void ColumnSumsRange(const float* m, int64_t rows, int64_t cols, int64_t c0, int64_t c1,
                      float* out) {
-  Eigen::Map<Eigen::ArrayXf> sum(out + c0, c1 - c0);
-  sum.setZero();
-  // Element-wise adds only: every column is summed in row order whatever
-  // the alignment of `m` or `out` (or the columns a chunk starts at).
+  float* sum = out + c0;
+  const int64_t n = c1 - c0;
+  std::fill(sum, sum + n, 0.0f);
+  // Element-wise adds only (lanes are columns, never a sum's terms): every
+  // column is summed in row order whatever the alignment of `m` or `out`
+  // (or the columns a chunk starts at).
   for (int64_t r = 0; r < rows; ++r) {
-    sum += Eigen::Map<const Eigen::ArrayXf>(m + r * cols + c0, c1 - c0);
+    const float* row = m + r * cols + c0;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) sum[j] += row[j];
   }
 }
 
@@ -339,42 +345,58 @@ void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out, ThreadPo
               [&](int64_t c0, int64_t c1) { ColumnSumsRange(m, rows, cols, c0, c1, out); });
 }
 
+void ConvBackwardImages(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
+                        const float* kernel, int filters, int64_t b0, int64_t b1, float* dkernel,
+                        float* dbias, RowMatrix* din) {
+  const int64_t positions = g.positions(), patch = g.patch_size();
+  const int64_t r0 = b0 * positions, rows = (b1 - b0) * positions;
+  ConstMatrixMap dz(dout.data(), dout.rows() * positions, filters);
+  MatrixMap(dkernel, patch, filters).noalias() =
+      col.middleRows(r0, rows).transpose() * dz.middleRows(r0, rows);
+  ColumnSumsRange(dz.data() + r0 * filters, rows, filters, 0, filters, dbias);
+  if (din == nullptr) return;
+  // A few images at a time: their patch gradients (about 1 MiB) are still
+  // in cache when col2im reads them back, and no batch-sized buffer.
+  const ConstMatrixMap k(kernel, patch, filters);
+  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 18) / (positions * patch));
+  RowMatrix dcol(std::min(block, b1 - b0) * positions, patch);
+  for (int64_t i0 = b0; i0 < b1; i0 += block) {
+    const int64_t i1 = std::min(i0 + block, b1), n = (i1 - i0) * positions;
+    dcol.topRows(n).noalias() = dz.middleRows(i0 * positions, n) * k.transpose();
+    din->middleRows(i0, i1 - i0).setZero();
+    Col2ImAddImages(g, dcol.data(), i0, i1, din->data());
+  }
+}
+
 void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
                   const float* kernel, int filters, int batch, float* dkernel, float* dbias,
                   RowMatrix* din, ThreadPool* pool) {
   ConstMatrixMap dz(dout.data(), batch * g.positions(), filters);
   if (!Serial(pool)) {
-    const ConstMatrixMap k(kernel, g.patch_size(), filters);
-    // One job: chunk c of dkernel's rows (each a whole sum over
-    // batch*positions; the split ProductByRows makes) and of dbias's columns.
-    const int64_t patch = g.patch_size();
-    const int threads = pool->threads();
-    const int row_chunks = static_cast<int>(std::min<int64_t>(patch, threads));
-    const int col_chunks = std::min(filters, threads);
-    MatrixMap dk(dkernel, patch, filters);
-    pool->ParallelFor(threads, [&](int64_t c0, int64_t c1) {
+    // One job, split by images: chunk c sums dkernel and dbias over its own
+    // images' rows (chunk 0 into dkernel and dbias, the others into their
+    // partials, added after in chunk order: fixed bits per thread count)
+    // and computes their input gradients. A thread reads only its images'
+    // patches and dout, not all of dout once per slice of dkernel.
+    const int64_t patch = g.patch_size(), part_size = patch * filters + filters;
+    const int chunks = static_cast<int>(std::min<int64_t>(batch, pool->threads()));
+    std::vector<float> parts((chunks - 1) * part_size);
+    if (din != nullptr) din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
+    pool->ParallelFor(chunks, [&](int64_t c0, int64_t c1) {
       for (int c = static_cast<int>(c0); c < c1; ++c) {
-        if (c < row_chunks) {
-          const auto [r0, r1] = ChunkRange(patch, row_chunks, c);
-          dk.middleRows(r0, r1 - r0).noalias() = col.middleCols(r0, r1 - r0).transpose() * dz;
-        }
-        if (c < col_chunks) {
-          const auto [f0, f1] = ChunkRange(filters, col_chunks, c);
-          ColumnSumsRange(dz.data(), dz.rows(), filters, f0, f1, dbias);
-        }
+        const auto [b0, b1] = ChunkRange(batch, chunks, c);
+        float* dk = c == 0 ? dkernel : parts.data() + (c - 1) * part_size;
+        float* db = c == 0 ? dbias : parts.data() + (c - 1) * part_size + patch * filters;
+        ConvBackwardImages(g, col, dout, kernel, filters, b0, b1, dk, db, din);
       }
     });
-    if (din == nullptr) return;
-    // Per chunk of images: their rows of dcol, then their input gradients.
-    const int64_t positions = g.positions();
-    RowMatrix dcol(dz.rows(), g.patch_size());
-    din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
-    pool->ParallelFor(batch, [&](int64_t b0, int64_t b1) {
-      const int64_t r0 = b0 * positions, rows = (b1 - b0) * positions;
-      dcol.middleRows(r0, rows).noalias() = dz.middleRows(r0, rows) * k.transpose();
-      din->middleRows(b0, b1 - b0).setZero();
-      Col2ImAddImages(g, dcol, b0, b1, din->data());
-    });
+    for (int c = 1; c < chunks; ++c) {
+      const float* part = parts.data() + (c - 1) * part_size;
+      Eigen::Map<Eigen::ArrayXf>(dkernel, patch * filters) +=
+          Eigen::Map<const Eigen::ArrayXf>(part, patch * filters);
+      Eigen::Map<Eigen::ArrayXf>(dbias, filters) +=
+          Eigen::Map<const Eigen::ArrayXf>(part + patch * filters, filters);
+    }
     return;
   }
   MatrixMap(dkernel, g.patch_size(), filters).noalias() = col.transpose() * dz;
@@ -442,11 +464,12 @@ void MaxPoolBackward(const WindowGeometry& g, const RowMatrix& dout,
   const int batch = static_cast<int>(dout.rows());
   din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
   ParallelFor(pool, batch, [&](int64_t b0, int64_t b1) {
-    din->middleRows(b0, b1 - b0).setZero();
     for (int64_t b = b0; b < b1; ++b) {
       const float* d = dout.data() + b * dout.cols();
       const int32_t* arg = argmax.data() + b * dout.cols();
       float* di = din->data() + b * din->cols();
+      // Zeroed image by image: still in cache for the scatter.
+      std::fill(di, di + din->cols(), 0.0f);
       for (int64_t i = 0; i < dout.cols(); ++i) di[arg[i]] += d[i];
     }
   });
@@ -492,10 +515,10 @@ void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* 
   const float scale = 1.0f / static_cast<float>(g.k * g.k);
   din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
   ParallelFor(pool, batch, [&](int64_t b0, int64_t b1) {
-    din->middleRows(b0, b1 - b0).setZero();
     for (int64_t b = b0; b < b1; ++b) {
       const float* d = dout.data() + b * dout.cols();
       float* di = din->data() + b * din->cols();
+      std::fill(di, di + din->cols(), 0.0f);
       for (int oy = 0; oy < g.out_h; ++oy) {
         for (int ox = 0; ox < g.out_w; ++ox) {
           const float* src = d + (int64_t{oy} * g.out_w + ox) * g.in_c;

@@ -549,7 +549,7 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
         ConstMatrixMap input(in, batch, in_dim);
         ConstMatrixMap kernel(params[op.kernel].data(), kv.rows, kv.cols);
         out.resize(batch, kv.cols);
-        ProductByRows(pool, out, input, kernel);  // by examples
+        SplitProduct(pool, out, input, kernel);
         AddBias(params[op.bias], &out);
         ApplyActivation(op.layer.activation, &out, pool);
         break;
@@ -699,13 +699,13 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
         const VariableSpec& kv = variables_[op.kernel];
         ConstMatrixMap input(in, batch, kv.rows);
         MatrixMap dkernel((*grads)[op.kernel].data(), kv.rows, kv.cols);
-        // By rows of dW (input features): each a whole sum over the batch.
-        ProductByRows(pool, dkernel, input.transpose(), d);
+        // Each element of dW a whole sum over the batch.
+        SplitProduct(pool, dkernel, input.transpose(), d);
         ColumnSums(d.data(), d.rows(), kv.cols, (*grads)[op.bias].data(), pool);
         if (need_input_grad) {
           ConstMatrixMap kernel(params[op.kernel].data(), kv.rows, kv.cols);
           din.resize(batch, kv.rows);
-          ProductByRows(pool, din, d, kernel.transpose());  // by examples
+          SplitProduct(pool, din, d, kernel.transpose());
         }
         break;
       }
