@@ -36,6 +36,7 @@
 #include "core/flags.h"
 #include "core/layers.h"
 #include "core/model.h"
+#include "core/thread_pool.h"
 #include "tests/bench/bench_util.h"
 
 namespace kubetrain {
@@ -211,12 +212,13 @@ int Main(int argc, char** argv) {
     b.labels = labels.data();
     b.size = batch;
     const double t0 = NowSeconds(), c0 = CpuSeconds(), tc0 = ThreadCpuSeconds();
-    for (int64_t i = 0; i < profile_steps; ++i) m.LossAndGradients(params, b, ++dropout_seed, &grads);
+    for (int64_t i = 0; i < profile_steps; ++i)
+      m.LossAndGradients(params, b, ++dropout_seed, &grads);
     const double per = 1e3 / static_cast<double>(profile_steps);
-    std::printf("%lld cnn steps on %lld threads: %.3f ms each; CPU %.3f ms, %.3f ms on the caller\n",
-                static_cast<long long>(profile_steps), static_cast<long long>(threads),
-                (NowSeconds() - t0) * per, (CpuSeconds() - c0) * per,
-                (ThreadCpuSeconds() - tc0) * per);
+    std::printf(
+        "%lld cnn steps on %lld threads: %.3f ms each; CPU %.3f ms, %.3f ms on the caller\n",
+        static_cast<long long>(profile_steps), static_cast<long long>(threads),
+        (NowSeconds() - t0) * per, (CpuSeconds() - c0) * per, (ThreadCpuSeconds() - tc0) * per);
     return 0;
   }
   auto step = [&] {
@@ -298,6 +300,29 @@ int Main(int argc, char** argv) {
                  std::string(wd_model.status().message()).c_str());
     return 1;
   }
+  // Hand-off: a ParallelFor whose chunks each compute for 20 us, back to
+  // back and after 50 us of caller-only work (as between the layers of a
+  // step): the median time per call above 20 us is what waking the pool's
+  // threads and waiting for them costs (20 us more: the caller ran a chunk
+  // a thread did not take in time).
+  auto handoff_us = [&](double gap_s) {
+    ThreadPool pool(static_cast<int>(threads));
+    std::vector<double> t;
+    for (int i = 0; i < 1000; ++i) {
+      const double g0 = NowSeconds();
+      while (NowSeconds() - g0 < gap_s) {
+      }
+      const double t0 = NowSeconds();
+      pool.ParallelFor(threads, [&](int64_t b, int64_t e) {
+        const double c0 = NowSeconds();
+        while (NowSeconds() - c0 < 20e-6 * static_cast<double>(e - b)) {
+        }
+      });
+      t.push_back(NowSeconds() - t0);
+    }
+    return bench::Summarize(t).median * 1e6 - 20;
+  };
+  const double handoff_s = handoff_us(0), handoff_gap_s = handoff_us(50e-6);
   Alternated mlp_t, wd_t;
   {
     Model one = *mlp_model, many = *mlp_model;
@@ -371,6 +396,10 @@ int Main(int argc, char** argv) {
       static_cast<long long>(wd_batch), static_cast<long long>(threads), wd_t.msn, wd_t.ms1,
       wd_t.speedup);
   std::printf(
+      "pool hand-off, %lld threads: %.1f us per call back to back, %.1f us after 50 us apart "
+      "(above the 20 us a chunk computes)\n",
+      static_cast<long long>(threads), handoff_s, handoff_gap_s);
+  std::printf(
       "%s\n",
       absl::StrFormat(
           "conv_gflops=%.2f conv_gemm_gflops=%.2f conv_ratio=%.3f dense_gflops=%.2f "
@@ -380,12 +409,13 @@ int Main(int argc, char** argv) {
           "cnn_step_threads_cpu_ms=%.2f cnn_step_threads_caller_cpu_ms=%.2f "
           "threads_cpu_speedup=%.3f threads_speedup=%.3f mlp_tanh_1thread_ms=%.2f "
           "mlp_tanh_threads_ms=%.2f mlp_tanh_threads_speedup=%.3f sparse_1thread_ms=%.2f "
-          "sparse_threads_ms=%.2f sparse_threads_speedup=%.3f",
+          "sparse_threads_ms=%.2f sparse_threads_speedup=%.3f handoff_us=%.1f "
+          "handoff_after_gap_us=%.1f",
           conv_gf, conv_ref, conv_gf / conv_ref, dense_gf, dense_ref, dense_gf / dense_ref,
           step_s * 1e3, batch / step_s, step_cpu_s * 1e3, batch / step_cpu_s,
           static_cast<long long>(threads), step1_s * 1e3, stepn_s * 1e3, cpu1_s * 1e3, cpun_s * 1e3,
           caller_s * 1e3, cpu1_s / caller_s, speedup, mlp_t.ms1, mlp_t.msn, mlp_t.speedup, wd_t.ms1,
-          wd_t.msn, wd_t.speedup)
+          wd_t.msn, wd_t.speedup, handoff_s, handoff_gap_s)
           .c_str());
   return 0;
 }
