@@ -262,6 +262,10 @@ void Col2ImAddImages(const WindowGeometry& g, const float* col, int64_t b0, int6
             if (ix < 0 || ix >= g.in_w) continue;
             float* d = image + (int64_t{iy} * g.in_w + ix) * g.in_c;
             const float* s = src + (int64_t{ky} * g.k + kx) * g.in_c;
+            // One add per element, vectorised or not (the same bits); -O2's
+            // cheap vectoriser leaves it scalar without the pragma (d and s
+            // never overlap: the gradient and the patch buffer).
+#pragma omp simd
             for (int c = 0; c < g.in_c; ++c) d[c] += s[c];
           }
         }
@@ -492,9 +496,11 @@ void AvgPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, 
             for (int kx = 0; kx < g.k; ++kx) {
               const float* src =
                   image + ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c;
+#pragma omp simd
               for (int c = 0; c < g.in_c; ++c) dst[c] += src[c];
             }
           }
+#pragma omp simd
           for (int c = 0; c < g.in_c; ++c) dst[c] *= scale;
         }
       }
@@ -525,6 +531,7 @@ void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* 
           for (int ky = 0; ky < g.k; ++ky) {
             for (int kx = 0; kx < g.k; ++kx) {
               float* dst = di + ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c;
+#pragma omp simd
               for (int c = 0; c < g.in_c; ++c) dst[c] += src[c] * scale;
             }
           }
