@@ -349,6 +349,32 @@ void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out, ThreadPo
               [&](int64_t c0, int64_t c1) { ColumnSumsRange(m, rows, cols, c0, c1, out); });
 }
 
+ConvGradientSums::ConvGradientSums(const WindowGeometry& g, int filters, int chunks, float* dkernel,
+                                   float* dbias)
+    : kernel_size_(g.patch_size() * filters),
+      filters_(filters),
+      chunks_(chunks),
+      dkernel_(dkernel),
+      dbias_(dbias),
+      parts_(static_cast<size_t>(std::max(chunks - 1, 0)) * (kernel_size_ + filters)) {}
+
+float* ConvGradientSums::dkernel(int c) {
+  return c == 0 ? dkernel_ : parts_.data() + (c - 1) * (kernel_size_ + filters_);
+}
+
+float* ConvGradientSums::dbias(int c) {
+  return c == 0 ? dbias_ : parts_.data() + (c - 1) * (kernel_size_ + filters_) + kernel_size_;
+}
+
+void ConvGradientSums::AddUp() {
+  for (int c = 1; c < chunks_; ++c) {
+    Eigen::Map<Eigen::ArrayXf>(dkernel_, kernel_size_) +=
+        Eigen::Map<const Eigen::ArrayXf>(dkernel(c), kernel_size_);
+    Eigen::Map<Eigen::ArrayXf>(dbias_, filters_) +=
+        Eigen::Map<const Eigen::ArrayXf>(dbias(c), filters_);
+  }
+}
+
 void ConvBackwardImages(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
                         const float* kernel, int filters, int64_t b0, int64_t b1, float* dkernel,
                         float* dbias, RowMatrix* din) {
@@ -377,30 +403,19 @@ void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix
                   RowMatrix* din, ThreadPool* pool) {
   ConstMatrixMap dz(dout.data(), batch * g.positions(), filters);
   if (!Serial(pool)) {
-    // One job, split by images: chunk c sums dkernel and dbias over its own
-    // images' rows (chunk 0 into dkernel and dbias, the others into their
-    // partials, added after in chunk order: fixed bits per thread count)
-    // and computes their input gradients. A thread reads only its images'
-    // patches and dout, not all of dout once per slice of dkernel.
-    const int64_t patch = g.patch_size(), part_size = patch * filters + filters;
+    // One job, split by images (ConvGradientSums): a thread reads only its
+    // images' patches and dout, not all of dout once per slice of dkernel.
     const int chunks = static_cast<int>(std::min<int64_t>(batch, pool->threads()));
-    std::vector<float> parts((chunks - 1) * part_size);
+    ConvGradientSums sums(g, filters, chunks, dkernel, dbias);
     if (din != nullptr) din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
     pool->ParallelFor(chunks, [&](int64_t c0, int64_t c1) {
       for (int c = static_cast<int>(c0); c < c1; ++c) {
         const auto [b0, b1] = ChunkRange(batch, chunks, c);
-        float* dk = c == 0 ? dkernel : parts.data() + (c - 1) * part_size;
-        float* db = c == 0 ? dbias : parts.data() + (c - 1) * part_size + patch * filters;
-        ConvBackwardImages(g, col, dout, kernel, filters, b0, b1, dk, db, din);
+        ConvBackwardImages(g, col, dout, kernel, filters, b0, b1, sums.dkernel(c), sums.dbias(c),
+                           din);
       }
     });
-    for (int c = 1; c < chunks; ++c) {
-      const float* part = parts.data() + (c - 1) * part_size;
-      Eigen::Map<Eigen::ArrayXf>(dkernel, patch * filters) +=
-          Eigen::Map<const Eigen::ArrayXf>(part, patch * filters);
-      Eigen::Map<Eigen::ArrayXf>(dbias, filters) +=
-          Eigen::Map<const Eigen::ArrayXf>(part + patch * filters, filters);
-    }
+    sums.AddUp();
     return;
   }
   MatrixMap(dkernel, g.patch_size(), filters).noalias() = col.transpose() * dz;
@@ -463,20 +478,25 @@ void MaxPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatr
               [&](int64_t b0, int64_t b1) { MaxPoolForwardImages(g, in, b0, b1, out, argmax); });
 }
 
+void MaxPoolBackwardImages(const WindowGeometry& g, const RowMatrix& dout,
+                           const std::vector<int32_t>& argmax, int64_t b0, int64_t b1,
+                           RowMatrix* din) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const float* d = dout.data() + b * dout.cols();
+    const int32_t* arg = argmax.data() + b * dout.cols();
+    float* di = din->data() + b * din->cols();
+    // Zeroed image by image: still in cache for the scatter.
+    std::fill(di, di + din->cols(), 0.0f);
+    for (int64_t i = 0; i < dout.cols(); ++i) di[arg[i]] += d[i];
+  }
+}
+
 void MaxPoolBackward(const WindowGeometry& g, const RowMatrix& dout,
                      const std::vector<int32_t>& argmax, RowMatrix* din, ThreadPool* pool) {
   const int batch = static_cast<int>(dout.rows());
   din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
-  ParallelFor(pool, batch, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* d = dout.data() + b * dout.cols();
-      const int32_t* arg = argmax.data() + b * dout.cols();
-      float* di = din->data() + b * din->cols();
-      // Zeroed image by image: still in cache for the scatter.
-      std::fill(di, di + din->cols(), 0.0f);
-      for (int64_t i = 0; i < dout.cols(); ++i) di[arg[i]] += d[i];
-    }
-  });
+  ParallelFor(pool, batch,
+              [&](int64_t b0, int64_t b1) { MaxPoolBackwardImages(g, dout, argmax, b0, b1, din); });
 }
 
 void AvgPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
@@ -515,30 +535,34 @@ void AvgPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatr
               [&](int64_t b0, int64_t b1) { AvgPoolForwardImages(g, in, b0, b1, out); });
 }
 
-void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* din,
-                     ThreadPool* pool) {
-  const int batch = static_cast<int>(dout.rows());
+void AvgPoolBackwardImages(const WindowGeometry& g, const RowMatrix& dout, int64_t b0, int64_t b1,
+                           RowMatrix* din) {
   const float scale = 1.0f / static_cast<float>(g.k * g.k);
-  din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
-  ParallelFor(pool, batch, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* d = dout.data() + b * dout.cols();
-      float* di = din->data() + b * din->cols();
-      std::fill(di, di + din->cols(), 0.0f);
-      for (int oy = 0; oy < g.out_h; ++oy) {
-        for (int ox = 0; ox < g.out_w; ++ox) {
-          const float* src = d + (int64_t{oy} * g.out_w + ox) * g.in_c;
-          for (int ky = 0; ky < g.k; ++ky) {
-            for (int kx = 0; kx < g.k; ++kx) {
-              float* dst = di + ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c;
+  for (int64_t b = b0; b < b1; ++b) {
+    const float* d = dout.data() + b * dout.cols();
+    float* di = din->data() + b * din->cols();
+    std::fill(di, di + din->cols(), 0.0f);
+    for (int oy = 0; oy < g.out_h; ++oy) {
+      for (int ox = 0; ox < g.out_w; ++ox) {
+        const float* src = d + (int64_t{oy} * g.out_w + ox) * g.in_c;
+        for (int ky = 0; ky < g.k; ++ky) {
+          for (int kx = 0; kx < g.k; ++kx) {
+            float* dst = di + ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c;
 #pragma omp simd
-              for (int c = 0; c < g.in_c; ++c) dst[c] += src[c] * scale;
-            }
+            for (int c = 0; c < g.in_c; ++c) dst[c] += src[c] * scale;
           }
         }
       }
     }
-  });
+  }
+}
+
+void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* din,
+                     ThreadPool* pool) {
+  const int batch = static_cast<int>(dout.rows());
+  din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
+  ParallelFor(pool, batch,
+              [&](int64_t b0, int64_t b1) { AvgPoolBackwardImages(g, dout, b0, b1, din); });
 }
 
 // ReLU as plain loops: Eigen 3.4 does not vectorise select(); these compute
@@ -622,22 +646,39 @@ void SmoothGradientRows(Activation a, const RowMatrix& y, RowMatrix* dy, int64_t
   }
 }
 
+// Pass through where the activation was positive.
+void ReluGradientRows(const RowMatrix& y, RowMatrix* dy, int64_t r0, int64_t r1) {
+  const int64_t cols = dy->cols();
+  const float* py = y.data() + r0 * cols;
+  float* pd = dy->data() + r0 * cols;
+  const int64_t n = (r1 - r0) * cols;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) pd[i] = py[i] > 0.0f ? pd[i] : 0.0f;
+}
+
 }  // namespace
+
+void ActivationGradientRows(Activation a, const RowMatrix& y, RowMatrix* dy, int64_t r0,
+                            int64_t r1) {
+  switch (a) {
+    case Activation::kRelu:
+      ReluGradientRows(y, dy, r0, r1);
+      break;
+    case Activation::kTanh:
+    case Activation::kSigmoid:
+      SmoothGradientRows(a, y, dy, r0, r1);
+      break;
+    case Activation::kLinear:
+      break;
+  }
+}
 
 void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy, ThreadPool* pool) {
   switch (a) {
-    case Activation::kRelu: {
-      // Pass through where the activation was positive.
-      const int64_t cols = dy->cols();
-      ParallelFor(PoolFor(pool, dy->size()), dy->rows(), [&](int64_t r0, int64_t r1) {
-        const float* py = y.data() + r0 * cols;
-        float* pd = dy->data() + r0 * cols;
-        const int64_t n = (r1 - r0) * cols;
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) pd[i] = py[i] > 0.0f ? pd[i] : 0.0f;
-      });
+    case Activation::kRelu:
+      ParallelFor(PoolFor(pool, dy->size()), dy->rows(),
+                  [&](int64_t r0, int64_t r1) { ReluGradientRows(y, dy, r0, r1); });
       break;
-    }
     case Activation::kTanh:
     case Activation::kSigmoid:
       if (Serial(PoolFor(pool, dy->size()))) {

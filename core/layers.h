@@ -161,12 +161,42 @@ void MaxPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, 
 void AvgPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
                           RowMatrix* out);
 void ApplyActivationRows(Activation a, RowMatrix* z, int64_t r0, int64_t r1);
+// The backward kernels on images [b0, b1) (rows for the activation), into
+// outputs already sized for the batch; MaxPool/AvgPoolBackwardImages write
+// the same bits as the whole-batch kernels.
+void MaxPoolBackwardImages(const WindowGeometry& g, const RowMatrix& dout,
+                           const std::vector<int32_t>& argmax, int64_t b0, int64_t b1,
+                           RowMatrix* din);
+void AvgPoolBackwardImages(const WindowGeometry& g, const RowMatrix& dout, int64_t b0, int64_t b1,
+                           RowMatrix* din);
+// dy *= act'(y) on rows [r0, r1): ReLU exactly as ActivationGradient; tanh
+// and sigmoid as its split by rows (fixed bits for fixed rows).
+void ActivationGradientRows(Activation a, const RowMatrix& y, RowMatrix* dy, int64_t r0,
+                            int64_t r1);
 // ConvBackward's work for images [b0, b1) of the batch: dkernel and dbias
 // (patch_size x filters, and filters) = the sums over those images' rows
 // only, and, if din is not null, their rows of din (sized for the batch).
 void ConvBackwardImages(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
                         const float* kernel, int filters, int64_t b0, int64_t b1, float* dkernel,
                         float* dbias, RowMatrix* din);
+
+// Where the chunks of a conv2d backward split by images sum their weight
+// and bias gradients: chunk 0 straight into dkernel and dbias, the others
+// into buffers of their own; AddUp() then adds chunks 1, 2, ... into chunk
+// 0's sums in that order, so a fixed chunking gives fixed bits.
+class ConvGradientSums {
+ public:
+  ConvGradientSums(const WindowGeometry& g, int filters, int chunks, float* dkernel, float* dbias);
+  float* dkernel(int chunk);  // patch_size x filters
+  float* dbias(int chunk);    // filters
+  void AddUp();
+
+ private:
+  int64_t kernel_size_;
+  int filters_, chunks_;
+  float *dkernel_, *dbias_;
+  std::vector<float> parts_;
+};
 
 // Whether `pool` computes on one thread (null or threads() == 1): then the
 // kernels run their single-threaded code, bit for bit as before pools.

@@ -36,12 +36,6 @@ constexpr int64_t kEvalBlock = 1000;
 // implementation-defined, which would break cross-platform determinism.
 double Uniform01(std::mt19937_64* rng) { return static_cast<double>((*rng)() >> 11) * 0x1.0p-53; }
 
-// Layers that compute image by image (each image's output from its input
-// only).
-bool PerImage(LayerType t) {
-  return t == LayerType::kConv2D || t == LayerType::kMaxPool2D || t == LayerType::kAvgPool2D;
-}
-
 // Adds the bias row to every row of z.
 void AddBias(const std::vector<float>& bias, RowMatrix* z) {
   z->rowwise() += ConstRowVectorMap(bias.data(), z->cols());
@@ -342,12 +336,6 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
   return m;
 }
 
-struct Model::Cache {
-  std::vector<RowMatrix> out;  // out[i]: op i's output (after its activation)
-  std::vector<RowMatrix> aux;  // conv2d: im2col patches; dropout: scaled mask
-  std::vector<std::vector<int32_t>> argmax;
-};
-
 bool Model::has_dropout() const {
   return std::any_of(ops_.begin(), ops_.end(),
                      [](const Op& op) { return op.layer.type == LayerType::kDropout; });
@@ -485,58 +473,7 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
       while (end < ops_.size() && PerImage(ops_[end].layer.type)) ++end;
     }
     if (end - i >= 2) {
-      // A run of image-by-image layers (conv2d, pools) on threads: one job
-      // per chunk of images through all of them, not one per layer (fewer
-      // hand-offs, each a wait on a busy machine; a chunk's activations
-      // stay in cache from layer to layer). The chunks, so the bits, are
-      // those of the layers one by one.
-      const size_t n = end - i;
-      std::vector<RowMatrix> outs(n), cols(n);
-      std::vector<std::vector<int32_t>> args(n);
-      for (size_t k = 0; k < n; ++k) {
-        const Op& o = ops_[i + k];
-        const WindowGeometry& g = o.window;
-        if (o.layer.type == LayerType::kConv2D) {
-          cols[k].resize(batch * g.positions(), g.patch_size());
-          outs[k].resize(batch, g.positions() * o.layer.filters);
-        } else {
-          outs[k].resize(batch, g.positions() * g.in_c);
-          if (o.layer.type == LayerType::kMaxPool2D) args[k].resize(outs[k].size());
-        }
-      }
-      pool->ParallelFor(batch, [&](int64_t b0, int64_t b1) {
-        const float* src = in;
-        for (size_t k = 0; k < n; ++k) {
-          const Op& o = ops_[i + k];
-          switch (o.layer.type) {
-            case LayerType::kConv2D:
-              ConvForwardImages(o.window, src, b0, b1, params[o.kernel].data(),
-                                params[o.bias].data(), o.layer.filters, &cols[k], &outs[k]);
-              ApplyActivationRows(o.layer.activation, &outs[k], b0, b1);
-              break;
-            case LayerType::kMaxPool2D:
-              MaxPoolForwardImages(o.window, src, b0, b1, &outs[k], &args[k]);
-              break;
-            case LayerType::kAvgPool2D:
-              AvgPoolForwardImages(o.window, src, b0, b1, &outs[k]);
-              break;
-            default:
-              break;
-          }
-          src = outs[k].data();
-        }
-      });
-      if (cache != nullptr) {
-        for (size_t k = 0; k < n; ++k) {
-          cache->out[i + k] = std::move(outs[k]);
-          cache->aux[i + k] = std::move(cols[k]);
-          cache->argmax[i + k] = std::move(args[k]);
-        }
-        in = cache->out[end - 1].data();
-      } else {
-        current = std::move(outs[n - 1]);
-        in = current.data();
-      }
+      in = ForwardImages(params, in, batch, i, end, cache, &current);
       i = end - 1;
       continue;
     }
@@ -690,6 +627,15 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
   if (need_deep_grad) first_with_vars = 0;
   for (int i = static_cast<int>(ops_.size()) - 1; i >= 0 && i >= first_with_vars; --i) {
     const Op& op = ops_[i];
+    if (!Serial(pool) && PerImage(op.layer.type)) {
+      // The run of image-by-image layers down from here, as one job.
+      int first = i;
+      while (first > first_with_vars && PerImage(ops_[first - 1].layer.type)) --first;
+      d = BackwardImages(params, cache, first, i, first > first_with_vars || need_deep_grad,
+                         std::move(d), grads);
+      i = first;
+      continue;
+    }
     const float* in = i == 0 ? input0 : cache.out[i - 1].data();
     const bool need_input_grad = i > first_with_vars || need_deep_grad;
     RowMatrix din;
