@@ -21,8 +21,11 @@
 //
 // Threads: a step computes on SetThreads() threads (default 1: the caller's
 // thread only, the same bits as before threads existed). With N > 1 the
-// layers split their work by output rows (core/layers.h): the bits are the
-// same on every run with N threads, and within float rounding of N = 1.
+// layers split their work by output rows or columns, and a conv2d's weight
+// and bias gradients into per-chunk sums added in chunk order (core/
+// layers.h; a run of conv2d/pool layers as one job per chunk of images,
+// core/model_images.cc): the bits are the same on every run with N
+// threads, and within float rounding of N = 1.
 // Some paths give the 1-thread bits with any N: dropout (its mask is one
 // serial random stream per (seed, layer), whatever N; only the multiply by
 // it is split) and the sparse paths (the embedding gather and the wide
