@@ -382,7 +382,7 @@ int Main(int argc, char** argv) {
       static_cast<long long>(threads), stepn_s * 1e3, step1_s * 1e3, speedup);
   std::printf(
       "cnn step CPU time: 1 thread %.3f ms; %lld threads %.3f ms in all, %.3f ms on the caller "
-      "(its ratio, a bound on the speedup on an idle machine: %.2fx)\n",
+      "(its ratio, a bound on the speedup on an idle machine, less the pool's spin: %.2fx)\n",
       cpu1_s * 1e3, static_cast<long long>(threads), cpun_s * 1e3, caller_s * 1e3,
       cpu1_s / caller_s);
   std::printf(
