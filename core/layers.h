@@ -13,13 +13,15 @@
 // slice, as for dense kernels).
 //
 // Everything here is stateless and thread-compatible. The kernels that take
-// a ThreadPool (core/thread_pool.h) split their work by OUTPUT rows (images
-// of the batch, rows of a GEMM's result), so each output element is
-// computed whole by one thread, except conv2d's weight and bias gradients
-// (ConvBackward: per-chunk sums added in chunk order). Either way, with a
-// fixed thread count the bits are the same on every run. A null pool or one thread runs the
-// single-threaded code as it was; more threads may differ from it in the
-// last bits (Eigen blocks a GEMM by its sizes, and chunks are smaller).
+// a ThreadPool (core/thread_pool.h) split their work into chunks that are a
+// function of the sizes and the thread count only: by OUTPUT elements
+// (images of the batch, rows or columns of a GEMM's result), each computed
+// whole by one thread, except conv2d's weight and bias gradients
+// (ConvBackward: one sum per chunk of images, the chunks' sums added in
+// chunk order). Either way, with a fixed thread count the bits are the same
+// on every run. A null pool or one thread runs the single-threaded code as
+// it was; more threads may differ from it in the last bits (Eigen blocks a
+// GEMM by its sizes, chunks are smaller, and sums are split).
 #ifndef KUBETRAIN_CORE_LAYERS_H_
 #define KUBETRAIN_CORE_LAYERS_H_
 
@@ -126,10 +128,9 @@ void ConvForward(const WindowGeometry& g, const float* in, int batch, const floa
 // dkernel = col^T dout, dbias = column sums, and, if din is not null,
 // din (batch x h*w*c) = col2im(dout kernel^T). Split by images: each chunk
 // sums dkernel and dbias over its own images, and the chunks' sums are
-// added in chunk order after (the one exception to "never a sum's terms"
-// above: fixed bits per thread count, within float rounding of one thread;
-// a null pool or one thread is the whole-batch code as before pools); din
-// is per image.
+// added in chunk order after (ConvGradientSums: fixed bits per thread
+// count, within float rounding of one thread; a null pool or one thread is
+// the whole-batch code as before pools); din is per image.
 void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
                   const float* kernel, int filters, int batch, float* dkernel, float* dbias,
                   RowMatrix* din, ThreadPool* pool = nullptr);

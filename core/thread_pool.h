@@ -14,8 +14,9 @@
 // changes).
 //
 // Waiting: a pool thread that finished its chunks spins for a short while
-// (kSpinMicros) before it sleeps, and so does the caller waiting for the
-// last chunk: a step calls ParallelFor layer after layer with little serial
+// (kSpinMicros, yielding the core to any other runnable thread on each
+// turn) before it sleeps, and so does the caller waiting for the last
+// chunk: a step calls ParallelFor layer after layer with little serial
 // work between, and waking a sleeping thread costs tens of microseconds
 // each time (more on a busy machine). The spin reads hints only; who runs
 // what is still decided under the mutex, so spinning changes no result.
