@@ -187,6 +187,40 @@ TEST(LayersTest, PoolingValues) {
   EXPECT_FLOAT_EQ(out(0, 1), 17.0f / 4);
 }
 
+// Average pooling's gradient, vectorised, is the scalar loop it was, bit
+// for bit (one multiply and one add per element, whichever unit runs them).
+TEST(LayersTest, AvgPoolBackwardIsTheScalarLoop) {
+  LayerSpec p;
+  p.type = LayerType::kAvgPool2D;
+  p.kernel = 3;
+  p.stride = 2;
+  const WindowGeometry g = MakeWindowGeometry(p, {9, 9, 19});
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  const int batch = 3;
+  RowMatrix dout(batch, g.positions() * g.in_c);
+  for (int64_t i = 0; i < dout.size(); ++i) dout.data()[i] = n(rng);
+  RowMatrix want = RowMatrix::Zero(batch, 9 * 9 * 19), got;
+  const float scale = 1.0f / static_cast<float>(g.k * g.k);
+  for (int b = 0; b < batch; ++b) {
+    for (int oy = 0; oy < g.out_h; ++oy) {
+      for (int ox = 0; ox < g.out_w; ++ox) {
+        for (int ky = 0; ky < g.k; ++ky) {
+          for (int kx = 0; kx < g.k; ++kx) {
+            for (int c = 0; c < g.in_c; ++c) {
+              want(b, ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c + c) +=
+                  dout(b, (oy * g.out_w + ox) * g.in_c + c) * scale;
+            }
+          }
+        }
+      }
+    }
+  }
+  AvgPoolBackward(g, dout, &got);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), 4 * want.size()), 0);
+}
+
 // The element-wise kernels give the same bits with any pool (each output
 // computed as without one); the conv GEMMs, split by output rows, the same
 // bits on every run with a pool of a given size, within rounding of none.
