@@ -244,7 +244,8 @@ void Im2Col(const WindowGeometry& g, const float* in, int batch, RowMatrix* col,
 namespace {
 
 // Col2ImAdd of images [b0, b1): writes only their slices of in_grad.
-void Col2ImAddImages(const WindowGeometry& g, const RowMatrix& col, int64_t b0, int64_t b1,
+// `col` points at image b0's first patch row (the rows of [b0, b1) only).
+void Col2ImAddImages(const WindowGeometry& g, const float* col, int64_t b0, int64_t b1,
                      float* in_grad) {
   const int64_t patch = g.patch_size();
   const int64_t in_size = int64_t{g.in_h} * g.in_w * g.in_c;
@@ -252,7 +253,7 @@ void Col2ImAddImages(const WindowGeometry& g, const RowMatrix& col, int64_t b0, 
     float* image = in_grad + b * in_size;
     for (int oy = 0; oy < g.out_h; ++oy) {
       for (int ox = 0; ox < g.out_w; ++ox) {
-        const float* src = col.data() + ((b * g.out_h + oy) * g.out_w + ox) * patch;
+        const float* src = col + (((b - b0) * g.out_h + oy) * g.out_w + ox) * patch;
         for (int ky = 0; ky < g.k; ++ky) {
           const int iy = oy * g.stride - g.pad_top + ky;
           if (iy < 0 || iy >= g.in_h) continue;
@@ -261,6 +262,10 @@ void Col2ImAddImages(const WindowGeometry& g, const RowMatrix& col, int64_t b0, 
             if (ix < 0 || ix >= g.in_w) continue;
             float* d = image + (int64_t{iy} * g.in_w + ix) * g.in_c;
             const float* s = src + (int64_t{ky} * g.k + kx) * g.in_c;
+            // One add per element, vectorised or not (the same bits); -O2's
+            // cheap vectoriser leaves it scalar without the pragma (d and s
+            // never overlap: the gradient and the patch buffer).
+#pragma omp simd
             for (int c = 0; c < g.in_c; ++c) d[c] += s[c];
           }
         }
@@ -273,8 +278,9 @@ void Col2ImAddImages(const WindowGeometry& g, const RowMatrix& col, int64_t b0, 
 
 void Col2ImAdd(const WindowGeometry& g, const RowMatrix& col, int batch, float* in_grad,
                ThreadPool* pool) {
-  ParallelFor(pool, batch,
-              [&](int64_t b0, int64_t b1) { Col2ImAddImages(g, col, b0, b1, in_grad); });
+  ParallelFor(pool, batch, [&](int64_t b0, int64_t b1) {
+    Col2ImAddImages(g, col.data() + b0 * g.positions() * g.patch_size(), b0, b1, in_grad);
+  });
 }
 
 void ConvForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
@@ -323,12 +329,16 @@ namespace {
 // ColumnSums of columns [c0, c1).
 void ColumnSumsRange(const float* m, int64_t rows, int64_t cols, int64_t c0, int64_t c1,
                      float* out) {
-  Eigen::Map<Eigen::ArrayXf> sum(out + c0, c1 - c0);
-  sum.setZero();
-  // Element-wise adds only: every column is summed in row order whatever
-  // the alignment of `m` or `out` (or the columns a chunk starts at).
+  float* sum = out + c0;
+  const int64_t n = c1 - c0;
+  std::fill(sum, sum + n, 0.0f);
+  // Element-wise adds only (lanes are columns, never a sum's terms): every
+  // column is summed in row order whatever the alignment of `m` or `out`
+  // (or the columns a chunk starts at).
   for (int64_t r = 0; r < rows; ++r) {
-    sum += Eigen::Map<const Eigen::ArrayXf>(m + r * cols + c0, c1 - c0);
+    const float* row = m + r * cols + c0;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) sum[j] += row[j];
   }
 }
 
@@ -339,42 +349,73 @@ void ColumnSums(const float* m, int64_t rows, int64_t cols, float* out, ThreadPo
               [&](int64_t c0, int64_t c1) { ColumnSumsRange(m, rows, cols, c0, c1, out); });
 }
 
+ConvGradientSums::ConvGradientSums(const WindowGeometry& g, int filters, int chunks, float* dkernel,
+                                   float* dbias)
+    : kernel_size_(g.patch_size() * filters),
+      filters_(filters),
+      chunks_(chunks),
+      dkernel_(dkernel),
+      dbias_(dbias),
+      parts_(static_cast<size_t>(std::max(chunks - 1, 0)) * (kernel_size_ + filters)) {}
+
+float* ConvGradientSums::dkernel(int c) {
+  return c == 0 ? dkernel_ : parts_.data() + (c - 1) * (kernel_size_ + filters_);
+}
+
+float* ConvGradientSums::dbias(int c) {
+  return c == 0 ? dbias_ : parts_.data() + (c - 1) * (kernel_size_ + filters_) + kernel_size_;
+}
+
+void ConvGradientSums::AddUp() {
+  for (int c = 1; c < chunks_; ++c) {
+    Eigen::Map<Eigen::ArrayXf>(dkernel_, kernel_size_) +=
+        Eigen::Map<const Eigen::ArrayXf>(dkernel(c), kernel_size_);
+    Eigen::Map<Eigen::ArrayXf>(dbias_, filters_) +=
+        Eigen::Map<const Eigen::ArrayXf>(dbias(c), filters_);
+  }
+}
+
+void ConvBackwardImages(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
+                        const float* kernel, int filters, int64_t b0, int64_t b1, float* dkernel,
+                        float* dbias, RowMatrix* din) {
+  const int64_t positions = g.positions(), patch = g.patch_size();
+  const int64_t r0 = b0 * positions, rows = (b1 - b0) * positions;
+  ConstMatrixMap dz(dout.data(), dout.rows() * positions, filters);
+  MatrixMap(dkernel, patch, filters).noalias() =
+      col.middleRows(r0, rows).transpose() * dz.middleRows(r0, rows);
+  ColumnSumsRange(dz.data() + r0 * filters, rows, filters, 0, filters, dbias);
+  if (din == nullptr) return;
+  // A few images at a time: their patch gradients (about 1 MiB) are still
+  // in cache when col2im reads them back, and no batch-sized buffer.
+  const ConstMatrixMap k(kernel, patch, filters);
+  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 18) / (positions * patch));
+  RowMatrix dcol(std::min(block, b1 - b0) * positions, patch);
+  for (int64_t i0 = b0; i0 < b1; i0 += block) {
+    const int64_t i1 = std::min(i0 + block, b1), n = (i1 - i0) * positions;
+    dcol.topRows(n).noalias() = dz.middleRows(i0 * positions, n) * k.transpose();
+    din->middleRows(i0, i1 - i0).setZero();
+    Col2ImAddImages(g, dcol.data(), i0, i1, din->data());
+  }
+}
+
 void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
                   const float* kernel, int filters, int batch, float* dkernel, float* dbias,
                   RowMatrix* din, ThreadPool* pool) {
   ConstMatrixMap dz(dout.data(), batch * g.positions(), filters);
   if (!Serial(pool)) {
-    const ConstMatrixMap k(kernel, g.patch_size(), filters);
-    // One job: chunk c of dkernel's rows (each a whole sum over
-    // batch*positions; the split ProductByRows makes) and of dbias's columns.
-    const int64_t patch = g.patch_size();
-    const int threads = pool->threads();
-    const int row_chunks = static_cast<int>(std::min<int64_t>(patch, threads));
-    const int col_chunks = std::min(filters, threads);
-    MatrixMap dk(dkernel, patch, filters);
-    pool->ParallelFor(threads, [&](int64_t c0, int64_t c1) {
+    // One job, split by images (ConvGradientSums): a thread reads only its
+    // images' patches and dout, not all of dout once per slice of dkernel.
+    const int chunks = static_cast<int>(std::min<int64_t>(batch, pool->threads()));
+    ConvGradientSums sums(g, filters, chunks, dkernel, dbias);
+    if (din != nullptr) din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
+    pool->ParallelFor(chunks, [&](int64_t c0, int64_t c1) {
       for (int c = static_cast<int>(c0); c < c1; ++c) {
-        if (c < row_chunks) {
-          const auto [r0, r1] = ChunkRange(patch, row_chunks, c);
-          dk.middleRows(r0, r1 - r0).noalias() = col.middleCols(r0, r1 - r0).transpose() * dz;
-        }
-        if (c < col_chunks) {
-          const auto [f0, f1] = ChunkRange(filters, col_chunks, c);
-          ColumnSumsRange(dz.data(), dz.rows(), filters, f0, f1, dbias);
-        }
+        const auto [b0, b1] = ChunkRange(batch, chunks, c);
+        ConvBackwardImages(g, col, dout, kernel, filters, b0, b1, sums.dkernel(c), sums.dbias(c),
+                           din);
       }
     });
-    if (din == nullptr) return;
-    // Per chunk of images: their rows of dcol, then their input gradients.
-    const int64_t positions = g.positions();
-    RowMatrix dcol(dz.rows(), g.patch_size());
-    din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
-    pool->ParallelFor(batch, [&](int64_t b0, int64_t b1) {
-      const int64_t r0 = b0 * positions, rows = (b1 - b0) * positions;
-      dcol.middleRows(r0, rows).noalias() = dz.middleRows(r0, rows) * k.transpose();
-      din->middleRows(b0, b1 - b0).setZero();
-      Col2ImAddImages(g, dcol, b0, b1, din->data());
-    });
+    sums.AddUp();
     return;
   }
   MatrixMap(dkernel, g.patch_size(), filters).noalias() = col.transpose() * dz;
@@ -437,19 +478,25 @@ void MaxPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatr
               [&](int64_t b0, int64_t b1) { MaxPoolForwardImages(g, in, b0, b1, out, argmax); });
 }
 
+void MaxPoolBackwardImages(const WindowGeometry& g, const RowMatrix& dout,
+                           const std::vector<int32_t>& argmax, int64_t b0, int64_t b1,
+                           RowMatrix* din) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const float* d = dout.data() + b * dout.cols();
+    const int32_t* arg = argmax.data() + b * dout.cols();
+    float* di = din->data() + b * din->cols();
+    // Zeroed image by image: still in cache for the scatter.
+    std::fill(di, di + din->cols(), 0.0f);
+    for (int64_t i = 0; i < dout.cols(); ++i) di[arg[i]] += d[i];
+  }
+}
+
 void MaxPoolBackward(const WindowGeometry& g, const RowMatrix& dout,
                      const std::vector<int32_t>& argmax, RowMatrix* din, ThreadPool* pool) {
   const int batch = static_cast<int>(dout.rows());
   din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
-  ParallelFor(pool, batch, [&](int64_t b0, int64_t b1) {
-    din->middleRows(b0, b1 - b0).setZero();
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* d = dout.data() + b * dout.cols();
-      const int32_t* arg = argmax.data() + b * dout.cols();
-      float* di = din->data() + b * din->cols();
-      for (int64_t i = 0; i < dout.cols(); ++i) di[arg[i]] += d[i];
-    }
-  });
+  ParallelFor(pool, batch,
+              [&](int64_t b0, int64_t b1) { MaxPoolBackwardImages(g, dout, argmax, b0, b1, din); });
 }
 
 void AvgPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
@@ -469,9 +516,11 @@ void AvgPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, 
             for (int kx = 0; kx < g.k; ++kx) {
               const float* src =
                   image + ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c;
+#pragma omp simd
               for (int c = 0; c < g.in_c; ++c) dst[c] += src[c];
             }
           }
+#pragma omp simd
           for (int c = 0; c < g.in_c; ++c) dst[c] *= scale;
         }
       }
@@ -486,29 +535,34 @@ void AvgPoolForward(const WindowGeometry& g, const float* in, int batch, RowMatr
               [&](int64_t b0, int64_t b1) { AvgPoolForwardImages(g, in, b0, b1, out); });
 }
 
-void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* din,
-                     ThreadPool* pool) {
-  const int batch = static_cast<int>(dout.rows());
+void AvgPoolBackwardImages(const WindowGeometry& g, const RowMatrix& dout, int64_t b0, int64_t b1,
+                           RowMatrix* din) {
   const float scale = 1.0f / static_cast<float>(g.k * g.k);
-  din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
-  ParallelFor(pool, batch, [&](int64_t b0, int64_t b1) {
-    din->middleRows(b0, b1 - b0).setZero();
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* d = dout.data() + b * dout.cols();
-      float* di = din->data() + b * din->cols();
-      for (int oy = 0; oy < g.out_h; ++oy) {
-        for (int ox = 0; ox < g.out_w; ++ox) {
-          const float* src = d + (int64_t{oy} * g.out_w + ox) * g.in_c;
-          for (int ky = 0; ky < g.k; ++ky) {
-            for (int kx = 0; kx < g.k; ++kx) {
-              float* dst = di + ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c;
-              for (int c = 0; c < g.in_c; ++c) dst[c] += src[c] * scale;
-            }
+  for (int64_t b = b0; b < b1; ++b) {
+    const float* d = dout.data() + b * dout.cols();
+    float* di = din->data() + b * din->cols();
+    std::fill(di, di + din->cols(), 0.0f);
+    for (int oy = 0; oy < g.out_h; ++oy) {
+      for (int ox = 0; ox < g.out_w; ++ox) {
+        const float* src = d + (int64_t{oy} * g.out_w + ox) * g.in_c;
+        for (int ky = 0; ky < g.k; ++ky) {
+          for (int kx = 0; kx < g.k; ++kx) {
+            float* dst = di + ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c;
+#pragma omp simd
+            for (int c = 0; c < g.in_c; ++c) dst[c] += src[c] * scale;
           }
         }
       }
     }
-  });
+  }
+}
+
+void AvgPoolBackward(const WindowGeometry& g, const RowMatrix& dout, RowMatrix* din,
+                     ThreadPool* pool) {
+  const int batch = static_cast<int>(dout.rows());
+  din->resize(batch, int64_t{g.in_h} * g.in_w * g.in_c);
+  ParallelFor(pool, batch,
+              [&](int64_t b0, int64_t b1) { AvgPoolBackwardImages(g, dout, b0, b1, din); });
 }
 
 // ReLU as plain loops: Eigen 3.4 does not vectorise select(); these compute
@@ -592,22 +646,39 @@ void SmoothGradientRows(Activation a, const RowMatrix& y, RowMatrix* dy, int64_t
   }
 }
 
+// Pass through where the activation was positive.
+void ReluGradientRows(const RowMatrix& y, RowMatrix* dy, int64_t r0, int64_t r1) {
+  const int64_t cols = dy->cols();
+  const float* py = y.data() + r0 * cols;
+  float* pd = dy->data() + r0 * cols;
+  const int64_t n = (r1 - r0) * cols;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) pd[i] = py[i] > 0.0f ? pd[i] : 0.0f;
+}
+
 }  // namespace
+
+void ActivationGradientRows(Activation a, const RowMatrix& y, RowMatrix* dy, int64_t r0,
+                            int64_t r1) {
+  switch (a) {
+    case Activation::kRelu:
+      ReluGradientRows(y, dy, r0, r1);
+      break;
+    case Activation::kTanh:
+    case Activation::kSigmoid:
+      SmoothGradientRows(a, y, dy, r0, r1);
+      break;
+    case Activation::kLinear:
+      break;
+  }
+}
 
 void ActivationGradient(Activation a, const RowMatrix& y, RowMatrix* dy, ThreadPool* pool) {
   switch (a) {
-    case Activation::kRelu: {
-      // Pass through where the activation was positive.
-      const int64_t cols = dy->cols();
-      ParallelFor(PoolFor(pool, dy->size()), dy->rows(), [&](int64_t r0, int64_t r1) {
-        const float* py = y.data() + r0 * cols;
-        float* pd = dy->data() + r0 * cols;
-        const int64_t n = (r1 - r0) * cols;
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) pd[i] = py[i] > 0.0f ? pd[i] : 0.0f;
-      });
+    case Activation::kRelu:
+      ParallelFor(PoolFor(pool, dy->size()), dy->rows(),
+                  [&](int64_t r0, int64_t r1) { ReluGradientRows(y, dy, r0, r1); });
       break;
-    }
     case Activation::kTanh:
     case Activation::kSigmoid:
       if (Serial(PoolFor(pool, dy->size()))) {

@@ -13,12 +13,15 @@
 // slice, as for dense kernels).
 //
 // Everything here is stateless and thread-compatible. The kernels that take
-// a ThreadPool (core/thread_pool.h) split their work by OUTPUT rows (images
-// of the batch, rows of a GEMM's result; never a sum's terms), so each
-// output element is computed whole by one thread: with a fixed thread count
-// the bits are the same on every run. A null pool or one thread runs the
-// single-threaded code as it was; more threads may differ from it in the
-// last bits (Eigen blocks a GEMM by its sizes, and chunks are smaller).
+// a ThreadPool (core/thread_pool.h) split their work into chunks that are a
+// function of the sizes and the thread count only: by OUTPUT elements
+// (images of the batch, rows or columns of a GEMM's result), each computed
+// whole by one thread, except conv2d's weight and bias gradients
+// (ConvBackward: one sum per chunk of images, the chunks' sums added in
+// chunk order). Either way, with a fixed thread count the bits are the same
+// on every run. A null pool or one thread runs the single-threaded code as
+// it was; more threads may differ from it in the last bits (Eigen blocks a
+// GEMM by its sizes, chunks are smaller, and sums are split).
 #ifndef KUBETRAIN_CORE_LAYERS_H_
 #define KUBETRAIN_CORE_LAYERS_H_
 
@@ -123,8 +126,11 @@ void ConvForward(const WindowGeometry& g, const float* in, int batch, const floa
                  ThreadPool* pool = nullptr);
 // From dout (batch x out_h*out_w*filters, after the activation's gradient):
 // dkernel = col^T dout, dbias = column sums, and, if din is not null,
-// din (batch x h*w*c) = col2im(dout kernel^T). Split by rows of dkernel
-// (patch features), columns of dbias, and images for din.
+// din (batch x h*w*c) = col2im(dout kernel^T). Split by images: each chunk
+// sums dkernel and dbias over its own images, and the chunks' sums are
+// added in chunk order after (ConvGradientSums: fixed bits per thread
+// count, within float rounding of one thread; a null pool or one thread is
+// the whole-batch code as before pools); din is per image.
 void ConvBackward(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
                   const float* kernel, int filters, int batch, float* dkernel, float* dbias,
                   RowMatrix* din, ThreadPool* pool = nullptr);
@@ -156,23 +162,74 @@ void MaxPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, 
 void AvgPoolForwardImages(const WindowGeometry& g, const float* in, int64_t b0, int64_t b1,
                           RowMatrix* out);
 void ApplyActivationRows(Activation a, RowMatrix* z, int64_t r0, int64_t r1);
+// The backward kernels on images [b0, b1) (rows for the activation), into
+// outputs already sized for the batch; MaxPool/AvgPoolBackwardImages write
+// the same bits as the whole-batch kernels.
+void MaxPoolBackwardImages(const WindowGeometry& g, const RowMatrix& dout,
+                           const std::vector<int32_t>& argmax, int64_t b0, int64_t b1,
+                           RowMatrix* din);
+void AvgPoolBackwardImages(const WindowGeometry& g, const RowMatrix& dout, int64_t b0, int64_t b1,
+                           RowMatrix* din);
+// dy *= act'(y) on rows [r0, r1): ReLU exactly as ActivationGradient; tanh
+// and sigmoid as its split by rows (fixed bits for fixed rows).
+void ActivationGradientRows(Activation a, const RowMatrix& y, RowMatrix* dy, int64_t r0,
+                            int64_t r1);
+// ConvBackward's work for images [b0, b1) of the batch: dkernel and dbias
+// (patch_size x filters, and filters) = the sums over those images' rows
+// only, and, if din is not null, their rows of din (sized for the batch).
+void ConvBackwardImages(const WindowGeometry& g, const RowMatrix& col, const RowMatrix& dout,
+                        const float* kernel, int filters, int64_t b0, int64_t b1, float* dkernel,
+                        float* dbias, RowMatrix* din);
+
+// Where the chunks of a conv2d backward split by images sum their weight
+// and bias gradients: chunk 0 straight into dkernel and dbias, the others
+// into buffers of their own; AddUp() then adds chunks 1, 2, ... into chunk
+// 0's sums in that order, so a fixed chunking gives fixed bits.
+class ConvGradientSums {
+ public:
+  ConvGradientSums(const WindowGeometry& g, int filters, int chunks, float* dkernel, float* dbias);
+  float* dkernel(int chunk);  // patch_size x filters
+  float* dbias(int chunk);    // filters
+  void AddUp();
+
+ private:
+  int64_t kernel_size_;
+  int filters_, chunks_;
+  float *dkernel_, *dbias_;
+  std::vector<float> parts_;
+};
 
 // Whether `pool` computes on one thread (null or threads() == 1): then the
 // kernels run their single-threaded code, bit for bit as before pools.
 inline bool Serial(const ThreadPool* pool) { return pool == nullptr || pool->threads() == 1; }
 
+// Below this many multiply-adds a product stays on the caller's thread:
+// handing half of it to another thread costs more than it saves.
+constexpr int64_t kMinParallelMacs = int64_t{1} << 21;
+
 // dst = lhs * rhs (Eigen expressions; dst a matrix or map already sized),
-// split by the rows of dst: a thread computes whole rows, each from the
-// whole reduction, so a fixed thread count gives fixed bits.
+// split by the rows of dst if it has at least as many rows as columns, else
+// by its columns: a thread computes whole elements, each from the whole
+// reduction, so a fixed thread count gives fixed bits. Along the longer
+// side because each thread packs all of the other operand (a 64-example
+// batch split by rows would pack a whole dense kernel on every thread).
+// A null pool, one thread or a product of fewer than kMinParallelMacs
+// multiply-adds: the single-threaded expression (the 1-thread bits).
 template <typename Dst, typename Lhs, typename Rhs>
-void ProductByRows(ThreadPool* pool, Dst&& dst, const Lhs& lhs, const Rhs& rhs) {
-  if (Serial(pool)) {
+void SplitProduct(ThreadPool* pool, Dst&& dst, const Lhs& lhs, const Rhs& rhs) {
+  if (Serial(pool) || dst.rows() * dst.cols() * lhs.cols() < kMinParallelMacs) {
     dst.noalias() = lhs * rhs;
     return;
   }
-  pool->ParallelFor(dst.rows(), [&](int64_t begin, int64_t end) {
-    dst.middleRows(begin, end - begin).noalias() = lhs.middleRows(begin, end - begin) * rhs;
-  });
+  if (dst.rows() >= dst.cols()) {
+    pool->ParallelFor(dst.rows(), [&](int64_t begin, int64_t end) {
+      dst.middleRows(begin, end - begin).noalias() = lhs.middleRows(begin, end - begin) * rhs;
+    });
+  } else {
+    pool->ParallelFor(dst.cols(), [&](int64_t begin, int64_t end) {
+      dst.middleCols(begin, end - begin).noalias() = lhs * rhs.middleCols(begin, end - begin);
+    });
+  }
 }
 
 // out[j] = the sum of column j of the row-major rows x cols matrix `m`,

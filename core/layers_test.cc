@@ -1,5 +1,6 @@
 #include "core/layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -186,6 +187,40 @@ TEST(LayersTest, PoolingValues) {
   EXPECT_FLOAT_EQ(out(0, 1), 17.0f / 4);
 }
 
+// Average pooling's gradient, vectorised, is the scalar loop it was, bit
+// for bit (one multiply and one add per element, whichever unit runs them).
+TEST(LayersTest, AvgPoolBackwardIsTheScalarLoop) {
+  LayerSpec p;
+  p.type = LayerType::kAvgPool2D;
+  p.kernel = 3;
+  p.stride = 2;
+  const WindowGeometry g = MakeWindowGeometry(p, {9, 9, 19});
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  const int batch = 3;
+  RowMatrix dout(batch, g.positions() * g.in_c);
+  for (int64_t i = 0; i < dout.size(); ++i) dout.data()[i] = n(rng);
+  RowMatrix want = RowMatrix::Zero(batch, 9 * 9 * 19), got;
+  const float scale = 1.0f / static_cast<float>(g.k * g.k);
+  for (int b = 0; b < batch; ++b) {
+    for (int oy = 0; oy < g.out_h; ++oy) {
+      for (int ox = 0; ox < g.out_w; ++ox) {
+        for (int ky = 0; ky < g.k; ++ky) {
+          for (int kx = 0; kx < g.k; ++kx) {
+            for (int c = 0; c < g.in_c; ++c) {
+              want(b, ((oy * g.stride + ky) * g.in_w + (ox * g.stride + kx)) * g.in_c + c) +=
+                  dout(b, (oy * g.out_w + ox) * g.in_c + c) * scale;
+            }
+          }
+        }
+      }
+    }
+  }
+  AvgPoolBackward(g, dout, &got);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), 4 * want.size()), 0);
+}
+
 // The element-wise kernels give the same bits with any pool (each output
 // computed as without one); the conv GEMMs, split by output rows, the same
 // bits on every run with a pool of a given size, within rounding of none.
@@ -259,6 +294,38 @@ TEST(LayersTest, KernelsOnAPool) {
       const RowMatrix dout = random(batch, out0.cols());
       std::vector<float> dk0(kernel.size()), db0(5);
       ConvBackward(g, col0, dout, kernel.data(), 5, batch, dk0.data(), db0.data(), &din0);
+      // No pool and one thread: the whole-batch code before pools, written out.
+      const Eigen::Map<const RowMatrix> dz(dout.data(), col0.rows(), 5);
+      const RowMatrix want_dk = col0.transpose() * dz;
+      RowMatrix want_din = RowMatrix::Zero(batch, in.cols());
+      Col2ImAdd(g, dz * kernel.transpose(), batch, want_din.data());
+      std::vector<float> want_db(5);
+      ColumnSums(dz.data(), dz.rows(), 5, want_db.data());
+      EXPECT_TRUE(same(Eigen::Map<RowMatrix>(dk0.data(), g.patch_size(), 5), want_dk));
+      EXPECT_EQ(db0, want_db);
+      EXPECT_TRUE(same(din0, want_din));
+      {
+        ThreadPool one(1);
+        RowMatrix din;
+        std::vector<float> dk(kernel.size()), db(5);
+        ConvBackward(g, col0, dout, kernel.data(), 5, batch, dk.data(), db.data(), &din, &one);
+        EXPECT_EQ(dk, dk0);
+        EXPECT_EQ(db, db0);
+        EXPECT_TRUE(same(din, din0));
+      }
+      // N threads: dbias is each chunk's images summed in row order, the
+      // chunks' sums added in chunk order.
+      const int chunks = std::min(batch, threads);
+      std::vector<float> want_db_n(5, 0.0f);
+      for (int c = 0; c < chunks; ++c) {
+        const int64_t r0 = int64_t{batch} * c / chunks * g.positions();
+        const int64_t r1 = int64_t{batch} * (c + 1) / chunks * g.positions();
+        for (int f = 0; f < 5; ++f) {
+          float sum = 0.0f;
+          for (int64_t r = r0; r < r1; ++r) sum += dz(r, f);
+          want_db_n[f] = c == 0 ? sum : want_db_n[f] + sum;
+        }
+      }
       RowMatrix first_out, first_din;
       std::vector<float> first_dk;
       for (int rep = 0; rep < 3; ++rep) {
@@ -267,7 +334,7 @@ TEST(LayersTest, KernelsOnAPool) {
         EXPECT_TRUE(same(col0, col1));  // im2col: copies
         std::vector<float> dk1(kernel.size()), db1(5);
         ConvBackward(g, col1, dout, kernel.data(), 5, batch, dk1.data(), db1.data(), &din1, &pool);
-        EXPECT_EQ(db0, db1);
+        EXPECT_EQ(db1, want_db_n);
         if (rep == 0) {
           first_out = out1;
           first_din = din1;
@@ -275,13 +342,114 @@ TEST(LayersTest, KernelsOnAPool) {
           EXPECT_LE((out1 - out0).cwiseAbs().maxCoeff(), 1e-5f * out0.cwiseAbs().maxCoeff());
           EXPECT_LE((din1 - din0).cwiseAbs().maxCoeff(), 1e-5f * din0.cwiseAbs().maxCoeff());
           for (size_t i = 0; i < dk0.size(); ++i) EXPECT_NEAR(dk1[i], dk0[i], 1e-4f);
+          for (int f = 0; f < 5; ++f) EXPECT_NEAR(db1[f], db0[f], 1e-4f);
         } else {
           EXPECT_TRUE(same(out1, first_out));
           EXPECT_TRUE(same(din1, first_din));
           EXPECT_EQ(dk1, first_dk);
         }
+        // Without din (a first layer): the same kernel gradients.
+        std::vector<float> dk2(kernel.size()), db2(5);
+        ConvBackward(g, col1, dout, kernel.data(), 5, batch, dk2.data(), db2.data(), nullptr,
+                     &pool);
+        EXPECT_EQ(dk2, first_dk);
+        EXPECT_EQ(db2, want_db_n);
       }
     }
+  }
+}
+
+// Enough images per chunk that ConvBackward's input gradients go a few
+// images at a time: the same bits on every run, close to one thread.
+TEST(LayersTest, ConvBackwardInBlocksOfImages) {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  auto random = [&](int64_t rows, int64_t cols) {
+    RowMatrix m(rows, cols);
+    for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = n(rng);
+    return m;
+  };
+  const int batch = 13, filters = 6;
+  const Shape in_shape = {28, 28, 8};
+  const WindowGeometry g = MakeWindowGeometry(Conv(filters, 3, 1, true), in_shape);
+  ASSERT_LT((int64_t{1} << 18) / (g.positions() * g.patch_size()), batch / 2);
+  const RowMatrix in = random(batch, NumElements(in_shape));
+  const RowMatrix kernel = random(g.patch_size(), filters), bias = random(1, filters);
+  RowMatrix col, out, din0;
+  ConvForward(g, in.data(), batch, kernel.data(), bias.data(), filters, &col, &out);
+  const RowMatrix dout = random(batch, out.cols());
+  std::vector<float> dk0(kernel.size()), db0(filters);
+  ConvBackward(g, col, dout, kernel.data(), filters, batch, dk0.data(), db0.data(), &din0);
+  for (int threads : {2, 3}) {
+    RowMatrix first;
+    for (int rep = 0; rep < 3; ++rep) {
+      ThreadPool pool(threads);
+      RowMatrix din;
+      std::vector<float> dk(kernel.size()), db(filters);
+      ConvBackward(g, col, dout, kernel.data(), filters, batch, dk.data(), db.data(), &din, &pool);
+      if (rep == 0) {
+        first = din;
+        EXPECT_LE((din - din0).cwiseAbs().maxCoeff(), 1e-5f * din0.cwiseAbs().maxCoeff());
+      } else {
+        ASSERT_EQ(din.size(), first.size());
+        EXPECT_EQ(std::memcmp(din.data(), first.data(), 4 * din.size()), 0) << threads;
+      }
+    }
+  }
+}
+
+// SplitProduct: by rows of the result when it has at least as many rows as
+// columns, else by columns; fixed bits per thread count, within float
+// rounding of one thread; one thread or a small product is the plain
+// expression, bit for bit.
+TEST(LayersTest, SplitProductOnAPool) {
+  std::mt19937_64 rng(6);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  auto random = [&](int64_t rows, int64_t cols) {
+    RowMatrix m(rows, cols);
+    for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = n(rng);
+    return m;
+  };
+  auto same = [](const RowMatrix& a, const RowMatrix& b) {
+    return a.rows() == b.rows() && a.cols() == b.cols() &&
+           std::memcmp(a.data(), b.data(), 4 * a.size()) == 0;
+  };
+  // A batch of 64 through a wide layer (split by columns), its transpose
+  // (by rows), and a product below kMinParallelMacs.
+  struct Case {
+    int64_t m, k, n;
+  };
+  for (const Case& c : {Case{64, 784, 512}, Case{1000, 300, 64}, Case{64, 256, 10}}) {
+    const RowMatrix a = random(c.m, c.k), b = random(c.k, c.n);
+    const RowMatrix want = a * b;  // the code before pools
+    const bool small = c.m * c.k * c.n < kMinParallelMacs;
+    for (int threads : {1, 2, 3}) {
+      RowMatrix first;
+      for (int rep = 0; rep < 3; ++rep) {
+        ThreadPool pool(threads);  // a new pool each time
+        RowMatrix got(c.m, c.n);
+        SplitProduct(&pool, got, a, b);
+        if (threads == 1 || small) {
+          EXPECT_TRUE(same(got, want)) << c.m << "x" << c.n << " threads " << threads;
+        } else if (rep == 0) {
+          first = got;
+          EXPECT_LE((got - want).cwiseAbs().maxCoeff(), 1e-4f * want.cwiseAbs().maxCoeff());
+        } else {
+          EXPECT_TRUE(same(got, first)) << c.m << "x" << c.n << " threads " << threads;
+        }
+      }
+    }
+    RowMatrix none(c.m, c.n);
+    SplitProduct(nullptr, none, a, b);
+    EXPECT_TRUE(same(none, want));
+    // Through a transpose, as a dense layer's input gradient computes.
+    const RowMatrix bt = b.transpose();
+    ThreadPool pool(2);
+    RowMatrix got(c.m, c.n), again(c.m, c.n);
+    SplitProduct(&pool, got, a, bt.transpose());
+    SplitProduct(&pool, again, a, bt.transpose());
+    EXPECT_TRUE(same(got, again));
+    EXPECT_LE((got - want).cwiseAbs().maxCoeff(), 1e-4f * want.cwiseAbs().maxCoeff());
   }
 }
 

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <numeric>
 #include <random>
 #include <string>
 #include <utility>
@@ -29,18 +28,9 @@ using ConstMatrixMap = Eigen::Map<const RowMatrix>;
 using MatrixMap = Eigen::Map<RowMatrix>;
 using ConstRowVectorMap = Eigen::Map<const Eigen::RowVectorXf>;
 
-// Rows per forward block in Evaluate(): bounds memory on large eval sets.
-constexpr int64_t kEvalBlock = 1000;
-
 // Hand-rolled uniform in [0, 1): std::uniform_real_distribution's output is
 // implementation-defined, which would break cross-platform determinism.
 double Uniform01(std::mt19937_64* rng) { return static_cast<double>((*rng)() >> 11) * 0x1.0p-53; }
-
-// Layers that compute image by image (each image's output from its input
-// only).
-bool PerImage(LayerType t) {
-  return t == LayerType::kConv2D || t == LayerType::kMaxPool2D || t == LayerType::kAvgPool2D;
-}
 
 // Adds the bias row to every row of z.
 void AddBias(const std::vector<float>& bias, RowMatrix* z) {
@@ -50,28 +40,6 @@ void AddBias(const std::vector<float>& bias, RowMatrix* z) {
 double Sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 
 }  // namespace
-
-double Auc(const std::vector<double>& score, const std::vector<int32_t>& label) {
-  std::vector<size_t> order(score.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return score[a] < score[b]; });
-  double positives = 0, rank_sum = 0;
-  for (size_t i = 0; i < order.size();) {
-    size_t j = i;
-    while (j < order.size() && score[order[j]] == score[order[i]]) ++j;
-    const double mid_rank = (static_cast<double>(i) + static_cast<double>(j) + 1) / 2;  // 1-based
-    for (size_t t = i; t < j; ++t) {
-      if (label[order[t]] == 1) {
-        positives += 1;
-        rank_sum += mid_rank;
-      }
-    }
-    i = j;
-  }
-  const double negatives = static_cast<double>(score.size()) - positives;
-  if (positives == 0 || negatives == 0) return 0.5;
-  return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives);
-}
 
 Model::Model(ModelSpec spec) : spec_(std::move(spec)) {}
 
@@ -342,12 +310,6 @@ absl::StatusOr<Model> Model::Create(const ModelSpec& spec) {
   return m;
 }
 
-struct Model::Cache {
-  std::vector<RowMatrix> out;  // out[i]: op i's output (after its activation)
-  std::vector<RowMatrix> aux;  // conv2d: im2col patches; dropout: scaled mask
-  std::vector<std::vector<int32_t>> argmax;
-};
-
 bool Model::has_dropout() const {
   return std::any_of(ops_.begin(), ops_.end(),
                      [](const Op& op) { return op.layer.type == LayerType::kDropout; });
@@ -485,12 +447,6 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
       while (end < ops_.size() && PerImage(ops_[end].layer.type)) ++end;
     }
     if (end - i >= 2) {
-      // A run of image-by-image layers (conv2d, pools) on threads: one job
-      // per chunk of images through all of them, not one per layer (fewer
-      // hand-offs, each a wait on a busy machine; a chunk's activations
-      // stay in cache from layer to layer). The chunks, so the bits, are
-      // those of the layers one by one.
-      const size_t n = end - i;
       if (hooks != nullptr) {
         for (size_t k = i; k < end; ++k) {
           if (ops_[k].kernel < 0) continue;
@@ -498,52 +454,7 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
           hooks->Await(ops_[k].bias);
         }
       }
-      std::vector<RowMatrix> outs(n), cols(n);
-      std::vector<std::vector<int32_t>> args(n);
-      for (size_t k = 0; k < n; ++k) {
-        const Op& o = ops_[i + k];
-        const WindowGeometry& g = o.window;
-        if (o.layer.type == LayerType::kConv2D) {
-          cols[k].resize(batch * g.positions(), g.patch_size());
-          outs[k].resize(batch, g.positions() * o.layer.filters);
-        } else {
-          outs[k].resize(batch, g.positions() * g.in_c);
-          if (o.layer.type == LayerType::kMaxPool2D) args[k].resize(outs[k].size());
-        }
-      }
-      pool->ParallelFor(batch, [&](int64_t b0, int64_t b1) {
-        const float* src = in;
-        for (size_t k = 0; k < n; ++k) {
-          const Op& o = ops_[i + k];
-          switch (o.layer.type) {
-            case LayerType::kConv2D:
-              ConvForwardImages(o.window, src, b0, b1, params[o.kernel].data(),
-                                params[o.bias].data(), o.layer.filters, &cols[k], &outs[k]);
-              ApplyActivationRows(o.layer.activation, &outs[k], b0, b1);
-              break;
-            case LayerType::kMaxPool2D:
-              MaxPoolForwardImages(o.window, src, b0, b1, &outs[k], &args[k]);
-              break;
-            case LayerType::kAvgPool2D:
-              AvgPoolForwardImages(o.window, src, b0, b1, &outs[k]);
-              break;
-            default:
-              break;
-          }
-          src = outs[k].data();
-        }
-      });
-      if (cache != nullptr) {
-        for (size_t k = 0; k < n; ++k) {
-          cache->out[i + k] = std::move(outs[k]);
-          cache->aux[i + k] = std::move(cols[k]);
-          cache->argmax[i + k] = std::move(args[k]);
-        }
-        in = cache->out[end - 1].data();
-      } else {
-        current = std::move(outs[n - 1]);
-        in = current.data();
-      }
+      in = ForwardImages(params, in, batch, i, end, cache, &current);
       i = end - 1;
       continue;
     }
@@ -560,7 +471,7 @@ RowMatrix Model::Forward(const Params& params, const float* x, int64_t rows, uin
         ConstMatrixMap input(in, batch, in_dim);
         ConstMatrixMap kernel(params[op.kernel].data(), kv.rows, kv.cols);
         out.resize(batch, kv.cols);
-        ProductByRows(pool, out, input, kernel);  // by examples
+        SplitProduct(pool, out, input, kernel);
         AddBias(params[op.bias], &out);
         ApplyActivation(op.layer.activation, &out, pool);
         break;
@@ -709,6 +620,21 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
   if (need_deep_grad) first_with_vars = 0;
   for (int i = static_cast<int>(ops_.size()) - 1; i >= 0 && i >= first_with_vars; --i) {
     const Op& op = ops_[i];
+    if (!Serial(pool) && PerImage(op.layer.type)) {
+      // The run of image-by-image layers down from here, as one job.
+      int first = i;
+      while (first > first_with_vars && PerImage(ops_[first - 1].layer.type)) --first;
+      d = BackwardImages(params, cache, first, i, first > first_with_vars || need_deep_grad,
+                         std::move(d), grads);
+      // The run's gradients are final and its kernels read for the last time.
+      for (int k = i; hooks != nullptr && k >= first; --k) {
+        if (ops_[k].kernel < 0) continue;
+        hooks->Ready(ops_[k].kernel);
+        hooks->Ready(ops_[k].bias);
+      }
+      i = first;
+      continue;
+    }
     const float* in = i == 0 ? input0 : cache.out[i - 1].data();
     const bool need_input_grad = i > first_with_vars || need_deep_grad;
     RowMatrix din;
@@ -718,13 +644,13 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
         const VariableSpec& kv = variables_[op.kernel];
         ConstMatrixMap input(in, batch, kv.rows);
         MatrixMap dkernel((*grads)[op.kernel].data(), kv.rows, kv.cols);
-        // By rows of dW (input features): each a whole sum over the batch.
-        ProductByRows(pool, dkernel, input.transpose(), d);
+        // Each element of dW a whole sum over the batch.
+        SplitProduct(pool, dkernel, input.transpose(), d);
         ColumnSums(d.data(), d.rows(), kv.cols, (*grads)[op.bias].data(), pool);
         if (need_input_grad) {
           ConstMatrixMap kernel(params[op.kernel].data(), kv.rows, kv.cols);
           din.resize(batch, kv.rows);
-          ProductByRows(pool, din, d, kernel.transpose());  // by examples
+          SplitProduct(pool, din, d, kernel.transpose());
         }
         break;
       }
@@ -757,135 +683,6 @@ float Model::LossAndGradients(const Params& params, const Batch& data, uint64_t 
   }
   if (sparse()) SparseBackward(params, *lookups, d, d_logits, grads, hooks);
   return static_cast<float>(loss / batch);
-}
-
-namespace {
-
-// Examples [start, start + rows) of a batch's lookups (ids as they are).
-SparseBatch SliceLookups(const SparseBatch& all, int64_t start, int64_t rows) {
-  SparseBatch out(all.size());
-  for (size_t t = 0; t < all.size(); ++t) {
-    const TableLookup& from = all[t];
-    const int64_t begin = from.offsets[start], end = from.offsets[start + rows];
-    out[t].ids.assign(from.ids.begin() + begin, from.ids.begin() + end);
-    if (!from.weights.empty()) {
-      out[t].weights.assign(from.weights.begin() + begin, from.weights.begin() + end);
-    }
-    out[t].offsets.reserve(rows + 1);
-    for (int64_t r = 0; r <= rows; ++r) out[t].offsets.push_back(from.offsets[start + r] - begin);
-  }
-  return out;
-}
-
-}  // namespace
-
-RowMatrix Model::Logits(const Params& params, const Batch& data) const {
-  if (!sparse()) return Forward(params, data.x, data.size, 0, nullptr);
-  RowMatrix deep;
-  return ForwardSparse(
-      params, data.x, data.size,
-      data.sparse ? *data.sparse : Lookups(data.lookup_ids, data.size, data.lookup_weights), 0,
-      nullptr, &deep);
-}
-
-RowMatrix Model::BlockLogits(const Params& params, const Batch& data, int64_t start,
-                             int64_t rows) const {
-  Batch block;
-  block.x = data.x + start * input_dim();
-  block.size = rows;
-  if (data.lookup_ids != nullptr) block.lookup_ids = data.lookup_ids + start * id_slots_;
-  if (data.lookup_weights != nullptr) {
-    block.lookup_weights = data.lookup_weights + start * id_slots_;
-  }
-  SparseBatch slice;
-  if (data.sparse != nullptr) {
-    slice = SliceLookups(*data.sparse, start, rows);
-    block.sparse = &slice;
-  }
-  return Logits(params, block);
-}
-
-EvalMetrics Model::Evaluate(const Params& params, const Batch& data) const {
-  EvalMetrics m;
-  m.examples = data.size;
-  if (data.size <= 0) return m;
-  int64_t correct = 0;
-  double loss = 0;
-  const bool binary = spec_.head == HeadType::kSigmoid || spec_.head == HeadType::kWideAndDeep ||
-                      (spec_.head == HeadType::kSoftmax && ops_.back().out[0] == 2);
-  std::vector<double> score;  // binary: P(class 1)
-  std::vector<int32_t> labels;
-  for (int64_t start = 0; start < data.size; start += kEvalBlock) {
-    const int64_t rows = std::min(kEvalBlock, data.size - start);
-    RowMatrix z = BlockLogits(params, data, start, rows);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t e = start + r;
-      switch (spec_.head) {
-        case HeadType::kSoftmax: {
-          Eigen::Index arg = 0;
-          const float max = z.row(r).maxCoeff(&arg);
-          if (arg == data.labels[e]) ++correct;
-          const double sum = (z.row(r).array() - max).exp().sum();
-          loss += std::log(sum) - (z(r, data.labels[e]) - max);
-          if (binary) {
-            score.push_back(std::exp(static_cast<double>(z(r, 1)) - max) / sum);
-            labels.push_back(data.labels[e]);
-          }
-          break;
-        }
-        case HeadType::kSigmoid:
-        case HeadType::kWideAndDeep: {
-          const double logit = z(r, 0);
-          const int32_t y = data.labels[e] == 1 ? 1 : 0;
-          if ((logit >= 0 ? 1 : 0) == y) ++correct;
-          loss += std::max(logit, 0.0) - logit * y + std::log1p(std::exp(-std::fabs(logit)));
-          score.push_back(logit);  // monotone in p: same AUC
-          labels.push_back(y);
-          break;
-        }
-        case HeadType::kMeanSquaredError: {
-          const double diff = static_cast<double>(z(r, 0)) - data.targets[e];
-          loss += diff * diff;
-          break;
-        }
-      }
-    }
-  }
-  const double n = static_cast<double>(data.size);
-  m.loss = loss / n;
-  if (spec_.head == HeadType::kMeanSquaredError) {
-    m.rmse = std::sqrt(m.loss);
-    return m;
-  }
-  m.accuracy = static_cast<double>(correct) / n;
-  m.log_loss = m.loss;
-  if (binary) m.auc = Auc(score, labels);
-  return m;
-}
-
-double Model::Accuracy(const Params& params, const float* x, const int32_t* y, int64_t n) const {
-  if (n <= 0) return 0.0;
-  if (spec_.head != HeadType::kSoftmax) {
-    Batch b;
-    b.x = x;
-    b.labels = y;
-    b.size = n;
-    return Evaluate(params, b).accuracy.value_or(0.0);
-  }
-  Batch all;
-  all.x = x;
-  all.size = n;
-  int64_t correct = 0;
-  for (int64_t start = 0; start < n; start += kEvalBlock) {
-    const int64_t rows = std::min(kEvalBlock, n - start);
-    RowMatrix z = BlockLogits(params, all, start, rows);
-    for (int64_t r = 0; r < rows; ++r) {
-      Eigen::Index arg = 0;
-      z.row(r).maxCoeff(&arg);
-      if (arg == y[start + r]) ++correct;
-    }
-  }
-  return static_cast<double>(correct) / static_cast<double>(n);
 }
 
 }  // namespace kubetrain

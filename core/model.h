@@ -21,8 +21,11 @@
 //
 // Threads: a step computes on SetThreads() threads (default 1: the caller's
 // thread only, the same bits as before threads existed). With N > 1 the
-// layers split their work by output rows (core/layers.h): the bits are the
-// same on every run with N threads, and within float rounding of N = 1.
+// layers split their work by output rows or columns, and a conv2d's weight
+// and bias gradients into per-chunk sums added in chunk order (core/
+// layers.h; a run of conv2d/pool layers as one job per chunk of images,
+// core/model_images.cc): the bits are the same on every run with N
+// threads, and within float rounding of N = 1.
 // Some paths give the 1-thread bits with any N: dropout (its mask is one
 // serial random stream per (seed, layer), whatever N; only the multiply by
 // it is split) and the sparse paths (the embedding gather and the wide
@@ -307,7 +310,17 @@ class Model {
     WindowGeometry window;  // conv2d, pools
     int kernel = -1, bias = -1;
   };
-  struct Cache;
+  // What a forward pass keeps for the backward one.
+  struct Cache {
+    std::vector<RowMatrix> out;  // out[i]: op i's output (after its activation)
+    std::vector<RowMatrix> aux;  // conv2d: im2col patches; dropout: scaled mask
+    std::vector<std::vector<int32_t>> argmax;
+  };
+  // Layers that compute image by image (each image's output from its input
+  // only): conv2d and the pools.
+  static bool PerImage(LayerType t) {
+    return t == LayerType::kConv2D || t == LayerType::kMaxPool2D || t == LayerType::kAvgPool2D;
+  }
 
   explicit Model(ModelSpec spec);
   // Logits of examples [start, start + rows) of `data`.
@@ -316,6 +329,17 @@ class Model {
   // With `cache`, keeps what Backward needs and applies dropout.
   RowMatrix Forward(const Params& params, const float* x, int64_t rows, uint64_t dropout_seed,
                     Cache* cache, const LayerHooks* hooks = nullptr) const;
+  // On the pool (core/model_images.cc): the image-by-image layers
+  // ops_[first, end) forward from `in`, one job per chunk of images through
+  // all of them; their outputs go to `cache` (else the last to *out).
+  // Returns the last output's data.
+  const float* ForwardImages(const Params& params, const float* in, int batch, size_t first,
+                             size_t end, Cache* cache, RowMatrix* out) const;
+  // And backward through ops_[first, last] from d = d(loss)/d(op last's
+  // output): their gradients into *grads, and d(loss)/d(op first's input)
+  // returned if need_input_grad (else an empty matrix).
+  RowMatrix BackwardImages(const Params& params, const Cache& cache, int first, int last,
+                           bool need_input_grad, RowMatrix d, Params* grads) const;
   // Forward over rows of dense features x: builds the deep tower's input
   // (dense features, then the combined embeddings) into *deep and adds the
   // wide logit. `lookups` index into params of the tables.

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "core/hash.h"
 #include "core/layers.h"
+#include "core/thread_pool.h"
 #include "gtest/gtest.h"
 
 namespace kubetrain {
@@ -604,6 +605,82 @@ TEST(ModelThreadsTest, FixedThreadCountGivesFixedBitsCloseToOneThread) {
         EXPECT_TRUE(Close(
             std::vector<float>(first.logits.data(), first.logits.data() + first.logits.size()),
             std::vector<float>(want.logits.data(), want.logits.data() + want.logits.size())));
+      }
+    }
+  }
+}
+
+// On N threads a run of conv2d/pool layers goes forward and backward as one
+// job per chunk of images (core/model_images.cc). Its results are those of
+// the layer kernels called one by one on a pool of N (ReLU: the activation
+// and its gradient are exact at any split), bit for bit: the run changes
+// how the work is handed out, not what is computed.
+TEST(ModelThreadsTest, ImageRunIsTheKernelsOneByOne) {
+  const ModelSpec spec = Layers(
+      {8, 8, 3}, {Conv(4, 3, 1, true, Activation::kRelu), Pool(LayerType::kMaxPool2D, 2, 2),
+                  Conv(5, 3, 1, false, Activation::kRelu), Simple(LayerType::kFlatten), Dense(3)});
+  std::mt19937_64 rng(12);
+  const Model base = MustCreate(spec);
+  const Params params = base.InitialParams(4);
+  for (int batch : {9, 2}) {
+    std::vector<float> x(batch * base.input_dim());
+    std::normal_distribution<float> pixel(0.0f, 1.0f);
+    for (float& f : x) f = pixel(rng);
+    std::vector<int32_t> y(batch);
+    for (int i = 0; i < batch; ++i) y[i] = i % 3;
+    for (int threads : {2, 3}) {
+      Model model = base;
+      model.SetThreads(threads);
+      Params got;
+      const float loss = model.LossAndGradients(params, x.data(), y.data(), batch, &got);
+
+      ThreadPool pool(threads);
+      const WindowGeometry g0 = MakeWindowGeometry(spec.layers[0], {8, 8, 3});
+      const WindowGeometry g1 = MakeWindowGeometry(spec.layers[1], {8, 8, 4});
+      const WindowGeometry g2 = MakeWindowGeometry(spec.layers[2], {4, 4, 4});
+      RowMatrix col0, out0, pooled, col2, out2;
+      std::vector<int32_t> argmax;
+      ConvForward(g0, x.data(), batch, params[0].data(), params[1].data(), 4, &col0, &out0, &pool);
+      ApplyActivation(Activation::kRelu, &out0, &pool);
+      MaxPoolForward(g1, out0.data(), batch, &pooled, &argmax, &pool);
+      ConvForward(g2, pooled.data(), batch, params[2].data(), params[3].data(), 5, &col2, &out2,
+                  &pool);
+      ApplyActivation(Activation::kRelu, &out2, &pool);
+      // The dense head and the softmax loss as model.cc computes them (a
+      // product this small stays on one thread).
+      const Eigen::Map<const RowMatrix> w(params[4].data(), 20, 3);
+      RowMatrix logits = out2 * w;
+      logits.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(params[5].data(), 3);
+      const float inv_batch = 1.0f / static_cast<float>(batch);
+      double want_loss = 0;
+      for (int r = 0; r < batch; ++r) {
+        auto row = logits.row(r);
+        const float max = row.maxCoeff();
+        const float shifted = row(y[r]) - max;
+        row.array() = (row.array() - max).exp();
+        const float sum = row.sum();
+        want_loss += std::log(sum) - shifted;
+        row *= inv_batch / sum;
+        row(y[r]) -= inv_batch;
+      }
+      EXPECT_EQ(loss, static_cast<float>(want_loss / batch));
+      Params want = params;
+      Eigen::Map<RowMatrix>(want[4].data(), 20, 3).noalias() =
+          Eigen::Map<const RowMatrix>(out2.data(), batch, 20).transpose() * logits;
+      ColumnSums(logits.data(), batch, 3, want[5].data());
+      RowMatrix d = logits * w.transpose(), d_pooled, unused;
+      ActivationGradient(Activation::kRelu, out2, &d, &pool);
+      ConvBackward(g2, col2, d, params[2].data(), 5, batch, want[2].data(), want[3].data(),
+                   &d_pooled, &pool);
+      RowMatrix d_out0;
+      MaxPoolBackward(g1, d_pooled, argmax, &d_out0, &pool);
+      ActivationGradient(Activation::kRelu, out0, &d_out0, &pool);
+      ConvBackward(g0, col0, d_out0, params[0].data(), 4, batch, want[0].data(), want[1].data(),
+                   nullptr, &pool);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t v = 0; v < want.size(); ++v) {
+        EXPECT_EQ(got[v], want[v])
+            << base.variables()[v].name << " batch " << batch << " threads " << threads;
       }
     }
   }

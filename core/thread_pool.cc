@@ -1,6 +1,7 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <sstream>
 
@@ -17,6 +18,21 @@ std::pair<int64_t, int64_t> ChunkRange(int64_t n, int chunks, int c) {
   // n * c stays far from overflow: n is a row or element count of one batch.
   return {n * c / chunks, n * (c + 1) / chunks};
 }
+
+namespace {
+
+// Spins until done() or kSpinMicros have passed.
+template <typename Done>
+void SpinUntil(Done done) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::microseconds(ThreadPool::kSpinMicros);
+  while (!done()) {
+    std::this_thread::yield();
+    if (std::chrono::steady_clock::now() >= deadline) return;
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int threads) : threads_(std::max(threads, 1)) {
   workers_.reserve(threads_ - 1);
@@ -43,6 +59,11 @@ void ThreadPool::Loop(int /*index*/) {
                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || generation_ != seen; };
   absl::MutexLock l(&mu_);
   while (true) {
+    if (!ready()) {
+      mu_.Unlock();
+      SpinUntil([&] { return posted_.load(std::memory_order_acquire) != seen; });
+      mu_.Lock();
+    }
     mu_.Await(absl::Condition(&ready));
     if (stop_) return;
     seen = generation_;
@@ -53,7 +74,7 @@ void ThreadPool::Loop(int /*index*/) {
       mu_.Unlock();
       (*fn)(begin, end);
       mu_.Lock();
-      ++done_;
+      finished_.store(++done_, std::memory_order_release);
     }
   }
 }
@@ -81,16 +102,18 @@ void ThreadPool::ParallelFor(int64_t n, const ChunkFn& fn) {
     chunks_ = chunks;
     next_ = 1;  // chunk 0 is the caller's
     done_ = 0;
-    ++generation_;
+    finished_.store(0, std::memory_order_relaxed);
+    posted_.store(++generation_, std::memory_order_release);
   }
   int c = 0;
   while (true) {
     const auto [begin, end] = ChunkRange(n, chunks, c);
     fn(begin, end);
     absl::MutexLock l(&mu_);
-    ++done_;
+    finished_.store(++done_, std::memory_order_release);
     if (!Claim(&c)) break;
   }
+  SpinUntil([&] { return finished_.load(std::memory_order_acquire) == chunks; });
   {
     auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ == chunks_; };
     absl::MutexLock l(&mu_, absl::Condition(&finished));

@@ -18,6 +18,10 @@
 //   sparse  and for a wide & deep step (4 columns, embeddings of 32,
 //          dense 256 ReLU, batch 2048, compact lookups and tables as a
 //          worker steps): the split gather and scatter.
+// --profile_steps=N runs only N CNN steps on --threads threads (the kernel
+// figures above once, as a warm-up) and prints ms per step, so that
+//   perf record -g layers_bench --profile_steps=300
+// profiles the threaded step and little else.
 // Prints figures; the last line is key=value pairs (ratios = kernel / gemm).
 // Never fails on a time.
 #include <time.h>
@@ -32,6 +36,7 @@
 #include "core/flags.h"
 #include "core/layers.h"
 #include "core/model.h"
+#include "core/thread_pool.h"
 #include "tests/bench/bench_util.h"
 
 namespace kubetrain {
@@ -106,11 +111,14 @@ Alternated Alternate(int64_t reps, const Model& single, const Model& threaded, c
 }
 
 int Main(int argc, char** argv) {
-  int64_t batch = 64, reps = 20, threads = 2;
-  FlagParser flags("layers_bench [--batch N] [--reps N] [--threads N]");
+  int64_t batch = 64, reps = 20, threads = 2, profile_steps = 0;
+  FlagParser flags("layers_bench [--batch N] [--reps N] [--threads N] [--profile_steps N]");
   flags.Int("batch", &batch, "examples per batch");
   flags.Int("reps", &reps, "timed repetitions (median reported)");
   flags.Int("threads", &threads, "threads of the multi-threaded CNN step (against one)");
+  flags.Int("profile_steps", &profile_steps,
+            "only run this many CNN steps on --threads threads and exit (for perf record: "
+            "nothing else in the profile)");
   if (auto st = flags.Parse(argc, argv, 1, nullptr); !st.ok() || flags.help_requested()) {
     std::fprintf(stderr, "%s\n%s", st.ok() ? "" : std::string(st.message()).c_str(),
                  flags.Usage().c_str());
@@ -121,6 +129,8 @@ int Main(int argc, char** argv) {
     return 2;
   }
   std::mt19937_64 rng(1);
+  // --profile_steps: the kernels below run once each (warm-up only).
+  const int kernel_reps = profile_steps > 0 ? 0 : static_cast<int>(reps);
 
   // conv: 14x14x32 -> 64 filters, 3x3 same.
   LayerSpec conv;
@@ -133,20 +143,20 @@ int Main(int argc, char** argv) {
   RowMatrix in = Random(batch, 14 * 14 * 32, &rng), kernel = Random(ck, cn, &rng);
   std::vector<float> bias(cn, 0.1f), dkernel(ck * cn), dbias(cn);
   RowMatrix col, out, din, dout = Random(batch, g.positions() * cn, &rng);
-  const double conv_s = Time(reps, [&] {
+  const double conv_s = Time(kernel_reps, [&] {
     ConvForward(g, in.data(), batch, kernel.data(), bias.data(), conv.filters, &col, &out);
     ConvBackward(g, col, dout, kernel.data(), conv.filters, batch, dkernel.data(), dbias.data(),
                  &din);
   });
   const double conv_flops = 3.0 * 2 * cm * ck * cn;
-  const double conv_gemm_s = GemmSeconds(cm, ck, cn, reps, &rng);
+  const double conv_gemm_s = GemmSeconds(cm, ck, cn, kernel_reps, &rng);
 
   // dense: 3136 -> 128 (forward GEMM + bias + ReLU, backward mask + 2 GEMMs + bias sum).
   const int64_t dk = 3136, dn = 128;
   RowMatrix x = Random(batch, dk, &rng), w = Random(dk, dn, &rng);
   RowMatrix dy = Random(batch, dn, &rng), dw(dk, dn), dx(batch, dk);
   Eigen::RowVectorXf b = Eigen::RowVectorXf::Constant(dn, 0.1f), db(dn);
-  const double dense_s = Time(reps, [&] {
+  const double dense_s = Time(kernel_reps, [&] {
     RowMatrix z(batch, dn);
     z.noalias() = x * w;
     z.rowwise() += b;
@@ -158,7 +168,7 @@ int Main(int argc, char** argv) {
     dx.noalias() = d * w.transpose();
   });
   const double dense_flops = 3.0 * 2 * batch * dk * dn;
-  const double dense_gemm_s = GemmSeconds(batch, dk, dn, reps, &rng);
+  const double dense_gemm_s = GemmSeconds(batch, dk, dn, kernel_reps, &rng);
 
   // step: the fashion-mnist-cnn example's layer list, random inputs.
   ModelSpec cnn;
@@ -194,6 +204,23 @@ int Main(int argc, char** argv) {
   for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>(i % 10);
   Params grads;
   uint64_t dropout_seed = 0;
+  if (profile_steps > 0) {
+    Model m = *model;
+    m.SetThreads(static_cast<int>(threads));
+    Batch b;
+    b.x = images.data();
+    b.labels = labels.data();
+    b.size = batch;
+    const double t0 = NowSeconds(), c0 = CpuSeconds(), tc0 = ThreadCpuSeconds();
+    for (int64_t i = 0; i < profile_steps; ++i)
+      m.LossAndGradients(params, b, ++dropout_seed, &grads);
+    const double per = 1e3 / static_cast<double>(profile_steps);
+    std::printf(
+        "%lld cnn steps on %lld threads: %.3f ms each; CPU %.3f ms, %.3f ms on the caller\n",
+        static_cast<long long>(profile_steps), static_cast<long long>(threads),
+        (NowSeconds() - t0) * per, (CpuSeconds() - c0) * per, (ThreadCpuSeconds() - tc0) * per);
+    return 0;
+  }
   auto step = [&] {
     Batch b;
     b.x = images.data();
@@ -273,6 +300,29 @@ int Main(int argc, char** argv) {
                  std::string(wd_model.status().message()).c_str());
     return 1;
   }
+  // Hand-off: a ParallelFor whose chunks each compute for 20 us, back to
+  // back and after 50 us of caller-only work (as between the layers of a
+  // step): the median time per call above 20 us is what waking the pool's
+  // threads and waiting for them costs (20 us more: the caller ran a chunk
+  // a thread did not take in time).
+  auto handoff_us = [&](double gap_s) {
+    ThreadPool pool(static_cast<int>(threads));
+    std::vector<double> t;
+    for (int i = 0; i < 1000; ++i) {
+      const double g0 = NowSeconds();
+      while (NowSeconds() - g0 < gap_s) {
+      }
+      const double t0 = NowSeconds();
+      pool.ParallelFor(threads, [&](int64_t b, int64_t e) {
+        const double c0 = NowSeconds();
+        while (NowSeconds() - c0 < 20e-6 * static_cast<double>(e - b)) {
+        }
+      });
+      t.push_back(NowSeconds() - t0);
+    }
+    return bench::Summarize(t).median * 1e6 - 20;
+  };
+  const double handoff_s = handoff_us(0), handoff_gap_s = handoff_us(50e-6);
   Alternated mlp_t, wd_t;
   {
     Model one = *mlp_model, many = *mlp_model;
@@ -332,7 +382,7 @@ int Main(int argc, char** argv) {
       static_cast<long long>(threads), stepn_s * 1e3, step1_s * 1e3, speedup);
   std::printf(
       "cnn step CPU time: 1 thread %.3f ms; %lld threads %.3f ms in all, %.3f ms on the caller "
-      "(its ratio, a bound on the speedup on an idle machine: %.2fx)\n",
+      "(its ratio, a bound on the speedup on an idle machine, less the pool's spin: %.2fx)\n",
       cpu1_s * 1e3, static_cast<long long>(threads), cpun_s * 1e3, caller_s * 1e3,
       cpu1_s / caller_s);
   std::printf(
@@ -346,6 +396,10 @@ int Main(int argc, char** argv) {
       static_cast<long long>(wd_batch), static_cast<long long>(threads), wd_t.msn, wd_t.ms1,
       wd_t.speedup);
   std::printf(
+      "pool hand-off, %lld threads: %.1f us per call back to back, %.1f us after 50 us apart "
+      "(above the 20 us a chunk computes)\n",
+      static_cast<long long>(threads), handoff_s, handoff_gap_s);
+  std::printf(
       "%s\n",
       absl::StrFormat(
           "conv_gflops=%.2f conv_gemm_gflops=%.2f conv_ratio=%.3f dense_gflops=%.2f "
@@ -355,12 +409,13 @@ int Main(int argc, char** argv) {
           "cnn_step_threads_cpu_ms=%.2f cnn_step_threads_caller_cpu_ms=%.2f "
           "threads_cpu_speedup=%.3f threads_speedup=%.3f mlp_tanh_1thread_ms=%.2f "
           "mlp_tanh_threads_ms=%.2f mlp_tanh_threads_speedup=%.3f sparse_1thread_ms=%.2f "
-          "sparse_threads_ms=%.2f sparse_threads_speedup=%.3f",
+          "sparse_threads_ms=%.2f sparse_threads_speedup=%.3f handoff_us=%.1f "
+          "handoff_after_gap_us=%.1f",
           conv_gf, conv_ref, conv_gf / conv_ref, dense_gf, dense_ref, dense_gf / dense_ref,
           step_s * 1e3, batch / step_s, step_cpu_s * 1e3, batch / step_cpu_s,
           static_cast<long long>(threads), step1_s * 1e3, stepn_s * 1e3, cpu1_s * 1e3, cpun_s * 1e3,
           caller_s * 1e3, cpu1_s / caller_s, speedup, mlp_t.ms1, mlp_t.msn, mlp_t.speedup, wd_t.ms1,
-          wd_t.msn, wd_t.speedup)
+          wd_t.msn, wd_t.speedup, handoff_s, handoff_gap_s)
           .c_str());
   return 0;
 }
