@@ -364,4 +364,14 @@ absl::StatusOr<v1::ShardStats> FaultyShardChannel::GetStats(const v1::InfoReques
   return ShardChannelWrapper::GetStats(request);
 }
 
+PushPullAnswer LosesPushPullAnswers::PushPull(const v1::PushRequest::Header& header,
+                                              const std::vector<ChunkRef>& chunks,
+                                              const std::vector<SparseRef>& sparse,
+                                              const v1::PullRequest& pull, const ChunkSink& sink) {
+  PushPullAnswer answer = ShardChannelWrapper::PushPull(header, chunks, sparse, pull, sink);
+  if (left_.fetch_sub(1) <= 0) return answer;
+  const absl::Status lost = absl::UnavailableError("the answer was lost");
+  return {lost, lost};
+}
+
 }  // namespace kubetrain

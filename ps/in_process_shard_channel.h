@@ -19,6 +19,7 @@
 #ifndef KUBETRAIN_PS_IN_PROCESS_SHARD_CHANNEL_H_
 #define KUBETRAIN_PS_IN_PROCESS_SHARD_CHANNEL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -153,6 +154,22 @@ class FaultyShardChannel : public ShardChannelWrapper {
   mutable absl::Mutex mu_;
   std::map<ShardRpc, int> calls_ ABSL_GUARDED_BY(mu_);
   std::map<ShardRpc, std::vector<Hook>> hooks_ ABSL_GUARDED_BY(mu_);
+};
+
+// Forwards every call; loses the answer of the first `n` PushPulls after the
+// PS handled them (a connection that breaks on the way back): the caller
+// sees UNAVAILABLE for both halves and cannot know the push was applied.
+class LosesPushPullAnswers : public ShardChannelWrapper {
+ public:
+  LosesPushPullAnswers(std::unique_ptr<ShardChannel> target, int n)
+      : ShardChannelWrapper(std::move(target)), left_(n) {}
+  using ShardChannelWrapper::Push;
+  PushPullAnswer PushPull(const v1::PushRequest::Header& header,
+                          const std::vector<ChunkRef>& chunks, const std::vector<SparseRef>& sparse,
+                          const v1::PullRequest& pull, const ChunkSink& sink) override;
+
+ private:
+  std::atomic<int> left_;
 };
 
 }  // namespace kubetrain

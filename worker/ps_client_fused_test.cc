@@ -228,26 +228,6 @@ TEST_F(PsClientFusedTest, OverlappedStepsKeepTheAsyncStalenessAccountingOfPushPu
   }
 }
 
-// Forwards every call; loses the answer of the first `n` PushPulls after the
-// PS handled them (as a connection that breaks on the way back).
-class LosesPushPullAnswers : public ShardChannelWrapper {
- public:
-  LosesPushPullAnswers(std::unique_ptr<ShardChannel> target, int n)
-      : ShardChannelWrapper(std::move(target)), left_(n) {}
-  using ShardChannelWrapper::Push;
-  PushPullAnswer PushPull(const v1::PushRequest::Header& header,
-                          const std::vector<ChunkRef>& chunks, const std::vector<SparseRef>& sparse,
-                          const v1::PullRequest& pull, const ChunkSink& sink) override {
-    PushPullAnswer answer = ShardChannelWrapper::PushPull(header, chunks, sparse, pull, sink);
-    if (left_.fetch_sub(1) <= 0) return answer;
-    const absl::Status lost = absl::UnavailableError("the answer was lost");
-    return {lost, lost};
-  }
-
- private:
-  std::atomic<int> left_;
-};
-
 TEST_F(PsClientFusedTest, AnOverlappedStepWhoseAnswerIsLostIsRetriedAndAppliedOnce) {
   MakeFromYaml(MlpYaml({.ps = 1, .workers = 1, .mode = "async"}));
   std::vector<std::unique_ptr<ShardChannel>> channels;

@@ -462,15 +462,21 @@ TEST_F(ServiceTest, ARetriedAsyncPushIsAppliedOnce) {
   EXPECT_EQ(stats->gradients_applied(), 2);
 }
 
+// Worker 0's pull at the barrier of step 1 (held until worker 1 pushes).
+v1::PullRequest BarrierPullOfStep1() {
+  v1::PullRequest pull;
+  pull.set_min_version(1);
+  pull.set_worker_clock(1);
+  pull.set_wait_timeout_ms(30000);
+  return pull;
+}
+
 TEST_F(ServiceTest, APushPullPushesThenHoldsThePullAtTheBarrierAndARetryAppliesOnce) {
   // Sync, two workers: worker 0's fused step is answered for its push at
   // once and its pull is held until worker 1's plain push opens the barrier.
   PullAll();
   const auto grads = Grads(0.5f);
-  v1::PullRequest pull;
-  pull.set_min_version(1);
-  pull.set_worker_clock(1);
-  pull.set_wait_timeout_ms(30000);
+  const v1::PullRequest pull = BarrierPullOfStep1();
   std::map<std::string, std::vector<float>> fused;
   auto sink = [&](const PulledChunk& c) {
     auto& v = fused[std::string(c.part())];
@@ -516,10 +522,7 @@ TEST_F(ServiceTest, APsThatStopsAnswersAHeldFusedPullWithUnavailableNotCancelled
   // restarted PS), and its push stays answered.
   PullAll();
   const auto grads = Grads(0.5f);
-  v1::PullRequest pull;
-  pull.set_min_version(1);
-  pull.set_worker_clock(1);
-  pull.set_wait_timeout_ms(30000);
+  const v1::PullRequest pull = BarrierPullOfStep1();
   PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
   std::thread step([&] {
     answer = channel_->PushPull(Header(0, 0, /*push_id=*/9), ChunksOf(grads), {}, pull,
