@@ -50,24 +50,15 @@ class InProcessPs::Channel final : public ShardChannel {
           absl::StrCat("ps:", shard->options().shard_index, " restarted"));
     }
     if (!result.ok()) return result.status();
-    v1::PullResponse::Header header;
-    header.set_version(result->version);
-    header.set_done(result->done);
-    header.set_waited_seconds(result->waited_seconds);
-    header.set_total_bytes(result->bytes->size());
-    header.set_incarnation(result->incarnation);
-    header.set_absent_workers(result->absent_workers);
-    uint64_t base = 0;
-    for (const auto& part : shard->parts()) {
-      const uint64_t part_bytes = part.num_bytes();
-      for (uint64_t off = 0; off < part_bytes; off += max_chunk_bytes_) {
-        const uint64_t n = std::min(max_chunk_bytes_, part_bytes - off);
-        const FlatPulledChunk chunk(part.name, off / 4, result->bytes->data() + base + off, n);
-        if (absl::Status s = sink(chunk); !s.ok()) return s;
-      }
-      base += part_bytes;
+    if (absl::Status s = ForEachPulledChunk(
+            *shard, *result, max_chunk_bytes_,
+            [&sink](const std::string& part, uint64_t offset, const char* data, uint64_t bytes) {
+              return sink(FlatPulledChunk(part, offset, data, bytes));
+            });
+        !s.ok()) {
+      return s;
     }
-    return header;
+    return PullHeaderOf(*result);
   }
 
   absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest::Header& header,
@@ -92,14 +83,7 @@ class InProcessPs::Channel final : public ShardChannel {
       return absl::UnavailableError(
           absl::StrCat("ps:", shard->options().shard_index, " restarted during the push"));
     }
-    v1::PushResponse response;
-    response.set_version(r->version);
-    response.set_dropped(r->dropped);
-    response.set_done(r->done);
-    response.set_staleness(r->staleness);
-    response.set_incarnation(shard->incarnation());
-    response.set_absent_workers(r->absent_workers);
-    return response;
+    return PushResponseOf(*r, shard->incarnation());
   }
 
   PushPullAnswer PushPull(const v1::PushRequest::Header& header,

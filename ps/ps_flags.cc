@@ -25,6 +25,10 @@ void PsFlags::Register(FlagParser* parser) {
                "only on a network no one but the job can reach");
   parser->String("bind_host", &task.bind_host,
                  "address to listen on; the port comes from TF_CONFIG");
+  parser->Int("bulk_port", &bulk_port_,
+              "serve Pull/Push/PushPull also over the bulk data plane (plain TCP, faster than "
+              "gRPC) on this port: -1 = off, 0 = any free port; workers learn it from the PS. "
+              "Off when the job uses TLS");
   parser->String("metrics_address", &task.metrics_address, "host:port for /metrics; empty = off");
   parser->Int("shutdown_grace_seconds", &shutdown_grace_seconds_,
               "after the chief's shutdown, how long to wait for workers to leave");
@@ -52,6 +56,11 @@ absl::Status PsFlags::Finish() {
     return absl::InvalidArgumentError(
         "--keep_serving_after_checkpoint_failure_seconds: must be >= 0");
   }
+  if (bulk_port_ < -1 || bulk_port_ > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bulk_port: must be -1 (off), 0 (any free port) or a port, got ", bulk_port_));
+  }
+  task.bulk_port = static_cast<int>(bulk_port_);
   task.shutdown_grace = absl::Seconds(shutdown_grace_seconds_);
   task.keep_serving_after_checkpoint_failure = absl::Seconds(keep_serving_seconds_);
   return absl::OkStatus();

@@ -30,6 +30,7 @@ struct PsFlags {
 
  private:
   int64_t shutdown_grace_seconds_ = 0;
+  int64_t bulk_port_ = -1;
   int64_t keep_serving_seconds_ = 0;
 };
 

@@ -196,6 +196,7 @@ PsTask::PsTask(TaskConfig config, PsTaskOptions options, const Clock* clock,
       index_(config_.tf.task_index) {}
 
 PsTask::~PsTask() {
+  if (bulk_) bulk_->Stop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now());
 }
 
@@ -228,6 +229,20 @@ absl::Status PsTask::Start() {
   service_options.model_fingerprint = config_.fingerprint;
   service_options.max_chunk_bytes = job.training.chunk_bytes;
   service_options.job_key = options_.credentials.job_key;
+  if (options_.bulk_port >= 0 && options_.credentials.tls()) {
+    Log("ps:", index_,
+        " bulk data plane off: the job uses TLS, which only the gRPC service speaks");
+  } else if (options_.bulk_port >= 0) {
+    BulkServerOptions bulk;
+    bulk.bind_host = options_.bind_host;
+    bulk.port = options_.bulk_port;
+    bulk.max_chunk_bytes = job.training.chunk_bytes;
+    bulk.job_key = options_.credentials.job_key;
+    auto started = BulkServer::Start(shard_.get(), clock_, bulk, metrics_.service);
+    if (!started.ok()) return started.status();
+    bulk_ = *std::move(started);
+    service_options.bulk_port = bulk_->port();
+  }
   service_ = std::make_unique<PsService>(shard_.get(), clock_, service_options, metrics_.service);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -238,13 +253,15 @@ absl::Status PsTask::Start() {
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     server_.reset();
+    bulk_.reset();
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen, " (port in use?)"));
   }
   const ShardOptions& o = shard_->options();
-  Log("ps:", index_, " serving ", job.name, " on ", options_.bind_host, ":", port_, ", metrics on ",
-      metrics_server_ ? absl::StrCat(metrics_port_) : std::string("(off)"), "; mode ",
-      TrainingModeName(job.training.mode), ", ", config_.num_workers, " workers, aggregate ",
-      o.replicas_to_aggregate, ", target ", config_.target_steps, " steps");
+  Log("ps:", index_, " serving ", job.name, " on ", options_.bind_host, ":", port_,
+      bulk_ ? absl::StrCat(" (bulk data plane on port ", bulk_->port(), ")") : std::string(),
+      ", metrics on ", metrics_server_ ? absl::StrCat(metrics_port_) : std::string("(off)"),
+      "; mode ", TrainingModeName(job.training.mode), ", ", config_.num_workers,
+      " workers, aggregate ", o.replicas_to_aggregate, ", target ", config_.target_steps, " steps");
   Log("job fingerprint ", config_.fingerprint, "; placement:\n", config_.placement.Describe());
   if (options_.credentials.job_key.empty()) {
     Log("warning: ps:", index_, " runs open (--insecure): no auth directory (--auth_dir, ",
@@ -265,6 +282,7 @@ absl::Status PsTask::Serve() {
   // instead of failing with the CANCELLED of a shutdown.
   shard_->StopHolding(absl::UnavailableError(
       absl::StrCat("ps:", index_, " is stopping; a restarted PS answers a pull asked again")));
+  if (bulk_) bulk_->Stop();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return final_status_;
 }

@@ -45,6 +45,7 @@
 #include "core/job_report.h"
 #include "core/metrics.h"
 #include "core/task_config.h"
+#include "ps/bulk_server.h"
 #include "ps/checkpoint.h"
 #include "ps/service.h"
 #include "ps/shard.h"
@@ -66,6 +67,10 @@ struct PsTaskOptions {
   // The port to listen on: -1 = this task's port in TF_CONFIG; 0 = any free
   // port (see PsTask::port()).
   int port = -1;
+  // The bulk data plane (ps/bulk_server.h) beside gRPC: -1 = off; 0 = any
+  // free port; else that port. Advertised to workers in GetInfo. Off, with a
+  // log line, when the job uses TLS (the data plane is plain TCP).
+  int bulk_port = -1;
   std::string metrics_address = "0.0.0.0:9090";  // "" = no /metrics
   // After the chief's shutdown, how long to wait for workers and evaluators
   // to leave.
@@ -130,8 +135,9 @@ class PsTask {
   bool holding_parameters() const { return holding_; }
 
   Shard* shard() const { return shard_.get(); }
-  int port() const { return port_; }                  // after Start
-  int metrics_port() const { return metrics_port_; }  // 0 = off
+  int port() const { return port_; }                           // after Start
+  int bulk_port() const { return bulk_ ? bulk_->port() : 0; }  // 0 = off
+  int metrics_port() const { return metrics_port_; }           // 0 = off
 
  private:
   struct Metrics {
@@ -180,6 +186,7 @@ class PsTask {
   // Serve's thread only.
   std::unique_ptr<PsService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<BulkServer> bulk_;
   int port_ = 0;
   int64_t saved_version_ = 0;
   // Per table (set by Create; null if the job has no tables).

@@ -66,13 +66,7 @@ class PsService::SnapshotWriter {
     if (!header_sent_) {
       header_sent_ = true;
       v1::PullResponse msg;
-      auto* h = msg.mutable_header();
-      h->set_version(snapshot_.version);
-      h->set_done(snapshot_.done);
-      h->set_waited_seconds(snapshot_.waited_seconds);
-      h->set_total_bytes(snapshot_.bytes->size());
-      h->set_incarnation(snapshot_.incarnation);
-      h->set_absent_workers(snapshot_.absent_workers);
+      *msg.mutable_header() = PullHeaderOf(snapshot_);
       *out = Serialize(msg);
       return true;
     }
@@ -368,13 +362,7 @@ class PsService::PushReactor final
                                                     : ToGrpcStatus(r.status()));
       return;
     }
-    v1::PushResponse resp;
-    resp.set_version(r->version);
-    resp.set_dropped(r->dropped);
-    resp.set_done(r->done);
-    resp.set_staleness(r->staleness);
-    resp.set_incarnation(service_->shard_->incarnation());
-    resp.set_absent_workers(r->absent_workers);
+    v1::PushResponse resp = PushResponseOf(*r, service_->shard_->incarnation());
     if (service_->metrics_.push_seconds) {
       service_->metrics_.push_seconds->Observe(
           absl::ToDoubleSeconds(service_->clock_->Now() - start_));
@@ -620,6 +608,7 @@ grpc::ServerUnaryReactor* PsService::GetInfo(grpc::CallbackServerContext* ctx,
   absl::Status s = Admit(PsMethod::kGetInfo, ctx, raw, &req);
   if (s.ok())
     s = FillShardInfo(shard_, options_.model_fingerprint, options_.max_chunk_bytes, req, &resp);
+  resp.set_bulk_port(options_.bulk_port);
   return Answer("GetInfo", ctx, s, resp, out);
 }
 

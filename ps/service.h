@@ -79,6 +79,8 @@ struct PsServiceOptions {
   // The job's key (core/job_credentials.h): every call must carry a token
   // derived from it. Empty: the PS is open to any client.
   std::string job_key;
+  // The bulk data plane's port (ps/bulk_server.h) that GetInfo advertises; 0: none.
+  int bulk_port = 0;
 };
 
 // The server-side transport settings of a PS (message size limits for

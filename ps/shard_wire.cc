@@ -84,6 +84,47 @@ void FillShardStats(const ShardStatsSnapshot& s, v1::ShardStats* out) {
   out->set_dynamic_rows_evicted(s.dynamic_rows_evicted);
 }
 
+v1::PullResponse::Header PullHeaderOf(const Shard::Snapshot& snapshot) {
+  v1::PullResponse::Header h;
+  h.set_version(snapshot.version);
+  h.set_done(snapshot.done);
+  h.set_waited_seconds(snapshot.waited_seconds);
+  h.set_total_bytes(snapshot.bytes->size());
+  h.set_incarnation(snapshot.incarnation);
+  h.set_absent_workers(snapshot.absent_workers);
+  return h;
+}
+
+v1::PushResponse PushResponseOf(const Shard::PushResult& result, int64_t incarnation) {
+  v1::PushResponse response;
+  response.set_version(result.version);
+  response.set_dropped(result.dropped);
+  response.set_done(result.done);
+  response.set_staleness(result.staleness);
+  response.set_incarnation(incarnation);
+  response.set_absent_workers(result.absent_workers);
+  return response;
+}
+
+absl::Status ForEachPulledChunk(
+    const Shard& shard, const Shard::Snapshot& snapshot, uint64_t max_chunk_bytes,
+    const std::function<absl::Status(const std::string& part, uint64_t offset, const char* data,
+                                     uint64_t bytes)>& fn) {
+  uint64_t base = 0;
+  for (const auto& part : shard.parts()) {
+    const uint64_t part_bytes = part.num_bytes();
+    for (uint64_t off = 0; off < part_bytes; off += max_chunk_bytes) {
+      const uint64_t n = std::min(max_chunk_bytes, part_bytes - off);
+      if (absl::Status s = fn(part.name, off / 4, snapshot.bytes->data() + base + off, n);
+          !s.ok()) {
+        return s;
+      }
+    }
+    base += part_bytes;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ServeSparsePull(Shard* shard, const v1::SparsePullRequest& request,
                              v1::SparsePullResponse* response) {
   auto task = TaskFromWire(request.task_type(), request.worker_index());

@@ -6,6 +6,7 @@
 #define KUBETRAIN_PS_SHARD_WIRE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,20 @@ absl::Status FillShardInfo(Shard* shard, const std::string& model_fingerprint,
                            v1::ShardInfo* info);
 
 void FillShardStats(const ShardStatsSnapshot& stats, v1::ShardStats* out);
+
+// A pull's header for `snapshot`, and a push's answer for `result` from the
+// shard of `incarnation`: the same on every transport.
+v1::PullResponse::Header PullHeaderOf(const Shard::Snapshot& snapshot);
+v1::PushResponse PushResponseOf(const Shard::PushResult& result, int64_t incarnation);
+
+// Calls fn(part name, first element, bytes, byte count) for each chunk of a
+// pull's answer: every part of `shard` in order, in pieces of at most
+// `max_chunk_bytes` (a multiple of 4) of `snapshot`. Stops at fn's first
+// error and returns it.
+absl::Status ForEachPulledChunk(
+    const Shard& shard, const Shard::Snapshot& snapshot, uint64_t max_chunk_bytes,
+    const std::function<absl::Status(const std::string& part, uint64_t offset, const char* data,
+                                     uint64_t bytes)>& fn);
 
 // Answers a SparsePull: the rows of the request's ids, table by table.
 // INVALID_ARGUMENT naming the table (unknown table, id out of range or held

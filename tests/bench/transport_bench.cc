@@ -29,6 +29,7 @@
 #include "core/job_credentials.h"
 #include "core/task_config.h"
 #include "tests/bench/bench_util.h"
+#include "worker/bulk_shard_channel.h"
 #include "worker/grpc_shard_channel.h"
 #include "worker/ps_client.h"
 
@@ -46,6 +47,7 @@ struct Flags {
   int64_t hidden_units = 20000;  // 784*h + h + 10*h + 10 floats: 20000 -> 60.7 MiB
   int64_t chunk_bytes = 4 << 20;
   bool keep_temp = false;
+  bool bulk = true;  // (d): a third PS with the bulk data plane
 };
 
 std::string JobYaml(const Flags& f) {
@@ -87,14 +89,16 @@ struct PsFigures {
 // warm-up pull; then Leave and Shutdown (as the chief does) and the PS's exit.
 absl::StatusOr<PsFigures> MeasurePs(const Flags& f, const TaskConfig& config, int port,
                                     const CallerCredentials& caller, PsProcess* ps,
-                                    const char* label) {
+                                    const char* label, bool bulk = false) {
   const int rounds = static_cast<int>(std::max<int64_t>(1, f.rounds));
   const Model& model = *config.model;
   int64_t model_bytes = 0;
   for (const auto& v : model.variables()) model_bytes += v.num_bytes();
   RealClock clock;
   std::vector<std::unique_ptr<ShardChannel>> channels;
-  channels.push_back(NewGrpcShardChannel(absl::StrCat("127.0.0.1:", port), f.chunk_bytes, caller));
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  channels.push_back(bulk ? NewPsChannel(address, f.chunk_bytes, caller)
+                          : NewGrpcShardChannel(address, f.chunk_bytes, caller));
   PsClient::Options options;
   options.task_index = 0;
   options.fingerprint = config.fingerprint;
@@ -231,8 +235,10 @@ int Run(const Flags& f) {
   } cleanup{*dir, f.keep_temp};
   auto ps_port = FreeLoopbackPort();
   auto tls_port = FreeLoopbackPort();
+  auto bulk_port = FreeLoopbackPort();
   auto worker_port = FreeLoopbackPort();
-  if (!ps_port.ok() || !tls_port.ok() || !worker_port.ok() || *ps_port == *tls_port) {
+  if (!ps_port.ok() || !tls_port.ok() || !bulk_port.ok() || !worker_port.ok() ||
+      *ps_port == *tls_port || *bulk_port == *ps_port || *bulk_port == *tls_port) {
     return Fail(absl::UnavailableError("no free loopback port"));
   }
   const std::string job_file = *dir + "/job.yaml";
@@ -254,7 +260,7 @@ int Run(const Flags& f) {
   }
   auto worker_credentials = ReadCallerCredentials(worker_auth, "worker", 0);
   if (!worker_credentials.ok()) return Fail(worker_credentials.status());
-  PsProcess ps, tls_ps;
+  PsProcess ps, tls_ps, bulk_ps;
   if (auto s = ps.Start(f.ps_binary, job_file, TfConfigJson(*ps_port, *worker_port, "ps"),
                         *dir + "/ps.log", {"--insecure"});
       !s.ok()) {
@@ -266,9 +272,20 @@ int Run(const Flags& f) {
     return Fail(s);
   }
 
+  if (f.bulk) {
+    if (auto s = bulk_ps.Start(f.ps_binary, job_file, TfConfigJson(*bulk_port, *worker_port, "ps"),
+                               *dir + "/ps-bulk.log", {"--insecure", "--bulk_port=0"});
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
+
   // Let the PS tasks initialise their shards first, so that they idle during (a).
   for (auto [p, port] : {std::pair{&ps, *ps_port}, std::pair{&tls_ps, *tls_port}}) {
     if (auto s = p->WaitReady(port, 60); !s.ok()) return Fail(s);
+  }
+  if (f.bulk) {
+    if (auto s = bulk_ps.WaitReady(*bulk_port, 60); !s.ok()) return Fail(s);
   }
 
   // (a) raw TCP.
@@ -282,6 +299,14 @@ int Run(const Flags& f) {
   if (!plain.ok()) return Fail(plain.status());
   auto tls = MeasurePs(f, *config, *tls_port, *worker_credentials, &tls_ps, "tls ps");
   if (!tls.ok()) return Fail(tls.status());
+  // (d) through a plain PS's bulk data plane (--bulk).
+  PsFigures bulk;
+  if (f.bulk) {
+    auto measured =
+        MeasurePs(f, *config, *bulk_port, CallerCredentials(), &bulk_ps, "bulk ps", true);
+    if (!measured.ok()) return Fail(measured.status());
+    bulk = *std::move(measured);
+  }
 
   int64_t model_bytes = 0;
   for (const auto& v : config->model->variables()) model_bytes += v.num_bytes();
@@ -316,15 +341,27 @@ int Run(const Flags& f) {
               fused.min, fused.median, fused.max);
   std::printf("tls ps push-pull  GB/s: min %.2f  median %.2f  max %.2f\n", tfused.min,
               tfused.median, tfused.max);
-  std::printf("ps exit codes: plain %d, tls %d\n", plain->exit_code, tls->exit_code);
+  Summary bsum{}, bfused{};
+  if (f.bulk) {
+    bsum = Summarize(bulk.both_gbps);
+    bfused = Summarize(bulk.fused_gbps);
+    std::printf("bulk push+pull    GB/s: min %.2f  median %.2f  max %.2f  (bulk data plane)\n",
+                bsum.min, bsum.median, bsum.max);
+    std::printf("bulk push-pull    GB/s: min %.2f  median %.2f  max %.2f\n", bfused.min,
+                bfused.median, bfused.max);
+  }
+  std::printf("ps exit codes: plain %d, tls %d, bulk %d\n", plain->exit_code, tls->exit_code,
+              bulk.exit_code);
   std::printf(
       "tcp_gbps=%.2f ps_gbps=%.2f ratio=%.3f tcp_min=%.2f tcp_max=%.2f ps_min=%.2f "
       "ps_max=%.2f tls_gbps=%.2f tls_ratio=%.3f tls_min=%.2f tls_max=%.2f model_mib=%.1f "
-      "rounds=%d fused_gbps=%.2f fused_ratio=%.3f tls_fused_gbps=%.2f\n",
+      "rounds=%d fused_gbps=%.2f fused_ratio=%.3f tls_fused_gbps=%.2f bulk_gbps=%.2f "
+      "bulk_ratio=%.3f bulk_fused_gbps=%.2f bulk_fused_ratio=%.3f\n",
       tcp.median, psum.median, tcp.median > 0 ? psum.median / tcp.median : 0.0, tcp.min, tcp.max,
       psum.min, psum.max, tsum.median, psum.median > 0 ? tsum.median / psum.median : 0.0, tsum.min,
       tsum.max, model_mib, rounds, fused.median, tcp.median > 0 ? fused.median / tcp.median : 0.0,
-      tfused.median);
+      tfused.median, bsum.median, tcp.median > 0 ? bsum.median / tcp.median : 0.0, bfused.median,
+      tcp.median > 0 ? bfused.median / tcp.median : 0.0);
   std::fflush(stdout);
   return 0;
 }
@@ -351,6 +388,9 @@ int main(int argc, char** argv) {
              "hidden layer width of the MLP (sets the model size)");
   parser.Int("chunk_bytes", &flags.chunk_bytes, "transport.chunkBytes of the job");
   parser.Bool("keep_temp", &flags.keep_temp, "keep the temp dir (job file, PS log)");
+  parser.Bool("bulk", &flags.bulk,
+              "also measure a PS's bulk data plane (--bulk_port); off for a kubetrain-ps "
+              "built before it (--against)");
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
   kubetrain::InitProcess(kubetrain::ProcessProfile::kDefault);
   return kubetrain::bench::Run(flags);
