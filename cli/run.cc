@@ -119,7 +119,7 @@ int RunJob(const RunOptions& options) {
     runner.job_path = std::string(cwd) + "/" + runner.job_path;
   }
   runner.export_model = options.export_model;
-  runner.bulk_data_plane = options.bulk && !options.tls;
+  runner.bulk_data_plane = options.bulk;
   auto ports = PickFreePorts(2 * static_cast<int>(JobTasks(*job).size()));
   if (!ports.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(ports.status().message()).c_str());
@@ -177,8 +177,8 @@ int RunCommand(int argc, char** argv, const std::string& bin_dir) {
   parser.Bool("tls", &options.tls,
               "the tasks speak mutual TLS under a CA made for this run (tokens are always on)");
   parser.Bool("bulk", &options.bulk,
-              "pulls and pushes over the PS tasks' bulk data plane (plain TCP beside gRPC, "
-              "faster); --bulk=false: gRPC only. Off with --tls");
+              "pulls and pushes over the PS tasks' bulk data plane (framed TCP beside gRPC, "
+              "faster; TLS with --tls); --bulk=false: gRPC only");
   std::string restart_policy;
   parser.String("restart_policy", &restart_policy,
                 "restart failed tasks per this policy instead of the spec's: Never, OnFailure, "

@@ -87,6 +87,15 @@ absl::Status BulkSocket::WriteFrame(const v1::BulkFrame& meta,
   std::memcpy(head, kMagic, 4);
   PutLe32(static_cast<uint32_t>(meta_.size()), head + 4);
   PutLe64(data_bytes, head + 8);
+  if (tls_ != nullptr) {
+    // Head and meta in one record, then the data pieces as they are.
+    meta_.insert(0, head, kHeadBytes);
+    if (absl::Status s = tls_->Send(meta_.data(), meta_.size()); !s.ok()) return s;
+    for (absl::string_view d : data) {
+      if (absl::Status s = tls_->Send(d.data(), d.size()); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   std::vector<iovec> iov;
   iov.reserve(2 + data.size());
   iov.push_back({head, kHeadBytes});
@@ -116,6 +125,7 @@ absl::Status BulkSocket::WriteFrame(const v1::BulkFrame& meta,
 
 absl::Status BulkSocket::Recv(char* out, uint64_t n, absl::Time deadline) {
   if (absl::Status s = SetTimeout(SO_RCVTIMEO, deadline); !s.ok()) return s;
+  if (tls_ != nullptr) return tls_->Recv(out, n);
   while (n > 0) {
     const ssize_t got = ::recv(fd_, out, n, MSG_WAITALL);
     if (got == 0) return absl::UnavailableError("bulk receive: the connection was closed");
@@ -165,6 +175,7 @@ absl::Status BulkSocket::SkipData(uint64_t n, absl::Time deadline) {
 }
 
 bool BulkSocket::PeerGone() const {
+  if (tls_ != nullptr && tls_->HasPending()) return true;
   pollfd p{fd_, POLLIN | POLLRDHUP, 0};
   if (::poll(&p, 1, 0) <= 0) return false;
   return (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) != 0;
