@@ -68,6 +68,35 @@ absl::Status SslStatus(SSL* ssl, int ret, absl::string_view what) {
   }
 }
 
+// OpenSSL's socket BIO writes with write(2), which raises SIGPIPE on a
+// connection the peer closed; this one sends with MSG_NOSIGNAL (as
+// BulkSocket's plain path does) and is the socket BIO otherwise.
+int SendNoSignal(BIO* bio, const char* data, int len) {
+  int fd = -1;
+  BIO_get_fd(bio, &fd);
+  const ssize_t n = ::send(fd, data, static_cast<size_t>(len), MSG_NOSIGNAL);
+  BIO_clear_retry_flags(bio);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    BIO_set_retry_write(bio);
+  }
+  return static_cast<int>(n);
+}
+
+const BIO_METHOD* SocketWithoutSigpipe() {
+  static const BIO_METHOD* method = [] {
+    const BIO_METHOD* base = BIO_s_socket();
+    BIO_METHOD* m = BIO_meth_new(BIO_TYPE_SOCKET, "kubetrain socket (MSG_NOSIGNAL)");
+    BIO_meth_set_write(m, SendNoSignal);
+    BIO_meth_set_read(m, BIO_meth_get_read(base));
+    BIO_meth_set_puts(m, BIO_meth_get_puts(base));
+    BIO_meth_set_ctrl(m, BIO_meth_get_ctrl(base));
+    BIO_meth_set_create(m, BIO_meth_get_create(base));
+    BIO_meth_set_destroy(m, BIO_meth_get_destroy(base));
+    return m;
+  }();
+  return method;
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<BulkTlsContext>> BulkTlsContext::Create(const BulkTlsConfig& config,
@@ -121,7 +150,10 @@ absl::StatusOr<std::unique_ptr<BulkTlsSession>> BulkTlsContext::Handshake(
   SSL* ssl = SSL_new(ctx_);
   if (ssl == nullptr) return absl::InternalError(absl::StrCat("bulk tls: ", OpenSslError()));
   auto session = std::make_unique<BulkTlsSession>(ssl);
-  SSL_set_fd(ssl, fd);
+  BIO* bio = BIO_new(SocketWithoutSigpipe());
+  if (bio == nullptr) return absl::InternalError(absl::StrCat("bulk tls: ", OpenSslError()));
+  BIO_set_fd(bio, fd, BIO_NOCLOSE);
+  SSL_set_bio(ssl, bio, bio);  // the session owns it
   if (!server_ && !peer_name_.empty()) SSL_set1_host(ssl, peer_name_.c_str());
   SetTimeouts(fd, deadline);
   const int ret = server_ ? SSL_accept(ssl) : SSL_connect(ssl);

@@ -108,6 +108,8 @@ void BulkServer::AcceptLoop() {
     conn->socket = std::move(socket);
     conn->thread = std::thread([this, conn] {
       Serve(conn);
+      // The peer sees the end now, not when the next accept reaps the fd.
+      conn->socket->ShutdownBoth();
       --open_;
       conn->finished = true;
     });
