@@ -138,6 +138,11 @@ Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique
         }
         return rows;
       }()),
+      table_dims_([this] {
+        std::vector<int64_t> dims;
+        for (const auto& t : tables_) dims.push_back(t.dim);
+        return dims;
+      }()),
       gradient_bytes_([this] {
         uint64_t n = 0;
         for (const auto& p : parts_) n += p.num_bytes();
@@ -148,6 +153,7 @@ Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique
   absl::MutexLock l(&mu_);
   optimizer_ = std::move(opt);
   row_opts_ = std::move(row_opts);
+  pending_sparse_.resize(std::max(0, options_.num_workers));
   dynamic_ = std::move(dynamic);
   for (size_t t = 0; t < dynamic_.size(); ++t) {
     if (!dynamic_[t]) continue;
@@ -291,6 +297,22 @@ std::vector<std::vector<float>> Shard::TakePooledGradientBuffers() {
   auto buffers = std::move(gradient_pool_.back());
   gradient_pool_.pop_back();
   return buffers;
+}
+
+std::vector<Shard::SparseGrad> Shard::TakePooledSparse() {
+  absl::MutexLock l(&pool_mu_);
+  if (sparse_pool_.empty()) return {};
+  auto sparse = std::move(sparse_pool_.back());
+  sparse_pool_.pop_back();
+  return sparse;
+}
+
+void Shard::ReleaseSparse(std::vector<SparseGrad> sparse) {
+  if (sparse.capacity() == 0) return;  // nothing worth keeping
+  absl::MutexLock l(&pool_mu_);
+  // As for the gradient buffers: one set per worker in flight is enough.
+  if (static_cast<int>(sparse_pool_.size()) >= options_.num_workers + 1) return;
+  sparse_pool_.push_back(std::move(sparse));
 }
 
 void Shard::RecordRejectedPush() {
@@ -479,26 +501,45 @@ absl::Status Shard::ValidatePush(const PushHeader& h,
 }
 
 bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
-                        const std::vector<SparseGrad>& sparse) {
+                        absl::Span<const SparseGrad> sparse) {
   const int64_t step = version_ + 1;
   bool finite = true;
   for (size_t i = 0; i < parts_.size() && finite; ++i) {
     finite = optimizer_->Stage(static_cast<int>(i), values_[i].data(), grads[i].data(),
                                parts_[i].num_elements(), step, staged_values_[i].data());
   }
-  // Per sparse entry: its local rows and their staged values.
-  std::vector<std::vector<int64_t>> local(sparse.size());
-  std::vector<std::vector<float>> staged_rows(sparse.size());
+  // Per sparse entry: its local rows and their staged values (buffers of
+  // earlier steps, so a step of the same size allocates nothing).
+  if (sparse_local_.size() < sparse.size()) {
+    sparse_local_.resize(sparse.size());
+    sparse_staged_.resize(sparse.size());
+  }
+  std::vector<std::vector<int64_t>>& local = sparse_local_;
+  std::vector<std::vector<float>>& staged_rows = sparse_staged_;
   for (size_t j = 0; j < sparse.size() && finite; ++j) {
     const SparseGrad& g = sparse[j];
+    // SparseRowSum leaves room in ids for the rows of its largest step, before
+    // duplicates were merged: reserving that much, a step with more distinct
+    // ids than any before but no more rows allocates nothing either.
+    const size_t room = std::max(g.ids.size(), g.ids.capacity());
+    const int64_t dim = tables_[g.table].dim;
+    local[j].reserve(room);
+    staged_rows[j].reserve(room * dim);
+    (dynamic_[g.table] ? dynamic_[g.table]->optimizer() : row_opts_[g.table].get())
+        ->Reserve(static_cast<int64_t>(room));
     staged_rows[j].resize(g.rows.size());
     if (DynamicTable* d = dynamic_[g.table].get()) {
-      local[j] = d->Touch(g.ids);  // rows evicted since the pull come back at their initial value
+      // Rows evicted since the pull come back at their initial value (creating
+      // a row may allocate: the slab, the slots and the hash map grow).
+      d->Touch(g.ids, &local[j]);
       finite =
           d->optimizer()->Stage(d->values(), local[j], g.rows.data(), step, staged_rows[j].data());
       continue;
     }
-    for (int64_t id : g.ids) local[j].push_back(TableLocalRow(id, options_.num_shards));
+    local[j].resize(g.ids.size());
+    for (size_t i = 0; i < g.ids.size(); ++i) {
+      local[j][i] = TableLocalRow(g.ids[i], options_.num_shards);
+    }
     finite = row_opts_[g.table]->Stage(table_values_[g.table].data(), local[j], g.rows.data(), step,
                                        staged_rows[j].data());
     // A table appears once in `sparse`, so its staged slots are still these at commit.
@@ -558,18 +599,22 @@ void Shard::ApplyPendingLocked(std::vector<std::vector<std::vector<float>>>* fre
       MeanInDouble(mean_inputs_, parts_[i].num_elements(), mean[i].data());
     }
   }
-  std::vector<SparseGrad> sparse_mean;
-  if (!pending_sparse_.empty()) {
-    std::vector<const std::vector<SparseGrad>*> pushes;
-    for (const auto& [worker, g] : pending_sparse_) pushes.push_back(&g);  // worker order
-    sparse_mean = AggregateSparse(pushes, static_cast<double>(n));
-    pending_sparse_.clear();
+  sparse_inputs_.clear();
+  for (const std::vector<SparseGrad>& g : pending_sparse_) {
+    if (!g.empty()) sparse_inputs_.push_back(&g);  // worker order
   }
+  absl::Span<const SparseGrad> sparse_mean;
+  if (!sparse_inputs_.empty()) sparse_mean = AggregateSparseLocked(sparse_inputs_, static_cast<double>(n));
   if (ApplyLocked(mean, sparse_mean)) {
     stats_.gradients_applied += n;
     if (metrics_.applied) metrics_.applied->Increment(static_cast<double>(n));
   }
   StepLocked();
+  // The rows' buffers serve later pushes (pool_mu_ is taken inside mu_).
+  for (std::vector<SparseGrad>& g : pending_sparse_) {
+    if (!g.empty()) ReleaseSparse(std::move(g));
+    g.clear();
+  }
   while (!pending_.empty()) {
     PendingMap::node_type node = pending_.extract(pending_.begin());
     if (!PoolGradientBuffers(&node.mapped())) freed->push_back(std::move(node.mapped()));
@@ -589,6 +634,7 @@ absl::StatusOr<Shard::PushResult> Shard::Push(const PushHeader& header,
                                               std::vector<SparseGrad> sparse) {
   std::vector<std::vector<std::vector<float>>> freed;
   auto result = PushImpl(header, &grads, &sparse, &freed);
+  ReleaseSparse(std::move(sparse));  // unless the step keeps it (sync)
   if (!grads.empty()) ReleaseGradientBuffers(std::move(grads));
   for (auto& buffers : freed) ReleaseGradientBuffers(std::move(buffers));
   return result;
@@ -663,7 +709,10 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
           pending_.insert(std::move(node));
         }
         grads_in->clear();
-        if (!sparse->empty()) pending_sparse_[header.worker] = std::move(*sparse);
+        if (!sparse->empty()) {
+          std::swap(pending_sparse_[header.worker], *sparse);
+          sparse->clear();
+        }
         if (static_cast<int>(pending_.size()) >= NeededLocked()) {
           const int64_t refused = stats_.nonfinite_updates;
           ApplyPendingLocked(freed);
@@ -675,8 +724,12 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
       if (metrics_.staleness) metrics_.staleness->Observe(static_cast<double>(result.staleness));
       stats_.staleness_sum += result.staleness;
       stats_.staleness_max = std::max(stats_.staleness_max, result.staleness);
-      if (ApplyLocked(grads, sparse->empty() ? std::vector<SparseGrad>()
-                                             : AggregateSparse({sparse}, 1.0))) {
+      absl::Span<const SparseGrad> rows;
+      if (!sparse->empty()) {
+        const std::vector<SparseGrad>* one = sparse;
+        rows = AggregateSparseLocked(absl::MakeConstSpan(&one, 1), 1.0);
+      }
+      if (ApplyLocked(grads, rows)) {
         StepLocked();
         ++stats_.gradients_applied;
         if (metrics_.applied) metrics_.applied->Increment();

@@ -164,33 +164,9 @@ absl::Status Shard::ValidateSparse(const std::vector<SparseGrad>& sparse) const 
   return absl::OkStatus();
 }
 
-std::vector<Shard::SparseGrad> Shard::AggregateSparse(
-    const std::vector<const std::vector<SparseGrad>*>& pushes, double n) const {
-  std::vector<SparseGrad> out;
-  for (int t = 0; t < static_cast<int>(tables_.size()); ++t) {
-    const int64_t dim = tables_[t].dim;
-    // id -> its sum, in double; pushes (and rows within one) added in order.
-    std::map<int64_t, std::vector<double>> sums;
-    for (const auto* push : pushes) {
-      for (const SparseGrad& g : *push) {
-        if (g.table != t) continue;
-        for (size_t i = 0; i < g.ids.size(); ++i) {
-          auto& acc = sums[g.ids[i]];
-          if (acc.empty()) acc.assign(dim, 0.0);
-          for (int64_t k = 0; k < dim; ++k) acc[k] += g.rows[i * dim + k];
-        }
-      }
-    }
-    if (sums.empty()) continue;
-    SparseGrad agg;
-    agg.table = t;
-    for (const auto& [id, acc] : sums) {
-      agg.ids.push_back(id);
-      for (double v : acc) agg.rows.push_back(static_cast<float>(v / n));
-    }
-    out.push_back(std::move(agg));
-  }
-  return out;
+absl::Span<const Shard::SparseGrad> Shard::AggregateSparseLocked(
+    absl::Span<const std::vector<SparseGrad>* const> pushes, double n) {
+  return sparse_sum_.Sum(pushes, table_dims_, n);
 }
 
 }  // namespace kubetrain
