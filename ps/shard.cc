@@ -604,7 +604,9 @@ void Shard::ApplyPendingLocked(std::vector<std::vector<std::vector<float>>>* fre
     if (!g.empty()) sparse_inputs_.push_back(&g);  // worker order
   }
   absl::Span<const SparseGrad> sparse_mean;
-  if (!sparse_inputs_.empty()) sparse_mean = AggregateSparseLocked(sparse_inputs_, static_cast<double>(n));
+  if (!sparse_inputs_.empty()) {
+    sparse_mean = AggregateSparseLocked(sparse_inputs_, static_cast<double>(n));
+  }
   if (ApplyLocked(mean, sparse_mean)) {
     stats_.gradients_applied += n;
     if (metrics_.applied) metrics_.applied->Increment(static_cast<double>(n));

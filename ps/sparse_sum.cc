@@ -13,19 +13,24 @@ absl::Span<const SparseGrad> SparseRowSum::Sum(
     for (const SparseGrad& g : *push) {
       const int64_t dim = dims[g.table];
       for (size_t i = 0; i < g.ids.size(); ++i) {
-        keys_.push_back({static_cast<uint32_t>(g.table), static_cast<uint32_t>(rows_.size()),
-                         g.ids[i]});
+        keys_.push_back(
+            {static_cast<uint32_t>(g.table), static_cast<uint32_t>(rows_.size()), g.ids[i]});
         rows_.push_back(g.rows.data() + i * dim);
       }
     }
   }
   // Arrivals are distinct, so the order is total and std::sort (in place,
   // unlike std::stable_sort's buffer) keeps equal ids in arrival order.
-  std::sort(keys_.begin(), keys_.end(), [](const Key& a, const Key& b) {
+  const auto before = [](const Key& a, const Key& b) {
     if (a.table != b.table) return a.table < b.table;
     if (a.id != b.id) return a.id < b.id;
     return a.arrival < b.arrival;
-  });
+  };
+  // One push of a worker's distinct sorted ids (PsClient sends them so) is
+  // in order already: async, and sync with one worker.
+  if (!std::is_sorted(keys_.begin(), keys_.end(), before)) {
+    std::sort(keys_.begin(), keys_.end(), before);
+  }
   used_ = 0;
   for (size_t at = 0; at < keys_.size();) {
     const uint32_t table = keys_[at].table;
