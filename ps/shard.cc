@@ -299,22 +299,6 @@ std::vector<std::vector<float>> Shard::TakePooledGradientBuffers() {
   return buffers;
 }
 
-std::vector<Shard::SparseGrad> Shard::TakePooledSparse() {
-  absl::MutexLock l(&pool_mu_);
-  if (sparse_pool_.empty()) return {};
-  auto sparse = std::move(sparse_pool_.back());
-  sparse_pool_.pop_back();
-  return sparse;
-}
-
-void Shard::ReleaseSparse(std::vector<SparseGrad> sparse) {
-  if (sparse.capacity() == 0) return;  // nothing worth keeping
-  absl::MutexLock l(&pool_mu_);
-  // As for the gradient buffers: one set per worker in flight is enough.
-  if (static_cast<int>(sparse_pool_.size()) >= options_.num_workers + 1) return;
-  sparse_pool_.push_back(std::move(sparse));
-}
-
 void Shard::RecordRejectedPush() {
   absl::MutexLock l(&mu_);
   ++stats_.pushes_rejected;
@@ -508,42 +492,7 @@ bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
     finite = optimizer_->Stage(static_cast<int>(i), values_[i].data(), grads[i].data(),
                                parts_[i].num_elements(), step, staged_values_[i].data());
   }
-  // Per sparse entry: its local rows and their staged values (buffers of
-  // earlier steps, so a step of the same size allocates nothing).
-  if (sparse_local_.size() < sparse.size()) {
-    sparse_local_.resize(sparse.size());
-    sparse_staged_.resize(sparse.size());
-  }
-  std::vector<std::vector<int64_t>>& local = sparse_local_;
-  std::vector<std::vector<float>>& staged_rows = sparse_staged_;
-  for (size_t j = 0; j < sparse.size() && finite; ++j) {
-    const SparseGrad& g = sparse[j];
-    // SparseRowSum leaves room in ids for the rows of its largest step, before
-    // duplicates were merged: reserving that much, a step with more distinct
-    // ids than any before but no more rows allocates nothing either.
-    const size_t room = std::max(g.ids.size(), g.ids.capacity());
-    const int64_t dim = tables_[g.table].dim;
-    local[j].reserve(room);
-    staged_rows[j].reserve(room * dim);
-    (dynamic_[g.table] ? dynamic_[g.table]->optimizer() : row_opts_[g.table].get())
-        ->Reserve(static_cast<int64_t>(room));
-    staged_rows[j].resize(g.rows.size());
-    if (DynamicTable* d = dynamic_[g.table].get()) {
-      // Rows evicted since the pull come back at their initial value (creating
-      // a row may allocate: the slab, the slots and the hash map grow).
-      d->Touch(g.ids, &local[j]);
-      finite =
-          d->optimizer()->Stage(d->values(), local[j], g.rows.data(), step, staged_rows[j].data());
-      continue;
-    }
-    local[j].resize(g.ids.size());
-    for (size_t i = 0; i < g.ids.size(); ++i) {
-      local[j][i] = TableLocalRow(g.ids[i], options_.num_shards);
-    }
-    finite = row_opts_[g.table]->Stage(table_values_[g.table].data(), local[j], g.rows.data(), step,
-                                       staged_rows[j].data());
-    // A table appears once in `sparse`, so its staged slots are still these at commit.
-  }
+  if (finite) finite = StageSparseLocked(sparse, step);
   if (!finite) {
     // Nothing was committed: values and optimizer state are as they were.
     ++stats_.nonfinite_updates;
@@ -561,17 +510,7 @@ bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
     std::swap(values_[i], staged_values_[i]);
     optimizer_->Commit(static_cast<int>(i));
   }
-  for (size_t j = 0; j < sparse.size(); ++j) {
-    const int t = sparse[j].table;
-    const int64_t dim = tables_[t].dim;
-    DynamicTable* d = dynamic_[t].get();
-    float* values = d ? d->mutable_values() : table_values_[t].data();
-    SaveRowsLocked(t, local[j]);  // an open checkpoint keeps these rows as they were
-    for (size_t i = 0; i < local[j].size(); ++i) {
-      std::copy_n(staged_rows[j].data() + i * dim, dim, values + local[j][i] * dim);
-    }
-    (d ? d->optimizer() : row_opts_[t].get())->Commit(local[j]);
-  }
+  CommitSparseLocked(sparse);
   return true;
 }
 

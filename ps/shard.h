@@ -432,6 +432,12 @@ class Shard {
   // create the missing rows of a dynamic table.
   bool ApplyLocked(const std::vector<std::vector<float>>& grads,
                    absl::Span<const SparseGrad> sparse) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ApplyLocked's rows (shard_tables.cc): stages the row optimizers' update
+  // of every entry into sparse_local_/sparse_staged_, false (nothing
+  // committed) if anything new is not finite; then commits what it staged.
+  bool StageSparseLocked(absl::Span<const SparseGrad> sparse, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CommitSparseLocked(absl::Span<const SparseGrad> sparse) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sums the rows of `pushes` (in order) by id per table, in double, and
   // divides by `n`: distinct sorted ids per table (SparseRowSum), valid
   // until the next call.
