@@ -3,6 +3,41 @@
 #include <algorithm>
 
 namespace kubetrain {
+bool SparseRowSum::Before(const Key& a, const Key& b) {
+  if (a.table != b.table) return a.table < b.table;
+  if (a.id != b.id) return a.id < b.id;
+  return a.arrival < b.arrival;
+}
+
+void SparseRowSum::SortKeys() {
+  // A natural merge sort: the keys are cut into their ascending runs, and
+  // neighbouring runs are merged into tmp_ (reused; std::stable_sort and
+  // std::inplace_merge would take a buffer every call) until one is left.
+  // A worker sends each table's ids distinct and sorted, tables in order
+  // (PsClient), so a push is one run: one push (async, or sync with one
+  // worker) costs one pass over the keys, w workers log2(w) merges.
+  runs_.clear();
+  runs_.reserve(keys_.size() + 1);  // at most one run per key, whatever the order
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    if (i == 0 || Before(keys_[i], keys_[i - 1])) runs_.push_back(i);
+  }
+  runs_.push_back(keys_.size());  // runs_: the starts, then the end
+  while (runs_.size() > 2) {
+    tmp_.resize(keys_.size());
+    const size_t starts = runs_.size() - 1;
+    size_t merged = 0;
+    for (size_t r = 0; r < starts; r += 2) {
+      // Runs r and r + 1 (none past the last: a lone run is copied).
+      const size_t a = runs_[r], m = runs_[r + 1], b = r + 2 <= starts ? runs_[r + 2] : m;
+      std::merge(keys_.begin() + a, keys_.begin() + m, keys_.begin() + m, keys_.begin() + b,
+                 tmp_.begin() + a, Before);
+      runs_[merged++] = a;  // read already: later iterations read from r + 2 on
+    }
+    runs_[merged++] = keys_.size();
+    runs_.resize(merged);
+    keys_.swap(tmp_);
+  }
+}
 
 absl::Span<const SparseGrad> SparseRowSum::Sum(
     absl::Span<const std::vector<SparseGrad>* const> pushes, absl::Span<const int64_t> dims,
@@ -19,18 +54,7 @@ absl::Span<const SparseGrad> SparseRowSum::Sum(
       }
     }
   }
-  // Arrivals are distinct, so the order is total and std::sort (in place,
-  // unlike std::stable_sort's buffer) keeps equal ids in arrival order.
-  const auto before = [](const Key& a, const Key& b) {
-    if (a.table != b.table) return a.table < b.table;
-    if (a.id != b.id) return a.id < b.id;
-    return a.arrival < b.arrival;
-  };
-  // One push of a worker's distinct sorted ids (PsClient sends them so) is
-  // in order already: async, and sync with one worker.
-  if (!std::is_sorted(keys_.begin(), keys_.end(), before)) {
-    std::sort(keys_.begin(), keys_.end(), before);
-  }
+  SortKeys();
   used_ = 0;
   for (size_t at = 0; at < keys_.size();) {
     const uint32_t table = keys_[at].table;

@@ -31,10 +31,12 @@ struct SparseGrad {
 // rounded to float32 once. Output: tables in increasing index, ids in
 // increasing order within a table, each once.
 //
-// How: the (table, id, arrival) keys of all rows are sorted in a reused
-// vector (the arrival index keeps equal ids in the order they came), then
-// each run of equal ids is summed. No hash map: absl's flat_hash_map frees
-// its array on clear() once it is large, which would allocate every step.
+// How: the (table, id, arrival) keys of all rows are sorted in reused
+// vectors (the arrival index keeps equal ids in the order they came; a merge
+// of the pushes' runs, each push's rows being sorted already in practice),
+// then each run of equal ids is summed. No hash map: absl's flat_hash_map
+// frees its array on clear() once it is large, which would allocate every
+// step.
 class SparseRowSum {
  public:
   // `dims[t]`: the row size of table t; every entry of `pushes` names a
@@ -49,7 +51,14 @@ class SparseRowSum {
     uint32_t arrival;  // index into rows_
     int64_t id;
   };
-  std::vector<Key> keys_;
+  // (table, id, arrival): arrivals are distinct, so the order is total and
+  // equal ids keep their order of arrival.
+  static bool Before(const Key& a, const Key& b);
+  // Sorts keys_ by Before without allocating once warm.
+  void SortKeys();
+
+  std::vector<Key> keys_, tmp_;
+  std::vector<size_t> runs_;        // SortKeys': where the ascending runs start
   std::vector<const float*> rows_;  // by arrival: the row's dim floats
   std::vector<double> acc_;
   // The result is out_[0, used_); entries past it keep their buffers for

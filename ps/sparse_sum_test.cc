@@ -1,5 +1,6 @@
 #include "ps/sparse_sum.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -70,17 +71,25 @@ TEST(SparseRowSumTest, BitIdenticalToTheMapOnRandomRows) {
   for (int round = 0; round < 300; ++round) {
     const int workers = 1 + static_cast<int>(rng() % 4);
     std::vector<std::vector<SparseGrad>> pushes(workers);
+    // Odd rounds: pushes as PsClient sends them (tables in order, each
+    // table's ids distinct and sorted), so each push is one sorted run.
+    const bool as_sent = round % 2 == 1;
     for (auto& push : pushes) {
-      const int entries = static_cast<int>(rng() % 6);
+      const int entries = static_cast<int>(rng() % (as_sent ? dims.size() + 1 : 6));
       for (int e = 0; e < entries; ++e) {
         SparseGrad g;
-        g.table = static_cast<int>(rng() % dims.size());
+        g.table = as_sent ? e : static_cast<int>(rng() % dims.size());
         const int64_t id_space = 1 + static_cast<int64_t>(rng() % 40);
         const int rows = static_cast<int>(rng() % 30);
         for (int i = 0; i < rows; ++i) {
           // Negative and huge ids too (dynamic tables' ids are any int64).
-          const int64_t id = rng() % 7 == 0 ? static_cast<int64_t>(rng()) : (rng() % id_space) - 3;
-          g.ids.push_back(id);
+          g.ids.push_back(rng() % 7 == 0 ? static_cast<int64_t>(rng()) : (rng() % id_space) - 3);
+        }
+        if (as_sent) {
+          std::sort(g.ids.begin(), g.ids.end());
+          g.ids.erase(std::unique(g.ids.begin(), g.ids.end()), g.ids.end());
+        }
+        for (size_t i = 0; i < g.ids.size(); ++i) {
           for (int64_t k = 0; k < dims[g.table]; ++k) {
             const uint64_t r = rng();
             float v;
