@@ -86,7 +86,14 @@ int64_t DynamicTable::NewRow(int64_t touched_in_call) {
 }
 
 std::vector<int64_t> DynamicTable::Touch(const std::vector<int64_t>& ids) {
-  std::vector<int64_t> rows(ids.size());
+  std::vector<int64_t> rows;
+  Touch(ids, &rows);
+  return rows;
+}
+
+void DynamicTable::Touch(const std::vector<int64_t>& ids, std::vector<int64_t>* out) {
+  std::vector<int64_t>& rows = *out;
+  rows.resize(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     auto it = index_.find(ids[i]);
     int64_t r;
@@ -104,7 +111,6 @@ std::vector<int64_t> DynamicTable::Touch(const std::vector<int64_t>& ids) {
     PushFront(static_cast<int32_t>(r));
     rows[i] = r;
   }
-  return rows;
 }
 
 void DynamicTable::Read(const std::vector<int64_t>& ids, float* out) const {

@@ -60,6 +60,9 @@ class DynamicTable {
   // The slab rows of `ids` (distinct or not), creating the missing ones
   // (evicting as above) and marking all most recently used.
   std::vector<int64_t> Touch(const std::vector<int64_t>& ids);
+  // The same into *rows (resized to ids.size()): a reused vector, so a call
+  // that creates no row allocates nothing.
+  void Touch(const std::vector<int64_t>& ids, std::vector<int64_t>* rows);
   // Copies the values of `ids` into out (ids.size() x dim): a held row's
   // value, else the initial value (nothing is created, recency unchanged).
   void Read(const std::vector<int64_t>& ids, float* out) const;

@@ -7,6 +7,7 @@
 
 #include <eigen3/Eigen/Core>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "ps/finite.h"
 
@@ -328,8 +329,10 @@ bool RowOptimizer::Stage(const float* table, const std::vector<int64_t>& rows, c
   Impl& s = *impl_;
   const int64_t dim = s.dim;
   for (auto& st : s.staged) st.resize(rows.size() * dim);
-  std::vector<const float*> in(s.slots.size());
-  std::vector<float*> out(s.slots.size());
+  // Inline: a rule has a few slots, and a push's rows must not allocate
+  // (ps/sparse_push_alloc_test.cc).
+  absl::InlinedVector<const float*, 4> in(s.slots.size());
+  absl::InlinedVector<float*, 4> out(s.slots.size());
   bool finite = true;
   for (size_t i = 0; i < rows.size() && finite; ++i) {
     const int64_t r = rows[i];
@@ -350,6 +353,10 @@ void RowOptimizer::Commit(const std::vector<int64_t>& rows) {
       std::copy_n(s.staged[k].data() + i * s.dim, s.dim, s.slots[k].data() + rows[i] * s.dim);
     }
   }
+}
+
+void RowOptimizer::Reserve(int64_t rows) {
+  for (auto& st : impl_->staged) st.reserve(rows * impl_->dim);
 }
 
 int RowOptimizer::num_slots() const { return static_cast<int>(impl_->slots.size()); }

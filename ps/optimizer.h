@@ -68,6 +68,8 @@ class RowOptimizer {
              float* value_out);
   // The slot rows of the last Stage (same `rows`) become current.
   void Commit(const std::vector<int64_t>& rows);
+  // Room to stage `rows` rows: a Stage of at most that many allocates nothing.
+  void Reserve(int64_t rows);
   // Current slot buffers (rows x dim each), in a fixed order (checkpoints).
   std::vector<std::vector<float>*> Slots();
   int num_slots() const;

@@ -138,6 +138,11 @@ Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique
         }
         return rows;
       }()),
+      table_dims_([this] {
+        std::vector<int64_t> dims;
+        for (const auto& t : tables_) dims.push_back(t.dim);
+        return dims;
+      }()),
       gradient_bytes_([this] {
         uint64_t n = 0;
         for (const auto& p : parts_) n += p.num_bytes();
@@ -148,6 +153,7 @@ Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique
   absl::MutexLock l(&mu_);
   optimizer_ = std::move(opt);
   row_opts_ = std::move(row_opts);
+  pending_sparse_.resize(std::max(0, options_.num_workers));
   dynamic_ = std::move(dynamic);
   for (size_t t = 0; t < dynamic_.size(); ++t) {
     if (!dynamic_[t]) continue;
@@ -479,30 +485,14 @@ absl::Status Shard::ValidatePush(const PushHeader& h,
 }
 
 bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
-                        const std::vector<SparseGrad>& sparse) {
+                        absl::Span<const SparseGrad> sparse) {
   const int64_t step = version_ + 1;
   bool finite = true;
   for (size_t i = 0; i < parts_.size() && finite; ++i) {
     finite = optimizer_->Stage(static_cast<int>(i), values_[i].data(), grads[i].data(),
                                parts_[i].num_elements(), step, staged_values_[i].data());
   }
-  // Per sparse entry: its local rows and their staged values.
-  std::vector<std::vector<int64_t>> local(sparse.size());
-  std::vector<std::vector<float>> staged_rows(sparse.size());
-  for (size_t j = 0; j < sparse.size() && finite; ++j) {
-    const SparseGrad& g = sparse[j];
-    staged_rows[j].resize(g.rows.size());
-    if (DynamicTable* d = dynamic_[g.table].get()) {
-      local[j] = d->Touch(g.ids);  // rows evicted since the pull come back at their initial value
-      finite =
-          d->optimizer()->Stage(d->values(), local[j], g.rows.data(), step, staged_rows[j].data());
-      continue;
-    }
-    for (int64_t id : g.ids) local[j].push_back(TableLocalRow(id, options_.num_shards));
-    finite = row_opts_[g.table]->Stage(table_values_[g.table].data(), local[j], g.rows.data(), step,
-                                       staged_rows[j].data());
-    // A table appears once in `sparse`, so its staged slots are still these at commit.
-  }
+  if (finite) finite = StageSparseLocked(sparse, step);
   if (!finite) {
     // Nothing was committed: values and optimizer state are as they were.
     ++stats_.nonfinite_updates;
@@ -520,17 +510,7 @@ bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
     std::swap(values_[i], staged_values_[i]);
     optimizer_->Commit(static_cast<int>(i));
   }
-  for (size_t j = 0; j < sparse.size(); ++j) {
-    const int t = sparse[j].table;
-    const int64_t dim = tables_[t].dim;
-    DynamicTable* d = dynamic_[t].get();
-    float* values = d ? d->mutable_values() : table_values_[t].data();
-    SaveRowsLocked(t, local[j]);  // an open checkpoint keeps these rows as they were
-    for (size_t i = 0; i < local[j].size(); ++i) {
-      std::copy_n(staged_rows[j].data() + i * dim, dim, values + local[j][i] * dim);
-    }
-    (d ? d->optimizer() : row_opts_[t].get())->Commit(local[j]);
-  }
+  CommitSparseLocked(sparse);
   return true;
 }
 
@@ -558,18 +538,24 @@ void Shard::ApplyPendingLocked(std::vector<std::vector<std::vector<float>>>* fre
       MeanInDouble(mean_inputs_, parts_[i].num_elements(), mean[i].data());
     }
   }
-  std::vector<SparseGrad> sparse_mean;
-  if (!pending_sparse_.empty()) {
-    std::vector<const std::vector<SparseGrad>*> pushes;
-    for (const auto& [worker, g] : pending_sparse_) pushes.push_back(&g);  // worker order
-    sparse_mean = AggregateSparse(pushes, static_cast<double>(n));
-    pending_sparse_.clear();
+  sparse_inputs_.clear();
+  for (const std::vector<SparseGrad>& g : pending_sparse_) {
+    if (!g.empty()) sparse_inputs_.push_back(&g);  // worker order
+  }
+  absl::Span<const SparseGrad> sparse_mean;
+  if (!sparse_inputs_.empty()) {
+    sparse_mean = AggregateSparseLocked(sparse_inputs_, static_cast<double>(n));
   }
   if (ApplyLocked(mean, sparse_mean)) {
     stats_.gradients_applied += n;
     if (metrics_.applied) metrics_.applied->Increment(static_cast<double>(n));
   }
   StepLocked();
+  // The rows' buffers serve later pushes (pool_mu_ is taken inside mu_).
+  for (std::vector<SparseGrad>& g : pending_sparse_) {
+    if (!g.empty()) ReleaseSparse(std::move(g));
+    g.clear();
+  }
   while (!pending_.empty()) {
     PendingMap::node_type node = pending_.extract(pending_.begin());
     if (!PoolGradientBuffers(&node.mapped())) freed->push_back(std::move(node.mapped()));
@@ -589,6 +575,7 @@ absl::StatusOr<Shard::PushResult> Shard::Push(const PushHeader& header,
                                               std::vector<SparseGrad> sparse) {
   std::vector<std::vector<std::vector<float>>> freed;
   auto result = PushImpl(header, &grads, &sparse, &freed);
+  ReleaseSparse(std::move(sparse));  // unless the step keeps it (sync)
   if (!grads.empty()) ReleaseGradientBuffers(std::move(grads));
   for (auto& buffers : freed) ReleaseGradientBuffers(std::move(buffers));
   return result;
@@ -663,7 +650,10 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
           pending_.insert(std::move(node));
         }
         grads_in->clear();
-        if (!sparse->empty()) pending_sparse_[header.worker] = std::move(*sparse);
+        if (!sparse->empty()) {
+          std::swap(pending_sparse_[header.worker], *sparse);
+          sparse->clear();
+        }
         if (static_cast<int>(pending_.size()) >= NeededLocked()) {
           const int64_t refused = stats_.nonfinite_updates;
           ApplyPendingLocked(freed);
@@ -675,8 +665,12 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
       if (metrics_.staleness) metrics_.staleness->Observe(static_cast<double>(result.staleness));
       stats_.staleness_sum += result.staleness;
       stats_.staleness_max = std::max(stats_.staleness_max, result.staleness);
-      if (ApplyLocked(grads, sparse->empty() ? std::vector<SparseGrad>()
-                                             : AggregateSparse({sparse}, 1.0))) {
+      absl::Span<const SparseGrad> rows;
+      if (!sparse->empty()) {
+        const std::vector<SparseGrad>* one = sparse;
+        rows = AggregateSparseLocked(absl::MakeConstSpan(&one, 1), 1.0);
+      }
+      if (ApplyLocked(grads, rows)) {
         StepLocked();
         ++stats_.gradients_applied;
         if (metrics_.applied) metrics_.applied->Increment();

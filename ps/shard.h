@@ -107,6 +107,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "core/clock.h"
 #include "core/job_spec.h"
 #include "core/log.h"
@@ -116,6 +117,7 @@
 #include "ps/checkpoint.h"
 #include "ps/dynamic_table.h"
 #include "ps/optimizer.h"
+#include "ps/sparse_sum.h"
 
 namespace prometheus {
 class Counter;
@@ -236,13 +238,8 @@ class Shard {
     int64_t incarnation = 0;  // 0: do not check
     uint64_t push_id = 0;     // 0: none (see Push)
   };
-  // Gradient rows of one table in a push: ids (global, held by this shard)
-  // and ids.size() x dim floats.
-  struct SparseGrad {
-    int table = 0;  // index into tables()
-    std::vector<int64_t> ids;
-    std::vector<float> rows;
-  };
+  // Gradient rows of one table in a push (ps/sparse_sum.h).
+  using SparseGrad = ::kubetrain::SparseGrad;
   struct RowsResult {
     int64_t version = 0;
     int64_t incarnation = 0;
@@ -349,6 +346,13 @@ class Shard {
   bool PoolGradientBuffers(std::vector<std::vector<float>>* buffers);
   // Bytes of one whole gradient (every part).
   uint64_t gradient_bytes() const { return gradient_bytes_; }
+  // The same for a push's gradient rows: a set of SparseGrad entries whose
+  // vectors keep their capacity (contents unspecified), or an empty vector.
+  // A push's rows go back to the pool when the shard is done with them (at
+  // once in async mode, after the step in sync mode), so rows of the same
+  // size every step allocate nothing (ps/sparse_push_alloc_test.cc).
+  std::vector<SparseGrad> TakePooledSparse();
+  void ReleaseSparse(std::vector<SparseGrad> sparse);
 
   // A worker sends nothing more (it no longer holds back bounded staleness);
   // an evaluator reads nothing more. A chief's Leave changes nothing.
@@ -423,13 +427,23 @@ class Shard {
   // Stages the optimizer's update for every part and commits it only if every
   // new value and slot is finite (else counts and logs it). Returns whether
   // it was applied. Does not change the version.
-  // `sparse`: per table, distinct ids (sorted) and their gradient rows.
+  // `sparse`: per table (once each), distinct ids (sorted) and their
+  // gradient rows. Allocates nothing once its scratch has grown, except to
+  // create the missing rows of a dynamic table.
   bool ApplyLocked(const std::vector<std::vector<float>>& grads,
-                   const std::vector<SparseGrad>& sparse) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                   absl::Span<const SparseGrad> sparse) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ApplyLocked's rows (shard_tables.cc): stages the row optimizers' update
+  // of every entry into sparse_local_/sparse_staged_, false (nothing
+  // committed) if anything new is not finite; then commits what it staged.
+  bool StageSparseLocked(absl::Span<const SparseGrad> sparse, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CommitSparseLocked(absl::Span<const SparseGrad> sparse) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sums the rows of `pushes` (in order) by id per table, in double, and
-  // divides by `n`: distinct sorted ids per table.
-  std::vector<SparseGrad> AggregateSparse(const std::vector<const std::vector<SparseGrad>*>& pushes,
-                                          double n) const;
+  // divides by `n`: distinct sorted ids per table (SparseRowSum), valid
+  // until the next call.
+  absl::Span<const SparseGrad> AggregateSparseLocked(
+      absl::Span<const std::vector<SparseGrad>* const> pushes, double n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidateSparse(const std::vector<SparseGrad>& sparse) const;
   // The version advances by one optimizer step (applied or skipped).
   void StepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -494,8 +508,8 @@ class Shard {
   absl::Status ValidatePush(const PushHeader& h, const std::vector<std::vector<float>>& grads) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunReady(std::vector<std::pair<Waiter, Snapshot>> ready);
-  // Push() without the buffer recycling: it may keep `grads` (sync) and
-  // puts the buffers it is done with in *freed.
+  // Push() without the buffer recycling: it may keep `grads` and `sparse`
+  // (sync) and puts the buffers it is done with in *freed.
   absl::StatusOr<PushResult> PushImpl(const PushHeader& header,
                                       std::vector<std::vector<float>>* grads,
                                       std::vector<SparseGrad>* sparse,
@@ -505,6 +519,7 @@ class Shard {
   const std::vector<PartPlacement> parts_;
   const std::vector<TablePlacement> tables_;
   const std::vector<int64_t> table_local_rows_;  // per table: rows held here
+  const std::vector<int64_t> table_dims_;        // per table: its dim
   const uint64_t gradient_bytes_;
   const Clock* const clock_;
   const ShardMetrics metrics_;
@@ -542,8 +557,17 @@ class Shard {
   // gradients allocates nothing (ps/push_alloc_test.cc).
   std::vector<PendingMap::node_type> spare_pending_ ABSL_GUARDED_BY(mu_);
   std::vector<const float*> mean_inputs_ ABSL_GUARDED_BY(mu_);  // ApplyPendingLocked's, reused
-  // The rows of the workers in pending_ whose push had any.
-  std::map<int, std::vector<SparseGrad>> pending_sparse_ ABSL_GUARDED_BY(mu_);
+  // By worker index: the rows of the workers in pending_ whose push had any
+  // (empty for the others). A vector, not a map: no node per push.
+  std::vector<std::vector<SparseGrad>> pending_sparse_ ABSL_GUARDED_BY(mu_);
+  // Scratch of a step's sparse update, kept so a step allocates nothing:
+  // AggregateSparseLocked's inputs and sums, and per sparse entry
+  // ApplyLocked's local rows and staged values (grown, never shrunk: a
+  // shorter vector would free its entries' buffers).
+  std::vector<const std::vector<SparseGrad>*> sparse_inputs_ ABSL_GUARDED_BY(mu_);
+  SparseRowSum sparse_sum_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<int64_t>> sparse_local_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<float>> sparse_staged_ ABSL_GUARDED_BY(mu_);
   absl::Time accum_started_ ABSL_GUARDED_BY(mu_);  // first gradient of the current step
   std::map<int, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
   // Steps completed per worker (bounded staleness); left workers are removed.
@@ -574,6 +598,7 @@ class Shard {
   // other way round.
   absl::Mutex pool_mu_;
   std::vector<std::vector<std::vector<float>>> gradient_pool_ ABSL_GUARDED_BY(pool_mu_);
+  std::vector<std::vector<SparseGrad>> sparse_pool_ ABSL_GUARDED_BY(pool_mu_);
 
   LogLimiter nonfinite_log_{absl::Seconds(10)};  // thread-safe itself
 };

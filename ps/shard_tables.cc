@@ -2,6 +2,7 @@
 // aggregation. Their state and locking are declared in ps/shard.h.
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "ps/shard.h"
@@ -164,33 +165,82 @@ absl::Status Shard::ValidateSparse(const std::vector<SparseGrad>& sparse) const 
   return absl::OkStatus();
 }
 
-std::vector<Shard::SparseGrad> Shard::AggregateSparse(
-    const std::vector<const std::vector<SparseGrad>*>& pushes, double n) const {
-  std::vector<SparseGrad> out;
-  for (int t = 0; t < static_cast<int>(tables_.size()); ++t) {
-    const int64_t dim = tables_[t].dim;
-    // id -> its sum, in double; pushes (and rows within one) added in order.
-    std::map<int64_t, std::vector<double>> sums;
-    for (const auto* push : pushes) {
-      for (const SparseGrad& g : *push) {
-        if (g.table != t) continue;
-        for (size_t i = 0; i < g.ids.size(); ++i) {
-          auto& acc = sums[g.ids[i]];
-          if (acc.empty()) acc.assign(dim, 0.0);
-          for (int64_t k = 0; k < dim; ++k) acc[k] += g.rows[i * dim + k];
-        }
-      }
-    }
-    if (sums.empty()) continue;
-    SparseGrad agg;
-    agg.table = t;
-    for (const auto& [id, acc] : sums) {
-      agg.ids.push_back(id);
-      for (double v : acc) agg.rows.push_back(static_cast<float>(v / n));
-    }
-    out.push_back(std::move(agg));
+bool Shard::StageSparseLocked(absl::Span<const SparseGrad> sparse, int64_t step) {
+  // Per sparse entry: its local rows and their staged values (buffers of
+  // earlier steps, so a step of the same size allocates nothing).
+  if (sparse_local_.size() < sparse.size()) {
+    sparse_local_.resize(sparse.size());
+    sparse_staged_.resize(sparse.size());
   }
-  return out;
+  std::vector<std::vector<int64_t>>& local = sparse_local_;
+  std::vector<std::vector<float>>& staged_rows = sparse_staged_;
+  bool finite = true;
+  for (size_t j = 0; j < sparse.size() && finite; ++j) {
+    const SparseGrad& g = sparse[j];
+    // SparseRowSum leaves room in ids for the rows of its largest step, before
+    // duplicates were merged: reserving that much, a step with more distinct
+    // ids than any before but no more rows allocates nothing either.
+    const size_t room = std::max(g.ids.size(), g.ids.capacity());
+    const int64_t dim = tables_[g.table].dim;
+    local[j].reserve(room);
+    staged_rows[j].reserve(room * dim);
+    DynamicTable* d = dynamic_[g.table].get();
+    RowOptimizer* opt = d ? d->optimizer() : row_opts_[g.table].get();
+    opt->Reserve(static_cast<int64_t>(room));
+    staged_rows[j].resize(g.rows.size());
+    if (d) {
+      // Rows evicted since the pull come back at their initial value (creating
+      // a row may allocate: the slab, the slots and the hash map grow).
+      d->Touch(g.ids, &local[j]);
+      finite = opt->Stage(d->values(), local[j], g.rows.data(), step, staged_rows[j].data());
+      continue;
+    }
+    local[j].resize(g.ids.size());
+    for (size_t i = 0; i < g.ids.size(); ++i) {
+      local[j][i] = TableLocalRow(g.ids[i], options_.num_shards);
+    }
+    finite = opt->Stage(table_values_[g.table].data(), local[j], g.rows.data(), step,
+                        staged_rows[j].data());
+    // A table appears once in `sparse`, so its staged slots are still these at commit.
+  }
+  return finite;
+}
+
+void Shard::CommitSparseLocked(absl::Span<const SparseGrad> sparse) {
+  std::vector<std::vector<int64_t>>& local = sparse_local_;
+  std::vector<std::vector<float>>& staged_rows = sparse_staged_;
+  for (size_t j = 0; j < sparse.size(); ++j) {
+    const int t = sparse[j].table;
+    const int64_t dim = tables_[t].dim;
+    DynamicTable* d = dynamic_[t].get();
+    float* values = d ? d->mutable_values() : table_values_[t].data();
+    SaveRowsLocked(t, local[j]);  // an open checkpoint keeps these rows as they were
+    for (size_t i = 0; i < local[j].size(); ++i) {
+      std::copy_n(staged_rows[j].data() + i * dim, dim, values + local[j][i] * dim);
+    }
+    (d ? d->optimizer() : row_opts_[t].get())->Commit(local[j]);
+  }
+}
+
+std::vector<Shard::SparseGrad> Shard::TakePooledSparse() {
+  absl::MutexLock l(&pool_mu_);
+  if (sparse_pool_.empty()) return {};
+  auto sparse = std::move(sparse_pool_.back());
+  sparse_pool_.pop_back();
+  return sparse;
+}
+
+void Shard::ReleaseSparse(std::vector<SparseGrad> sparse) {
+  if (sparse.capacity() == 0) return;  // nothing worth keeping
+  absl::MutexLock l(&pool_mu_);
+  // As for the gradient buffers: one set per worker in flight is enough.
+  if (static_cast<int>(sparse_pool_.size()) >= options_.num_workers + 1) return;
+  sparse_pool_.push_back(std::move(sparse));
+}
+
+absl::Span<const Shard::SparseGrad> Shard::AggregateSparseLocked(
+    absl::Span<const std::vector<SparseGrad>* const> pushes, double n) {
+  return sparse_sum_.Sum(pushes, table_dims_, n);
 }
 
 }  // namespace kubetrain

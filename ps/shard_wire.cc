@@ -205,6 +205,9 @@ PushAssembler::~PushAssembler() { Abandon(); }
 void PushAssembler::Abandon() {
   if (!grads_.empty()) shard_->ReleaseGradientBuffers(std::move(grads_));
   grads_.clear();
+  shard_->ReleaseSparse(std::move(sparse_));
+  sparse_.clear();
+  sparse_used_ = 0;
   have_header_ = false;
 }
 
@@ -295,17 +298,21 @@ absl::Status PushAssembler::AddSparse(const std::string& table, const uint64_t* 
     return Refuse(absl::StrCat("push: malformed rows of ", table, ": ", data.size(), " bytes for ",
                                count, " ids of dim ", dim, " (expected ", count * dim * 4, ")"));
   }
-  Shard::SparseGrad g;
+  if (!sparse_taken_) {
+    sparse_taken_ = true;
+    if (sparse_.empty()) sparse_ = shard_->TakePooledSparse();
+  }
+  if (sparse_used_ == sparse_.size()) sparse_.emplace_back();
+  Shard::SparseGrad& g = sparse_[sparse_used_++];
   g.table = t;
-  g.ids.reserve(count);
+  g.ids.resize(count);
   for (size_t i = 0; i < count; ++i) {
     // Larger than any table: the shard refuses it as out of range.
-    g.ids.push_back(ids[i] > static_cast<uint64_t>(INT64_MAX) ? -1 : static_cast<int64_t>(ids[i]));
+    g.ids[i] = ids[i] > static_cast<uint64_t>(INT64_MAX) ? -1 : static_cast<int64_t>(ids[i]);
   }
   g.rows.resize(count * dim);
-  std::memcpy(g.rows.data(), data.data(), data.size());
+  if (!data.empty()) std::memcpy(g.rows.data(), data.data(), data.size());
   received_bytes_ += data.size();
-  sparse_.push_back(std::move(g));
   return absl::OkStatus();
 }
 
@@ -319,6 +326,10 @@ absl::StatusOr<Shard::PushResult> PushAssembler::Finish() {
     }
   }
   if (grads_.empty()) grads_.resize(parts.size());  // a shard whose parts are all empty
+  // Entries the pooled set had beyond this push's are dropped (a push with
+  // fewer tables than the set's last one).
+  sparse_.resize(sparse_used_);
+  sparse_used_ = 0;
   return shard_->Push(header_, std::move(grads_), std::move(sparse_));
 }
 

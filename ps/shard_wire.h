@@ -69,6 +69,7 @@ int64_t RowsPerMessage(int64_t dim, uint64_t max_chunk_bytes);
 // early) and the shard is not touched. Memory is taken as chunks arrive, never
 // at the header: a set of buffers from the shard's pool if it has one, else
 // each part's buffer grows with the bytes received (at most the part's size).
+// Gradient rows go into a pooled set of the shard's too (TakePooledSparse).
 // Not thread-safe: one per push.
 class PushAssembler {
  public:
@@ -108,7 +109,12 @@ class PushAssembler {
   // Elements received per part; inline for the parts a shard usually holds,
   // so a push of dense gradients allocates nothing (ps/push_alloc_test.cc).
   absl::InlinedVector<uint64_t, 64> filled_;
+  // Gradient rows, in sparse_[0, sparse_used_): a set from the shard's pool
+  // (TakePooledSparse) whose entries are refilled in place, so rows of the
+  // same size every push allocate nothing (ps/sparse_push_alloc_test.cc).
   std::vector<Shard::SparseGrad> sparse_;
+  size_t sparse_used_ = 0;
+  bool sparse_taken_ = false;  // asked the pool already
   uint64_t received_bytes_ = 0;
 };
 
