@@ -108,6 +108,10 @@ void BulkServer::AcceptLoop() {
     conn->socket = std::move(socket);
     conn->thread = std::thread([this, conn] {
       Serve(conn);
+      // The connection ends here, not when the thread is reaped (at the next
+      // accept, or Stop): the client sees it closed at once (a push dropped
+      // as idle, a stream out of step) instead of waiting out its deadline.
+      conn->socket->ShutdownBoth();
       --open_;
       conn->finished = true;
     });
