@@ -913,6 +913,32 @@ TEST_F(BulkRoundTripTest, APsWhoseDataPlaneCannotBeReachedIsServedThroughGrpc) {
   EXPECT_EQ(BulkPushBytes() + BulkPullBytes(), 0);
 }
 
+TEST_F(BulkRoundTripTest, AnUnreachableDataPlaneIsReportedOnceThoughEveryGetInfoRetriesIt) {
+  // The chief polls GetInfo every progress interval; each poll lets the
+  // channel try the data plane again (the PS may have become reachable),
+  // but a port that stays unreachable is one warning, not one per poll.
+  int closed_port = 0;
+  auto fd = ListenBulk("127.0.0.1", 0, &closed_port);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ::close(*fd);
+  PsOptions o;
+  o.advertised_port = closed_port;
+  Start(o);
+  testing::internal::CaptureStderr();
+  for (int poll = 0; poll < 3; ++poll) {
+    ASSERT_TRUE(channel_->GetInfo(v1::InfoRequest(), absl::Seconds(10)).ok());
+    PullAll();
+  }
+  const std::string log = testing::internal::GetCapturedStderr();
+  size_t warnings = 0;
+  for (size_t at = log.find("cannot be used"); at != std::string::npos;
+       at = log.find("cannot be used", at + 1)) {
+    ++warnings;
+  }
+  EXPECT_EQ(warnings, 1u) << log;
+  EXPECT_EQ(GrpcPullBytes(), 3.0 * GradientBytes());
+}
+
 TEST_F(BulkRoundTripTest, ConnectionsOverTheLimitAreRefusedAndTheChannelUsesGrpc) {
   PsOptions o;
   o.max_connections = 1;
