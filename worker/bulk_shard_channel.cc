@@ -131,11 +131,15 @@ class BulkShardChannel final : public ShardChannelWrapper {
                         absl::StrCat("ps at ", address_, " (bulk): ", r.status().message()));
   }
 
+  // Every GetInfo lets the channel try the advertised port again (it may
+  // have become reachable); only a new port drops the pooled connections and
+  // may be warned about again.
   void SetPort(int port) {
     std::vector<std::unique_ptr<BulkSocket>> dropped;
     absl::MutexLock l(&mu_);
-    if (port == port_) return;
     port_ = port;
+    if (port == advertised_) return;
+    advertised_ = port;
     warned_ = false;
     dropped.swap(idle_);  // connections to the old port (closed outside the lock)
   }
@@ -330,8 +334,9 @@ class BulkShardChannel final : public ShardChannelWrapper {
   const CallerCredentials caller_;
 
   absl::Mutex mu_;
-  int port_ ABSL_GUARDED_BY(mu_) = 0;
-  bool warned_ ABSL_GUARDED_BY(mu_) = false;
+  int port_ ABSL_GUARDED_BY(mu_) = 0;        // to use now; 0: none (or unreachable)
+  int advertised_ ABSL_GUARDED_BY(mu_) = 0;  // by the last GetInfo
+  bool warned_ ABSL_GUARDED_BY(mu_) = false;  // that advertised_ cannot be reached
   std::vector<std::unique_ptr<BulkSocket>> idle_ ABSL_GUARDED_BY(mu_);
 };
 
