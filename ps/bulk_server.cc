@@ -99,7 +99,8 @@ void BulkServer::AcceptLoop() {
       socket->WriteFrame(
           BulkStatusFrame(absl::ResourceExhaustedError(absl::StrCat(
               "bulk: ", options_.max_connections, " connections already open on this PS"))),
-          {}, absl::Now() + absl::Seconds(1));
+          {}, absl::Now() + absl::Seconds(1))
+          .IgnoreError();  // the connection is closed either way
       continue;
     }
     ++open_;
