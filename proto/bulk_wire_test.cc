@@ -73,7 +73,8 @@ TEST(BulkWireTest, ManyFramesWithLargeDataRoundTripInOrder) {
   // resumes part way through its pieces.
   Pair p;
   std::vector<std::string> sent;
-  for (int i = 0; i < 8; ++i) sent.push_back(std::string(300000 + 4 * i, static_cast<char>('a' + i)));
+  for (int i = 0; i < 8; ++i)
+    sent.push_back(std::string(300000 + 4 * i, static_cast<char>('a' + i)));
   std::thread writer([&] {
     for (size_t i = 0; i < sent.size(); ++i) {
       const absl::string_view half1(sent[i].data(), sent[i].size() / 2);
@@ -173,9 +174,10 @@ TEST(BulkWireTest, MetaOrDataOverTheLimitsIsInvalidArgumentNamingTheSizes) {
 TEST(BulkWireTest, MetaThatIsNotABulkFrameIsInvalidArgument) {
   Pair p;
   // A length-delimited field whose length runs past the meta's end.
-  const std::string meta("\x0a\x05"
-                         "ab",
-                         4);
+  const std::string meta(
+      "\x0a\x05"
+      "ab",
+      4);
   WriteRaw(p.a->fd(), Head("KTB1", meta.size(), 0) + meta);
   v1::BulkFrame got;
   uint64_t n = 0;
@@ -220,7 +222,8 @@ TEST(BulkWireTest, APeerThatClosedIsUnavailableWhereverTheReadStops) {
     p.b.reset();
     const std::string data(1 << 20, 'd');
     const absl::string_view piece(data);
-    EXPECT_TRUE(absl::IsUnavailable(p.a->WriteFrame(ChunkFrame("p", 0), absl::MakeConstSpan(&piece, 1))));
+    EXPECT_TRUE(
+        absl::IsUnavailable(p.a->WriteFrame(ChunkFrame("p", 0), absl::MakeConstSpan(&piece, 1))));
   }
 }
 

@@ -96,11 +96,10 @@ void BulkServer::AcceptLoop() {
     if (stopped_) return;
     if (open_.load() >= options_.max_connections) {
       // Answered here, without a thread: the client's hello is not read.
-      socket->WriteFrame(
-          BulkStatusFrame(absl::ResourceExhaustedError(absl::StrCat(
-              "bulk: ", options_.max_connections, " connections already open on this PS"))),
-          {}, absl::Now() + absl::Seconds(1))
-          .IgnoreError();  // the connection is closed either way
+      const v1::BulkFrame full = BulkStatusFrame(absl::ResourceExhaustedError(absl::StrCat(
+          "bulk: ", options_.max_connections, " connections already open on this PS")));
+      // The connection is closed either way.
+      socket->WriteFrame(full, {}, absl::Now() + absl::Seconds(1)).IgnoreError();
       continue;
     }
     ++open_;

@@ -334,8 +334,8 @@ class BulkShardChannel final : public ShardChannelWrapper {
   const CallerCredentials caller_;
 
   absl::Mutex mu_;
-  int port_ ABSL_GUARDED_BY(mu_) = 0;        // to use now; 0: none (or unreachable)
-  int advertised_ ABSL_GUARDED_BY(mu_) = 0;  // by the last GetInfo
+  int port_ ABSL_GUARDED_BY(mu_) = 0;         // to use now; 0: none (or unreachable)
+  int advertised_ ABSL_GUARDED_BY(mu_) = 0;   // by the last GetInfo
   bool warned_ ABSL_GUARDED_BY(mu_) = false;  // that advertised_ cannot be reached
   std::vector<std::unique_ptr<BulkSocket>> idle_ ABSL_GUARDED_BY(mu_);
 };

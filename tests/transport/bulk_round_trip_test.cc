@@ -322,8 +322,8 @@ class BulkRoundTripTest : public ::testing::Test {
   // A connection to the bulk port whose hello got `*hello` (OK: ready for calls).
   std::unique_ptr<BulkSocket> RawConnect(absl::Status* hello, const std::string& task = "",
                                          const std::string& authorization = "") const {
-    auto socket = ConnectBulk("127.0.0.1", ps().bulk()->port(), absl::Seconds(10),
-                              BulkLimitsFor(kChunk));
+    auto socket =
+        ConnectBulk("127.0.0.1", ps().bulk()->port(), absl::Seconds(10), BulkLimitsFor(kChunk));
     EXPECT_TRUE(socket.ok()) << socket.status();
     if (!socket.ok()) return nullptr;
     v1::BulkFrame frame;
@@ -335,8 +335,8 @@ class BulkRoundTripTest : public ::testing::Test {
   }
   std::unique_ptr<BulkSocket> RawConnect() const {
     absl::Status hello;
-    auto socket = RawConnect(&hello, Caller(0).task,
-                             job_key_.empty() ? "" : "Bearer " + Caller(0).token);
+    auto socket =
+        RawConnect(&hello, Caller(0).task, job_key_.empty() ? "" : "Bearer " + Caller(0).token);
     EXPECT_TRUE(hello.ok()) << hello;
     return socket;
   }
@@ -411,7 +411,8 @@ class BulkRoundTripTest : public ::testing::Test {
     auto fresh = NewChannel(0);
     ASSERT_TRUE(fresh->GetInfo(v1::InfoRequest(), absl::Seconds(10)).ok());
     const double bulk_before = BulkPullBytes();
-    EXPECT_TRUE(Flat(PullAll(fresh.get())) == ShardBytes()) << "pulled values differ from the shard\'s";
+    EXPECT_TRUE(Flat(PullAll(fresh.get())) == ShardBytes())
+        << "pulled values differ from the shard\'s";
     EXPECT_EQ(BulkPullBytes() - bulk_before, static_cast<double>(GradientBytes()));
   }
 
@@ -626,7 +627,8 @@ TEST_F(BulkRoundTripTest, AMalformedChunkIsRefusedClosesTheConnectionAndChangesN
       {"a chunk for an unknown part",
        [&](BulkSocket* s) { ASSERT_TRUE(WriteChunk(s, "no/such/part", 0, floats).ok()); },
        "unknown variable part \"no/such/part\""},
-      {"a chunk of 6 bytes", [&](BulkSocket* s) { ASSERT_TRUE(WriteChunk(s, part0, 0, "abcdef").ok()); },
+      {"a chunk of 6 bytes",
+       [&](BulkSocket* s) { ASSERT_TRUE(WriteChunk(s, part0, 0, "abcdef").ok()); },
        "not a whole number of float32"},
       {"a chunk that leaves a gap",
        [&](BulkSocket* s) { ASSERT_TRUE(WriteChunk(s, part0, 8, floats).ok()); }, "do not follow"},
@@ -719,8 +721,8 @@ TEST_F(BulkRoundTripTest, TokensAreCheckedOnTheHelloAndEveryCallIsTheCallersOwn)
   const std::string bearer0 = "Bearer " + TaskToken(job->job_key, "worker", 0);
   // Wrong or missing tokens: UNAUTHENTICATED on the hello, then closed.
   const std::vector<std::pair<std::string, std::string>> strangers = {
-      {"worker/0", ""},                                                     // no token
-      {"", bearer0},                                                        // no task
+      {"worker/0", ""},                                                  // no token
+      {"", bearer0},                                                     // no task
       {"worker/0", "Bearer " + TaskToken(other->job_key, "worker", 0)},  // another job's
       {"worker/1", bearer0},                                             // worker 0's as worker 1
       {"worker/0", TaskToken(job->job_key, "worker", 0)},                // not "Bearer ..."
@@ -769,7 +771,8 @@ TEST_F(BulkRoundTripTest, TokensAreCheckedOnTheHelloAndEveryCallIsTheCallersOwn)
   auto step = worker1->Push(Header(1, 0), ChunksOf(Filled(1.0f)));
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(step->version(), 1);
-  EXPECT_TRUE(Flat(PullAll(worker1.get(), 1)) == ShardBytes()) << "pulled values differ from the shard\'s";
+  EXPECT_TRUE(Flat(PullAll(worker1.get(), 1)) == ShardBytes())
+      << "pulled values differ from the shard\'s";
   EXPECT_EQ(BulkPushBytes(), 2.0 * GradientBytes());
   EXPECT_EQ(GrpcPushBytes(), 0);
   EXPECT_EQ(GrpcPullBytes(), 0);
@@ -830,13 +833,16 @@ class HeldPushPull {
       h.set_worker_index(0);
       h.set_worker_clock(1);
       h.set_push_id(9);
-      answer_ = channel->PushPull(h, chunks, {}, [] {
-        v1::PullRequest pull;
-        pull.set_min_version(1);
-        pull.set_worker_clock(1);
-        pull.set_wait_timeout_ms(30000);
-        return pull;
-      }(), [](const PulledChunk&) { return absl::OkStatus(); });
+      answer_ = channel->PushPull(
+          h, chunks, {},
+          [] {
+            v1::PullRequest pull;
+            pull.set_min_version(1);
+            pull.set_worker_clock(1);
+            pull.set_wait_timeout_ms(30000);
+            return pull;
+          }(),
+          [](const PulledChunk&) { return absl::OkStatus(); });
     });
     EXPECT_TRUE(Eventually([&] { return counters.pushes_handled() > handled; }));
   }
@@ -900,10 +906,9 @@ TEST_F(BulkRoundTripTest, APsWhoseDataPlaneCannotBeReachedIsServedThroughGrpc) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->bulk_port(), closed_port);
   ASSERT_TRUE(channel_->Push(Header(0, 0), ChunksOf(Filled(1.0f))).ok());
-  PushPullAnswer answer = channel_->PushPull(Header(1, 0), ChunksOf(Filled(1.0f)), {},
-                                             BarrierPull(0), [](const PulledChunk&) {
-                                               return absl::OkStatus();
-                                             });
+  PushPullAnswer answer =
+      channel_->PushPull(Header(1, 0), ChunksOf(Filled(1.0f)), {}, BarrierPull(0),
+                         [](const PulledChunk&) { return absl::OkStatus(); });
   ASSERT_TRUE(answer.push.ok()) << answer.push.status();
   ASSERT_TRUE(answer.pull.ok()) << answer.pull.status();
   EXPECT_EQ(answer.pull->version(), 1);
@@ -955,7 +960,8 @@ TEST_F(BulkRoundTripTest, ConnectionsOverTheLimitAreRefusedAndTheChannelUsesGrpc
   // A second channel cannot have one: it goes through gRPC.
   auto second = NewChannel(0);
   ASSERT_TRUE(second->GetInfo(v1::InfoRequest(), absl::Seconds(10)).ok());
-  EXPECT_TRUE(Flat(PullAll(second.get())) == ShardBytes()) << "pulled values differ from the shard\'s";
+  EXPECT_TRUE(Flat(PullAll(second.get())) == ShardBytes())
+      << "pulled values differ from the shard\'s";
   EXPECT_EQ(GrpcPullBytes(), static_cast<double>(GradientBytes()));
   EXPECT_EQ(ps().bulk()->open_connections(), 1);
 }
@@ -1050,7 +1056,8 @@ TEST_F(BulkRoundTripTest, APushPullThatIsRefusedNeverPullsAndTheConnectionIsRepl
         pulled = true;
         return absl::OkStatus();
       });
-  EXPECT_EQ(answer.push.status().code(), absl::StatusCode::kInvalidArgument) << answer.push.status();
+  EXPECT_EQ(answer.push.status().code(), absl::StatusCode::kInvalidArgument)
+      << answer.push.status();
   EXPECT_NE(answer.push.status().message().find("(bulk)"), std::string::npos)
       << answer.push.status();
   EXPECT_EQ(answer.pull.status().code(), absl::StatusCode::kInvalidArgument);
@@ -1111,8 +1118,7 @@ TEST(BulkSparseTest, SparseRowsPushedOverTheDataPlaneMatchTheSamePushOverGrpc) {
   std::vector<ChunkRef> chunks;
   for (const auto& p : shard->parts()) dense_grads.emplace_back(p.num_elements(), 0.125f);
   for (size_t i = 0; i < dense_grads.size(); ++i) {
-    chunks.push_back(
-        {&shard->parts()[i].name, 0, dense_grads[i].data(), dense_grads[i].size()});
+    chunks.push_back({&shard->parts()[i].name, 0, dense_grads[i].data(), dense_grads[i].size()});
   }
   std::vector<uint64_t> ids;
   for (uint64_t id = 0; id < 9000; ++id) ids.push_back((id * 7919) % 20000);
