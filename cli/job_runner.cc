@@ -95,6 +95,7 @@ JobRunner::JobRunner(TrainingJob job, int64_t target_steps, std::vector<int> por
                     "--config=" + options_.job_path,
                     absl::StrCat("--metrics_address=127.0.0.1:", t->metrics_port)};
     if (ps) t->spec.argv.push_back("--bind_host=127.0.0.1");
+    if (ps && options_.bulk_data_plane) t->spec.argv.push_back("--bulk_port=0");
     if (chief && !options_.export_model.empty()) {
       t->spec.argv.push_back("--export_model=" + options_.export_model);
     }

@@ -41,6 +41,8 @@ struct JobRunnerOptions {
   std::string ps_binary;      // kubetrain-ps
   std::string worker_binary;  // kubetrain-worker (worker, chief and evaluator tasks)
   std::string export_model;   // passed to the chief task as --export_model (if set)
+  // PS tasks get --bulk_port=0: the bulk data plane on any free port.
+  bool bulk_data_plane = false;
   RestartBackoff backoff = kLocalBackoff;
   absl::Duration poll_interval = absl::Milliseconds(100);
   // Stopping: SIGTERM, then SIGKILL after this long.

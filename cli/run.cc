@@ -119,6 +119,7 @@ int RunJob(const RunOptions& options) {
     runner.job_path = std::string(cwd) + "/" + runner.job_path;
   }
   runner.export_model = options.export_model;
+  runner.bulk_data_plane = options.bulk;
   auto ports = PickFreePorts(2 * static_cast<int>(JobTasks(*job).size()));
   if (!ports.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(ports.status().message()).c_str());
@@ -175,6 +176,9 @@ int RunCommand(int argc, char** argv, const std::string& bin_dir) {
                 "write the trained model to this file (then: kubetrain eval FILE)");
   parser.Bool("tls", &options.tls,
               "the tasks speak mutual TLS under a CA made for this run (tokens are always on)");
+  parser.Bool("bulk", &options.bulk,
+              "pulls and pushes over the PS tasks' bulk data plane (framed TCP beside gRPC, "
+              "faster; TLS with --tls); --bulk=false: gRPC only");
   std::string restart_policy;
   parser.String("restart_policy", &restart_policy,
                 "restart failed tasks per this policy instead of the spec's: Never, OnFailure, "

@@ -31,6 +31,9 @@ struct RunOptions {
   // Every task gets a token (cli/local_credentials.h); with `tls` also the
   // job's CA and certificate, and the tasks speak mutual TLS.
   bool tls = false;
+  // PS tasks serve pulls and pushes also over the bulk data plane (framed
+  // TCP beside gRPC, TLS with `tls`; ps/bulk_server.h), which workers then use.
+  bool bulk = true;
   // Set (by a signal handler) to stop the job: children get SIGTERM, then SIGKILL.
   const std::atomic<bool>* interrupted = nullptr;
 };

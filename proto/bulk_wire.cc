@@ -87,6 +87,15 @@ absl::Status BulkSocket::WriteFrame(const v1::BulkFrame& meta,
   std::memcpy(head, kMagic, 4);
   PutLe32(static_cast<uint32_t>(meta_.size()), head + 4);
   PutLe64(data_bytes, head + 8);
+  if (tls_ != nullptr) {
+    // Head and meta in one record, then the data pieces as they are.
+    meta_.insert(0, head, kHeadBytes);
+    if (absl::Status s = tls_->Send(meta_.data(), meta_.size()); !s.ok()) return s;
+    for (absl::string_view d : data) {
+      if (absl::Status s = tls_->Send(d.data(), d.size()); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   std::vector<iovec> iov;
   iov.reserve(2 + data.size());
   iov.push_back({head, kHeadBytes});
@@ -125,6 +134,12 @@ absl::Status BulkSocket::WriteFrame(const v1::BulkFrame& meta,
 }
 
 absl::Status BulkSocket::Recv(char* out, uint64_t n, absl::Time deadline) {
+  if (tls_ != nullptr) {
+    // The session reads all `n` bytes under one socket timeout (so a peer
+    // that trickles TLS records can still stretch it; see the plain path).
+    if (absl::Status s = SetTimeout(SO_RCVTIMEO, deadline); !s.ok()) return s;
+    return tls_->Recv(out, n);
+  }
   bool started = false;
   while (n > 0) {
     // The socket's timeout restarts with every call, and a call that timed
@@ -184,6 +199,7 @@ absl::Status BulkSocket::SkipData(uint64_t n, absl::Time deadline) {
 }
 
 bool BulkSocket::PeerGone() const {
+  if (tls_ != nullptr && tls_->HasPending()) return true;
   pollfd p{fd_, POLLIN | POLLRDHUP, 0};
   if (::poll(&p, 1, 0) <= 0) return false;
   return (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) != 0;

@@ -19,12 +19,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "proto/bulk_tls.h"
 #include "proto/ps.pb.h"
 
 namespace kubetrain {
@@ -66,6 +68,9 @@ class BulkSocket {
   // for another thread stopping a server.
   void ShutdownBoth();
   int fd() const { return fd_; }
+  // From now on every byte goes through `tls`, whose handshake ran on fd().
+  void UseTls(std::unique_ptr<BulkTlsSession> tls) { tls_ = std::move(tls); }
+  bool tls() const { return tls_ != nullptr; }
 
  private:
   absl::Status SetTimeout(int option, absl::Time deadline);
@@ -73,7 +78,8 @@ class BulkSocket {
 
   const int fd_;
   const BulkLimits limits_;
-  std::string meta_;  // reused between frames
+  std::string meta_;                     // reused between frames
+  std::unique_ptr<BulkTlsSession> tls_;  // null: plain TCP
 };
 
 // A frame holding only `status` (a call's last frame).

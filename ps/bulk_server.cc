@@ -159,6 +159,21 @@ absl::Status BulkServer::Hello(BulkSocket* socket, TaskId* caller) {
 
 void BulkServer::Serve(Connection* conn) {
   BulkSocket* socket = conn->socket.get();
+  if (options_.tls != nullptr) {
+    auto tls = options_.tls->Handshake(socket->fd(), absl::Now() + options_.hello_timeout);
+    if (!tls.ok()) {
+      if (absl::IsUnauthenticated(tls.status())) {
+        if (metrics_.auth_unauthenticated) metrics_.auth_unauthenticated->Increment();
+        int64_t suppressed = 0;
+        if (refused_log_.Allow(clock_->Now(), &suppressed)) {
+          Log("ps:", shard_->options().shard_index,
+              " refused a bulk connection: ", tls.status().message());
+        }
+      }
+      return;
+    }
+    socket->UseTls(*std::move(tls));
+  }
   TaskId caller;
   if (absl::Status s = Hello(socket, &caller); !s.ok()) {
     if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) {

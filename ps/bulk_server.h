@@ -16,8 +16,9 @@
 // same task and token a gRPC call carries in its metadata. The token is
 // checked once per connection, before anything else is read; every call is
 // then authorized for the task it names (a push: a worker, itself). A
-// connection whose hello fails gets the error and is closed. No TLS: a PS
-// whose job uses TLS does not start this server (PsTask).
+// connection whose hello fails gets the error and is closed. With `tls`
+// (proto/bulk_tls.h) every connection first completes a mutual TLS handshake
+// under the job's CA, as gRPC's TLS does, and then carries every frame in TLS.
 //
 // Threads: one accepting, one per connection (a connection carries one call
 // at a time); at most max_connections at once (more are answered
@@ -58,6 +59,8 @@ struct BulkServerOptions {
   int max_connections = 256;
   // The job's key (core/job_credentials.h); empty: any client.
   std::string job_key;
+  // Mutual TLS on every connection (a server context); null: plain TCP.
+  std::shared_ptr<const BulkTlsContext> tls;
 };
 
 class BulkServer {

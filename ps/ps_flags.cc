@@ -26,9 +26,9 @@ void PsFlags::Register(FlagParser* parser) {
   parser->String("bind_host", &task.bind_host,
                  "address to listen on; the port comes from TF_CONFIG");
   parser->Int("bulk_port", &bulk_port_,
-              "serve Pull/Push/PushPull also over the bulk data plane (plain TCP, faster than "
-              "gRPC) on this port: -1 = off, 0 = any free port; workers learn it from the PS. "
-              "Off when the job uses TLS");
+              "serve Pull/Push/PushPull also over the bulk data plane (framed TCP, faster than "
+              "gRPC; mutual TLS when the job has TLS files) on this port: -1 = off, 0 = any "
+              "free port; workers learn it from the PS");
   parser->String("metrics_address", &task.metrics_address, "host:port for /metrics; empty = off");
   parser->Int("shutdown_grace_seconds", &shutdown_grace_seconds_,
               "after the chief's shutdown, how long to wait for workers to leave");

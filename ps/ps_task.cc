@@ -229,11 +229,16 @@ absl::Status PsTask::Start() {
   service_options.model_fingerprint = config_.fingerprint;
   service_options.max_chunk_bytes = job.training.chunk_bytes;
   service_options.job_key = options_.credentials.job_key;
-  if (options_.bulk_port >= 0 && options_.credentials.tls()) {
-    Log("ps:", index_,
-        " bulk data plane off: the job uses TLS, which only the gRPC service speaks");
-  } else if (options_.bulk_port >= 0) {
+  if (options_.bulk_port >= 0) {
     BulkServerOptions bulk;
+    if (options_.credentials.tls()) {
+      auto tls =
+          BulkTlsContext::Create({options_.credentials.ca_cert_pem, options_.credentials.cert_pem,
+                                  options_.credentials.key_pem, ""},
+                                 /*server=*/true);
+      if (!tls.ok()) return tls.status();
+      bulk.tls = *std::move(tls);
+    }
     bulk.bind_host = options_.bind_host;
     bulk.port = options_.bulk_port;
     bulk.max_chunk_bytes = job.training.chunk_bytes;

@@ -68,8 +68,8 @@ struct PsTaskOptions {
   // port (see PsTask::port()).
   int port = -1;
   // The bulk data plane (ps/bulk_server.h) beside gRPC: -1 = off; 0 = any
-  // free port; else that port. Advertised to workers in GetInfo. Off, with a
-  // log line, when the job uses TLS (the data plane is plain TCP).
+  // free port; else that port. Advertised to workers in GetInfo. With TLS
+  // credentials it speaks mutual TLS too (proto/bulk_tls.h).
   int bulk_port = -1;
   std::string metrics_address = "0.0.0.0:9090";  // "" = no /metrics
   // After the chief's shutdown, how long to wait for workers and evaluators

@@ -51,6 +51,20 @@ class SocketChunk final : public PulledChunk {
   mutable absl::Status status_;
 };
 
+// The client TLS of a caller with TLS files (null without; or, logged, when
+// they do not load: the data plane is then not used).
+std::shared_ptr<const BulkTlsContext> ClientTls(const CallerCredentials& caller,
+                                                const std::string& address) {
+  if (!caller.tls()) return nullptr;
+  auto tls = BulkTlsContext::Create(
+      {caller.ca_cert_pem, caller.cert_pem, caller.key_pem, kTaskTlsName}, /*server=*/false);
+  if (!tls.ok()) {
+    Log("warning: no bulk data plane to the PS at ", address, ": ", tls.status().message());
+    return nullptr;
+  }
+  return *std::move(tls);
+}
+
 class BulkShardChannel final : public ShardChannelWrapper {
  public:
   BulkShardChannel(std::unique_ptr<ShardChannel> control, std::string address, int64_t chunk_bytes,
@@ -60,7 +74,8 @@ class BulkShardChannel final : public ShardChannelWrapper {
         host_(HostOfAddress(address_)),
         chunk_bytes_(std::max<uint64_t>(4, static_cast<uint64_t>(chunk_bytes) & ~uint64_t{3})),
         limits_(BulkLimitsFor(static_cast<uint64_t>(chunk_bytes))),
-        caller_(std::move(caller)) {}
+        caller_(std::move(caller)),
+        tls_(ClientTls(caller_, address_)) {}
   using ShardChannel::Push;
 
   absl::StatusOr<v1::ShardInfo> GetInfo(const v1::InfoRequest& request,
@@ -179,9 +194,17 @@ class BulkShardChannel final : public ShardChannelWrapper {
   }
 
   absl::StatusOr<std::unique_ptr<BulkSocket>> Connect(int port) {
+    if (caller_.tls() && tls_ == nullptr) {
+      return absl::UnavailableError("no TLS context for the data plane (see the log)");
+    }
     absl::StatusOr<std::unique_ptr<BulkSocket>> socket =
         ConnectBulk(host_, port, kConnectTimeout, limits_);
     if (!socket.ok()) return socket.status();
+    if (tls_ != nullptr) {
+      auto session = tls_->Handshake((*socket)->fd(), absl::Now() + kConnectTimeout);
+      if (!session.ok()) return session.status();
+      (*socket)->UseTls(*std::move(session));
+    }
     v1::BulkFrame frame;
     frame.mutable_hello()->set_task(caller_.task);
     if (!caller_.token.empty()) {
@@ -332,6 +355,7 @@ class BulkShardChannel final : public ShardChannelWrapper {
   const uint64_t chunk_bytes_;
   const BulkLimits limits_;
   const CallerCredentials caller_;
+  const std::shared_ptr<const BulkTlsContext> tls_;  // null: plain TCP
 
   absl::Mutex mu_;
   int port_ ABSL_GUARDED_BY(mu_) = 0;         // to use now; 0: none (or unreachable)
@@ -345,7 +369,6 @@ class BulkShardChannel final : public ShardChannelWrapper {
 std::unique_ptr<ShardChannel> NewBulkShardChannel(std::unique_ptr<ShardChannel> control,
                                                   const std::string& address, int64_t chunk_bytes,
                                                   const CallerCredentials& caller) {
-  if (caller.tls()) return control;
   return std::make_unique<BulkShardChannel>(std::move(control), address, chunk_bytes, caller);
 }
 

@@ -26,7 +26,7 @@
 namespace kubetrain {
 
 // Wraps `control` (the channel to the PS at `address`, "host:port"). With TLS
-// credentials it returns `control` itself: the data plane is plain TCP.
+// credentials the data plane speaks mutual TLS as gRPC does (proto/bulk_tls.h).
 std::unique_ptr<ShardChannel> NewBulkShardChannel(std::unique_ptr<ShardChannel> control,
                                                   const std::string& address, int64_t chunk_bytes,
                                                   const CallerCredentials& caller = {});

@@ -24,6 +24,7 @@
 #include "core/job_credentials.h"
 #include "core/log.h"
 #include "core/task_config.h"
+#include "worker/bulk_shard_channel.h"
 #include "worker/exporter_task.h"
 #include "worker/grpc_shard_channel.h"
 #include "worker/worker_flags.h"
@@ -58,7 +59,7 @@ int main(int argc, char** argv) {
   if (!caller.ok()) return ExitWithError(2, caller.status().message(), termination_log);
   std::vector<std::unique_ptr<ShardChannel>> channels;
   for (const std::string& address : config->tf.tasks("ps")) {
-    channels.push_back(NewGrpcShardChannel(address, config->job.training.chunk_bytes, *caller));
+    channels.push_back(NewPsChannel(address, config->job.training.chunk_bytes, *caller));
   }
   auto task = WorkerTask::Create(std::move(*config), flags.task, &clock,
                                  std::make_shared<prometheus::Registry>(), std::move(channels));

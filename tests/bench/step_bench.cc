@@ -37,6 +37,7 @@
 #include "core/task_config.h"
 #include "ps/optimizer.h"
 #include "tests/bench/bench_util.h"
+#include "worker/bulk_shard_channel.h"
 #include "worker/grpc_shard_channel.h"
 #include "worker/ps_client.h"
 
@@ -56,6 +57,7 @@ struct Flags {
   int64_t ps = 1;
   bool keep_temp = false;
   bool overlap_layers = false;
+  bool bulk = true;  // the PS tasks' bulk data plane, as `kubetrain run` uses it
 };
 
 // Floats of an mlp 784-h-h-10: 784h + h + h*h + h + 10h + 10.
@@ -191,7 +193,9 @@ int Run(const Flags& f) {
   std::vector<PsProcess> ps(num_ps);
   for (int i = 0; i < num_ps; ++i) {
     if (auto s = ps[i].Start(f.ps_binary, job_file, TfConfigJson(ps_ports, *worker_port, "ps", i),
-                             absl::StrCat(*dir, "/ps-", i, ".log"), {"--insecure"});
+                             absl::StrCat(*dir, "/ps-", i, ".log"),
+                             f.bulk ? std::vector<std::string>{"--insecure", "--bulk_port=0"}
+                                    : std::vector<std::string>{"--insecure"});
         !s.ok()) {
       return Fail("", s);
     }
@@ -247,7 +251,7 @@ int Run(const Flags& f) {
   RealClock clock;
   std::vector<std::unique_ptr<ShardChannel>> channels;
   for (int port : ps_ports) {
-    channels.push_back(NewGrpcShardChannel(absl::StrCat("127.0.0.1:", port), spec.chunk_bytes));
+    channels.push_back(NewPsChannel(absl::StrCat("127.0.0.1:", port), spec.chunk_bytes));
   }
   PsClient::Options options;
   options.task_index = 0;
@@ -421,6 +425,10 @@ int main(int argc, char** argv) {
   parser.Int("ps", &flags.ps,
              "PS tasks (each a kubetrain-ps child; the model is placed over them)");
   parser.Bool("keep_temp", &flags.keep_temp, "keep the temp dir (job file, PS log)");
+  parser.Bool("bulk", &flags.bulk,
+              "the PS tasks serve the bulk data plane (--bulk_port=0), which the worker uses, as "
+              "under `kubetrain run`; --bulk=false: gRPC only (and for a kubetrain-ps built "
+              "before it)");
   parser.Bool("overlap_layers", &flags.overlap_layers,
               "overlap the push-pull with backprop: each variable's gradient sent as soon as it "
               "is final, last layer first (PsClient::StartPushPull)");

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -47,7 +48,7 @@ struct Flags {
   int64_t hidden_units = 20000;  // 784*h + h + 10*h + 10 floats: 20000 -> 60.7 MiB
   int64_t chunk_bytes = 4 << 20;
   bool keep_temp = false;
-  bool bulk = true;  // (d): a third PS with the bulk data plane
+  bool bulk = true;  // (d), (e): two more PS tasks with the bulk data plane, plain and TLS
 };
 
 std::string JobYaml(const Flags& f) {
@@ -236,9 +237,11 @@ int Run(const Flags& f) {
   auto ps_port = FreeLoopbackPort();
   auto tls_port = FreeLoopbackPort();
   auto bulk_port = FreeLoopbackPort();
+  auto bulk_tls_port = FreeLoopbackPort();
   auto worker_port = FreeLoopbackPort();
-  if (!ps_port.ok() || !tls_port.ok() || !bulk_port.ok() || !worker_port.ok() ||
-      *ps_port == *tls_port || *bulk_port == *ps_port || *bulk_port == *tls_port) {
+  if (!ps_port.ok() || !tls_port.ok() || !bulk_port.ok() || !bulk_tls_port.ok() ||
+      !worker_port.ok() ||
+      absl::flat_hash_set<int>{*ps_port, *tls_port, *bulk_port, *bulk_tls_port}.size() != 4) {
     return Fail(absl::UnavailableError("no free loopback port"));
   }
   const std::string job_file = *dir + "/job.yaml";
@@ -260,7 +263,7 @@ int Run(const Flags& f) {
   }
   auto worker_credentials = ReadCallerCredentials(worker_auth, "worker", 0);
   if (!worker_credentials.ok()) return Fail(worker_credentials.status());
-  PsProcess ps, tls_ps, bulk_ps;
+  PsProcess ps, tls_ps, bulk_ps, bulk_tls_ps;
   if (auto s = ps.Start(f.ps_binary, job_file, TfConfigJson(*ps_port, *worker_port, "ps"),
                         *dir + "/ps.log", {"--insecure"});
       !s.ok()) {
@@ -278,6 +281,12 @@ int Run(const Flags& f) {
         !s.ok()) {
       return Fail(s);
     }
+    if (auto s = bulk_tls_ps.Start(
+            f.ps_binary, job_file, TfConfigJson(*bulk_tls_port, *worker_port, "ps"),
+            *dir + "/ps-bulk-tls.log", {"--auth_dir=" + ps_auth, "--bulk_port=0"});
+        !s.ok()) {
+      return Fail(s);
+    }
   }
 
   // Let the PS tasks initialise their shards first, so that they idle during (a).
@@ -286,6 +295,7 @@ int Run(const Flags& f) {
   }
   if (f.bulk) {
     if (auto s = bulk_ps.WaitReady(*bulk_port, 60); !s.ok()) return Fail(s);
+    if (auto s = bulk_tls_ps.WaitReady(*bulk_tls_port, 60); !s.ok()) return Fail(s);
   }
 
   // (a) raw TCP.
@@ -299,13 +309,17 @@ int Run(const Flags& f) {
   if (!plain.ok()) return Fail(plain.status());
   auto tls = MeasurePs(f, *config, *tls_port, *worker_credentials, &tls_ps, "tls ps");
   if (!tls.ok()) return Fail(tls.status());
-  // (d) through a plain PS's bulk data plane (--bulk).
-  PsFigures bulk;
+  // (d) through a plain PS's bulk data plane, (e) through a TLS one's (--bulk).
+  PsFigures bulk, bulk_tls;
   if (f.bulk) {
     auto measured =
         MeasurePs(f, *config, *bulk_port, CallerCredentials(), &bulk_ps, "bulk ps", true);
     if (!measured.ok()) return Fail(measured.status());
     bulk = *std::move(measured);
+    measured = MeasurePs(f, *config, *bulk_tls_port, *worker_credentials, &bulk_tls_ps,
+                         "bulk tls ps", true);
+    if (!measured.ok()) return Fail(measured.status());
+    bulk_tls = *std::move(measured);
   }
 
   int64_t model_bytes = 0;
@@ -341,27 +355,35 @@ int Run(const Flags& f) {
               fused.min, fused.median, fused.max);
   std::printf("tls ps push-pull  GB/s: min %.2f  median %.2f  max %.2f\n", tfused.min,
               tfused.median, tfused.max);
-  Summary bsum{}, bfused{};
+  Summary bsum{}, bfused{}, btsum{}, btfused{};
   if (f.bulk) {
     bsum = Summarize(bulk.both_gbps);
     bfused = Summarize(bulk.fused_gbps);
+    btsum = Summarize(bulk_tls.both_gbps);
+    btfused = Summarize(bulk_tls.fused_gbps);
     std::printf("bulk push+pull    GB/s: min %.2f  median %.2f  max %.2f  (bulk data plane)\n",
                 bsum.min, bsum.median, bsum.max);
     std::printf("bulk push-pull    GB/s: min %.2f  median %.2f  max %.2f\n", bfused.min,
                 bfused.median, bfused.max);
+    std::printf("bulk tls push+pull GB/s: min %.2f  median %.2f  max %.2f  (tokens + mutual TLS)\n",
+                btsum.min, btsum.median, btsum.max);
+    std::printf("bulk tls push-pull GB/s: min %.2f  median %.2f  max %.2f\n", btfused.min,
+                btfused.median, btfused.max);
   }
-  std::printf("ps exit codes: plain %d, tls %d, bulk %d\n", plain->exit_code, tls->exit_code,
-              bulk.exit_code);
+  std::printf("ps exit codes: plain %d, tls %d, bulk %d, bulk tls %d\n", plain->exit_code,
+              tls->exit_code, bulk.exit_code, bulk_tls.exit_code);
   std::printf(
       "tcp_gbps=%.2f ps_gbps=%.2f ratio=%.3f tcp_min=%.2f tcp_max=%.2f ps_min=%.2f "
       "ps_max=%.2f tls_gbps=%.2f tls_ratio=%.3f tls_min=%.2f tls_max=%.2f model_mib=%.1f "
       "rounds=%d fused_gbps=%.2f fused_ratio=%.3f tls_fused_gbps=%.2f bulk_gbps=%.2f "
-      "bulk_ratio=%.3f bulk_fused_gbps=%.2f bulk_fused_ratio=%.3f\n",
+      "bulk_ratio=%.3f bulk_fused_gbps=%.2f bulk_fused_ratio=%.3f bulk_tls_gbps=%.2f "
+      "bulk_tls_ratio=%.3f bulk_tls_fused_gbps=%.2f\n",
       tcp.median, psum.median, tcp.median > 0 ? psum.median / tcp.median : 0.0, tcp.min, tcp.max,
       psum.min, psum.max, tsum.median, psum.median > 0 ? tsum.median / psum.median : 0.0, tsum.min,
       tsum.max, model_mib, rounds, fused.median, tcp.median > 0 ? fused.median / tcp.median : 0.0,
       tfused.median, bsum.median, tcp.median > 0 ? bsum.median / tcp.median : 0.0, bfused.median,
-      tcp.median > 0 ? bfused.median / tcp.median : 0.0);
+      tcp.median > 0 ? bfused.median / tcp.median : 0.0, btsum.median,
+      bsum.median > 0 ? btsum.median / bsum.median : 0.0, btfused.median);
   std::fflush(stdout);
   return 0;
 }

@@ -57,11 +57,14 @@ def run_example(tmp_path, example):
     return summary
 
 
-def test_fashion_mnist_sync_reaches_its_documented_accuracy_bit_for_bit(tmp_path):
-    """Sync training is deterministic (the same bits every run): the
-    README's figure exactly."""
+def test_fashion_mnist_sync_reaches_its_documented_accuracy(tmp_path):
+    """Sync training is deterministic on one machine (the same bits every run:
+    test_reproducibility.py). Across machines it is not bit for bit: the build
+    is -march=native, and a CPU with AVX-512 sums a GEMM in another order than
+    one with AVX2 (0.8790 vs 0.8780 for this example). So: the README's figure
+    within 0.2 point."""
     summary = run_example(tmp_path, "fashion-mnist-sync.yaml")
-    assert round(summary["test_accuracy"], 4) == documented_accuracy("fashion-mnist-sync.yaml"), summary
+    assert abs(summary["test_accuracy"] - documented_accuracy("fashion-mnist-sync.yaml")) <= 0.002, summary
 
 
 def test_fashion_mnist_async_reaches_its_documented_accuracy(tmp_path):
