@@ -15,6 +15,12 @@ namespace kubetrain {
 namespace {
 
 constexpr absl::Duration kConnectTimeout = absl::Seconds(2);
+// The TLS handshake and the hello, after the connect (a busy PS answers late).
+constexpr absl::Duration kHelloTimeout = absl::Seconds(5);
+// After a failed connection, calls go through gRPC this long before the data
+// plane is tried again (doubling up to kMaxRetryAfter).
+constexpr absl::Duration kRetryAfter = absl::Seconds(5);
+constexpr absl::Duration kMaxRetryAfter = absl::Seconds(60);
 constexpr absl::Duration kCallTimeout = absl::Seconds(120);  // as the gRPC channel's
 
 // A pulled chunk still in the socket: CopyTo receives it straight into `out`.
@@ -146,22 +152,21 @@ class BulkShardChannel final : public ShardChannelWrapper {
                         absl::StrCat("ps at ", address_, " (bulk): ", r.status().message()));
   }
 
-  // Every GetInfo lets the channel try the advertised port again (it may
-  // have become reachable); only a new port drops the pooled connections and
-  // may be warned about again.
   void SetPort(int port) {
     std::vector<std::unique_ptr<BulkSocket>> dropped;
     absl::MutexLock l(&mu_);
+    if (port == port_) return;
     port_ = port;
-    if (port == advertised_) return;
-    advertised_ = port;
     warned_ = false;
+    retry_at_ = absl::InfinitePast();
+    retry_after_ = kRetryAfter;
     dropped.swap(idle_);  // connections to the old port (closed outside the lock)
   }
 
   // A connection from the pool or a new one (hello answered OK); null when
-  // the PS has no data plane or it cannot be reached (then none until the
-  // next GetInfo advertises one).
+  // the PS has no data plane, or it could not be reached lately (then it is
+  // tried again after a backoff, or at once when GetInfo advertises another
+  // port).
   std::unique_ptr<BulkSocket> Acquire() {
     int port;
     std::vector<std::unique_ptr<BulkSocket>> dead;  // closed outside the lock
@@ -176,18 +181,24 @@ class BulkShardChannel final : public ShardChannelWrapper {
         if (!s->PeerGone()) return s;
         dead.push_back(std::move(s));
       }
+      if (absl::Now() < retry_at_) return nullptr;
       port = port_;
     }
     if (port <= 0) return nullptr;
     absl::StatusOr<std::unique_ptr<BulkSocket>> socket = Connect(port);
-    if (socket.ok()) return *std::move(socket);
     absl::MutexLock l(&mu_);
+    if (socket.ok()) {
+      retry_after_ = kRetryAfter;
+      return *std::move(socket);
+    }
     if (port_ == port) {
-      port_ = 0;
+      retry_at_ = absl::Now() + retry_after_;
+      retry_after_ = std::min(2 * retry_after_, kMaxRetryAfter);
       if (!warned_) {
         warned_ = true;
         Log("warning: the bulk data plane of the PS at ", address_, " cannot be used (",
-            socket.status().message(), "); its pulls and pushes go through gRPC");
+            socket.status().message(),
+            "); its pulls and pushes go through gRPC, and the data plane is tried again later");
       }
     }
     return nullptr;
@@ -201,7 +212,7 @@ class BulkShardChannel final : public ShardChannelWrapper {
         ConnectBulk(host_, port, kConnectTimeout, limits_);
     if (!socket.ok()) return socket.status();
     if (tls_ != nullptr) {
-      auto session = tls_->Handshake((*socket)->fd(), absl::Now() + kConnectTimeout);
+      auto session = tls_->Handshake((*socket)->fd(), absl::Now() + kHelloTimeout);
       if (!session.ok()) return session.status();
       (*socket)->UseTls(*std::move(session));
     }
@@ -210,7 +221,7 @@ class BulkShardChannel final : public ShardChannelWrapper {
     if (!caller_.token.empty()) {
       frame.mutable_hello()->set_authorization(absl::StrCat("Bearer ", caller_.token));
     }
-    const absl::Time deadline = absl::Now() + kConnectTimeout;
+    const absl::Time deadline = absl::Now() + kHelloTimeout;
     if (absl::Status s = (*socket)->WriteFrame(frame, {}, deadline); !s.ok()) return s;
     uint64_t data_bytes = 0;
     if (absl::Status s = (*socket)->ReadFrame(&frame, &data_bytes, deadline); !s.ok()) return s;
@@ -358,9 +369,10 @@ class BulkShardChannel final : public ShardChannelWrapper {
   const std::shared_ptr<const BulkTlsContext> tls_;  // null: plain TCP
 
   absl::Mutex mu_;
-  int port_ ABSL_GUARDED_BY(mu_) = 0;         // to use now; 0: none (or unreachable)
-  int advertised_ ABSL_GUARDED_BY(mu_) = 0;   // by the last GetInfo
-  bool warned_ ABSL_GUARDED_BY(mu_) = false;  // that advertised_ cannot be reached
+  int port_ ABSL_GUARDED_BY(mu_) = 0;
+  bool warned_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // no new connection before
+  absl::Duration retry_after_ ABSL_GUARDED_BY(mu_) = kRetryAfter;
   std::vector<std::unique_ptr<BulkSocket>> idle_ ABSL_GUARDED_BY(mu_);
 };
 

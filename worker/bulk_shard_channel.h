@@ -5,8 +5,9 @@
 // The data plane is used when the PS advertises one (ShardInfo.bulk_port,
 // read from every GetInfo), on the host of the gRPC address. If it cannot be
 // reached (a NetworkPolicy that admits only the gRPC port, say), the channel
-// logs it once and sends those calls through gRPC until the next GetInfo
-// advertises a port again. A call that fails on the data plane fails as its
+// logs it once and sends those calls through gRPC, trying the data plane again
+// after 5 s, doubling up to a minute (at once if GetInfo advertises another
+// port). A call that fails on the data plane fails as its
 // gRPC twin would (UNAVAILABLE when the PS went away: PsClient asks again,
 // on a new connection); its connection is then closed, never reused.
 //

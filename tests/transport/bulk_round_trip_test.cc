@@ -918,10 +918,9 @@ TEST_F(BulkRoundTripTest, APsWhoseDataPlaneCannotBeReachedIsServedThroughGrpc) {
   EXPECT_EQ(BulkPushBytes() + BulkPullBytes(), 0);
 }
 
-TEST_F(BulkRoundTripTest, AnUnreachableDataPlaneIsReportedOnceThoughEveryGetInfoRetriesIt) {
-  // The chief polls GetInfo every progress interval; each poll lets the
-  // channel try the data plane again (the PS may have become reachable),
-  // but a port that stays unreachable is one warning, not one per poll.
+TEST_F(BulkRoundTripTest, AnUnreachableDataPlaneIsReportedOnceHoweverOftenGetInfoIsPolled) {
+  // The chief polls GetInfo every progress interval: a port that stays
+  // unreachable is one warning, not one per poll (nor per retry).
   int closed_port = 0;
   auto fd = ListenBulk("127.0.0.1", 0, &closed_port);
   ASSERT_TRUE(fd.ok()) << fd.status();
