@@ -104,7 +104,17 @@ absl::Status BulkSocket::WriteFrame(const v1::BulkFrame& meta,
     if (!d.empty()) iov.push_back({const_cast<char*>(d.data()), d.size()});
   }
   size_t first = 0;
+  bool started = false;
   while (first < iov.size()) {
+    // The socket's timeout is per call: each call gets what is left until
+    // the deadline, so a slow reader cannot stretch the write past it.
+    if (started) {
+      if (deadline != absl::InfiniteFuture() && absl::Now() >= deadline) {
+        return absl::DeadlineExceededError("bulk send: timed out");
+      }
+      if (absl::Status s = SetTimeout(SO_SNDTIMEO, deadline); !s.ok()) return s;
+    }
+    started = true;
     msghdr msg{};
     msg.msg_iov = iov.data() + first;
     msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
@@ -124,9 +134,23 @@ absl::Status BulkSocket::WriteFrame(const v1::BulkFrame& meta,
 }
 
 absl::Status BulkSocket::Recv(char* out, uint64_t n, absl::Time deadline) {
-  if (absl::Status s = SetTimeout(SO_RCVTIMEO, deadline); !s.ok()) return s;
-  if (tls_ != nullptr) return tls_->Recv(out, n);
+  if (tls_ != nullptr) {
+    // The session reads all `n` bytes under one socket timeout (so a peer
+    // that trickles TLS records can still stretch it; see the plain path).
+    if (absl::Status s = SetTimeout(SO_RCVTIMEO, deadline); !s.ok()) return s;
+    return tls_->Recv(out, n);
+  }
+  bool started = false;
   while (n > 0) {
+    // The socket's timeout restarts with every call, and a call that timed
+    // out with part of the bytes returns them: the timeout is set again to
+    // what is left, so a peer that trickles bytes cannot keep a read alive
+    // past its deadline.
+    if (started && deadline != absl::InfiniteFuture() && absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("bulk receive: timed out");
+    }
+    if (absl::Status s = SetTimeout(SO_RCVTIMEO, deadline); !s.ok()) return s;
+    started = true;
     const ssize_t got = ::recv(fd_, out, n, MSG_WAITALL);
     if (got == 0) return absl::UnavailableError("bulk receive: the connection was closed");
     if (got < 0) {

@@ -96,10 +96,10 @@ void BulkServer::AcceptLoop() {
     if (stopped_) return;
     if (open_.load() >= options_.max_connections) {
       // Answered here, without a thread: the client's hello is not read.
-      socket->WriteFrame(
-          BulkStatusFrame(absl::ResourceExhaustedError(absl::StrCat(
-              "bulk: ", options_.max_connections, " connections already open on this PS"))),
-          {}, absl::Now() + absl::Seconds(1));
+      const v1::BulkFrame full = BulkStatusFrame(absl::ResourceExhaustedError(absl::StrCat(
+          "bulk: ", options_.max_connections, " connections already open on this PS")));
+      // The connection is closed either way.
+      socket->WriteFrame(full, {}, absl::Now() + absl::Seconds(1)).IgnoreError();
       continue;
     }
     ++open_;
@@ -108,7 +108,9 @@ void BulkServer::AcceptLoop() {
     conn->socket = std::move(socket);
     conn->thread = std::thread([this, conn] {
       Serve(conn);
-      // The peer sees the end now, not when the next accept reaps the fd.
+      // The connection ends here, not when the thread is reaped (at the next
+      // accept, or Stop): the client sees it closed at once (a push dropped
+      // as idle, a stream out of step) instead of waiting out its deadline.
       conn->socket->ShutdownBoth();
       --open_;
       conn->finished = true;

@@ -169,12 +169,17 @@ class BulkShardChannel final : public ShardChannelWrapper {
   // port).
   std::unique_ptr<BulkSocket> Acquire() {
     int port;
+    std::vector<std::unique_ptr<BulkSocket>> dead;  // closed outside the lock
     {
       absl::MutexLock l(&mu_);
-      if (!idle_.empty()) {
+      while (!idle_.empty()) {
         std::unique_ptr<BulkSocket> s = std::move(idle_.back());
         idle_.pop_back();
-        return s;
+        // An idle connection the PS closed (it stopped, restarted, or
+        // dropped it) would fail the call it is given, as gRPC's channel
+        // never does with a connection it saw close: a new one instead.
+        if (!s->PeerGone()) return s;
+        dead.push_back(std::move(s));
       }
       if (absl::Now() < retry_at_) return nullptr;
       port = port_;
