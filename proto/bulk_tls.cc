@@ -108,6 +108,11 @@ absl::StatusOr<std::shared_ptr<BulkTlsContext>> BulkTlsContext::Create(const Bul
   SSL_CTX_set_ciphersuites(
       ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256");
   SSL_CTX_set_mode(ctx, SSL_MODE_AUTO_RETRY);
+  // Read up to 64 KiB of records per recv instead of two recvs per record:
+  // 0.82-1.06 GB/s TLS push+pull against 0.55-0.74 without, on the transport
+  // bench (256 KiB: 0.83-0.89).
+  SSL_CTX_set_read_ahead(ctx, 1);
+  SSL_CTX_set_default_read_buffer_len(ctx, 64 << 10);
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
   if (server) SSL_CTX_set_num_tickets(ctx, 0);  // connections are long-lived; no resumption
   // The job's CA, and only it.
