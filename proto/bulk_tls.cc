@@ -204,6 +204,6 @@ absl::Status BulkTlsSession::Recv(char* out, uint64_t n) {
   return absl::OkStatus();
 }
 
-bool BulkTlsSession::HasPending() const { return SSL_pending(ssl_) > 0; }
+bool BulkTlsSession::HasPending() const { return SSL_has_pending(ssl_) == 1; }
 
 }  // namespace kubetrain

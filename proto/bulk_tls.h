@@ -69,7 +69,7 @@ class BulkTlsSession {
   absl::Status Send(const char* data, uint64_t n);
   // Exactly `n` bytes, or an error: UNAVAILABLE once the peer closed.
   absl::Status Recv(char* out, uint64_t n);
-  // Bytes decrypted and not yet read (PeerGone must not count them as gone).
+  // Bytes received and not yet read, decrypted or not (read ahead).
   bool HasPending() const;
 
  private:
