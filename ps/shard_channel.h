@@ -72,9 +72,11 @@ class PulledChunk {
   virtual absl::string_view part() const = 0;
   virtual uint64_t offset() const = 0;  // elements
   virtual uint64_t data_bytes() const = 0;
-  // Writes the data_bytes() bytes to `out`.
+  // Writes the data_bytes() bytes to `out`. Call it at most once per chunk:
+  // the bulk channel's chunks are still in the socket, and CopyTo receives
+  // them straight into `out` (a second call fails the pull with INTERNAL).
   virtual void CopyTo(char* out) const = 0;
-  // The bytes, copied (tests, small reads).
+  // The bytes, copied (tests, small reads): CopyTo's one call.
   std::string data() const {
     std::string out(data_bytes(), '\0');
     CopyTo(out.data());
