@@ -11,10 +11,7 @@
 // what gRPC's transport and the PushReactor's call do per RPC, which
 // allocate through gRPC's own allocator (gpr_malloc), outside our code.
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
 #include <memory>
-#include <new>
 #include <string>
 #include <vector>
 
@@ -24,26 +21,11 @@
 #include "core/model.h"
 #include "core/placement.h"
 #include "core/push_wire.h"
+#include "core/testing/counting_new.h"
 #include "gtest/gtest.h"
 #include "ps/raw_push.h"
 #include "ps/shard.h"
 #include "ps/shard_wire.h"
-
-namespace {
-thread_local bool counting = false;
-std::atomic<long> allocations{0};
-}  // namespace
-
-void* operator new(std::size_t n) {
-  if (counting) ++allocations;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 namespace kubetrain {
 namespace {
@@ -129,16 +111,14 @@ class PushAllocTest : public ::testing::TestWithParam<TrainingMode> {
 TEST_P(PushAllocTest, NoAllocationPerStepOnceWarm) {
   ASSERT_GT(messages_.size(), shard_->parts().size());  // parts of several chunks
   for (int i = 0; i < 5; ++i) Step();                   // fills the pools and the shard's maps
-  allocations = 0;
-  counting = true;
-  for (int i = 0; i < 50; ++i) Step();
-  counting = false;
-  EXPECT_EQ(allocations.load(), 0) << "operator new calls in 50 steps of 2 pushes";
+  EXPECT_EQ(CountNewCalls([this] {
+              for (int i = 0; i < 50; ++i) Step();
+            }),
+            0)
+      << "operator new calls in 50 steps of 2 pushes";
   // The counter counts: the same test with an allocation in it fails.
-  counting = true;
-  auto extra = std::make_unique<int>(25);
-  counting = false;
-  EXPECT_EQ(allocations.load(), 1);
+  std::unique_ptr<int> extra;
+  EXPECT_EQ(CountNewCalls([&extra] { extra = std::make_unique<int>(25); }), 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, PushAllocTest,

@@ -25,10 +25,7 @@
 // the hash map grow); the dynamic case below uses ids the warm-up created
 // already, so it too allocates nothing.
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
 #include <memory>
-#include <new>
 #include <random>
 #include <string>
 #include <tuple>
@@ -40,27 +37,12 @@
 #include "core/model.h"
 #include "core/placement.h"
 #include "core/push_wire.h"
+#include "core/testing/counting_new.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
 #include "ps/raw_push.h"
 #include "ps/shard.h"
 #include "ps/shard_wire.h"
-
-namespace {
-thread_local bool counting = false;
-std::atomic<long> allocations{0};
-}  // namespace
-
-void* operator new(std::size_t n) {
-  if (counting) ++allocations;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 namespace kubetrain {
 namespace {
@@ -224,21 +206,19 @@ TEST_P(SparsePushAllocTest, NoAllocationPerStepOnceWarm) {
   std::vector<std::vector<float>> before;
   for (size_t t = 0; t < shard_->tables().size(); ++t) before.push_back(Rows(static_cast<int>(t)));
   const int64_t applied = shard_->stats().gradients_applied;
-  allocations = 0;
-  counting = true;
-  for (int i = 0; i < 42; ++i) Step((warm + i) % kVariants);
-  counting = false;
-  EXPECT_EQ(allocations.load(), 0) << "operator new calls in 42 steps of 2 pushes with rows";
+  EXPECT_EQ(CountNewCalls([this, warm] {
+              for (int i = 0; i < 42; ++i) Step((warm + i) % kVariants);
+            }),
+            0)
+      << "operator new calls in 42 steps of 2 pushes with rows";
   // The rows were applied: every table's rows moved, every push counted.
   EXPECT_EQ(shard_->stats().gradients_applied, applied + 42 * kWorkers);
   for (size_t t = 0; t < shard_->tables().size(); ++t) {
     EXPECT_NE(Rows(static_cast<int>(t)), before[t]) << shard_->tables()[t].name;
   }
   // The counter counts: the same test with an allocation in it fails.
-  counting = true;
-  auto extra = std::make_unique<int>(25);
-  counting = false;
-  EXPECT_EQ(allocations.load(), 1);
+  std::unique_ptr<int> extra;
+  EXPECT_EQ(CountNewCalls([&extra] { extra = std::make_unique<int>(25); }), 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(
