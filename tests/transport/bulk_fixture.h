@@ -28,6 +28,7 @@
 #include "proto/bulk_wire.h"
 #include "ps/bulk_server.h"
 #include "ps/service.h"
+#include "tests/transport/part_gates.h"
 #include "worker/bulk_shard_channel.h"
 #include "worker/grpc_shard_channel.h"
 
@@ -250,17 +251,6 @@ class BulkRoundTripTest : public ::testing::Test {
       out.append(reinterpret_cast<const char*>(it->second.data()), it->second.size() * 4);
     }
     return out;
-  }
-  static bool SameBits(const Values& a, const Values& b) {
-    if (a.size() != b.size()) return false;
-    for (const auto& [name, v] : a) {
-      auto it = b.find(name);
-      if (it == b.end() || it->second.size() != v.size() ||
-          std::memcmp(v.data(), it->second.data(), v.size() * sizeof(float)) != 0) {
-        return false;
-      }
-    }
-    return true;
   }
 
   // A gradient with values that differ by worker, step and element, so that

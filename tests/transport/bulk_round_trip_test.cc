@@ -266,24 +266,8 @@ TEST_F(BulkRoundTripTest, AGatedPushPullIsSentPartByPartAsEachIsReadyAndAFailedG
   ASSERT_GE(parts.size(), 2u);
   const Grads grads = Filled(0.25f);
   const Values before = PullAll();
-  absl::Mutex mu;
-  size_t open = parts.size();  // part i's gate opens when `open` <= i
-  std::vector<RefReady> gates;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    gates.push_back([&mu, &open, i]() -> absl::Status {
-      absl::MutexLock l(&mu);
-      auto ready = [&open, i]() { return open <= i; };
-      mu.Await(absl::Condition(&ready));
-      return absl::OkStatus();
-    });
-  }
-  std::vector<ChunkRef> chunks;
-  for (size_t i = parts.size(); i-- > 0;) {
-    for (size_t off = 0; off < grads[i].size(); off += 10000) {
-      chunks.push_back({&parts[i].name, off, grads[i].data() + off,
-                        std::min<size_t>(10000, grads[i].size() - off), &gates[i]});
-    }
-  }
+  PartGates gates(parts.size());
+  const std::vector<ChunkRef> chunks = GatedChunks(parts, grads, gates);
   PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
   Values after;
   std::thread step([&] {
@@ -292,10 +276,7 @@ TEST_F(BulkRoundTripTest, AGatedPushPullIsSentPartByPartAsEachIsReadyAndAFailedG
   });
   double read = 0;
   for (size_t i = parts.size(); i-- > 0;) {
-    {
-      absl::MutexLock l(&mu);
-      open = i;
-    }
+    gates.OpenFrom(i);
     read += 4.0 * grads[i].size();
     // This part arrived, and no part whose gate is still closed.
     EXPECT_TRUE(Eventually([&] { return BulkPushBytes() >= read; }));

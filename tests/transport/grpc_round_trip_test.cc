@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "ps/service.h"
+#include "tests/transport/part_gates.h"
 #include "tests/transport/raw_ps_client.h"
 #include "worker/grpc_shard_channel.h"
 
@@ -129,19 +130,6 @@ class ServiceTest : public ::testing::Test {
     for (int i = 0; i < 500 && push_bytes_->Value() < bytes; ++i)
       absl::SleepFor(absl::Milliseconds(10));
     ASSERT_EQ(push_bytes_->Value(), bytes);
-  }
-  // Values bit for bit.
-  static bool SameBits(const std::map<std::string, std::vector<float>>& a,
-                       const std::map<std::string, std::vector<float>>& b) {
-    if (a.size() != b.size()) return false;
-    for (const auto& [name, v] : a) {
-      auto it = b.find(name);
-      if (it == b.end() || it->second.size() != v.size() ||
-          std::memcmp(v.data(), it->second.data(), v.size() * sizeof(float)) != 0) {
-        return false;
-      }
-    }
-    return true;
   }
 
   FakeClock clock_;
@@ -688,25 +676,8 @@ TEST_F(ServiceTest, AGatedPushPullIsReadPartByPartAsEachIsReadyAndAFailedGateAba
   ASSERT_GE(parts.size(), 2u);
   const auto grads = Grads(0.25f);
   const auto before = PullAll();
-  // Part i's gate opens when `open` passes i (parts go last first).
-  absl::Mutex mu;
-  size_t open = parts.size();
-  std::vector<RefReady> gates;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    gates.push_back([&mu, &open, i]() -> absl::Status {
-      absl::MutexLock l(&mu);
-      auto ready = [&open, i]() { return open <= i; };
-      mu.Await(absl::Condition(&ready));
-      return absl::OkStatus();
-    });
-  }
-  std::vector<ChunkRef> chunks;
-  for (size_t i = parts.size(); i-- > 0;) {
-    for (size_t off = 0; off < grads[i].size(); off += 10000) {
-      chunks.push_back({&parts[i].name, off, grads[i].data() + off,
-                        std::min<size_t>(10000, grads[i].size() - off), &gates[i]});
-    }
-  }
+  PartGates gates(parts.size());
+  const std::vector<ChunkRef> chunks = GatedChunks(parts, grads, gates);
   PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
   std::map<std::string, std::vector<float>> after;
   std::thread step([&] {
@@ -720,10 +691,7 @@ TEST_F(ServiceTest, AGatedPushPullIsReadPartByPartAsEachIsReadyAndAFailedGateAba
   });
   double read = 0;
   for (size_t i = parts.size(); i-- > 0;) {
-    {
-      absl::MutexLock l(&mu);
-      open = i;
-    }
+    gates.OpenFrom(i);
     read += 4.0 * grads[i].size();
     AwaitPushBytes(read);  // this part, and no part whose gate is closed
     if (i > 0) {
