@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 
 namespace kubetrain {
@@ -96,8 +97,8 @@ absl::Status BulkSocket::WriteFrame(const v1::BulkFrame& meta,
     }
     return absl::OkStatus();
   }
-  std::vector<iovec> iov;
-  iov.reserve(2 + data.size());
+  // Inline: a frame is head, meta and a piece or two; no allocation per frame.
+  absl::InlinedVector<iovec, 4> iov;
   iov.push_back({head, kHeadBytes});
   if (!meta_.empty()) iov.push_back({meta_.data(), meta_.size()});
   for (absl::string_view d : data) {

@@ -183,6 +183,7 @@ void BulkServer::Serve(Connection* conn) {
   }
   if (!socket->WriteFrame(BulkStatusFrame(absl::OkStatus()), {}, FrameDeadline()).ok()) return;
   v1::BulkFrame frame;
+  std::string rows;  // sparse frames' data, reused by every push of the connection
   while (!stopping_.load()) {
     uint64_t data_bytes = 0;
     absl::Status s = socket->ReadFrame(&frame, &data_bytes);  // a connection may idle between calls
@@ -193,7 +194,7 @@ void BulkServer::Serve(Connection* conn) {
     if (frame.has_pull() && data_bytes == 0) {
       s = ServePull(socket, frame.pull(), caller);
     } else if (frame.has_push() && frame.push().has_header() && data_bytes == 0) {
-      s = ServePush(socket, frame.push(), caller);
+      s = ServePush(socket, frame.push(), caller, &rows);
     } else {
       RefuseAndClose(socket, "call",
                      absl::InvalidArgumentError(
@@ -271,7 +272,7 @@ absl::Status BulkServer::ServePull(BulkSocket* socket, const v1::PullRequest& re
 }
 
 absl::Status BulkServer::ServePush(BulkSocket* socket, const v1::PushRequest& first,
-                                   const TaskId& caller) {
+                                   const TaskId& caller, std::string* rows) {
   const absl::Time start = clock_->Now();
   const v1::PushRequest::Header header = first.header();
   if (!options_.job_key.empty()) {
@@ -293,7 +294,6 @@ absl::Status BulkServer::ServePush(BulkSocket* socket, const v1::PushRequest& fi
   }
   // Frames until `end`; anything wrong ends the connection, nothing applied.
   v1::BulkFrame frame;
-  std::string rows;  // a sparse frame's data
   bool fused = false;
   for (;;) {
     uint64_t data_bytes = 0;
@@ -319,10 +319,11 @@ absl::Status BulkServer::ServePush(BulkSocket* socket, const v1::PushRequest& fi
     } else if (frame.push().has_sparse() && frame.push().sparse().data().empty() &&
                !frame.push().has_header() && !frame.push().has_chunk()) {
       const v1::SparseRows& r = frame.push().sparse();
-      rows.resize(data_bytes);
-      s = socket->ReadData(rows.data(), data_bytes, FrameDeadline());
+      rows->resize(data_bytes);
+      s = socket->ReadData(rows->data(), data_bytes, FrameDeadline());
       if (s.ok()) {
-        s = assembler.AddSparse(r.table(), r.ids().data(), static_cast<size_t>(r.ids_size()), rows);
+        s = assembler.AddSparse(r.table(), r.ids().data(), static_cast<size_t>(r.ids_size()),
+                                *rows);
       }
       if (s.ok() && metrics_.sparse_push_bytes) {
         metrics_.sparse_push_bytes->Increment(static_cast<double>(data_bytes));

@@ -97,7 +97,9 @@ class BulkServer {
   // (or gone) and must be closed; a call's own error went out as its status
   // frame and returns OK.
   absl::Status ServePull(BulkSocket* socket, const v1::PullRequest& request, const TaskId& caller);
-  absl::Status ServePush(BulkSocket* socket, const v1::PushRequest& first, const TaskId& caller);
+  // `rows`: the connection's buffer for sparse frames' data, kept between pushes.
+  absl::Status ServePush(BulkSocket* socket, const v1::PushRequest& first, const TaskId& caller,
+                         std::string* rows);
   // A refused call's status frame, logged (rate-limited).
   absl::Status Refuse(BulkSocket* socket, const char* method, const absl::Status& why);
   // After a refusal that leaves the stream out of step: the status frame,
