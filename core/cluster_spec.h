@@ -17,6 +17,13 @@
 
 namespace kubetrain {
 
+// The port a PS task serves the bulk data plane on (ps/bulk_server.h): the
+// default of kubetrain-ps --bulk_port, set by the operator in its PS pods. An
+// environment variable, not a flag, so that a runtime image older than the
+// operator ignores it instead of refusing to start. Workers learn the port
+// from the PS itself (ShardInfo), never from the cluster spec.
+inline constexpr char kBulkPortEnv[] = "KUBETRAIN_BULK_PORT";
+
 // One task of a job: its TF_CONFIG type ("chief", "ps", "worker",
 // "evaluator": the replica type lower-cased) and its index in that type.
 struct JobTask {

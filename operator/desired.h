@@ -24,7 +24,9 @@
 //           kubetrain-ps for ps, kubetrain-worker for worker/chief/evaluator;
 //           the chief task (TrainingJob::IsChiefTask) writes its result to
 //           /dev/termination-log, and every task its fatal error's reason
-//           ($KUBETRAIN_TERMINATION_LOG). The training container gets
+//           ($KUBETRAIN_TERMINATION_LOG). A PS task also serves the bulk
+//           data plane on port "bulk" (OperatorConfig::bulk_port, given as
+//           $KUBETRAIN_BULK_PORT); workers learn that port from the PS. The training container gets
 //           terminationMessagePolicy FallbackToLogsOnError unless its
 //           template sets one; the Restarting and Failed conditions quote
 //           its last termination (DescribeTermination).
@@ -95,6 +97,10 @@ struct OperatorConfig {
   std::string cluster_domain;  // "" -> {svc}.{ns}.svc; else {svc}.{ns}.svc.{domain}
   int port = 2222;
   int metrics_port = 9090;
+  // PS pods serve Pull/Push/PushPull also on this port: the bulk data plane
+  // (ps/bulk_server.h), faster than gRPC, with the same tokens and TLS;
+  // workers learn it from the PS. -1: gRPC only.
+  int bulk_port = 2223;
   std::string config_dir = "/etc/kubetrain";  // where the job's ConfigMap is mounted
   // After success, how long PS tasks get to exit by themselves before
   // cleanPodPolicy deletes what still runs.

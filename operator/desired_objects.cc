@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/cluster_spec.h"
 #include "core/log.h"
 #include "operator/desired.h"
 #include "operator/desired_internal.h"
@@ -33,6 +34,14 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
     args.push_back(absl::StrCat("--result_file=", kTerminationLogPath));
   }
   json env = json::array({{{"name", kTerminationLogEnv}, {"value", kTerminationLogPath}}});
+  json ports = json::array({{{"name", "kubetrain"}, {"containerPort", config.port}},
+                            {{"name", "metrics"}, {"containerPort", config.metrics_port}}});
+  if (ps && config.bulk_port > 0) {
+    // The bulk data plane: the job's NetworkPolicy admits its own tasks on
+    // any port, so nothing else opens for it.
+    env.push_back({{"name", kBulkPortEnv}, {"value", std::to_string(config.bulk_port)}});
+    ports.push_back({{"name", "bulk"}, {"containerPort", config.bulk_port}});
+  }
   json mounts = json::array(
       {{{"name", "kubetrain-config"}, {"mountPath", config.config_dir}, {"readOnly", true}}});
   if (with_credentials) {
@@ -58,8 +67,7 @@ json RuntimeContainer(const TrainingJob& spec, const std::string& type, int inde
           // ignores it instead of refusing to start.
           // The credentials' directory likewise (core/job_credentials.h).
           {"env", env},
-          {"ports", json::array({{{"name", "kubetrain"}, {"containerPort", config.port}},
-                                 {{"name", "metrics"}, {"containerPort", config.metrics_port}}})},
+          {"ports", ports},
           {"volumeMounts", mounts}};
 }
 

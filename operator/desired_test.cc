@@ -463,6 +463,38 @@ TEST(DesiredTest, EveryReplicaTypeRunsTheRightCommandAndOnlyTheChiefReports) {
   EXPECT_EQ(tf->tasks("chief"), std::vector<std::string>{"mnist-chief-0.ns3.svc:2222"});
 }
 
+TEST(DesiredTest, PsPodsServeTheBulkDataPlaneUnlessTurnedOff) {
+  json j = JobJson();
+  j["spec"]["replicaSpecs"]["Chief"] = {{"replicas", 1}};
+  Observed o = Fresh(j);
+  Actions a = Desired(Job(j), o, OperatorConfig{});
+  ASSERT_EQ(a.create_pods.size(), 5u);
+  auto port_names = [](const json& pod) {
+    std::vector<std::string> names;
+    for (const json& p : pod["spec"]["containers"][0]["ports"]) names.push_back(p["name"]);
+    return names;
+  };
+  for (const json& pod : a.create_pods) {
+    SCOPED_TRACE(pod["metadata"]["name"].dump());
+    if (pod["metadata"]["labels"]["kubetrain.io/replica-type"] == "ps") {
+      EXPECT_EQ(EnvOf(pod, "KUBETRAIN_BULK_PORT"), "2223");
+      EXPECT_EQ(pod["spec"]["containers"][0]["ports"][2],
+                (json{{"name", "bulk"}, {"containerPort", 2223}}));
+    } else {
+      // Workers learn the port from the PS; they serve none.
+      EXPECT_EQ(EnvOf(pod, "KUBETRAIN_BULK_PORT"), "");
+      EXPECT_EQ(port_names(pod), (std::vector<std::string>{"kubetrain", "metrics"}));
+    }
+  }
+
+  OperatorConfig grpc_only;
+  grpc_only.bulk_port = -1;
+  Actions b = Desired(Job(j), o, grpc_only);
+  const json& ps = *PodNamed(b, "mnist-ps-0");
+  EXPECT_EQ(EnvOf(ps, "KUBETRAIN_BULK_PORT"), "");
+  EXPECT_EQ(port_names(ps), (std::vector<std::string>{"kubetrain", "metrics"}));
+}
+
 TEST(DesiredTest, WithAChiefReplicaTheChiefDecidesAndReports) {
   json j = JobJson();
   j["spec"]["replicaSpecs"]["Chief"] = {{"replicas", 1}};

@@ -9,6 +9,7 @@ namespace kubetrain {
 void OperatorOptions::Register(FlagParser* parser) {
   if (const char* kc = std::getenv("KUBECONFIG")) kubeconfig = kc;
   port_ = config.port;
+  bulk_port_ = config.bulk_port;
   workers_ = controller.workers;
   watch_timeout_seconds_ = controller.watch_timeout_seconds;
   kube_api_burst_ = kube_api_burst;
@@ -25,6 +26,9 @@ void OperatorOptions::Register(FlagParser* parser) {
   parser->String("cluster_domain", &config.cluster_domain,
                  "cluster DNS domain appended to TF_CONFIG hosts (default: none)");
   parser->Int("port", &port_, "the training port of every task (Services and TF_CONFIG)");
+  parser->Int("bulk_port", &bulk_port_,
+              "PS pods also serve pushes and pulls on this port: the bulk data plane, faster "
+              "than gRPC, with the same tokens and TLS (-1: gRPC only)");
   parser->String("metrics_address", &metrics_address, "host:port for /metrics; empty = off");
   parser->String("health_address", &health_address,
                  "host:port for /healthz and /readyz; empty = off");
@@ -56,6 +60,7 @@ void OperatorOptions::Register(FlagParser* parser) {
 
 void OperatorOptions::Finish() {
   config.port = static_cast<int>(port_);
+  config.bulk_port = static_cast<int>(bulk_port_);
   controller.workers = static_cast<int>(workers_);
   controller.watch_timeout_seconds = static_cast<int>(watch_timeout_seconds_);
   kube_api_burst = static_cast<int>(kube_api_burst_);
@@ -77,6 +82,11 @@ absl::Status OperatorOptions::Validate() const {
     return bad("expectations-timeout-seconds", expectations_timeout_seconds_, "must be >= 1");
   if (pod_group_retry_seconds_ < 1)
     return bad("pod-group-retry-seconds", pod_group_retry_seconds_, "must be >= 1");
+  if (port_ < 1 || port_ > 65535) return bad("port", port_, "must be 1..65535");
+  if (bulk_port_ != -1 && (bulk_port_ < 1 || bulk_port_ > 65535))
+    return bad("bulk-port", bulk_port_, "must be -1 (gRPC only) or 1..65535");
+  if (bulk_port_ == port_ || bulk_port_ == config.metrics_port)
+    return bad("bulk-port", bulk_port_, "must differ from --port and the metrics port");
   if (watch_timeout_seconds_ < 1)
     return bad("watch-timeout-seconds", watch_timeout_seconds_, "must be >= 1");
   return absl::OkStatus();

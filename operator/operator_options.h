@@ -39,8 +39,8 @@ struct OperatorOptions {
   absl::Status Validate() const;
 
  private:
-  int64_t port_ = 2222, workers_ = 8, watch_timeout_seconds_ = 60, kube_api_burst_ = 200,
-          create_parallelism_ = 16, expectations_timeout_seconds_ = 30,
+  int64_t port_ = 2222, bulk_port_ = 2223, workers_ = 8, watch_timeout_seconds_ = 60,
+          kube_api_burst_ = 200, create_parallelism_ = 16, expectations_timeout_seconds_ = 30,
           pod_group_retry_seconds_ = 30;
 };
 

@@ -16,6 +16,7 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
   defaults.Finish();
   EXPECT_EQ(defaults.kubeconfig, "/env/kubeconfig");
   EXPECT_EQ(defaults.config.port, 2222);
+  EXPECT_EQ(defaults.config.bulk_port, 2223);  // PS pods serve the bulk data plane
   EXPECT_EQ(defaults.controller.workers, 8);
   EXPECT_EQ(defaults.kube_api_qps, 100);
   EXPECT_EQ(defaults.kube_api_burst, 200);
@@ -30,6 +31,7 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
   o.Register(&parser);
   std::vector<std::string> args = {"op",
                                    "--port=3333",
+                                   "--bulk-port=-1",
                                    "--workers",
                                    "4",
                                    "--namespace=ml",
@@ -47,6 +49,7 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
   ASSERT_TRUE(parser.Parse(static_cast<int>(argv.size()), argv.data(), 1, nullptr).ok());
   o.Finish();
   EXPECT_EQ(o.config.port, 3333);
+  EXPECT_EQ(o.config.bulk_port, -1);
   EXPECT_EQ(o.controller.workers, 4);
   EXPECT_EQ(o.controller.namespace_, "ml");
   EXPECT_TRUE(o.leader_elect);
@@ -64,6 +67,11 @@ TEST(OperatorOptionsTest, DefaultsAndFlags) {
 TEST(OperatorOptionsTest, ValidateNamesTheFlag) {
   for (const auto& [arg, flag] : std::vector<std::pair<std::string, std::string>>{
            {"--workers=0", "--workers"},
+           {"--port=0", "--port"},
+           {"--bulk-port=0", "--bulk-port"},
+           {"--bulk-port=70000", "--bulk-port"},
+           {"--bulk-port=2222", "--bulk-port"},
+           {"--bulk-port=9090", "--bulk-port"},
            {"--kube-api-qps=-1", "--kube-api-qps"},
            {"--kube-api-burst=0", "--kube-api-burst"},
            {"--create-parallelism=0", "--create-parallelism"},

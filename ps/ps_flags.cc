@@ -1,17 +1,32 @@
 #include "ps/ps_flags.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/cluster_spec.h"
 #include "core/job_credentials.h"
 #include "core/log.h"
 
 namespace kubetrain {
+namespace {
+
+// bulk_port_ when $KUBETRAIN_BULK_PORT is no number (a flag overrides it).
+constexpr int64_t kBadBulkPortEnv = INT64_MIN;
+
+}  // namespace
 
 void PsFlags::Register(FlagParser* parser) {
   if (const char* tf = std::getenv("TF_CONFIG")) tf_config = tf;
   if (const char* dir = std::getenv(kAuthDirEnv)) auth_dir = dir;
+  // The environment's port is the flag's default (the operator's PS pods);
+  // a value that is no number is reported by Finish().
+  if (const char* bulk = std::getenv(kBulkPortEnv)) {
+    bulk_port_env_ = bulk;
+    if (!absl::SimpleAtoi(bulk_port_env_, &bulk_port_)) bulk_port_ = kBadBulkPortEnv;
+  }
   shutdown_grace_seconds_ = absl::ToInt64Seconds(task.shutdown_grace);
   keep_serving_seconds_ = absl::ToInt64Seconds(task.keep_serving_after_checkpoint_failure);
   parser->String("config", &config_file, "TrainingJob YAML file");
@@ -28,7 +43,8 @@ void PsFlags::Register(FlagParser* parser) {
   parser->Int("bulk_port", &bulk_port_,
               "serve Pull/Push/PushPull also over the bulk data plane (framed TCP, faster than "
               "gRPC; mutual TLS when the job has TLS files) on this port: -1 = off, 0 = any "
-              "free port; workers learn it from the PS");
+              "free port; workers learn it from the PS (default: $KUBETRAIN_BULK_PORT, else "
+              "-1)");
   parser->String("metrics_address", &task.metrics_address, "host:port for /metrics; empty = off");
   parser->Int("shutdown_grace_seconds", &shutdown_grace_seconds_,
               "after the chief's shutdown, how long to wait for workers to leave");
@@ -56,9 +72,16 @@ absl::Status PsFlags::Finish() {
     return absl::InvalidArgumentError(
         "--keep_serving_after_checkpoint_failure_seconds: must be >= 0");
   }
+  if (bulk_port_ == kBadBulkPortEnv) {
+    return absl::InvalidArgumentError(absl::StrCat("$", kBulkPortEnv,
+                                                   ": must be -1 (off), 0 (any free port) or a "
+                                                   "port, got \"",
+                                                   bulk_port_env_, "\""));
+  }
   if (bulk_port_ < -1 || bulk_port_ > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--bulk_port: must be -1 (off), 0 (any free port) or a port, got ", bulk_port_));
+        "--bulk_port", bulk_port_env_.empty() ? "" : absl::StrCat(" (or $", kBulkPortEnv, ")"),
+        ": must be -1 (off), 0 (any free port) or a port, got ", bulk_port_));
   }
   task.bulk_port = static_cast<int>(bulk_port_);
   task.shutdown_grace = absl::Seconds(shutdown_grace_seconds_);

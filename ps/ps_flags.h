@@ -21,7 +21,8 @@ struct PsFlags {
 
   // Registers every flag on `parser`, with the environment's defaults.
   void Register(FlagParser* parser);
-  // Checks the flags and the environment ($KUBETRAIN_INSECURE) and converts
+  // Checks the flags and the environment ($KUBETRAIN_INSECURE,
+  // $KUBETRAIN_BULK_PORT) and converts
   // them into `task`; InvalidArgument naming the flag or variable.
   absl::Status Finish();
   // Reads --auth_dir's credentials into task.credentials (none without a
@@ -31,6 +32,7 @@ struct PsFlags {
  private:
   int64_t shutdown_grace_seconds_ = 0;
   int64_t bulk_port_ = -1;
+  std::string bulk_port_env_;  // $KUBETRAIN_BULK_PORT as read by Register()
   int64_t keep_serving_seconds_ = 0;
 };
 

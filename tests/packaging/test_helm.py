@@ -38,7 +38,8 @@ def test_chart_metadata(pk):
 
 @pytest.mark.parametrize("setting", ["imag.tag=x", "image.tga=x", "operator.leaderElection=false",
                                      "monitoring.serviceMonitor.enable=true", "resources.limits.cpus=1",
-                                     "crds.create=maybe", "image.pullPolicy=Sometimes"])
+                                     "crds.create=maybe", "image.pullPolicy=Sometimes",
+                                     "operator.bulkPort=0", "operator.bulkPort=70000"])
 def test_schema_refuses_typos(helm_offline, pk, setting):
     proc = helm_offline.run("template", RELEASE, pk.CHART, "--set", setting, check=False)
     assert proc.returncode != 0, f"--set {setting} was accepted"
@@ -126,12 +127,14 @@ def test_values_reach_the_templates(helm_offline, pk):
     objs = template(helm_offline, pk, "--set", "image.repository=example/kubetrain-operator",
                     "--set", "image.tag=v9", "--set", "runtimeImage.tag=r1", "--set", "crds.create=false",
                     "--set", "operator.watchNamespace=ml", "--set", "operator.leaderElect=false",
-                    "--set", "rbac.userRoles=false", "--set", "operator.jobTls=false")
+                    "--set", "rbac.userRoles=false", "--set", "operator.jobTls=false",
+                    "--set", "operator.bulkPort=-1")
     (c,) = pk.one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert c["image"] == "example/kubetrain-operator:v9"
     assert "--runtime_image=kubetrain-runtime:r1" in c["args"] and "--namespace=ml" in c["args"]
     assert "--leader_elect" not in c["args"]
     assert "--job_tls=false" in c["args"]
+    assert "--bulk_port=-1" in c["args"]
     assert not pk.by_kind(objs, "CustomResourceDefinition") and not pk.by_kind(objs, "Role")
     assert [o["metadata"]["name"] for o in pk.by_kind(objs, "ClusterRole")] == [RELEASE]
 
