@@ -202,6 +202,7 @@ void BulkServer::Serve(Connection* conn) {
       return;
     }
     if (!s.ok()) return;
+    calls_answered_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

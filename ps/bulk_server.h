@@ -77,6 +77,9 @@ class BulkServer {
   // applied; a held pull is cancelled); joins every thread. Idempotent.
   void Stop();
   int open_connections() const { return open_.load(); }
+  // Pulls and pushes answered (refused ones too) since Start: how much of a
+  // job's traffic the data plane carried (the PS's last log line says it).
+  int64_t calls_answered() const { return calls_answered_.load(); }
 
  private:
   struct Connection {
@@ -118,6 +121,7 @@ class BulkServer {
   std::thread accept_thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<int> open_{0};
+  std::atomic<int64_t> calls_answered_{0};
   LogLimiter refused_log_{absl::Seconds(10)};  // thread-safe itself
 
   absl::Mutex mu_;

@@ -470,7 +470,10 @@ void PsTask::Finish() {
   const ShardStatsSnapshot stats = shard_->stats();
   Log("ps:", index_, " done at version ", stats.version, ": ", stats.gradients_applied,
       " gradients applied, ", stats.stale_gradients_dropped, " stale dropped, ",
-      stats.pushes_rejected, " rejected");
+      stats.pushes_rejected, " rejected",
+      bulk_ ? absl::StrCat("; ", bulk_->calls_answered(),
+                           " pulls and pushes over the bulk data plane")
+            : std::string());
 }
 
 }  // namespace kubetrain

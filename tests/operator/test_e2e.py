@@ -8,6 +8,7 @@ The other concerns: test_e2e_objects.py (malformed jobs, owned objects, refusals
 test_e2e_gang.py, test_e2e_parameters.py, test_e2e_auth.py; helpers in e2e_helpers.py."""
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -66,6 +67,19 @@ def test_sync_example_succeeds_with_status_and_printer_columns(cluster):
             log = f.read()
         assert (f"ps:{i} admits only fashion-mnist-sync's tasks: tokens checked, mutual TLS under the job's CA"
                 in log), log[-2000:]
+        # ... and served the bulk data plane on its pod's port "bulk", which carried the job's
+        # pulls and pushes (the workers reached it through the NetworkPolicy, in TLS).
+        assert "(bulk data plane on port 2223)" in log, log[-2000:]
+        calls = re.search(r"; (\d+) pulls and pushes over the bulk data plane", log)
+        assert calls and int(calls.group(1)) >= 3750, log[-2000:]
+    for p in ps:
+        assert [c["name"] for c in p["spec"]["containers"][0]["ports"]] == (
+            ["kubetrain", "metrics", "bulk"] if "-ps-" in p["metadata"]["name"] else ["kubetrain", "metrics"])
+    for i in range(2):  # no worker fell back to gRPC
+        with open(os.path.join(k.state, "node-agent", "logs",
+                               f"default_fashion-mnist-sync-worker-{i}_kubetrain.log")) as f:
+            log = f.read()
+        assert "bulk data plane" not in log, log[-2000:]
     np = k.json("get", "networkpolicy", "fashion-mnist-sync")
     assert np["metadata"]["ownerReferences"][0]["uid"] == job_uid
     same_job = {"matchLabels": {"kubetrain.io/job-name": "fashion-mnist-sync"}}

@@ -93,6 +93,8 @@ TEST_F(BulkRoundTripTest, SyncStepsOverTheDataPlaneAreBitIdenticalToTheSameSteps
   EXPECT_EQ(twin.grpc_counters().push_bytes.Value(), 6.0 * GradientBytes());
   // Two calls at once (the held PushPull and the Push) took two connections.
   EXPECT_EQ(ps().bulk()->open_connections(), 2);
+  // The first pull, then per step a PushPull, a Push and a Pull.
+  EXPECT_EQ(ps().bulk()->calls_answered(), 1 + 3 * 3);
 }
 
 TEST_F(BulkRoundTripTest, ARetriedAsyncPushIsAppliedOnce) {
