@@ -7,6 +7,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +25,14 @@ extern char** environ;
 
 namespace kubetrain {
 namespace bench {
+
+double ProcessCpuSeconds(pid_t pid) {
+  clockid_t clock = CLOCK_PROCESS_CPUTIME_ID;
+  if (pid != 0 && clock_getcpuclockid(pid, &clock) != 0) return -1;
+  timespec ts{};
+  if (clock_gettime(clock, &ts) != 0) return -1;
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
 
 Summary Summarize(std::vector<double> v) {
   Summary s;

@@ -25,6 +25,10 @@ inline double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// CPU seconds process `pid` (0: this one) has used, all its threads; -1 when
+// the kernel does not say (the process is gone).
+double ProcessCpuSeconds(pid_t pid = 0);
+
 struct Summary {
   double min = 0, median = 0, max = 0;
 };

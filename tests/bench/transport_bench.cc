@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -29,6 +30,7 @@
 #include "core/flags.h"
 #include "core/job_credentials.h"
 #include "core/task_config.h"
+#include "tests/bench/aes_gcm_speed.h"
 #include "tests/bench/bench_util.h"
 #include "worker/bulk_shard_channel.h"
 #include "worker/grpc_shard_channel.h"
@@ -82,6 +84,9 @@ spec:
 
 struct PsFigures {
   std::vector<double> push_gbps, pull_gbps, both_gbps, fused_gbps;
+  // Per push+pull round: CPU seconds of this process and the PS over the
+  // round's wall time (cores kept busy).
+  std::vector<double> busy_cores;
   int exit_code = 0;
 };
 
@@ -118,7 +123,9 @@ absl::StatusOr<PsFigures> MeasurePs(const Flags& f, const TaskConfig& config, in
                         absl::StrCat(label, ": pull: ", first.status().message()));
   }
   PsFigures out;
+  auto cpu_seconds = [ps] { return ProcessCpuSeconds() + ProcessCpuSeconds(ps->pid()); };
   for (int r = 0; r < rounds; ++r) {
+    const double c0 = cpu_seconds();
     const double t0 = NowSeconds();
     auto pushed = client.Push(grads, r + 1);
     const double t1 = NowSeconds();
@@ -135,6 +142,7 @@ absl::StatusOr<PsFigures> MeasurePs(const Flags& f, const TaskConfig& config, in
     out.push_gbps.push_back(model_bytes / (t1 - t0) / 1e9);
     out.pull_gbps.push_back(model_bytes / (t2 - t1) / 1e9);
     out.both_gbps.push_back(2.0 * model_bytes / (t2 - t0) / 1e9);
+    out.busy_cores.push_back((cpu_seconds() - c0) / (t2 - t0));
     std::printf(
         "  %s round %d: push %.1f ms (%.2f GB/s), pull %.1f ms (%.2f GB/s), "
         "push+pull %.2f GB/s; version %lld\n",
@@ -370,6 +378,25 @@ int Run(const Flags& f) {
     std::printf("bulk tls push-pull GB/s: min %.2f  median %.2f  max %.2f\n", btfused.min,
                 btfused.median, btfused.max);
   }
+  // What TLS cannot avoid: sealing and opening every byte (proto/bulk_tls.cc
+  // negotiates AES-128-GCM first). The ceiling of bulk_tls_ratio on this
+  // machine if TLS cost nothing else (aes_gcm_speed.h).
+  AesGcmSpeed aes;
+  double busy = 0, tls_bound = 0;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (f.bulk) {
+    auto measured = MeasureAesGcm(int64_t{64} << 20);
+    if (!measured.ok()) return Fail(measured.status());
+    aes = *measured;
+    busy = Summarize(bulk.busy_cores).median;
+    tls_bound = TlsCryptoBoundRatio(bsum.median, busy, aes, cores);
+    std::printf(
+        "aes-128-gcm, one core, 16 KiB records: seal %.2f GB/s, open %.2f GB/s; plain bulk "
+        "push+pull keeps %.2f of %d cores busy; so TLS's crypto alone bounds bulk_tls_ratio at "
+        "%.3f here (measured %.3f)\n",
+        aes.seal_gbps, aes.open_gbps, busy, cores, tls_bound,
+        bsum.median > 0 ? btsum.median / bsum.median : 0.0);
+  }
   std::printf("ps exit codes: plain %d, tls %d, bulk %d, bulk tls %d\n", plain->exit_code,
               tls->exit_code, bulk.exit_code, bulk_tls.exit_code);
   std::printf(
@@ -377,13 +404,15 @@ int Run(const Flags& f) {
       "ps_max=%.2f tls_gbps=%.2f tls_ratio=%.3f tls_min=%.2f tls_max=%.2f model_mib=%.1f "
       "rounds=%d fused_gbps=%.2f fused_ratio=%.3f tls_fused_gbps=%.2f bulk_gbps=%.2f "
       "bulk_ratio=%.3f bulk_fused_gbps=%.2f bulk_fused_ratio=%.3f bulk_tls_gbps=%.2f "
-      "bulk_tls_ratio=%.3f bulk_tls_fused_gbps=%.2f\n",
+      "bulk_tls_ratio=%.3f bulk_tls_fused_gbps=%.2f aes_seal_gbps=%.2f aes_open_gbps=%.2f "
+      "bulk_busy_cores=%.2f bulk_tls_bound=%.3f\n",
       tcp.median, psum.median, tcp.median > 0 ? psum.median / tcp.median : 0.0, tcp.min, tcp.max,
       psum.min, psum.max, tsum.median, psum.median > 0 ? tsum.median / psum.median : 0.0, tsum.min,
       tsum.max, model_mib, rounds, fused.median, tcp.median > 0 ? fused.median / tcp.median : 0.0,
       tfused.median, bsum.median, tcp.median > 0 ? bsum.median / tcp.median : 0.0, bfused.median,
       tcp.median > 0 ? bfused.median / tcp.median : 0.0, btsum.median,
-      bsum.median > 0 ? btsum.median / bsum.median : 0.0, btfused.median);
+      bsum.median > 0 ? btsum.median / bsum.median : 0.0, btfused.median, aes.seal_gbps,
+      aes.open_gbps, busy, tls_bound);
   std::fflush(stdout);
   return 0;
 }
