@@ -61,10 +61,11 @@ def test_fashion_mnist_sync_reaches_its_documented_accuracy(tmp_path):
     """Sync training is deterministic on one machine (the same bits every run:
     test_reproducibility.py). Across machines it is not bit for bit: the build
     is -march=native, and a CPU with AVX-512 sums a GEMM in another order than
-    one with AVX2 (0.8790 vs 0.8780 for this example). So: the README's figure
-    within 0.2 point."""
+    one with AVX2, and two AVX2 CPUs differ too (0.8790 with AVX-512; 0.8780 on
+    an Intel, 0.8831 on an AMD EPYC with AVX2). So: the README's figure within
+    half a point, the band issue 25 allows a comparison with TensorFlow."""
     summary = run_example(tmp_path, "fashion-mnist-sync.yaml")
-    assert abs(summary["test_accuracy"] - documented_accuracy("fashion-mnist-sync.yaml")) <= 0.002, summary
+    assert abs(summary["test_accuracy"] - documented_accuracy("fashion-mnist-sync.yaml")) <= 0.005, summary
 
 
 def test_fashion_mnist_async_reaches_its_documented_accuracy(tmp_path):
