@@ -504,9 +504,8 @@ bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
   return FinishApplyLocked(std::move(next), staged, sparse);
 }
 
-absl::Status Shard::StageDenseLocked(const std::vector<std::vector<float>>& grads,
-                                     bool check_grads, std::shared_ptr<std::string>* next,
-                                     bool* staged) {
+absl::Status Shard::StageDenseLocked(const std::vector<std::vector<float>>& grads, bool check_grads,
+                                     std::shared_ptr<std::string>* next, bool* staged) {
   const int64_t step = version_ + 1;
   // The new values go straight into the next version's buffer, which pulls
   // then share as it is (values_): no copy of the model per version.

@@ -447,7 +447,8 @@ class Shard {
                          absl::Span<const SparseGrad> sparse) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // INVALID_ARGUMENT naming the first part (from `from_part`) whose gradient
   // has a non-finite value.
-  absl::Status GradsFinite(const std::vector<std::vector<float>>& grads, size_t from_part = 0) const;
+  absl::Status GradsFinite(const std::vector<std::vector<float>>& grads,
+                           size_t from_part = 0) const;
   // ApplyLocked's rows (shard_tables.cc): stages the row optimizers' update
   // of every entry into sparse_local_/sparse_staged_, false (nothing
   // committed) if anything new is not finite; then commits what it staged.

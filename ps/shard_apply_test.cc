@@ -144,8 +144,8 @@ void ExpectSameSlots(Shard* shard, Reference* ref, const std::string& what) {
   }
 }
 
-class ShardApplyTest
-    : public ::testing::TestWithParam<std::tuple<std::string, TrainingMode, int>> {};
+class ShardApplyTest : public ::testing::TestWithParam<std::tuple<std::string, TrainingMode, int>> {
+};
 
 TEST_P(ShardApplyTest, SameBitsAsPartByPartUpdate) {
   const auto& [optimizer, mode, workers] = GetParam();
