@@ -261,18 +261,23 @@ class DenseOptimizer final : public Optimizer {
   // of streaming the whole part through memory once per pass. The rules are
   // element-wise, so the result does not depend on the blocking.
   bool Stage(int part, const float* value, const float* grad, int64_t n, int64_t step,
-             float* value_out) override {
+             float* value_out, bool* grad_finite) override {
     constexpr int64_t kBlock = 1024;
     const size_t slots = current_[part].size();
     const float* in[kMaxSlots];
     float* out[kMaxSlots];
     for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t len = std::min(kBlock, n - b);
+      // Before the rule: the block is then in L1 for it too.
+      if (grad_finite != nullptr && !AllFinite(grad + b, len)) {
+        *grad_finite = false;
+        return false;
+      }
       for (size_t k = 0; k < slots; ++k) {
         in[k] = current_[part][k].data() + b;
         out[k] = staged_[part][k].data() + b;
       }
-      if (!rule_->Update(value + b, grad + b, std::min(kBlock, n - b), step, in, out,
-                         value_out + b)) {
+      if (!rule_->Update(value + b, grad + b, len, step, in, out, value_out + b)) {
         return false;
       }
     }

@@ -29,8 +29,15 @@ class Optimizer {
   // `step` counts the updates applied to this shard so far, starting at 1
   // (Adam's bias correction). Returns false if any new value or slot element
   // is not finite. Nothing current changes until Commit(part).
+  // With `grad_finite` non-null, the gradient's finiteness is checked in the
+  // same pass (block by block, while the block is in L1: a push's separate
+  // check of a 60 MB gradient was a whole extra read of it): on a non-finite
+  // gradient element Stage stops, sets *grad_finite = false and returns
+  // false; otherwise *grad_finite is left as it was. A false return with
+  // *grad_finite still true means an update element was not finite, and the
+  // gradient after that block was not checked.
   virtual bool Stage(int part, const float* value, const float* grad, int64_t n, int64_t step,
-                     float* value_out) = 0;
+                     float* value_out, bool* grad_finite = nullptr) = 0;
   // Makes the slot state of the last Stage(part) current.
   virtual void Commit(int part) = 0;
   // Current slot buffers of a part, in a fixed order (for checkpoints).

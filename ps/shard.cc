@@ -110,15 +110,17 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options
     }
   }
   std::map<int, std::vector<float>> initial;  // one full variable at a time is enough
+  std::shared_ptr<std::string> values = shard->NewValuesBuffer();
   for (size_t i = 0; i < parts.size(); ++i) {
     const auto& p = parts[i];
     auto it = initial.find(p.variable);
     if (it == initial.end()) {
       it = initial.emplace(p.variable, model.InitialValue(p.variable, options.seed)).first;
     }
-    const float* begin = it->second.data() + p.element_offset();
-    shard->values_[i].assign(begin, begin + p.num_elements());
+    std::copy_n(it->second.data() + p.element_offset(), p.num_elements(),
+                shard->PartValues(values.get(), i));
   }
+  shard->values_ = std::move(values);
   return shard;
 }
 
@@ -149,7 +151,17 @@ Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique
         return n;
       }()),
       clock_(clock),
-      metrics_(metrics) {
+      metrics_(metrics),
+      part_offsets_([this] {
+        std::vector<int64_t> offsets;
+        int64_t at = 0;
+        for (const auto& p : parts_) {
+          offsets.push_back(at);
+          at += p.num_elements();
+        }
+        return offsets;
+      }()),
+      values_bytes_(gradient_bytes_) {
   absl::MutexLock l(&mu_);
   optimizer_ = std::move(opt);
   row_opts_ = std::move(row_opts);
@@ -163,9 +175,7 @@ Shard::Shard(ShardOptions options, std::vector<PartPlacement> parts, std::unique
     });
   }
   table_values_.resize(tables_.size());
-  values_.resize(parts_.size());
-  staged_values_.resize(parts_.size());
-  for (size_t i = 0; i < parts_.size(); ++i) staged_values_[i].resize(parts_[i].num_elements());
+  values_ = NewValuesBuffer();  // Create fills it
   absl::Time now = clock_->Now();
   for (int w = 0; w < options_.num_workers; ++w) {
     worker_clock_[w] = 0;
@@ -248,21 +258,31 @@ bool Shard::CanServe(const PullWait& w, absl::Time now) const {
   return true;
 }
 
-std::shared_ptr<std::string> Shard::NewSnapshotBuffer() {
+std::shared_ptr<std::string> Shard::NewValuesBuffer() {
   std::unique_ptr<std::string> buffer;
   {
     absl::MutexLock l(&snapshot_pool_->mu);
-    buffer = std::move(snapshot_pool_->spare);
+    if (!snapshot_pool_->spares.empty()) {
+      buffer = std::move(snapshot_pool_->spares.back());
+      snapshot_pool_->spares.pop_back();
+    }
   }
   if (buffer == nullptr) buffer = std::make_unique<std::string>();
+  static_assert(sizeof(float) == 4, "float32 wire format");  // little-endian host (x86/arm64)
+  buffer->resize(values_bytes_);
   std::weak_ptr<SnapshotBufferPool> pool = snapshot_pool_;
-  return std::shared_ptr<std::string>(buffer.release(), [pool](std::string* released) {
-    std::unique_ptr<std::string> owned(released);
-    if (auto p = pool.lock()) {
-      absl::MutexLock l(&p->mu);
-      if (p->spare == nullptr) p->spare = std::move(owned);
-    }
-  });
+  return std::shared_ptr<std::string>(
+      buffer.release(),
+      [pool](std::string* released) {
+        std::unique_ptr<std::string> owned(released);
+        if (auto p = pool.lock()) {
+          absl::MutexLock l(&p->mu);
+          if (p->spares.size() < SnapshotBufferPool::kMaxSpares) {
+            p->spares.push_back(std::move(owned));
+          }
+        }
+      },
+      BlockAllocator<char>(snapshot_pool_));
 }
 
 Shard::Snapshot Shard::MakeSnapshot(absl::Time start, absl::Time now) {
@@ -272,22 +292,7 @@ Shard::Snapshot Shard::MakeSnapshot(absl::Time start, absl::Time now) {
   s.done = Done();
   s.waited_seconds = absl::ToDoubleSeconds(now - start);
   s.absent_workers = static_cast<int>(absent_.size());
-  if (snapshot_ == nullptr || snapshot_version_ != version_) {
-    // Dropped first: if no pull still streams it, it is the spare reused here.
-    snapshot_.reset();
-    snapshot_ = NewSnapshotBuffer();
-    size_t total = 0;
-    for (const auto& v : values_) total += v.size() * sizeof(float);
-    snapshot_->resize(total);
-    char* out = snapshot_->data();
-    static_assert(sizeof(float) == 4, "float32 wire format");
-    for (const auto& v : values_) {
-      std::memcpy(out, v.data(), v.size() * sizeof(float));  // little-endian host (x86/arm64)
-      out += v.size() * sizeof(float);
-    }
-    snapshot_version_ = version_;
-  }
-  s.bytes = snapshot_;
+  s.bytes = values_;  // never written again (see values_): no copy
   return s;
 }
 
@@ -455,8 +460,19 @@ void Shard::RunReady(std::vector<std::pair<Waiter, Snapshot>> ready) {
   for (auto& [w, s] : ready) w.done(std::move(s));
 }
 
-absl::Status Shard::ValidatePush(const PushHeader& h,
-                                 const std::vector<std::vector<float>>& grads) const {
+absl::Status Shard::GradsFinite(const std::vector<std::vector<float>>& grads,
+                                size_t from_part) const {
+  for (size_t i = from_part; i < parts_.size(); ++i) {
+    if (!AllFinite(grads[i].data(), static_cast<int64_t>(grads[i].size()))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient of ", parts_[i].name, " has a non-finite value"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::ValidatePush(const PushHeader& h, const std::vector<std::vector<float>>& grads,
+                                 bool check_finite) const {
   if (h.worker < 0 || h.worker >= options_.num_workers) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown worker index ", h.worker, " (job has ", options_.num_workers, ")"));
@@ -476,22 +492,50 @@ absl::Status Shard::ValidatePush(const PushHeader& h,
                                                      grads[i].size(), " elements, expected ",
                                                      parts_[i].num_elements()));
     }
-    if (!AllFinite(grads[i].data(), static_cast<int64_t>(grads[i].size()))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gradient of ", parts_[i].name, " has a non-finite value"));
+  }
+  return check_finite ? GradsFinite(grads) : absl::OkStatus();
+}
+
+bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
+                        absl::Span<const SparseGrad> sparse) {
+  std::shared_ptr<std::string> next;
+  bool staged = false;
+  StageDenseLocked(grads, /*check_grads=*/false, &next, &staged).IgnoreError();  // not checked
+  return FinishApplyLocked(std::move(next), staged, sparse);
+}
+
+absl::Status Shard::StageDenseLocked(const std::vector<std::vector<float>>& grads, bool check_grads,
+                                     std::shared_ptr<std::string>* next, bool* staged) {
+  const int64_t step = version_ + 1;
+  // The new values go straight into the next version's buffer, which pulls
+  // then share as it is (values_): no copy of the model per version.
+  *next = NewValuesBuffer();
+  bool grad_finite = true;
+  *staged = true;
+  for (size_t i = 0; i < parts_.size() && *staged; ++i) {
+    *staged = optimizer_->Stage(static_cast<int>(i), PartValues(*values_, i), grads[i].data(),
+                                parts_[i].num_elements(), step, PartValues(next->get(), i),
+                                check_grads ? &grad_finite : nullptr);
+    if (!grad_finite) {
+      next->reset();
+      return GradsFinite(grads, i);  // names part i
+    }
+    if (!*staged && check_grads) {
+      // ValidatePush refuses a non-finite gradient before any update, so the
+      // rest of the gradient (not checked past the refused block) decides.
+      if (absl::Status s = GradsFinite(grads, i); !s.ok()) {
+        next->reset();
+        return s;
+      }
     }
   }
   return absl::OkStatus();
 }
 
-bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
-                        absl::Span<const SparseGrad> sparse) {
+bool Shard::FinishApplyLocked(std::shared_ptr<std::string> next, bool staged,
+                              absl::Span<const SparseGrad> sparse) {
   const int64_t step = version_ + 1;
-  bool finite = true;
-  for (size_t i = 0; i < parts_.size() && finite; ++i) {
-    finite = optimizer_->Stage(static_cast<int>(i), values_[i].data(), grads[i].data(),
-                               parts_[i].num_elements(), step, staged_values_[i].data());
-  }
+  bool finite = staged;
   if (finite) finite = StageSparseLocked(sparse, step);
   if (!finite) {
     // Nothing was committed: values and optimizer state are as they were.
@@ -506,10 +550,9 @@ bool Shard::ApplyLocked(const std::vector<std::vector<float>>& grads,
     }
     return false;
   }
-  for (size_t i = 0; i < parts_.size(); ++i) {
-    std::swap(values_[i], staged_values_[i]);
-    optimizer_->Commit(static_cast<int>(i));
-  }
+  // The old buffer goes back to the pool once the last pull reading it ends.
+  values_ = std::move(next);
+  for (size_t i = 0; i < parts_.size(); ++i) optimizer_->Commit(static_cast<int>(i));
   CommitSparseLocked(sparse);
   return true;
 }
@@ -616,8 +659,20 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
         return result;
       }
     }
-    absl::Status valid = ValidatePush(header, grads);
-    if (valid.ok()) valid = ValidateSparse(*sparse);
+    // Async: the gradient's finiteness is checked while the update is staged,
+    // in the same pass over it (StageDenseLocked), before anything changes.
+    const bool async = options_.mode == TrainingMode::kAsync;
+    absl::Status valid = ValidatePush(header, grads, /*check_finite=*/!async);
+    if (valid.ok()) {
+      valid = ValidateSparse(*sparse);
+      // As in ValidatePush's order: a non-finite dense gradient is named first.
+      if (!valid.ok() && async) {
+        if (absl::Status f = GradsFinite(grads); !f.ok()) valid = f;
+      }
+    }
+    std::shared_ptr<std::string> next;
+    bool staged = false;
+    if (valid.ok() && async) valid = StageDenseLocked(grads, /*check_grads=*/true, &next, &staged);
     if (!valid.ok()) {
       ++stats_.pushes_rejected;
       if (metrics_.rejected) metrics_.rejected->Increment();
@@ -670,7 +725,7 @@ absl::StatusOr<Shard::PushResult> Shard::PushImpl(
         const std::vector<SparseGrad>* one = sparse;
         rows = AggregateSparseLocked(absl::MakeConstSpan(&one, 1), 1.0);
       }
-      if (ApplyLocked(grads, rows)) {
+      if (FinishApplyLocked(std::move(next), staged, rows)) {
         StepLocked();
         ++stats_.gradients_applied;
         if (metrics_.applied) metrics_.applied->Increment();

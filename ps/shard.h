@@ -432,6 +432,23 @@ class Shard {
   // create the missing rows of a dynamic table.
   bool ApplyLocked(const std::vector<std::vector<float>>& grads,
                    absl::Span<const SparseGrad> sparse) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ApplyLocked in two steps. StageDenseLocked writes the new values of every
+  // part into *next (a values buffer no pull reads) and stages the slots;
+  // with `check_grads` it also checks the gradient's finiteness in the same
+  // pass (the async push's ValidatePush leaves that to it) and returns the
+  // first non-finite gradient's error (nothing staged counts: *next is
+  // dropped). *staged = false: an update element was not finite.
+  // FinishApplyLocked stages the rows and commits all (values_ = *next) or
+  // refuses all as non-finite.
+  absl::Status StageDenseLocked(const std::vector<std::vector<float>>& grads, bool check_grads,
+                                std::shared_ptr<std::string>* next, bool* staged)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool FinishApplyLocked(std::shared_ptr<std::string> next, bool staged,
+                         absl::Span<const SparseGrad> sparse) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT naming the first part (from `from_part`) whose gradient
+  // has a non-finite value.
+  absl::Status GradsFinite(const std::vector<std::vector<float>>& grads,
+                           size_t from_part = 0) const;
   // ApplyLocked's rows (shard_tables.cc): stages the row optimizers' update
   // of every entry into sparse_local_/sparse_staged_, false (nothing
   // committed) if anything new is not finite; then commits what it staged.
@@ -505,8 +522,10 @@ class Shard {
   void ReadCheckpointRows(int t, int slot, const int64_t* rows, int64_t n, float* out);
   // Called by the image's destructor.
   void CloseCheckpoint();
-  absl::Status ValidatePush(const PushHeader& h, const std::vector<std::vector<float>>& grads) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `check_finite` false: all but the gradient's finiteness (the caller
+  // checks it while staging: StageDenseLocked).
+  absl::Status ValidatePush(const PushHeader& h, const std::vector<std::vector<float>>& grads,
+                            bool check_finite) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunReady(std::vector<std::pair<Waiter, Snapshot>> ready);
   // Push() without the buffer recycling: it may keep `grads` and `sparse`
   // (sync) and puts the buffers it is done with in *freed.
@@ -523,22 +542,93 @@ class Shard {
   const uint64_t gradient_bytes_;
   const Clock* const clock_;
   const ShardMetrics metrics_;
-  // Recycles the buffer of a snapshot no pull reads any more: the last holder
-  // hands it back through the shared_ptr's deleter under `mu`, so the next
-  // version's writes are ordered after that pull's reads (a use_count() check
-  // is a relaxed load and orders nothing; TSan found the race). Shared with the
-  // deleters by weak_ptr, since a pull may outlive the shard.
+  // Recycles a values buffer (see values_) that neither the shard nor any
+  // pull reads any more: the last holder hands it back through the
+  // shared_ptr's deleter under `mu`, so the next version's writes are ordered
+  // after that pull's reads (a use_count() check is a relaxed load and orders
+  // nothing; TSan found the race). Shared with the deleters by weak_ptr, since
+  // a pull may outlive the shard. Two spares: one for the next update, one
+  // more so a pull still streaming an older version does not make an update
+  // allocate (and fault in) a whole new buffer.
   struct SnapshotBufferPool {
+    static constexpr size_t kMaxSpares = 2;
+    static constexpr size_t kMaxBlocks = 8;
+    SnapshotBufferPool() {
+      spares.reserve(kMaxSpares);
+      blocks.reserve(kMaxBlocks);
+    }
+    ~SnapshotBufferPool() {
+      for (void* b : blocks) ::operator delete(b);
+    }
     absl::Mutex mu;
-    std::unique_ptr<std::string> spare ABSL_GUARDED_BY(mu);
+    std::vector<std::unique_ptr<std::string>> spares ABSL_GUARDED_BY(mu);
+    // The freed control blocks of the buffers' shared_ptrs (BlockAllocator),
+    // all of one size: an update allocates nothing (ps/push_alloc_test.cc).
+    std::vector<void*> blocks ABSL_GUARDED_BY(mu);
+  };
+  // Allocates a buffer's shared_ptr control block from the pool's freed ones.
+  // Its copies (in the control block) keep the pool alive until the block is
+  // given back, so a pull may outlive the shard.
+  template <typename T>
+  struct BlockAllocator {
+    using value_type = T;
+    explicit BlockAllocator(std::shared_ptr<SnapshotBufferPool> p) : pool(std::move(p)) {}
+    template <typename U>
+    BlockAllocator(const BlockAllocator<U>& other) : pool(other.pool) {}  // NOLINT: rebinding
+    T* allocate(size_t n) {
+      if (n == 1) {
+        absl::MutexLock l(&pool->mu);
+        if (!pool->blocks.empty()) {
+          void* b = pool->blocks.back();
+          pool->blocks.pop_back();
+          return static_cast<T*>(b);
+        }
+      }
+      return static_cast<T*>(::operator new(n * sizeof(T)));
+    }
+    void deallocate(T* p, size_t n) {
+      if (n == 1) {
+        absl::MutexLock l(&pool->mu);
+        if (pool->blocks.size() < SnapshotBufferPool::kMaxBlocks) {
+          pool->blocks.push_back(p);
+          return;
+        }
+      }
+      ::operator delete(p);
+    }
+    template <typename U>
+    bool operator==(const BlockAllocator<U>& other) const {
+      return pool == other.pool;
+    }
+    template <typename U>
+    bool operator!=(const BlockAllocator<U>& other) const {
+      return pool != other.pool;
+    }
+    std::shared_ptr<SnapshotBufferPool> pool;
   };
   const std::shared_ptr<SnapshotBufferPool> snapshot_pool_ = std::make_shared<SnapshotBufferPool>();
-  // The spare buffer if there is one, else a new one; returned to the pool
+  // A spare buffer if there is one, else a new one, of values_bytes_ bytes
+  // (contents unspecified), not shared with anyone; returned to the pool
   // when its last holder drops it.
-  std::shared_ptr<std::string> NewSnapshotBuffer();
+  std::shared_ptr<std::string> NewValuesBuffer();
+  // Part i's values in `buffer` (a values_ layout).
+  const float* PartValues(const std::string& buffer, size_t i) const {
+    return reinterpret_cast<const float*>(buffer.data()) + part_offsets_[i];
+  }
+  float* PartValues(std::string* buffer, size_t i) const {
+    return reinterpret_cast<float*>(buffer->data()) + part_offsets_[i];
+  }
+  const std::vector<int64_t> part_offsets_;  // per part: its first element in values_
+  const uint64_t values_bytes_;              // all parts' values (== gradient_bytes_)
 
   mutable absl::Mutex mu_;
-  std::vector<std::vector<float>> values_ ABSL_GUARDED_BY(mu_);
+  // The current values of every part, concatenated in parts() order as
+  // little-endian float32: the layout a pull sends, so it is every pull's
+  // snapshot of this version as it is (Snapshot::bytes), with no copy. Never
+  // written once it holds a version: an update writes the next version's
+  // values into another buffer (NewValuesBuffer) and then replaces this
+  // pointer, so a pull still streaming an older version keeps reading it.
+  std::shared_ptr<std::string> values_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   // Per table: its local rows (local_rows x dim) and their row-wise optimizer.
   std::vector<std::vector<float>> table_values_ ABSL_GUARDED_BY(mu_);
@@ -546,9 +636,6 @@ class Shard {
   // Per table: its rows if it is dynamic, else null.
   std::vector<std::unique_ptr<DynamicTable>> dynamic_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  // The next values, written by the optimizer's Stage and swapped with
-  // values_ when an update is committed.
-  std::vector<std::vector<float>> staged_values_ ABSL_GUARDED_BY(mu_);
   // Sync aggregation for the current version: each contributing worker's
   // gradient, by worker index (the order they are summed in).
   using PendingMap = std::map<int, std::vector<std::vector<float>>>;
@@ -588,11 +675,6 @@ class Shard {
   // written), and the last boundary's not handed out yet.
   std::unique_ptr<OpenCheckpoint> written_checkpoint_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<OpenCheckpoint> pending_checkpoint_ ABSL_GUARDED_BY(mu_);
-  // The snapshot of `snapshot_version_`, shared by every pull of that version;
-  // its buffer is reused for a later version once no pull still reads it
-  // (snapshot_pool_).
-  std::shared_ptr<std::string> snapshot_ ABSL_GUARDED_BY(mu_);
-  int64_t snapshot_version_ ABSL_GUARDED_BY(mu_) = -1;
 
   // Taken inside mu_ (ApplyPendingLocked gives buffers back), never the
   // other way round.

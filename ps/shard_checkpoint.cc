@@ -151,7 +151,8 @@ std::unique_ptr<Shard::OpenCheckpoint> Shard::OpenCheckpointLocked() {
   c.version = version_;
   for (size_t i = 0; i < parts_.size(); ++i) {
     c.part_names.push_back(parts_[i].name);
-    c.values.push_back(values_[i]);
+    const float* v = PartValues(*values_, i);
+    c.values.emplace_back(v, v + parts_[i].num_elements());
     std::vector<std::vector<float>> slots;
     for (auto* s : optimizer_->Slots(static_cast<int>(i))) slots.push_back(*s);
     c.slots.push_back(std::move(slots));
@@ -356,12 +357,15 @@ absl::Status Shard::Restore(ShardCheckpoint c) {
           "checkpoint part ", c.part_names[i], " does not match the rows of ", tables_[t].name));
     }
   }
-  // Everything matches: now load.
+  // Everything matches: now load (into a new buffer: pulls may still read the old one).
+  std::shared_ptr<std::string> values = NewValuesBuffer();
   for (size_t i = 0; i < parts_.size(); ++i) {
-    values_[i] = std::move(c.values[i]);
+    std::copy(c.values[i].begin(), c.values[i].end(), PartValues(values.get(), i));
+    c.values[i] = std::vector<float>();
     auto slots = optimizer_->Slots(static_cast<int>(i));
     for (size_t k = 0; k < slots.size(); ++k) *slots[k] = std::move(c.slots[i][k]);
   }
+  values_ = std::move(values);
   for (size_t t = 0, i = parts_.size(); t < tables_.size(); ++t, ++i) {
     if (dynamic_[t]) {
       ++i;  // "@ids", then "@rows"
@@ -377,7 +381,6 @@ absl::Status Shard::Restore(ShardCheckpoint c) {
     if (worker_clock_.count(worker)) worker_clock_[worker] = clock;
   }
   SetVersionLocked(c.version);
-  snapshot_version_ = -1;
   stats_.restored_version = c.version;
   return absl::OkStatus();
 }
