@@ -18,9 +18,12 @@
 // only reads (its pulls never count as a worker's; it cannot push).
 //
 // Thread safety: one call at a time (a task's training loop), except
-// Cancel() and GradientReady(), which any thread may call. Each shard beyond
-// the first is served by a thread of the client's own, started once; an
-// overlapped step (StartPushPull) runs on one more, started by the first.
+// Cancel() and GradientReady(), which any thread may call; while an
+// overlapped step runs, the calls its contract allows (StartPushPull).
+// Each shard beyond the first is served by a thread of the client's own,
+// started once; an overlapped step (StartPushPull) runs on one more, started
+// by the first, with threads of its own for the other shards (so PullRows
+// may use the client's meanwhile).
 #ifndef KUBETRAIN_WORKER_PS_CLIENT_H_
 #define KUBETRAIN_WORKER_PS_CLIENT_H_
 
