@@ -145,6 +145,15 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   // computed again reuses it, as its dropout seed).
   bool in_flight = false;
   bool have_batch = false;
+  // A return with a step in flight (an error, a cancel) waits for it first:
+  // its pull writes params, its push reads grads (declared before this).
+  struct FinishInFlight {
+    PsClient* client;
+    const bool* in_flight;
+    ~FinishInFlight() {
+      if (*in_flight) (void)client->FinishPushPull();
+    }
+  } finish_in_flight{client, &in_flight};
   absl::Time t0;
   // --overlap_layers: the model tells the client as each gradient is final.
   const std::vector<int> backprop_order = model.BackpropOrder();

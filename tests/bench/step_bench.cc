@@ -361,11 +361,10 @@ int Run(const Flags& f) {
       dist_push.push_back(t3 - t2);
       dist_wait.push_back(step->pull.waited_seconds);
     }
-  }
-
-  if (f.overlap_pull) {  // the last step's push-pull
-    auto last = client.FinishPushPull();
-    if (!last.ok()) return Fail("push-pull: ", last.status());
+    if (in_flight) {  // the last step's push-pull, while params and grads live
+      auto last = client.FinishPushPull();
+      if (!last.ok()) return Fail("push-pull: ", last.status());
+    }
   }
 
   // A tiny RPC on its own channel: GetInfo (a few hundred bytes each way).
