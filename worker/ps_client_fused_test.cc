@@ -409,8 +409,8 @@ TEST_F(PsClientFusedTest, APullThatBreaksAfterAReadIsAskedAgainOnlyOnceTheReader
   // The parts' order on the PS (by name): dense0/bias (1 chunk of 4096
   // bytes), dense0/kernel (784 x 16 floats: 13), then dense1's and dense2's.
   const int first_layer_chunks = 14;
-  auto owned = std::make_unique<BreaksPullAfter>(std::move(cluster_->Channels()[0]),
-                                                 first_layer_chunks);
+  auto owned =
+      std::make_unique<BreaksPullAfter>(std::move(cluster_->Channels()[0]), first_layer_chunks);
   BreaksPullAfter* channel = owned.get();
   std::vector<std::unique_ptr<ShardChannel>> channels;
   channels.push_back(std::move(owned));

@@ -174,8 +174,8 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     result.global_step = pulled.version;
     if (pulled.done || pulled.version >= target) return false;
     if (options.is_chief && pulled.version >= next_eval) {
-      auto evaluated =
-          Evaluate(config, client, &params, *test_eval, pulled.version, "chief", metrics, &progress);
+      auto evaluated = Evaluate(config, client, &params, *test_eval, pulled.version, "chief",
+                                metrics, &progress);
       if (!evaluated.ok()) return evaluated.status();
       next_eval = (pulled.version / spec.eval_every_steps + 1) * spec.eval_every_steps;
     }

@@ -43,7 +43,7 @@ enum class Mode { kPlain, kOverlapLayers, kOverlapPull };
 
 // Wraps worker w's channel to PS p (a fault); null: none.
 using WrapChannel = std::function<std::unique_ptr<ShardChannel>(int w, int p, InProcessCluster*,
-                                                               std::unique_ptr<ShardChannel>)>;
+                                                                std::unique_ptr<ShardChannel>)>;
 
 JobRun RunJob(const TaskConfig& config, const FakeClock* clock, Mode mode, const Dataset& train,
               const Dataset& test, const WrapChannel& wrap = nullptr) {
@@ -225,19 +225,17 @@ class TrainerOverlapTest : public ::testing::Test {
 
 std::string MlpYaml(int ps) {
   return absl::StrReplaceAll(
-      JobYaml({.ps = ps,
-               .workers = 2,
-               .steps = 25,
-               .training = "    evaluation: {everySteps: 7}\n"}),
+      JobYaml(
+          {.ps = ps, .workers = 2, .steps = 25, .training = "    evaluation: {everySteps: 7}\n"}),
       {{"model: {type: softmax}", "model: {type: mlp, hiddenUnits: [16, 8]}"},
        {"type: sgd, learningRate: 0.5", "type: adam, learningRate: 0.01"}});
 }
 
 std::string WideAndDeepYaml(int ps) {
-  return absl::StrReplaceAll(
-      DynamicJobYaml(0), {{"head: sigmoid", "head: wideAndDeep\n      wide: {columns: [c]}"},
-                          {"steps: 150", "steps: 40"},
-                          {"PS: {replicas: 2}", absl::StrCat("PS: {replicas: ", ps, "}")}});
+  return absl::StrReplaceAll(DynamicJobYaml(0),
+                             {{"head: sigmoid", "head: wideAndDeep\n      wide: {columns: [c]}"},
+                              {"steps: 150", "steps: 40"},
+                              {"PS: {replicas: 2}", absl::StrCat("PS: {replicas: ", ps, "}")}});
 }
 
 TEST_F(TrainerOverlapTest, ASyncMlpJobEndsWithTheSameBitsOverlappedOrNot) {
@@ -260,8 +258,8 @@ TEST_F(TrainerOverlapTest, ASyncWideAndDeepJobOnOnePsEndsWithTheSameBits) {
 // 9th push-pull's pull breaks after 15 chunks (of 18: the first layer whole) and the PS comes back
 // at the version before its 5th; plain and pull-overlapped end alike.
 TEST_F(TrainerOverlapTest, APullThatBreaksMidWayEndsAsOnThePlainPath) {
-  const std::string yaml = absl::StrReplaceAll(MlpYaml(1), {{"Worker: {replicas: 2}",
-                                                             "Worker: {replicas: 1}"}});
+  const std::string yaml =
+      absl::StrReplaceAll(MlpYaml(1), {{"Worker: {replicas: 2}", "Worker: {replicas: 1}"}});
   auto config = TaskConfigFor(yaml, "worker", 0);
   ASSERT_TRUE(config.ok()) << config.status();
   std::vector<FailMidPull*> faults;
