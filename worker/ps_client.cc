@@ -121,14 +121,6 @@ absl::Status PsClient::ForEachShard(const std::function<absl::Status(int)>& fn) 
   return lanes_->Run(fn);
 }
 
-absl::Status PsClient::ForEachShardOverlapped(const std::function<absl::Status(int)>& fn) {
-  if (channels_.size() == 1) return fn(0);
-  if (overlap_lanes_ == nullptr) {
-    overlap_lanes_ = std::make_unique<Lanes>(static_cast<int>(channels_.size()));
-  }
-  return overlap_lanes_->Run(fn);
-}
-
 absl::Status PsClient::WithRetry(const std::string& what, int shard,
                                  const std::function<absl::Status()>& fn) {
   absl::Time deadline = clock_->Now() + options_.retry_timeout;
@@ -260,13 +252,11 @@ ShardChannel::ChunkSink PsClient::PullSink(int s, Params* params) const {
 
 absl::Status PsClient::PullShard(int s, const v1::PullRequest& req,
                                  const ShardChannel::ChunkSink& sink, bool reask,
-                                 v1::PullResponse::Header* header, ShardRestart* restart,
-                                 const std::function<void()>& failed_attempt) {
+                                 v1::PullResponse::Header* header, ShardRestart* restart) {
   while (true) {
     absl::StatusOr<v1::PullResponse::Header> h;
     absl::Status rs = WithRetry("pull", s, [&] {
       h = channels_[s]->Pull(req, sink);
-      if (!h.ok() && failed_attempt) failed_attempt();
       return h.status();
     });
     if (rs.code() == absl::StatusCode::kDeadlineExceeded) {

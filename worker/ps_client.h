@@ -18,12 +18,9 @@
 // only reads (its pulls never count as a worker's; it cannot push).
 //
 // Thread safety: one call at a time (a task's training loop), except
-// Cancel() and GradientReady(), which any thread may call; while an
-// overlapped step runs, the calls its contract allows (StartPushPull).
-// Each shard beyond the first is served by a thread of the client's own,
-// started once; an overlapped step (StartPushPull) runs on one more, started
-// by the first, with threads of its own for the other shards (so PullRows
-// may use the client's meanwhile).
+// Cancel() and GradientReady(), which any thread may call. Each shard beyond
+// the first is served by a thread of the client's own, started once; an
+// overlapped step (StartPushPull) runs on one more, started by the first.
 #ifndef KUBETRAIN_WORKER_PS_CLIENT_H_
 #define KUBETRAIN_WORKER_PS_CLIENT_H_
 
@@ -83,11 +80,6 @@ class PsClient {
     int64_t steps_lost = 0;     // versions lost by shards that restarted from a checkpoint
     int ps_restarts = 0;        // shards seen restarted (a new incarnation), lost steps or not
     int absent_workers = 0;     // most over shards: sync workers not waited for
-    // An overlapped step only (StartPushPull): a shard's pull failed after it
-    // had written values and was asked again, so values AwaitParams may have
-    // released were written again: a computation that read them must be
-    // redone from the values now in params (they are the retry's, whole).
-    bool rewritten = false;
   };
   struct PushResult {
     int64_t version = 0;
@@ -179,48 +171,15 @@ class PsClient {
   // REQUIRES: grads already has the step's layout (dense variables whole,
   // tables ids[t].size() x dim; LossAndGradients keeps the buffers), and
   // params its tables' rows (PullRows). Until FinishPushPull: no call on the
-  // client but GradientReady, Cancel, AwaitShardsAnswering, AwaitParams and,
-  // after AwaitShardsAnswering, PullRows (the tables' params, which the
-  // step's pull never writes); grads[v] is not written after
-  // GradientReady(v) until AwaitShardsAnswering, nor params[v] read until
-  // AwaitParams(v) (a shard's pull may be writing it).
+  // client but GradientReady and Cancel; grads[v] is not written after
+  // GradientReady(v) nor params[v] read (a shard's pull may be writing it).
   absl::Status StartPushPull(const Params& grads, int64_t worker_clock, const TableIds& ids,
                              bool next_version, const std::vector<VariableSpec>& variables,
                              Params* params, const std::vector<int>& backprop_order);
   // grads[variable] of the started step is final. Thread-safe.
   void GradientReady(int variable);
-  // The pull side of the started step, for a caller that computes the next
-  // step while the pull still arrives (--overlap_pull; worker/trainer.cc).
-  // Each shard's pull writes its parts into params in the order the PS
-  // sends them (its parts in placement order: by name, which for the
-  // shorthands and up to 10 layers is forward order), each shard on its
-  // own thread.
-  //
-  // AwaitShardsAnswering: returns once every shard has started answering
-  // its pull (a first chunk came, or its call ended): every push of the
-  // step is answered (grads is read no more: the next step may write it)
-  // and every shard passed the barrier (its table rows may be pulled).
-  // AwaitParams(v): returns true once every element of dense variable v
-  // (its parts on whatever shards) is in params and will not be written
-  // again in this step, unless the pull breaks (below); tables at once
-  // (their rows come from PullRows). false: the values of v may never
-  // come or may be written again; go on with whatever is there, the
-  // computation will be thrown away. After a true, params[v] may be read
-  // until FinishPushPull.
-  // A shard's pull that fails after it wrote anything breaks the step: both
-  // calls return at once from then on (AwaitParams false), and the shard
-  // asks its pull again as today's path does, but only once FinishPushPull
-  // was called (the caller reads params no more): the retry never writes
-  // values a computation is reading. FinishPushPull then returns the
-  // retry's result with pull.rewritten set, and params hold the retry's
-  // values, whole. A step that fails returns as it does without these calls.
-  // Called on the thread that calls FinishPushPull; both wait on the
-  // started step's threads only.
-  void AwaitShardsAnswering();
-  bool AwaitParams(int variable);
   // Waits for the started step. A variable never made ready abandons the
-  // push (never applied; FAILED_PRECONDITION). Ends any AwaitParams reading:
-  // from here the step's pull (or its retry) may write params.
+  // push (never applied; FAILED_PRECONDITION).
   absl::StatusOr<PushPullResult> FinishPushPull();
   // params of each table = the current rows of its `ids`, in order (no hold).
   // A worker's pull creates the missing rows of dynamic tables (see
@@ -311,11 +270,8 @@ class PsClient {
   static void ResizeParams(const std::vector<VariableSpec>& variables, Params* params);
   // Pulls `req` from shard s (retrying UNAVAILABLE; re-asking a hold the PS
   // let go of if `reask`), then Observe.
-  // failed_attempt (may be empty): called after each call to the shard that
-  // failed (before any retry), so an overlapped step can hold the retry.
   absl::Status PullShard(int s, const v1::PullRequest& req, const ShardChannel::ChunkSink& sink,
-                         bool reask, v1::PullResponse::Header* header, ShardRestart* restart,
-                         const std::function<void()>& failed_attempt = nullptr);
+                         bool reask, v1::PullResponse::Header* header, ShardRestart* restart);
   // Shard s's half of a fused step (PushPull): until the push is answered,
   // the call is retried whole with its push id; then the pull alone.
   absl::Status PushPullShard(int s, const v1::PushRequest::Header& h,
@@ -323,16 +279,12 @@ class PsClient {
                              const std::vector<SparseRef>& sparse, uint64_t bytes,
                              const v1::PullRequest& req, const ShardChannel::ChunkSink& sink,
                              v1::PushResponse* response, v1::PullResponse::Header* header,
-                             ShardRestart* restart,
-                             const std::function<void()>& failed_attempt = nullptr);
+                             ShardRestart* restart);
   static PullResult SumPulls(const std::vector<v1::PullResponse::Header>& headers,
                              const std::vector<ShardRestart>& restarts);
   ShardRestart Observe(int s, int64_t incarnation, int64_t version, bool done);
   // Runs fn(shard) for every shard at once; the first error (by shard) wins.
   absl::Status ForEachShard(const std::function<absl::Status(int)>& fn);
-  // The same on threads of the overlapped step's own (its thread only), so
-  // the caller's calls (PullRows) may use ForEachShard meanwhile.
-  absl::Status ForEachShardOverlapped(const std::function<absl::Status(int)>& fn);
   // Retries fn while it returns UNAVAILABLE, with backoff, until retry_timeout.
   absl::Status WithRetry(const std::string& what, int shard,
                          const std::function<absl::Status()>& fn);
@@ -351,7 +303,6 @@ class PsClient {
   std::vector<std::vector<const PartPlacement*>> shard_parts_;
   std::vector<absl::flat_hash_map<std::string, const PartPlacement*>> parts_by_name_;
   std::unique_ptr<Lanes> lanes_;
-  std::unique_ptr<Lanes> overlap_lanes_;  // created and used by the overlap thread only
   // The overlapped step (StartPushPull); created by the first. (Deleted in
   // ps_client_fused.cc, where Overlap is defined.)
   struct OverlapDeleter {

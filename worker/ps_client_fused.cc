@@ -21,8 +21,7 @@ absl::Status PsClient::PushPullShard(int s, const v1::PushRequest::Header& h,
                                      const v1::PullRequest& req,
                                      const ShardChannel::ChunkSink& sink,
                                      v1::PushResponse* response, v1::PullResponse::Header* header,
-                                     ShardRestart* restart,
-                                     const std::function<void()>& failed_attempt) {
+                                     ShardRestart* restart) {
   PushPullAnswer answer{absl::UnknownError(""), absl::UnknownError("")};
   // Until the push is answered, the whole call is retried with the same
   // push id: a shard that applied it answers the repeat without applying
@@ -33,13 +32,11 @@ absl::Status PsClient::PushPullShard(int s, const v1::PushRequest::Header& h,
     if (absl::IsUnimplemented(answer.push.status())) {
       unfused = true;
       answer.push = channels_[s]->Push(h, chunks, sparse);
-    } else if ((!answer.push.ok() || !answer.pull.ok()) && failed_attempt) {
-      failed_attempt();
     }
     return answer.push.status();
   });
   if (!rs.ok()) return rs;
-  if (unfused) return PullShard(s, req, sink, /*reask=*/true, header, restart, failed_attempt);
+  if (unfused) return PullShard(s, req, sink, /*reask=*/true, header, restart);
   *response = *answer.push;
   CountPushBytes(bytes, sparse);
   if (answer.pull.ok()) {
@@ -58,7 +55,7 @@ absl::Status PsClient::PushPullShard(int s, const v1::PushRequest::Header& h,
   if (cancelled_) return absl::CancelledError(absl::StrCat("pull from ps:", s, " cancelled"));
   Log(TaskName(), " pull from ps:", s, " failed after its push was answered (", failed.message(),
       "); asking for it again");
-  return PullShard(s, req, sink, /*reask=*/true, header, restart, failed_attempt);
+  return PullShard(s, req, sink, /*reask=*/true, header, restart);
 }
 
 absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
@@ -128,72 +125,9 @@ class PsClient::Overlap {
     if (is_table_[v]) --tables_left_;
   }
   // Opens every gate still closed with `why`: their chunks are never sent.
-  // Also the caller reads params no more (a broken pull may ask again).
   void Abandon(absl::Status why) {
     absl::MutexLock l(&mu_);
     if (abandoned_.ok()) abandoned_ = std::move(why);
-    released_ = true;
-  }
-
-  // The pull side (PsClient::AwaitShardsAnswering, AwaitParams): every
-  // dense variable's elements still to come; no shard answering yet.
-  void ResetPull(const std::vector<VariableSpec>& variables, int shards) {
-    absl::MutexLock l(&mu_);
-    left_.assign(variables.size(), 0);
-    for (size_t v = 0; v < variables.size(); ++v) {
-      if (!variables[v].table) left_[v] = static_cast<uint64_t>(variables[v].num_elements());
-    }
-    answering_.assign(shards, false);
-    shard_chunks_.assign(shards, 0);
-    broken_ = pull_over_ = reading_ = released_ = false;
-  }
-  // Shard s wrote n elements of variable v into params.
-  void ChunkIn(int s, int v, uint64_t n) {
-    absl::MutexLock l(&mu_);
-    ++shard_chunks_[s];
-    answering_[s] = true;
-    if (v >= 0 && v < static_cast<int>(left_.size())) left_[v] -= std::min(left_[v], n);
-  }
-  // Shard s's part of the step ended (answered or failed).
-  void ShardEnded(int s) {
-    absl::MutexLock l(&mu_);
-    answering_[s] = true;
-  }
-  // A call to shard s failed. If it had written values, the step is broken
-  // (every wait returns), and the retry waits until the reader is done.
-  void AttemptFailed(int s) {
-    absl::MutexLock l(&mu_);
-    if (shard_chunks_[s] == 0) return;  // nothing of s's was written: its gates stay shut
-    broken_ = true;
-    auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !reading_ || released_; };
-    mu_.Await(absl::Condition(&free));
-  }
-  // The step ended: nothing more is written.
-  void PullOver() {
-    absl::MutexLock l(&mu_);
-    pull_over_ = true;
-  }
-  bool broken() {
-    absl::MutexLock l(&mu_);
-    return broken_;
-  }
-  void AwaitAnswering() {
-    absl::MutexLock l(&mu_);
-    auto open = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return broken_ || pull_over_ ||
-             std::all_of(answering_.begin(), answering_.end(), [](bool a) { return a; });
-    };
-    mu_.Await(absl::Condition(&open));
-  }
-  bool AwaitParams(int v) {
-    absl::MutexLock l(&mu_);
-    if (v < 0 || v >= static_cast<int>(left_.size())) return !broken_;
-    reading_ = true;
-    auto open = [this, v]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return left_[v] == 0 || broken_ || pull_over_;
-    };
-    mu_.Await(absl::Condition(&open));
-    return left_[v] == 0 && !broken_;
   }
   absl::Status AwaitVariable(int v) {
     absl::MutexLock l(&mu_);
@@ -274,15 +208,6 @@ class PsClient::Overlap {
   std::vector<bool> is_table_ ABSL_GUARDED_BY(mu_);  // per variable
   int tables_left_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status abandoned_ ABSL_GUARDED_BY(mu_);
-  // The pull side: per dense variable, elements not in yet; per shard,
-  // whether it answers and the chunks it wrote.
-  std::vector<uint64_t> left_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> answering_ ABSL_GUARDED_BY(mu_);
-  std::vector<int64_t> shard_chunks_ ABSL_GUARDED_BY(mu_);
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;     // a shard failed after writing values
-  bool pull_over_ ABSL_GUARDED_BY(mu_) = false;  // the step ended
-  bool reading_ ABSL_GUARDED_BY(mu_) = false;    // AwaitParams was called
-  bool released_ ABSL_GUARDED_BY(mu_) = false;   // FinishPushPull (or destruction) since
   std::function<absl::StatusOr<PushPullResult>()> step_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::StatusOr<PushPullResult>> result_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // from Start until Wait returns
@@ -317,7 +242,6 @@ absl::Status PsClient::StartPushPull(const Params& grads, int64_t worker_clock, 
   if (absl::Status s = PlanSparse(o.ids, &o.sparse); !s.ok()) return s;
   ResizeParams(variables, params);
   o.ResetGates(variables);
-  o.ResetPull(variables, static_cast<int>(channels_.size()));
 
   // Each variable's place in backprop order; chunks of variables not in it go last.
   std::vector<size_t> rank(variables.size(), backprop_order.size());
@@ -382,42 +306,21 @@ absl::Status PsClient::StartPushPull(const Params& grads, int64_t worker_clock, 
     std::vector<v1::PushResponse> responses(n);
     std::vector<v1::PullResponse::Header> headers(n);
     std::vector<ShardRestart> restarts(n);
-    absl::Status st = ForEachShardOverlapped([&](int s) {
-      // Each chunk counted in to its variable once written (AwaitParams).
-      const ShardChannel::ChunkSink write = PullSink(s, params);
-      const ShardChannel::ChunkSink sink = [this, &o, &write, s](const PulledChunk& c) {
-        const uint64_t n = c.data_bytes() / 4;
-        absl::Status written = write(c);  // checks the part first
-        if (written.ok()) o.ChunkIn(s, parts_by_name_[s].find(c.part())->second->variable, n);
-        return written;
-      };
-      absl::Status shard = PushPullShard(s, o.push_headers[s], o.chunks[s], o.sparse.refs[s],
-                                         o.bytes[s], o.pulls[s], sink, &responses[s], &headers[s],
-                                         &restarts[s], [&o, s] { o.AttemptFailed(s); });
-      o.ShardEnded(s);
-      return shard;
+    absl::Status st = ForEachShard([&](int s) {
+      return PushPullShard(s, o.push_headers[s], o.chunks[s], o.sparse.refs[s], o.bytes[s],
+                           o.pulls[s], PullSink(s, params), &responses[s], &headers[s],
+                           &restarts[s]);
     });
-    o.PullOver();
     if (!st.ok()) return st;
     if (metrics_.push_pull_seconds)
       metrics_.push_pull_seconds->Observe(absl::ToDoubleSeconds(clock_->Now() - start));
-    PushPullResult r{SumPushes(responses), SumPulls(headers, restarts)};
-    r.pull.rewritten = o.broken();
-    return r;
+    return PushPullResult{SumPushes(responses), SumPulls(headers, restarts)};
   });
   return absl::OkStatus();
 }
 
 void PsClient::GradientReady(int variable) {
   if (overlap_ != nullptr) overlap_->MarkReady(variable);
-}
-
-void PsClient::AwaitShardsAnswering() {
-  if (overlap_ != nullptr) overlap_->AwaitAnswering();
-}
-
-bool PsClient::AwaitParams(int variable) {
-  return overlap_ == nullptr || overlap_->AwaitParams(variable);
 }
 
 absl::StatusOr<PsClient::PushPullResult> PsClient::FinishPushPull() {

@@ -5,9 +5,7 @@
 // async staleness accounting is PushPull's; and PushPull's guarantees hold:
 // a lost answer retried and applied once, a PS restart during the hold (the
 // pull asked again, never the push), a PS without PushPull, a step ended
-// before every gradient was ready (never applied). The pull side
-// (AwaitParams): a pull that breaks mid-way is asked again only once the
-// reader is done, and says so (rewritten).
+// before every gradient was ready (never applied).
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -18,7 +16,6 @@
 
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "worker/ps_client.h"
 #include "worker/testing.h"
 
@@ -348,122 +345,6 @@ TEST_F(PsClientFusedTest, AStepEndedBeforeEveryGradientWasReadyIsNeverApplied) {
   auto next = Overlapped(client.get(), grads, 1, false, &params);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->pull.version, 1);
-}
-
-// Passes the first `pass` chunks of its armed PushPull's pull; at the next
-// one, waits until the test has read what it was given (`read`), then fails
-// the pull (UNAVAILABLE: asked again alone). Counts the pulls asked alone.
-class BreaksPullAfter : public ShardChannelWrapper {
- public:
-  BreaksPullAfter(std::unique_ptr<ShardChannel> target, int pass)
-      : ShardChannelWrapper(std::move(target)), pass_(pass) {}
-  using ShardChannelWrapper::Push;
-  void Arm() {
-    armed_ = true;
-    reading_ = true;
-  }
-  absl::Notification& read() { return read_; }
-  void ReaderDone() { reading_ = false; }
-  int pulls() const { return pulls_; }
-  int pulls_while_reading() const { return pulls_while_reading_; }
-  PushPullAnswer PushPull(const v1::PushRequest::Header& header,
-                          const std::vector<ChunkRef>& chunks, const std::vector<SparseRef>& sparse,
-                          const v1::PullRequest& pull, const ChunkSink& sink) override {
-    if (!armed_.exchange(false)) {
-      return ShardChannelWrapper::PushPull(header, chunks, sparse, pull, sink);
-    }
-    int passed = 0;
-    return ShardChannelWrapper::PushPull(
-        header, chunks, sparse, pull, [&](const PulledChunk& c) -> absl::Status {
-          if (passed == pass_) {
-            EXPECT_TRUE(read_.WaitForNotificationWithTimeout(absl::Seconds(20)));
-            return absl::UnavailableError("the link broke mid-pull");
-          }
-          ++passed;
-          return sink(c);
-        });
-  }
-  absl::StatusOr<v1::PullResponse::Header> Pull(const v1::PullRequest& request,
-                                                const ChunkSink& sink) override {
-    ++pulls_;
-    if (reading_) ++pulls_while_reading_;
-    return ShardChannelWrapper::Pull(request, sink);
-  }
-
- private:
-  const int pass_;
-  std::atomic<bool> armed_{false};
-  std::atomic<int> pulls_{0};
-  std::atomic<bool> reading_{false};  // from Arm until ReaderDone
-  std::atomic<int> pulls_while_reading_{0};
-  absl::Notification read_;
-};
-
-// The pull side of an overlapped step, the caller being the reader: each
-// variable is released once whole; a pull that breaks after the first layer
-// was released and read releases nothing more, is asked again only once
-// FinishPushPull says the reader is done (never under its reads), and ends
-// whole with `rewritten` set, holding what a plain pull reads.
-TEST_F(PsClientFusedTest, APullThatBreaksAfterAReadIsAskedAgainOnlyOnceTheReaderIsDone) {
-  MakeFromYaml(MlpYaml({.ps = 1, .workers = 1}));
-  // The parts' order on the PS (by name): dense0/bias (1 chunk of 4096
-  // bytes), dense0/kernel (784 x 16 floats: 13), then dense1's and dense2's.
-  const int first_layer_chunks = 14;
-  auto owned =
-      std::make_unique<BreaksPullAfter>(std::move(cluster_->Channels()[0]), first_layer_chunks);
-  BreaksPullAfter* channel = owned.get();
-  std::vector<std::unique_ptr<ShardChannel>> channels;
-  channels.push_back(std::move(owned));
-  PsClient client(ClientOptions(0), &config_->placement, &clock_, std::move(channels),
-                  PsClientMetrics{});
-  ASSERT_TRUE(client.Connect().ok());
-  Params params;
-  ASSERT_TRUE(client.Pull(false, 0, variables(), &params).ok());
-  const std::vector<int> order = config_->model->BackpropOrder();
-  ASSERT_EQ(variables()[0].name, "dense0/kernel");
-  ASSERT_EQ(variables()[2].name, "dense1/kernel");
-
-  // A clean step: every variable released, nothing rewritten.
-  Params grads = GradientOf(params, 1);
-  ASSERT_TRUE(client.StartPushPull(grads, 1, NoTables(), true, variables(), &params, order).ok());
-  for (int v : order) client.GradientReady(v);
-  client.AwaitShardsAnswering();
-  for (size_t v = 0; v < variables().size(); ++v) EXPECT_TRUE(client.AwaitParams(v)) << v;
-  auto clean = client.FinishPushPull();
-  ASSERT_TRUE(clean.ok()) << clean.status();
-  EXPECT_FALSE(clean->pull.rewritten);
-
-  // A step whose pull breaks after the first layer.
-  grads = GradientOf(params, 2);
-  const int pulls = channel->pulls();  // asked alone so far
-  channel->Arm();
-  ASSERT_TRUE(client.StartPushPull(grads, 2, NoTables(), true, variables(), &params, order).ok());
-  for (int v : order) client.GradientReady(v);
-  client.AwaitShardsAnswering();
-  ASSERT_TRUE(client.AwaitParams(0));
-  ASSERT_TRUE(client.AwaitParams(1));
-  const std::vector<float> first_read = params[0];  // the reader reads the first layer
-  channel->read().Notify();
-  EXPECT_FALSE(client.AwaitParams(2));  // broken: returns, releases nothing
-  EXPECT_FALSE(client.AwaitParams(0));
-  // A retry that did not wait for the reader would come now: give it the
-  // chance (no time is asserted; a correct client never asks here).
-  for (int i = 0; i < 20000 && channel->pulls() == pulls; ++i) std::this_thread::yield();
-  EXPECT_EQ(channel->pulls(), pulls);  // not asked again while the reader may read
-  EXPECT_EQ(std::memcmp(params[0].data(), first_read.data(), 4 * first_read.size()), 0);
-  channel->ReaderDone();
-  auto broken = client.FinishPushPull();
-  EXPECT_EQ(channel->pulls_while_reading(), 0);
-  ASSERT_TRUE(broken.ok()) << broken.status();
-  EXPECT_TRUE(broken->pull.rewritten);
-  EXPECT_EQ(broken->pull.version, 2);
-  EXPECT_EQ(channel->pulls(), pulls + 1);
-  Params plain;
-  ASSERT_TRUE(client.Pull(false, 2, variables(), &plain).ok());
-  for (size_t v = 0; v < plain.size(); ++v) {
-    ASSERT_EQ(params[v].size(), plain[v].size());
-    EXPECT_EQ(std::memcmp(params[v].data(), plain[v].data(), 4 * plain[v].size()), 0) << v;
-  }
 }
 
 }  // namespace

@@ -140,114 +140,41 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
   // The values of the next step, pulled by the last step's fused PushPull;
   // empty before the first step (a plain Pull).
   std::optional<PsClient::PullResult> prefetched;
-  // --overlap_pull: the last step's fused push-pull is still running (its
-  // result not taken yet); have_batch: this step's batch is drawn (a step
-  // computed again reuses it, as its dropout seed).
-  bool in_flight = false;
-  bool have_batch = false;
-  // A return with a step in flight (an error, a cancel) waits for it first:
-  // its pull writes params, its push reads grads (declared before this).
-  struct FinishInFlight {
-    PsClient* client;
-    const bool* in_flight;
-    ~FinishInFlight() {
-      if (*in_flight) (void)client->FinishPushPull();
-    }
-  } finish_in_flight{client, &in_flight};
-  absl::Time t0;
   // --overlap_layers: the model tells the client as each gradient is final.
   const std::vector<int> backprop_order = model.BackpropOrder();
   LayerHooks hooks;
   hooks.gradient_ready = [client](int v) { client->GradientReady(v); };
-
-  // What the plain path does with a step's pull before the next step:
-  // false when training is done.
-  auto take_pull = [&](const PsClient::PullResult& pulled) -> absl::StatusOr<bool> {
-    CountRestarts(pulled, &result, metrics);
-    if (sync && pushed && metrics.barrier_wait_seconds) {
-      metrics.barrier_wait_seconds->Observe(pulled.waited_seconds);
-    }
-    if (!sync && metrics.staleness_wait_seconds) {
-      metrics.staleness_wait_seconds->Observe(pulled.waited_seconds);
-    }
-    if (metrics.global_step) metrics.global_step->Set(static_cast<double>(pulled.version));
-    result.global_step = pulled.version;
-    if (pulled.done || pulled.version >= target) return false;
-    if (options.is_chief && pulled.version >= next_eval) {
-      auto evaluated = Evaluate(config, client, &params, *test_eval, pulled.version, "chief",
-                                metrics, &progress);
-      if (!evaluated.ok()) return evaluated.status();
-      next_eval = (pulled.version / spec.eval_every_steps + 1) * spec.eval_every_steps;
-    }
-    return true;
-  };
-  // Whether a step computed on `pulled` while it arrived stands: its values
-  // were never written again, and the plain path would go straight on to
-  // compute (not end, not evaluate first).
-  auto computed_on_time = [&](const PsClient::PullResult& pulled) {
-    return !pulled.rewritten && !pulled.done && pulled.version < target &&
-           !(options.is_chief && pulled.version >= next_eval);
-  };
-  // What the plain path does once a step's push-pull is answered.
-  auto step_answered = [&](const PsClient::PushResult& push) {
-    if (metrics.steps) metrics.steps->Increment();
-    if (metrics.examples) metrics.examples->Increment(spec.batch_size);
-    if (push.dropped && metrics.dropped) metrics.dropped->Increment();
-    if (metrics.loss) metrics.loss->Set(mean_loss());
-
-    absl::Time now = clock->Now();
-    if (now - last_report >= options.progress_interval) {
-      double secs = std::max(1e-9, absl::ToDoubleSeconds(now - last_report));
-      progress.global_step = push.version;
-      progress.absent_workers = push.absent_workers;
-      progress.loss = mean_loss();
-      progress.examples_per_second =
-          std::max<int64_t>(0, push.version - last_report_step) * examples_per_step / secs;
-      last_report = now;
-      last_report_step = push.version;
-      if (options.is_chief) {
-        if (metrics.examples_per_second)
-          metrics.examples_per_second->Set(*progress.examples_per_second);
-        on_progress(progress);
-      } else {
-        Log("worker:", options.worker_index, " step ", push.version, "/", target, " loss ",
-            *progress.loss);
-      }
-    }
-  };
-
   while (true) {
     if (client->cancelled()) return absl::CancelledError("training stopped");
-    if (!in_flight) {
-      absl::StatusOr<PsClient::PullResult> pulled =
-          prefetched.has_value()
-              ? absl::StatusOr<PsClient::PullResult>(*std::exchange(prefetched, std::nullopt))
-              : client->Pull(sync && pushed, result.local_steps, model.variables(), &params);
-      if (!pulled.ok()) return pulled.status();
-      absl::StatusOr<bool> go_on = take_pull(*pulled);
-      if (!go_on.ok()) return go_on.status();
-      if (!*go_on) break;
+    absl::StatusOr<PsClient::PullResult> pulled =
+        prefetched.has_value()
+            ? absl::StatusOr<PsClient::PullResult>(*std::exchange(prefetched, std::nullopt))
+            : client->Pull(sync && pushed, result.local_steps, model.variables(), &params);
+    if (!pulled.ok()) return pulled.status();
+    CountRestarts(*pulled, &result, metrics);
+    if (sync && pushed && metrics.barrier_wait_seconds) {
+      metrics.barrier_wait_seconds->Observe(pulled->waited_seconds);
+    }
+    if (!sync && metrics.staleness_wait_seconds) {
+      metrics.staleness_wait_seconds->Observe(pulled->waited_seconds);
+    }
+    if (metrics.global_step) metrics.global_step->Set(static_cast<double>(pulled->version));
+    result.global_step = pulled->version;
+    if (pulled->done || pulled->version >= target) break;
+
+    if (options.is_chief && pulled->version >= next_eval) {
+      auto evaluated = Evaluate(config, client, &params, *test_eval, pulled->version, "chief",
+                                metrics, &progress);
+      if (!evaluated.ok()) return evaluated.status();
+      next_eval = (pulled->version / spec.eval_every_steps + 1) * spec.eval_every_steps;
     }
 
-    if (!have_batch) {
-      if (options.step_delay > absl::ZeroDuration()) clock->SleepFor(options.step_delay);
-      t0 = clock->Now();
-      if (absl::Status s =
-              batcher.Next(spec.batch_size, &x, &y, &targets, &lookup_ids, &lookup_weights);
-          !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("training data: ", s.message()));
-      }
-      if (model.sparse()) {
-        // Only the rows this batch looks up: its distinct ids per table.
-        lookups = model.Lookups(lookup_ids.data(), spec.batch_size, lookup_weights.data());
-        table_ids = CompactLookups(&lookups);
-        if (metrics.unique_ids) {
-          int64_t n = 0;
-          for (const auto& ids : table_ids) n += static_cast<int64_t>(ids.size());
-          metrics.unique_ids->Observe(static_cast<double>(n));
-        }
-      }
-      have_batch = true;
+    if (options.step_delay > absl::ZeroDuration()) clock->SleepFor(options.step_delay);
+    absl::Time t0 = clock->Now();
+    if (absl::Status s =
+            batcher.Next(spec.batch_size, &x, &y, &targets, &lookup_ids, &lookup_weights);
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("training data: ", s.message()));
     }
     // Dropout masks differ per worker and step, and repeat exactly on a rerun.
     const uint64_t dropout_seed = spec.seed ^
@@ -258,57 +185,26 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
     batch.labels = y.data();
     batch.targets = targets.empty() ? nullptr : targets.data();
     batch.size = spec.batch_size;
-    // The last step's pushes answered (grads may be written) and every shard
-    // past its barrier (the rows read now are the ones the plain path reads).
-    if (in_flight) client->AwaitShardsAnswering();
     if (model.sparse()) {
+      // Only the rows this batch looks up: its distinct ids per table.
+      lookups = model.Lookups(lookup_ids.data(), spec.batch_size, lookup_weights.data());
+      table_ids = CompactLookups(&lookups);
       if (absl::Status s = client->PullRows(table_ids, &params); !s.ok()) return s;
       batch.sparse = &lookups;
+      if (metrics.unique_ids) {
+        int64_t n = 0;
+        for (const auto& ids : table_ids) n += static_cast<int64_t>(ids.size());
+        metrics.unique_ids->Observe(static_cast<double>(n));
+      }
     }
     // One round trip: this step's gradient out and the next step's values
     // back, once the shard lets this worker go on (the sync barrier, the
     // staleness bound): what Push then Pull(sync) did, in the same order.
     // Overlapped, it starts before the gradient is computed and sends each
     // variable's as backprop finishes it.
+    absl::StatusOr<PsClient::PushPullResult> step;
     float loss = 0;
-    if (in_flight) {
-      // The forward pass reads each variable once the last step's pull has
-      // brought it; when backprop starts, that step's result is taken and, if
-      // this computation stands, this step's push-pull starts.
-      std::optional<absl::StatusOr<PsClient::PushPullResult>> last;
-      absl::Status started = absl::FailedPreconditionError("not started");
-      LayerHooks pull_hooks;
-      pull_hooks.await_params = [client](int v) { client->AwaitParams(v); };
-      pull_hooks.gradient_ready = [&](int v) {
-        if (!last.has_value()) {
-          last = client->FinishPushPull();
-          if (last->ok() && computed_on_time((*last)->pull)) {
-            started = client->StartPushPull(grads, result.local_steps + 1, table_ids,
-                                            /*next_version=*/sync, model.variables(), &params,
-                                            backprop_order);
-          }
-        }
-        if (started.ok()) client->GradientReady(v);
-      };
-      grads.resize(params.size());
-      for (size_t v = 0; v < params.size(); ++v) grads[v].resize(params[v].size());
-      loss = model.LossAndGradients(params, batch, dropout_seed, &grads, &pull_hooks);
-      in_flight = false;
-      if (!last.has_value()) last = client->FinishPushPull();  // no variable: no backprop
-      if (!last->ok()) return last->status();
-      step_answered((*last)->push);
-      if (!started.ok()) {
-        if (computed_on_time((*last)->pull)) return started;  // StartPushPull refused
-        // Thrown away: the plain path takes this pull first (ends, evaluates,
-        // or has the retry's values), then computes this batch.
-        prefetched = (*last)->pull;
-        continue;
-      }
-      // Neither ends nor evaluates (computed_on_time): only the accounting.
-      if (absl::StatusOr<bool> go_on = take_pull((*last)->pull); !go_on.ok()) {
-        return go_on.status();
-      }
-    } else if (options.overlap_layers) {
+    if (options.overlap_layers) {
       // Sized as the step leaves them (its buffers, so the push can point into them now).
       grads.resize(params.size());
       for (size_t v = 0; v < params.size(); ++v) grads[v].resize(params[v].size());
@@ -326,22 +222,41 @@ absl::StatusOr<TrainResult> Train(const TaskConfig& config, const TrainerOptions
       metrics.compute_seconds->Observe(absl::ToDoubleSeconds(clock->Now() - t0));
     recent_losses.push_back(loss);
     if (recent_losses.size() > 50) recent_losses.pop_front();
+    step = options.overlap_layers
+               ? client->FinishPushPull()
+               : client->PushPull(grads, result.local_steps + 1, table_ids,
+                                  /*next_version=*/sync, model.variables(), &params);
+    if (!step.ok()) return step.status();
+    const PsClient::PushResult* push = &step->push;
+    prefetched = step->pull;
     pushed = true;
     ++result.local_steps;
-    have_batch = false;
-    if (options.overlap_pull && options.overlap_layers) {
-      in_flight = true;  // its result is taken in the next step's backprop
-      continue;
+    if (metrics.steps) metrics.steps->Increment();
+    if (metrics.examples) metrics.examples->Increment(spec.batch_size);
+    if (push->dropped && metrics.dropped) metrics.dropped->Increment();
+    if (metrics.loss) metrics.loss->Set(mean_loss());
+
+    absl::Time now = clock->Now();
+    if (now - last_report >= options.progress_interval) {
+      double secs = std::max(1e-9, absl::ToDoubleSeconds(now - last_report));
+      progress.global_step = push->version;
+      progress.absent_workers = push->absent_workers;
+      progress.loss = mean_loss();
+      progress.examples_per_second =
+          std::max<int64_t>(0, push->version - last_report_step) * examples_per_step / secs;
+      last_report = now;
+      last_report_step = push->version;
+      if (options.is_chief) {
+        if (metrics.examples_per_second)
+          metrics.examples_per_second->Set(*progress.examples_per_second);
+        on_progress(progress);
+      } else {
+        Log("worker:", options.worker_index, " step ", push->version, "/", target, " loss ",
+            *progress.loss);
+      }
     }
-    absl::StatusOr<PsClient::PushPullResult> step =
-        options.overlap_layers
-            ? client->FinishPushPull()
-            : client->PushPull(grads, result.local_steps, table_ids,
-                               /*next_version=*/sync, model.variables(), &params);
-    if (!step.ok()) return step.status();
-    prefetched = step->pull;
-    step_answered(step->push);
   }
+
   result.final_loss = mean_loss();
   if (options.is_chief) {
     // The final model: every shard at the target version.

@@ -90,19 +90,8 @@ struct TrainerOptions {
   // Overlap each step's fused push-pull with its backprop (PsClient::
   // StartPushPull): a variable's gradient is sent as soon as it is final,
   // last layer first. The same pushes and pulls, so the same bits in sync
-  // mode.
+  // mode; the next step starts once the whole pull is in.
   bool overlap_layers = false;
-  // With overlap_layers, the pull too (PsClient::AwaitParams): a step's
-  // fused push-pull is left running while the next step draws its batch
-  // and computes its forward pass, each layer once its values are in; the
-  // step's result is taken when backprop starts (its push then starts).
-  // The values a step reads are those the plain path reads, or the step is
-  // computed again: when the pull broke and was asked again (a PS restart,
-  // a timeout), when training is done (nothing pushed) and at the chief's
-  // evaluation boundaries (evaluated first, as the plain path does). A
-  // separate option so each half can be measured alone (on two cores the
-  // push half alone was slower).
-  bool overlap_pull = false;
   std::string export_model;  // chief: write the final model file here (empty: don't)
   ExportPolicy export_policy;
 };

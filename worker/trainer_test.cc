@@ -31,9 +31,8 @@ using testjob::JobShape;
 using testjob::JobYaml;
 using testjob::TinyDataset;
 
-// Every test runs three times: plainly, with TrainerOptions::overlap_layers
-// (0, 1) and with overlap_pull too (2).
-class JobTest : public ::testing::TestWithParam<int> {
+// Every test runs twice: plainly and with TrainerOptions::overlap_layers.
+class JobTest : public ::testing::TestWithParam<bool> {
  protected:
   void Make(const JobShape& shape) { MakeFromYaml(JobYaml(shape)); }
   void MakeFromYaml(const std::string& yaml) {
@@ -71,8 +70,7 @@ class JobTest : public ::testing::TestWithParam<int> {
         o.worker_index = static_cast<int>(i);
         o.is_chief = config_->job.IsChiefTask("worker", o.worker_index);
         o.progress_interval = absl::Hours(1);
-        o.overlap_layers = GetParam() >= 1;
-        o.overlap_pull = GetParam() >= 2;
+        o.overlap_layers = GetParam();
         if (o.is_chief) o.export_model = export_model_;
         if (absl::Status s = clients_[i]->Connect(); !s.ok()) {
           results[i] = s;
@@ -346,11 +344,9 @@ TEST_P(JobTest, MaxRowsBoundsADynamicTableAndEvictionsAreCounted) {
   EXPECT_GT(results[0]->ps_stats.dynamic_rows_evicted(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(PlainAndOverlapped, JobTest, ::testing::Values(0, 1, 2),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return info.param == 0   ? "Plain"
-                                  : info.param == 1 ? "OverlapLayers"
-                                                    : "OverlapPull";
+INSTANTIATE_TEST_SUITE_P(PlainAndOverlapped, JobTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "OverlapLayers" : "Plain";
                          });
 
 }  // namespace

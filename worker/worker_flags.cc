@@ -32,9 +32,6 @@ void WorkerFlags::Register(FlagParser* parser) {
   parser->Bool("overlap_layers", &task.overlap_layers,
                "overlap the fused push-pull with the step: each variable's gradient leaves as soon "
                "as backprop produces it, last layer first (the same pushes, the same bits)");
-  parser->Bool("overlap_pull", &task.overlap_pull,
-               "also overlap the pull with the next step (implies --overlap_layers): its forward "
-               "pass computes each layer as soon as that layer's values are in (the same bits)");
   parser->String("export_from_ps", &export_from_ps,
                  "be the exporter: pull the whole model from these PS tasks (host:port of ps:0, "
                  "ps:1, ... comma-separated) and write it to --export_model");

@@ -337,8 +337,7 @@ absl::Status WorkerTask::Run() {
     options.is_chief = is_chief_;
     options.progress_interval = options_.progress_interval;
     options.step_delay = options_.step_delay;
-    options.overlap_layers = options_.overlap_layers || options_.overlap_pull;
-    options.overlap_pull = options_.overlap_pull;
+    options.overlap_layers = options_.overlap_layers;
     if (is_chief_) {
       options.export_model = options_.export_model;
       options.export_policy = options_.export_policy;

@@ -51,7 +51,6 @@ struct WorkerTaskOptions {
   absl::Duration progress_interval = absl::Seconds(1);  // chief: report this often
   absl::Duration step_delay = absl::ZeroDuration();     // sleep before every step (a straggler)
   bool overlap_layers = false;                          // TrainerOptions::overlap_layers
-  bool overlap_pull = false;                            // TrainerOptions::overlap_pull
   // Chief: write the final model here ("" = <checkpoint.directory>/model.ktm
   // when checkpoints are on, else nowhere).
   std::string export_model;

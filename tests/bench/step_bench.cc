@@ -12,12 +12,7 @@
 //                step computes and sends each variable's gradient as backprop
 //                finishes it (PsClient::StartPushPull): compute_ms is then the
 //                step's computation with the push going out, push_ms the wait
-//                for the rest of the round trip after it. With --overlap_pull
-//                (implies --overlap_layers) the round trip is left running
-//                while the next step computes, its forward pass reading each
-//                variable once the pull brought it (PsClient::AwaitParams),
-//                its result taken when backprop starts: compute_ms is then
-//                the whole step and push_ms 0.
+//                for the rest of the round trip after it.
 // Same model (mlp 784-256-128-10, or with --model_mib=N an mlp 784-h-h-10
 // whose h makes the dense parameters ~N MiB), optimizer (adam), batch (128),
 // real Fashion-MNIST, same initial values. Medians over --steps steps after
@@ -31,7 +26,6 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,7 +57,6 @@ struct Flags {
   int64_t ps = 1;
   bool keep_temp = false;
   bool overlap_layers = false;
-  bool overlap_pull = false;
   bool bulk = true;  // the PS tasks' bulk data plane, as `kubetrain run` uses it
 };
 
@@ -216,10 +209,7 @@ int Run(const Flags& f) {
       "step benchmark: mlp %s (%lld bytes = %.3f MiB), adam, batch %d, sync, %d PS + 1 "
       "worker; %d steps after %d warm-up%s\n",
       shape.c_str(), static_cast<long long>(model_bytes), model_bytes / 1048576.0, batch, num_ps,
-      steps, warmup,
-      f.overlap_pull     ? "; push-pull overlapped by layer, the pull with the next step"
-      : f.overlap_layers ? "; push-pull overlapped by layer"
-                         : "");
+      steps, warmup, f.overlap_layers ? "; push-pull overlapped by layer" : "");
   std::fflush(stdout);
 
   // Local: one process, no RPC.
@@ -283,44 +273,10 @@ int Run(const Flags& f) {
     const std::vector<int> backprop_order = model.BackpropOrder();
     LayerHooks hooks;
     hooks.gradient_ready = [&client](int v) { client.GradientReady(v); };
-    bool in_flight = false;  // --overlap_pull: the last step's push-pull still running
     for (int i = 0; i < total; ++i) {
       const double t1 = NowSeconds();
       if (auto s = batcher.Next(batch, &x, &y); !s.ok()) return Fail("data: ", s);
       float loss = 0;
-      if (in_flight) {
-        client.AwaitShardsAnswering();
-        std::optional<absl::StatusOr<PsClient::PushPullResult>> last;
-        absl::Status started = absl::FailedPreconditionError("the pull was rewritten");
-        LayerHooks pull_hooks;
-        pull_hooks.await_params = [&client](int v) { client.AwaitParams(v); };
-        pull_hooks.gradient_ready = [&](int v) {
-          if (!last.has_value()) {
-            last = client.FinishPushPull();
-            if (last->ok() && !(*last)->pull.rewritten) {
-              started = client.StartPushPull(grads, i + 1, no_tables, /*next_version=*/true,
-                                             model.variables(), &params, backprop_order);
-            }
-          }
-          if (started.ok()) client.GradientReady(v);
-        };
-        Batch b;
-        b.x = x.data();
-        b.labels = y.data();
-        b.size = batch;
-        loss = model.LossAndGradients(params, b, 0, &grads, &pull_hooks);
-        if (!last->ok()) return Fail("push-pull: ", last->status());
-        if (!started.ok()) return Fail("push-pull: ", started);
-        const double t2 = NowSeconds();
-        dist_loss.push_back(loss);
-        if (i < warmup) continue;
-        dist_step.push_back(t2 - t1);
-        dist_pull.push_back(0);
-        dist_compute.push_back(t2 - t1);
-        dist_push.push_back(0);
-        dist_wait.push_back((*last)->pull.waited_seconds);
-        continue;
-      }
       if (f.overlap_layers) {
         grads.resize(params.size());
         for (size_t v = 0; v < params.size(); ++v) grads[v].resize(params[v].size());
@@ -338,11 +294,6 @@ int Run(const Flags& f) {
         loss = model.LossAndGradients(params, x.data(), y.data(), batch, &grads);
       }
       const double t2 = NowSeconds();
-      if (f.overlap_pull) {  // the first step: its result is taken by the next one
-        in_flight = true;
-        dist_loss.push_back(loss);
-        continue;
-      }
       // The push, then the sync barrier: the pull is held until the version
       // passes the one last pulled.
       auto step = f.overlap_layers ? client.FinishPushPull()
@@ -360,10 +311,6 @@ int Run(const Flags& f) {
       dist_compute.push_back(t2 - t1);
       dist_push.push_back(t3 - t2);
       dist_wait.push_back(step->pull.waited_seconds);
-    }
-    if (in_flight) {  // the last step's push-pull, while params and grads live
-      auto last = client.FinishPushPull();
-      if (!last.ok()) return Fail("push-pull: ", last.status());
     }
   }
 
@@ -441,15 +388,14 @@ int Run(const Flags& f) {
       "local_ms=%.3f distributed_ms=%.3f ratio=%.2f pull_ms=%.3f push_ms=%.3f rtt_us=%.0f "
       "steps=%d compute_ms=%.3f local_compute_ms=%.3f local_apply_ms=%.3f hold_ms=%.3f "
       "model_bytes=%lld ps=%d tcp_ms=%.3f tcp_gbps=%.2f step_vs_tcp=%.2f comm_vs_tcp=%.2f "
-      "hidden=%lld overlap_layers=%d overlap_pull=%d\n",
+      "hidden=%lld overlap_layers=%d\n",
       local_ms, dist_ms, local_ms > 0 ? dist_ms / local_ms : 0.0, pull_ms, push_ms,
       Summarize(rtt).median * 1e6, steps, Ms(Summarize(dist_compute).median),
       Ms(Summarize(local_compute).median), Ms(Summarize(local_apply).median),
       Ms(Summarize(dist_wait).median), static_cast<long long>(model_bytes), num_ps, tcp_ms,
       tcp_gbps, tcp_ms > 0 ? dist_ms / tcp_ms : 0.0,
       tcp_ms > 0 ? (pull_ms + push_ms) / tcp_ms : 0.0,
-      static_cast<long long>(HiddenUnits(f).front()), f.overlap_layers ? 1 : 0,
-      f.overlap_pull ? 1 : 0);
+      static_cast<long long>(HiddenUnits(f).front()), f.overlap_layers ? 1 : 0);
   std::fflush(stdout);
   return 0;
 }
@@ -486,11 +432,7 @@ int main(int argc, char** argv) {
   parser.Bool("overlap_layers", &flags.overlap_layers,
               "overlap the push-pull with backprop: each variable's gradient sent as soon as it "
               "is final, last layer first (PsClient::StartPushPull)");
-  parser.Bool("overlap_pull", &flags.overlap_pull,
-              "also overlap the pull with the next step (implies --overlap_layers): its forward "
-              "pass reads each variable once the pull brought it (PsClient::AwaitParams)");
   if (auto exit_code = parser.ParseMain(argc, argv)) return *exit_code;
-  if (flags.overlap_pull) flags.overlap_layers = true;
   kubetrain::InitProcess(kubetrain::ProcessProfile::kDefault);
   return kubetrain::bench::Run(flags);
 }
